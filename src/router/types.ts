@@ -1,0 +1,111 @@
+/**
+ * Router contracts. The server parses and validates a request into a `RoutingRequest`,
+ * asks the `AutoRouter` for the model's router (`MixedRouter` or `DisaggRouter`), and hands
+ * it a `RequestExecutor` that knows how to send a body to a worker over the request plane
+ * (HTTP or NATS). The router returns the upstream response the server streams to the client.
+ * Policies rank workers; each lives in one file under ./policies and one line of the
+ * registry in ./policies/index.ts.
+ */
+import type { WorkerRecord } from "../discovery/types.ts";
+import type { Logger } from "../util/log.ts";
+
+export type EndpointKind = "chat" | "completion";
+
+export interface RoutingRequest {
+  requestId: string;
+  /** The model name the client asked for. */
+  model: string;
+  endpoint: EndpointKind;
+  /** The validated OpenAI body; routers copy it before adding fields. */
+  body: Readonly<Record<string, unknown>>;
+  stream: boolean;
+  /** vLLM `cache_salt`, when given: enters the first block's hash. */
+  cacheSalt?: string;
+  /** The templated prompt text (chat template applied), computed once on first use. */
+  promptText(): string;
+  /** Token ids of the templated prompt with the model's tokenizer, computed once on first use. */
+  promptTokens(): readonly number[];
+}
+
+/** The server's live view of one worker. */
+export interface WorkerState {
+  readonly record: WorkerRecord;
+  /** Requests this server has in flight on the worker. */
+  inFlight: number;
+  /** Prompt tokens of in-flight requests not yet past their first token (prefill backlog). */
+  pendingPrefillTokens: number;
+  /** Last scraped engine load (vLLM/SGLang/ATOM `/metrics`), if any. */
+  engineLoad?: EngineLoad;
+  /** False while the circuit breaker has the worker out of rotation. */
+  available: boolean;
+}
+
+export interface EngineLoad {
+  running: number;
+  waiting: number;
+  /** 0..1 */
+  kvUsage: number;
+  scrapedAt: number;
+}
+
+export interface Selection {
+  worker: WorkerState;
+  /** Cached prefix blocks the policy believes the worker holds for this request. */
+  overlapBlocks?: number;
+  /** Short machine-readable reason, logged and counted ("round-robin", "overlap", "load-balance"). */
+  reason: string;
+}
+
+export interface RoutingPolicy {
+  readonly name: string;
+  /** Picks one worker from a non-empty list of available candidates. */
+  select(req: RoutingRequest, candidates: readonly WorkerState[]): Selection;
+  /** Told after a request was sent to a worker (approx-prefix learns from this). */
+  onRouted?(req: RoutingRequest, worker: WorkerState): void;
+  onWorkerRemoved?(workerId: string): void;
+}
+
+/** What a policy factory may use. Optional parts exist only when the server has them. */
+export interface PolicyContext {
+  logger: Logger;
+  /** Policy-specific options from flags/config, e.g. `{ overlapWeight: 1, temperature: 0 }`. */
+  options: Readonly<Record<string, unknown>>;
+  /** The shared KV prefix index, when KV events are ingested. Typed by the kv module. */
+  kvIndex?: unknown;
+}
+
+export type PolicyFactory = (ctx: PolicyContext) => RoutingPolicy;
+
+/** An upstream answer: status, headers and a byte stream, whatever the transport. */
+export interface UpstreamResponse {
+  status: number;
+  headers: Record<string, string>;
+  body: AsyncIterable<Uint8Array>;
+  /** Reads the whole body as JSON (non-streamed answers). */
+  json(): Promise<unknown>;
+  /** Aborts the upstream request; idempotent. */
+  abort(): void;
+}
+
+export interface SendOptions {
+  signal: AbortSignal;
+  headers?: Record<string, string>;
+  /** Per-phase timeout; the executor aborts and throws TimeoutError past it. */
+  timeoutMs?: number;
+}
+
+/** Provided by the server: sends a body to a worker over the configured request plane. */
+export interface RequestExecutor {
+  send(
+    worker: WorkerState,
+    endpoint: EndpointKind,
+    body: Record<string, unknown>,
+    opts: SendOptions,
+  ): Promise<UpstreamResponse>;
+}
+
+/** MixedRouter and DisaggRouter implement this; AutoRouter picks one per model. */
+export interface ModelRouter {
+  readonly kind: "mixed" | "disagg";
+  handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortSignal): Promise<UpstreamResponse>;
+}
