@@ -109,3 +109,18 @@ export interface ModelRouter {
   readonly kind: "mixed" | "disagg";
   handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortSignal): Promise<UpstreamResponse>;
 }
+
+/** What AutoRouter gives the DisaggRouter factory for one model. */
+export interface DisaggFactoryContext {
+  model: string;
+  /** Live, available prefill workers of the model (re-read on every request). */
+  prefillWorkers(): readonly WorkerState[];
+  /** Live, available decode workers of the model. */
+  decodeWorkers(): readonly WorkerState[];
+  /** The server's configured policy (kv-aware, round-robin, ...), for choosing P. */
+  policy: RoutingPolicy;
+  logger: Logger;
+  options: Readonly<Record<string, unknown>>;
+}
+
+export type DisaggRouterFactory = (ctx: DisaggFactoryContext) => ModelRouter;
