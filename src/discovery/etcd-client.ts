@@ -1,0 +1,150 @@
+/**
+ * etcd connection settings shared by the watcher (server side) and the registrar (launcher
+ * side): endpoints as a list, user/password auth, TLS files, and fault handling tuned so
+ * that an etcd outage is noticed quickly and recovery is not held back by the client's
+ * default circuit breaker (5 s open after 3 failures) — our own loops retry with backoff.
+ */
+import { readFileSync } from "node:fs";
+import type { Command } from "commander";
+import { Etcd3, type IOptions } from "etcd3";
+import { BadRequestError } from "../protocol/errors.ts";
+import type { WorkerRecord } from "./types.ts";
+
+export interface EtcdOptions {
+  /** e.g. ["http://10.0.0.1:2379", "https://etcd-2:2379"]; scheme picks TLS when no CA given. */
+  endpoints: string[];
+  /** Key prefix; records live under `<prefix>/workers/`. Default "/infera". */
+  prefix?: string;
+  username?: string;
+  password?: string;
+  /** PEM files for TLS: CA (enables TLS), client cert and key (mutual TLS). */
+  caFile?: string;
+  certFile?: string;
+  keyFile?: string;
+  /** Deadline for unary calls (get/put/grant/revoke), ms. Default 5000. */
+  callTimeoutMs?: number;
+}
+
+export const DEFAULT_ETCD_PREFIX = "/infera";
+
+type FaultHandling = NonNullable<IOptions["faultHandling"]>;
+type Policy = NonNullable<FaultHandling["global"]>;
+
+/**
+ * A policy that just runs the call: errors surface at once and the caller's own loop
+ * decides when to retry (the default breaker would keep failing for 5 s after etcd is back).
+ */
+function passthroughPolicy(): Policy {
+  const policy = {
+    execute: <T>(fn: (ctx: unknown) => Promise<T> | T) => Promise.resolve().then(() => fn({})),
+  };
+  return policy as unknown as Policy;
+}
+
+export function normalizePrefix(prefix: string | undefined): string {
+  const p = (prefix ?? DEFAULT_ETCD_PREFIX).trim();
+  if (p === "" || p === "/") return "";
+  return (p.startsWith("/") ? p : `/${p}`).replace(/\/+$/, "");
+}
+
+export function workersPrefix(prefix: string | undefined): string {
+  return `${normalizePrefix(prefix)}/workers/`;
+}
+
+/** Accepts "a:2379,b:2379" or a list; strips blanks. */
+export function parseEndpoints(value: string | string[] | undefined): string[] {
+  const items = Array.isArray(value) ? value : (value ?? "").split(",");
+  const out = items.flatMap((v) => v.split(",")).map((v) => v.trim());
+  return out.filter((v) => v.length > 0);
+}
+
+export function createEtcdClient(opts: EtcdOptions): Etcd3 {
+  if (opts.endpoints.length === 0) throw new BadRequestError("etcd: at least one endpoint is required");
+  const useTls = opts.caFile !== undefined || opts.endpoints.some((e) => e.startsWith("https://"));
+  const options: IOptions = {
+    hosts: opts.endpoints,
+    dialTimeout: 3000,
+    faultHandling: {
+      host: () => passthroughPolicy(),
+      global: passthroughPolicy(),
+    },
+    grpcOptions: {
+      // Reconnect quickly after an outage; find dead peers on idle streams.
+      "grpc.initial_reconnect_backoff_ms": 200,
+      "grpc.max_reconnect_backoff_ms": 1000,
+      "grpc.keepalive_time_ms": 10_000,
+      "grpc.keepalive_timeout_ms": 5000,
+    },
+    defaultCallOptions: (ctx) =>
+      ctx.isStream ? {} : { deadline: Date.now() + (opts.callTimeoutMs ?? 5000) },
+  };
+  if (useTls) {
+    options.credentials = {
+      rootCertificate: opts.caFile ? readFileSync(opts.caFile) : (undefined as unknown as Buffer),
+      ...(opts.keyFile ? { privateKey: readFileSync(opts.keyFile) } : {}),
+      ...(opts.certFile ? { certChain: readFileSync(opts.certFile) } : {}),
+    };
+  }
+  if (opts.username !== undefined) {
+    options.auth = { username: opts.username, password: opts.password ?? "" };
+  }
+  return new Etcd3(options);
+}
+
+/** Adds the etcd flags to a command (server and launchers use the same names). */
+export function addEtcdFlags(cmd: Command): Command {
+  return cmd
+    .option(
+      "--etcd-endpoints <list>",
+      "comma-separated etcd endpoints",
+      process.env.INFERA_ETCD_ENDPOINTS ?? "http://127.0.0.1:2379",
+    )
+    .option(
+      "--etcd-prefix <prefix>",
+      "etcd key prefix",
+      process.env.INFERA_ETCD_PREFIX ?? DEFAULT_ETCD_PREFIX,
+    )
+    .option("--etcd-user <user>", "etcd user name (auth)", process.env.INFERA_ETCD_USER)
+    .option("--etcd-password <password>", "etcd password (or env INFERA_ETCD_PASSWORD)")
+    .option("--etcd-ca <file>", "CA certificate (PEM) for TLS to etcd")
+    .option("--etcd-cert <file>", "client certificate (PEM) for mutual TLS")
+    .option("--etcd-key <file>", "client key (PEM) for mutual TLS");
+}
+
+export interface EtcdFlagValues {
+  etcdEndpoints?: string;
+  etcdPrefix?: string;
+  etcdUser?: string;
+  etcdPassword?: string;
+  etcdCa?: string;
+  etcdCert?: string;
+  etcdKey?: string;
+}
+
+export function etcdOptionsFromFlags(flags: EtcdFlagValues): EtcdOptions {
+  return {
+    endpoints: parseEndpoints(flags.etcdEndpoints),
+    prefix: flags.etcdPrefix,
+    username: flags.etcdUser,
+    password: flags.etcdPassword ?? process.env.INFERA_ETCD_PASSWORD,
+    caFile: flags.etcdCa,
+    certFile: flags.etcdCert,
+    keyFile: flags.etcdKey,
+  };
+}
+
+/** Parses a stored record; null (and the caller logs) for anything malformed. */
+export function parseWorkerRecord(raw: string): WorkerRecord | null {
+  let v: unknown;
+  try {
+    v = JSON.parse(raw);
+  } catch {
+    return null;
+  }
+  if (typeof v !== "object" || v === null) return null;
+  const r = v as Partial<WorkerRecord>;
+  if (typeof r.id !== "string" || typeof r.model !== "string" || typeof r.url !== "string") return null;
+  if (!Array.isArray(r.servedModelNames)) r.servedModelNames = [r.model];
+  if (typeof r.connector !== "object" || r.connector === null) r.connector = { kind: "none" };
+  return r as WorkerRecord;
+}

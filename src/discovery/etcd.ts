@@ -1,0 +1,351 @@
+/**
+ * etcd discovery. The watcher lists `<prefix>/workers/` and watches from the list's
+ * revision + 1; on any watch loss it marks itself degraded (keeping the last known set),
+ * re-lists with backoff, diffs, and resumes watching. The registrar puts one record under
+ * a lease (keep-alive every TTL/3 by the etcd3 client), re-grants and re-puts when the
+ * lease is lost (etcd restart, long outage), and revokes it on graceful stop.
+ */
+import type { Etcd3, IKeyValue, Lease, Watcher } from "etcd3";
+import { createLogger, type Logger } from "../util/log.ts";
+import {
+  createEtcdClient,
+  type EtcdOptions,
+  normalizePrefix,
+  parseWorkerRecord,
+  workersPrefix,
+} from "./etcd-client.ts";
+import {
+  type DiscoveryEvent,
+  type DiscoveryRegistrar,
+  type DiscoveryWatcher,
+  type WorkerRecord,
+  workerKey,
+} from "./types.ts";
+
+export interface Backoff {
+  initialMs: number;
+  maxMs: number;
+}
+const DEFAULT_BACKOFF: Backoff = { initialMs: 100, maxMs: 2000 };
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
+
+function errText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+export interface EtcdWatcherOptions extends EtcdOptions {
+  /** start() rejects when the first list has not succeeded by then. Default 10 s. */
+  startTimeoutMs?: number;
+  backoff?: Backoff;
+  logger?: Logger;
+  /** Pass a client to share one connection (tests, benchmarks); it is not closed by close(). */
+  client?: Etcd3;
+}
+
+export class EtcdWatcher implements DiscoveryWatcher {
+  private readonly client: Etcd3;
+  private readonly ownsClient: boolean;
+  private readonly keyPrefix: string;
+  private readonly log: Logger;
+  private readonly backoff: Backoff;
+  private readonly byKey = new Map<string, WorkerRecord>();
+  private snapshot: readonly WorkerRecord[] | null = null;
+  private readonly listeners = new Set<(ev: DiscoveryEvent) => void>();
+  private watcher: Watcher | null = null;
+  private closed = false;
+  private degraded = false;
+  private resyncing = false;
+  /** Number of successful lists (1 after start); for metrics and tests. */
+  relists = 0;
+
+  constructor(private readonly opts: EtcdWatcherOptions) {
+    this.client = opts.client ?? createEtcdClient(opts);
+    this.ownsClient = opts.client === undefined;
+    this.keyPrefix = workersPrefix(opts.prefix);
+    this.log = opts.logger ?? createLogger("discovery-etcd");
+    this.backoff = opts.backoff ?? DEFAULT_BACKOFF;
+  }
+
+  async start(): Promise<void> {
+    const deadline = Date.now() + (this.opts.startTimeoutMs ?? 10_000);
+    let delay = this.backoff.initialMs;
+    for (;;) {
+      try {
+        await this.listAndWatch();
+        return;
+      } catch (err) {
+        if (this.closed) return;
+        if (Date.now() + delay > deadline) {
+          throw new Error(
+            `etcd discovery: could not list ${this.keyPrefix} from ${this.opts.endpoints.join(",")}: ${errText(err)}`,
+          );
+        }
+        await sleep(delay);
+        delay = Math.min(delay * 2, this.backoff.maxMs);
+      }
+    }
+  }
+
+  workers(): readonly WorkerRecord[] {
+    if (this.snapshot === null) this.snapshot = [...this.byKey.values()];
+    return this.snapshot;
+  }
+
+  /** True while etcd is unreachable and the last known set is being served. */
+  isDegraded(): boolean {
+    return this.degraded;
+  }
+
+  onChange(listener: (ev: DiscoveryEvent) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    const w = this.watcher;
+    this.watcher = null;
+    if (w) await w.cancel().catch(() => undefined);
+    if (this.ownsClient) this.client.close();
+  }
+
+  private emit(ev: DiscoveryEvent): void {
+    for (const l of this.listeners) {
+      try {
+        l(ev);
+      } catch (err) {
+        this.log.error({ err: errText(err) }, "discovery listener threw");
+      }
+    }
+  }
+
+  private setRecord(key: string, rec: WorkerRecord): void {
+    const prev = this.byKey.get(key);
+    if (prev && JSON.stringify(prev) === JSON.stringify(rec)) return;
+    this.byKey.set(key, rec);
+    this.snapshot = null;
+    this.emit({ type: "put", worker: rec });
+  }
+
+  private removeKey(key: string): void {
+    const prev = this.byKey.get(key);
+    if (!prev) return;
+    this.byKey.delete(key);
+    this.snapshot = null;
+    this.emit({ type: "delete", id: prev.id });
+  }
+
+  private parse(kv: IKeyValue): WorkerRecord | null {
+    const rec = parseWorkerRecord(kv.value.toString("utf8"));
+    if (rec === null) this.log.warn({ key: kv.key.toString() }, "ignoring malformed worker record");
+    return rec;
+  }
+
+  /** One list + diff + watch from the list's revision + 1. Throws when etcd is unreachable. */
+  private async listAndWatch(): Promise<void> {
+    const res = await this.client.getAll().prefix(this.keyPrefix).exec();
+    if (this.closed) return;
+    const seen = new Map<string, WorkerRecord>();
+    for (const kv of res.kvs) {
+      const rec = this.parse(kv);
+      if (rec) seen.set(kv.key.toString(), rec);
+    }
+    for (const key of [...this.byKey.keys()]) if (!seen.has(key)) this.removeKey(key);
+    for (const [key, rec] of seen) this.setRecord(key, rec);
+    this.relists++;
+    const revision = BigInt(res.header.revision) + 1n;
+    await this.watchFrom(revision);
+    if (this.degraded) {
+      this.degraded = false;
+      this.log.info({ workers: this.byKey.size }, "etcd discovery restored");
+      this.emit({ type: "restored" });
+    }
+  }
+
+  private async watchFrom(revision: bigint): Promise<void> {
+    const w = this.client.watch().prefix(this.keyPrefix).startRevision(revision.toString()).watcher();
+    this.watcher = w;
+    w.on("put", (kv) => {
+      const rec = this.parse(kv);
+      if (rec) this.setRecord(kv.key.toString(), rec);
+    });
+    w.on("delete", (kv) => this.removeKey(kv.key.toString()));
+    const connected = new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error("watch not established in 5 s")), 5000);
+      w.once("connected", () => {
+        clearTimeout(timer);
+        resolve();
+      });
+      w.once("disconnected", (err: Error) => {
+        clearTimeout(timer);
+        reject(err);
+      });
+      w.once("error", (err: Error) => {
+        clearTimeout(timer);
+        reject(err);
+      });
+    });
+    try {
+      await connected;
+    } catch (err) {
+      if (this.watcher === w) this.watcher = null;
+      await w.cancel().catch(() => undefined);
+      throw err;
+    }
+    // After the first connect, any loss goes through a full re-list (the set may have
+    // changed beyond what the watch can replay, e.g. after compaction).
+    w.on("disconnected", (err: Error) => this.onWatchLost(w, err));
+    w.on("error", (err: Error) => this.onWatchLost(w, err));
+  }
+
+  private onWatchLost(w: Watcher, err: unknown): void {
+    if (this.closed || this.watcher !== w) return;
+    this.watcher = null;
+    void w.cancel().catch(() => undefined);
+    if (!this.degraded) {
+      this.degraded = true;
+      const reason = errText(err);
+      this.log.warn(
+        { reason, workers: this.byKey.size },
+        "etcd discovery degraded; serving the last known set",
+      );
+      this.emit({ type: "degraded", reason });
+    }
+    void this.resync();
+  }
+
+  private async resync(): Promise<void> {
+    if (this.resyncing) return;
+    this.resyncing = true;
+    let delay = this.backoff.initialMs;
+    try {
+      while (!this.closed) {
+        try {
+          await this.listAndWatch();
+          return;
+        } catch (err) {
+          this.log.debug({ err: errText(err), retryMs: delay }, "etcd re-list failed");
+          await sleep(delay);
+          delay = Math.min(delay * 2, this.backoff.maxMs);
+        }
+      }
+    } finally {
+      this.resyncing = false;
+    }
+  }
+}
+
+export interface EtcdRegistrarOptions extends EtcdOptions {
+  /** Lease TTL in seconds (etcd minimum 1). Default 10. */
+  leaseTtlSeconds?: number;
+  backoff?: Backoff;
+  logger?: Logger;
+  client?: Etcd3;
+}
+
+export class EtcdRegistrar implements DiscoveryRegistrar {
+  private readonly client: Etcd3;
+  private readonly ownsClient: boolean;
+  private readonly log: Logger;
+  private readonly ttl: number;
+  private readonly backoff: Backoff;
+  private record: WorkerRecord | null = null;
+  private lease: Lease | null = null;
+  private regranting = false;
+  private stopped = false;
+  /** Leases granted so far (1 after register; more after each loss); for tests and logs. */
+  grants = 0;
+
+  constructor(private readonly opts: EtcdRegistrarOptions) {
+    this.client = opts.client ?? createEtcdClient(opts);
+    this.ownsClient = opts.client === undefined;
+    this.log = opts.logger ?? createLogger("registrar-etcd");
+    this.ttl = Math.max(1, Math.round(opts.leaseTtlSeconds ?? 10));
+    this.backoff = opts.backoff ?? DEFAULT_BACKOFF;
+  }
+
+  key(): string | null {
+    return this.record ? workerKey(normalizePrefix(this.opts.prefix), this.record) : null;
+  }
+
+  /** Puts the record under a fresh lease; rejects if etcd cannot be reached right now. */
+  async register(record: WorkerRecord): Promise<void> {
+    this.stopped = false;
+    const old = this.lease;
+    this.record = record;
+    if (old && !old.revoked()) {
+      // Same lease, new value (e.g. re-register after a health flap).
+      await old.put(this.key() as string).value(JSON.stringify(record));
+      return;
+    }
+    await this.grantAndPut();
+  }
+
+  async deregister(): Promise<void> {
+    this.stopped = true;
+    const lease = this.lease;
+    this.lease = null;
+    if (!lease) return;
+    try {
+      await lease.revoke();
+      this.log.info({ key: this.key() }, "worker deregistered (lease revoked)");
+    } catch (err) {
+      // etcd unreachable: the record goes when the lease's TTL runs out.
+      this.log.warn({ err: errText(err), ttl: this.ttl }, "lease revoke failed; record expires with its TTL");
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.lease) await this.deregister();
+    this.stopped = true;
+    if (this.ownsClient) this.client.close();
+  }
+
+  private async grantAndPut(): Promise<void> {
+    const record = this.record;
+    if (!record) return;
+    const lease = this.client.lease(this.ttl);
+    lease.on("lost", (err: Error) => this.onLeaseLost(lease, err));
+    try {
+      await lease.grant();
+      await lease.put(this.key() as string).value(JSON.stringify(record));
+    } catch (err) {
+      lease.release();
+      throw err;
+    }
+    if (this.stopped) {
+      await lease.revoke().catch(() => undefined);
+      return;
+    }
+    this.lease = lease;
+    this.grants++;
+    this.log.info({ key: this.key(), ttl: this.ttl, grants: this.grants }, "worker registered");
+  }
+
+  private onLeaseLost(lease: Lease, err: unknown): void {
+    if (this.stopped || this.lease !== lease) return;
+    this.lease = null;
+    this.log.warn({ err: errText(err) }, "etcd lease lost; re-granting");
+    void this.regrant();
+  }
+
+  private async regrant(): Promise<void> {
+    if (this.regranting) return;
+    this.regranting = true;
+    let delay = this.backoff.initialMs;
+    try {
+      while (!this.stopped && this.lease === null) {
+        try {
+          await this.grantAndPut();
+        } catch (err) {
+          this.log.debug({ err: errText(err), retryMs: delay }, "lease re-grant failed");
+          await sleep(delay);
+          delay = Math.min(delay * 2, this.backoff.maxMs);
+        }
+      }
+    } finally {
+      this.regranting = false;
+    }
+  }
+}
