@@ -1,0 +1,128 @@
+/**
+ * AutoRouter: one ModelRouter per served model name. A model whose live workers include
+ * both prefill and decode roles gets the DisaggRouter (when a factory is plugged in), every
+ * other model the MixedRouter. The choice is re-made whenever the model's membership changes;
+ * the policy instance of a model lives as long as the AutoRouter (its state survives).
+ */
+import { InferaError, ModelNotFoundError } from "../protocol/errors.ts";
+import type { Logger } from "../util/log.ts";
+import { MixedRouter, type RouterObserver } from "./mixed.ts";
+import { policies, policyNames } from "./policies/index.ts";
+import type { DisaggRouterFactory, ModelRouter, RoutingPolicy } from "./types.ts";
+import type { LiveWorker, WorkerSet } from "./worker-set.ts";
+
+export type RouterMode = "auto" | "mixed" | "disagg";
+
+export interface AutoRouterOptions {
+  workers: WorkerSet;
+  policy: string;
+  policyOptions?: Readonly<Record<string, unknown>>;
+  mode?: RouterMode;
+  disaggFactory?: DisaggRouterFactory;
+  maxRetries?: number;
+  logger: Logger;
+  /** The KV prefix index of a model, when the server ingests KV events (kv-aware policies). */
+  kvIndexFor?: (model: string) => unknown;
+  observer?: RouterObserver;
+}
+
+interface Entry {
+  generation: number;
+  router: ModelRouter;
+}
+
+export class AutoRouter {
+  private readonly entries = new Map<string, Entry>();
+  private readonly modelPolicies = new Map<string, RoutingPolicy>();
+  private readonly mode: RouterMode;
+  private readonly unsubscribe: () => void;
+
+  constructor(private readonly o: AutoRouterOptions) {
+    if (!policies[o.policy]) {
+      throw new Error(`unknown routing policy '${o.policy}' (known: ${policyNames().join(", ")})`);
+    }
+    this.mode = o.mode ?? "auto";
+    if (this.mode === "disagg" && !o.disaggFactory) {
+      throw new Error("--router disagg needs a DisaggRouter, and none is built into this server");
+    }
+    this.unsubscribe = o.workers.onChange((ev) => {
+      if (ev.type === "removed")
+        for (const p of this.modelPolicies.values()) p.onWorkerRemoved?.(ev.worker.id);
+    });
+  }
+
+  /** The router for a model; throws ModelNotFoundError when no live worker serves it. */
+  routerFor(model: string): ModelRouter {
+    const group = this.o.workers.group(model);
+    if (!group) throw new ModelNotFoundError(model);
+    const e = this.entries.get(model);
+    if (e && e.generation === group.generation) return e.router;
+    const router = this.build(model);
+    this.entries.set(model, { generation: group.generation, router });
+    return router;
+  }
+
+  /** Which kind of router a model gets now (for /v1/workers and tests). */
+  kindFor(model: string): "mixed" | "disagg" | null {
+    try {
+      return this.routerFor(model).kind;
+    } catch {
+      return null;
+    }
+  }
+
+  close(): void {
+    this.unsubscribe();
+  }
+
+  policyFor(model: string): RoutingPolicy {
+    let p = this.modelPolicies.get(model);
+    if (!p) {
+      p = policies[this.o.policy]!({
+        logger: this.o.logger.child({ model, policy: this.o.policy }),
+        options: this.o.policyOptions ?? {},
+        kvIndex: this.o.kvIndexFor?.(model),
+      });
+      this.modelPolicies.set(model, p);
+    }
+    return p;
+  }
+
+  private build(model: string): ModelRouter {
+    const ws = this.o.workers;
+    const policy = this.policyFor(model);
+    const all = ws.group(model)?.all ?? [];
+    const hasPd = all.some((w) => w.record.role === "prefill") && all.some((w) => w.record.role === "decode");
+    const factory = this.o.disaggFactory;
+    if (factory && (this.mode === "disagg" || (this.mode === "auto" && hasPd))) {
+      this.o.logger.info({ model }, "model routed disaggregated");
+      return factory({
+        model,
+        prefillWorkers: () => ws.group(model)?.availableByRole.prefill ?? [],
+        decodeWorkers: () => ws.group(model)?.availableByRole.decode ?? [],
+        policy,
+        logger: this.o.logger.child({ model, router: "disagg" }),
+        options: this.o.policyOptions ?? {},
+      });
+    }
+    if (this.mode === "disagg") throw new InferaError(500, "disaggregated routing is not available");
+    return new MixedRouter({
+      model,
+      candidates: () => {
+        const g = ws.group(model);
+        if (!g) return EMPTY;
+        // Mixed workers first; a model with only P/D workers (and no DisaggRouter) still
+        // gets answers from them, since such engines also serve plain requests.
+        return g.availableByRole.mixed.length > 0 ? g.availableByRole.mixed : g.available;
+      },
+      policy,
+      workers: ws,
+      maxRetries: this.o.maxRetries ?? 2,
+      trackPrefill: this.o.policy !== "round-robin",
+      logger: this.o.logger.child({ model, router: "mixed" }),
+      observer: this.o.observer,
+    });
+  }
+}
+
+const EMPTY: readonly LiveWorker[] = [];

@@ -1,0 +1,133 @@
+/**
+ * MixedRouter: one worker per request, chosen by the policy. Keeps the server's in-flight
+ * accounting per worker (released when the answer's body ends, fails or is aborted) and
+ * retries a request whose worker could not be reached (refused / reset before the first
+ * byte) on ANOTHER worker, at most `maxRetries` times.
+ */
+import { NoWorkerError } from "../protocol/errors.ts";
+import type { Logger } from "../util/log.ts";
+import { connectionFailureKind, WorkerUnreachableError } from "./errors.ts";
+import type {
+  ModelRouter,
+  RequestExecutor,
+  RoutingPolicy,
+  RoutingRequest,
+  Selection,
+  UpstreamResponse,
+} from "./types.ts";
+import type { LiveWorker, WorkerSet } from "./worker-set.ts";
+
+export { WorkerUnreachableError } from "./errors.ts";
+
+/** Callbacks the server uses for its metrics; all optional so routers work without them. */
+export interface RouterObserver {
+  onDecision?(model: string, policy: string, router: string, sel: Selection): void;
+  onRetry?(model: string, reason: string): void;
+}
+
+export interface MixedRouterOptions {
+  model: string;
+  /** Available candidate workers, read on every request. */
+  candidates: () => readonly LiveWorker[];
+  policy: RoutingPolicy;
+  workers: WorkerSet;
+  maxRetries: number;
+  /** Count prompt tokens into `pendingPrefillTokens` (load-aware policies need it; costs tokenization). */
+  trackPrefill: boolean;
+  logger: Logger;
+  observer?: RouterObserver;
+}
+
+export class MixedRouter implements ModelRouter {
+  readonly kind = "mixed" as const;
+
+  constructor(private readonly o: MixedRouterOptions) {}
+
+  async handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortSignal): Promise<UpstreamResponse> {
+    const o = this.o;
+    const headers = { "x-request-id": req.requestId };
+    let tried: LiveWorker[] | null = null;
+    for (let attempt = 0; ; attempt++) {
+      let cands = o.candidates();
+      if (tried !== null) {
+        const t = tried;
+        cands = cands.filter((w) => !t.includes(w));
+      }
+      // Out of candidates (possibly after failed attempts): the fleet cannot serve now.
+      if (cands.length === 0) throw new NoWorkerError(o.model);
+      const sel = o.policy.select(req, cands);
+      const w = sel.worker as LiveWorker;
+      o.observer?.onDecision?.(o.model, o.policy.name, "mixed", sel);
+      const prefill = o.trackPrefill ? req.promptTokens().length : 0;
+      w.inFlight++;
+      w.routed++;
+      w.pendingPrefillTokens += prefill;
+      o.policy.onRouted?.(req, w);
+      let up: UpstreamResponse;
+      try {
+        up = await exec.send(w, req.endpoint, req.body as Record<string, unknown>, { signal, headers });
+      } catch (err) {
+        w.inFlight--;
+        w.pendingPrefillTokens -= prefill;
+        const kind = err instanceof WorkerUnreachableError ? err.kind : connectionFailureKind(err);
+        if (kind === null || signal.aborted) throw err;
+        o.workers.reportFailure(w, kind);
+        if (attempt >= o.maxRetries) {
+          throw err instanceof WorkerUnreachableError
+            ? err
+            : new WorkerUnreachableError(w.record.url, kind, "");
+        }
+        o.logger.warn(
+          { requestId: req.requestId, worker: w.id, kind, attempt },
+          "worker unreachable; retrying",
+        );
+        o.observer?.onRetry?.(o.model, kind);
+        tried ??= [];
+        tried.push(w);
+        continue;
+      }
+      if (up.status >= 500) o.workers.reportFailure(w, "5xx");
+      else o.workers.reportSuccess(w);
+      return trackRelease(up, w, prefill);
+    }
+  }
+}
+
+/** Wraps an answer so the worker's in-flight count drops exactly once, however it ends. */
+export function trackRelease(up: UpstreamResponse, w: LiveWorker, prefill: number): UpstreamResponse {
+  let released = false;
+  let prefillPending = prefill > 0;
+  const firstByte = () => {
+    if (prefillPending) {
+      prefillPending = false;
+      w.pendingPrefillTokens -= prefill;
+    }
+  };
+  const release = () => {
+    if (released) return;
+    released = true;
+    firstByte();
+    w.inFlight--;
+  };
+  const src = up.body;
+  async function* body(): AsyncGenerator<Uint8Array> {
+    try {
+      for await (const chunk of src) {
+        if (prefillPending) firstByte();
+        yield chunk;
+      }
+    } finally {
+      release();
+    }
+  }
+  return {
+    status: up.status,
+    headers: up.headers,
+    body: body(),
+    json: () => up.json().finally(release),
+    abort: () => {
+      up.abort();
+      release();
+    },
+  };
+}
