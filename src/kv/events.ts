@@ -1,0 +1,278 @@
+/**
+ * Decoder for the engines' KV-cache event messages (engine-protocols.md §3).
+ *
+ * Framing: vLLM and SGLang send 3 frames `[topic, seq (8-byte BE), payload]`; ATOM sends
+ * `[payload]` (empty topic) or `[topic, payload]`. The payload is a msgpack `EventBatch`
+ * `[ts, events, data_parallel_rank?]`; each event is a positional array `[tag, ...fields]`
+ * (older vLLM, SGLang, ATOM) or a map with the tag under `type` (newer vLLM). Both are
+ * accepted at both levels. Decoding never throws: bad input yields a `DecodeError` value.
+ */
+import { Unpackr } from "msgpackr";
+import { hashString } from "./hash.ts";
+
+/**
+ * An engine block hash normalised to a number: ints as they are (uint64 above 2^53 rounded to
+ * the nearest double, still unique in practice), bytes folded into 52 bits.
+ */
+export type EngineHash = number;
+
+export interface BlockStored {
+  type: "BlockStored";
+  blockHashes: EngineHash[];
+  parentBlockHash: EngineHash | null;
+  tokenIds: number[];
+  blockSize: number;
+  loraId: number | null;
+  medium: string | null;
+  loraName: string | null;
+  extraKeys: unknown;
+  groupIdx: number | null;
+}
+
+export interface BlockRemoved {
+  type: "BlockRemoved";
+  blockHashes: EngineHash[];
+  medium: string | null;
+  groupIdx: number | null;
+}
+
+export interface AllBlocksCleared {
+  type: "AllBlocksCleared";
+}
+
+export interface BlockTransferred {
+  type: "BlockTransferred";
+  blockHashes: EngineHash[];
+  fromMedium: string | null;
+  toMedium: string | null;
+  groupIdx: number | null;
+}
+
+export type KvEvent = BlockStored | BlockRemoved | AllBlocksCleared | BlockTransferred;
+
+export interface EventBatch {
+  ts: number;
+  events: KvEvent[];
+  dpRank: number | null;
+  /** Events in the batch that could not be understood (unknown tag, bad fields). */
+  skipped: number;
+}
+
+export interface KvMessage {
+  topic: string;
+  /** Sequence number (vLLM/SGLang framing); null for ATOM framing. */
+  seq: number | null;
+  batch: EventBatch;
+}
+
+export interface DecodeError {
+  error: string;
+}
+
+export type Framing = "seq" | "atom";
+
+// int64AsType "number": block hashes arrive as uint64; a double keeps 53 significant bits,
+// plenty to tell one worker's blocks apart, and avoids a BigInt per hash on the hot path.
+const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: "number" });
+
+export function isDecodeError(x: KvMessage | DecodeError): x is DecodeError {
+  return (x as DecodeError).error !== undefined;
+}
+
+function foldBytes(b: Uint8Array): number {
+  let lo = 0x811c9dc5;
+  let hi = 0x01000193;
+  for (let i = 0; i < b.length; i++) {
+    lo = Math.imul(lo ^ b[i], 0x01000193);
+    hi = Math.imul(hi ^ b[i] ^ (lo >>> 24), 0x5bd1e995);
+  }
+  return (hi >>> 12) * 4294967296 + (lo >>> 0);
+}
+
+/** Normalises one hash value; null when it is not a hash. */
+export function normaliseHash(h: unknown): EngineHash | null {
+  if (typeof h === "number") return Number.isFinite(h) ? h + 0 : null;
+  if (typeof h === "bigint") return Number(h) + 0;
+  if (h instanceof Uint8Array) return foldBytes(h);
+  if (typeof h === "string") return hashString(h) * 1048576 + (hashString(h, 0x1234) >>> 12);
+  return null;
+}
+
+function hashList(v: unknown): EngineHash[] | null {
+  if (!Array.isArray(v)) {
+    const one = normaliseHash(v);
+    return one === null ? null : [one];
+  }
+  const out = new Array<EngineHash>(v.length);
+  for (let i = 0; i < v.length; i++) {
+    const h = normaliseHash(v[i]);
+    if (h === null) return null;
+    out[i] = h;
+  }
+  return out;
+}
+
+function str(v: unknown): string | null {
+  if (typeof v === "string") return v;
+  if (v instanceof Uint8Array) return Buffer.from(v).toString("utf8");
+  return null;
+}
+
+function int(v: unknown): number | null {
+  if (typeof v === "number" && Number.isInteger(v)) return v;
+  if (typeof v === "bigint") return Number(v);
+  return null;
+}
+
+const FIELDS: Record<string, string[]> = {
+  BlockStored: [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+  ],
+  BlockRemoved: ["block_hashes", "medium", "group_idx"],
+  AllBlocksCleared: [],
+  BlockTransferred: ["block_hashes", "from_medium", "to_medium", "group_idx"],
+};
+
+/** Turns a positional `[tag, ...fields]` event into the map form. */
+function fieldsOf(raw: unknown): Record<string, unknown> | null {
+  if (Array.isArray(raw)) {
+    const tag = str(raw[0]);
+    if (tag === null) return null;
+    const names = FIELDS[tag];
+    if (!names) return { type: tag };
+    const obj: Record<string, unknown> = { type: tag };
+    for (let i = 0; i < names.length; i++) obj[names[i]] = raw[i + 1];
+    return obj;
+  }
+  if (raw !== null && typeof raw === "object" && !(raw instanceof Uint8Array)) {
+    const obj = raw as Record<string, unknown>;
+    const tag = str(obj.type ?? obj.tag);
+    return tag === null ? null : { ...obj, type: tag };
+  }
+  return null;
+}
+
+/** Decodes one event (either encoding); null when it is not a known, well-formed event. */
+export function decodeEvent(raw: unknown): KvEvent | null {
+  const f = fieldsOf(raw);
+  if (!f) return null;
+  switch (f.type) {
+    case "BlockStored": {
+      const blockHashes = hashList(f.block_hashes);
+      const tokenIds = f.token_ids;
+      if (!blockHashes || !Array.isArray(tokenIds)) return null;
+      for (let i = 0; i < tokenIds.length; i++) if (typeof tokenIds[i] !== "number") return null;
+      const parent = f.parent_block_hash == null ? null : normaliseHash(f.parent_block_hash);
+      if (f.parent_block_hash != null && parent === null) return null;
+      const bs = int(f.block_size);
+      const blockSize =
+        bs !== null && bs > 0 ? bs : blockHashes.length > 0 ? tokenIds.length / blockHashes.length : 0;
+      if (!Number.isInteger(blockSize) || blockSize <= 0) return null;
+      return {
+        type: "BlockStored",
+        blockHashes,
+        parentBlockHash: parent,
+        tokenIds: tokenIds as number[],
+        blockSize,
+        loraId: int(f.lora_id),
+        medium: str(f.medium),
+        loraName: str(f.lora_name),
+        extraKeys: f.extra_keys ?? null,
+        groupIdx: int(f.group_idx),
+      };
+    }
+    case "BlockRemoved": {
+      const blockHashes = hashList(f.block_hashes);
+      if (!blockHashes) return null;
+      return { type: "BlockRemoved", blockHashes, medium: str(f.medium), groupIdx: int(f.group_idx) };
+    }
+    case "AllBlocksCleared":
+      return { type: "AllBlocksCleared" };
+    case "BlockTransferred": {
+      const blockHashes = hashList(f.block_hashes);
+      if (!blockHashes) return null;
+      return {
+        type: "BlockTransferred",
+        blockHashes,
+        fromMedium: str(f.from_medium),
+        toMedium: str(f.to_medium),
+        groupIdx: int(f.group_idx),
+      };
+    }
+    default:
+      return null;
+  }
+}
+
+/** Decodes an `EventBatch` payload. */
+export function decodeBatch(payload: Uint8Array): EventBatch | DecodeError {
+  let raw: unknown;
+  try {
+    raw = unpackr.unpack(payload);
+  } catch (err) {
+    return { error: `msgpack: ${(err as Error).message}` };
+  }
+  let ts: unknown;
+  let events: unknown;
+  let dp: unknown;
+  if (Array.isArray(raw)) [ts, events, dp] = raw;
+  else if (raw !== null && typeof raw === "object") {
+    const o = raw as Record<string, unknown>;
+    ts = o.ts;
+    events = o.events;
+    dp = o.data_parallel_rank ?? o.dp_rank;
+  } else return { error: "batch is neither an array nor a map" };
+  if (!Array.isArray(events)) return { error: "batch has no events list" };
+  const out: KvEvent[] = [];
+  let skipped = 0;
+  for (const e of events) {
+    const ev = decodeEvent(e);
+    if (ev) out.push(ev);
+    else skipped++;
+  }
+  return { ts: typeof ts === "number" ? ts : 0, events: out, dpRank: int(dp), skipped };
+}
+
+/** Reads an 8-byte big-endian signed sequence number; null when the frame is not 8 bytes. */
+export function readSeq(frame: Uint8Array): number | null {
+  if (frame.length !== 8) return null;
+  const dv = new DataView(frame.buffer, frame.byteOffset, 8);
+  return Number(dv.getBigInt64(0, false));
+}
+
+export function encodeSeq(seq: number): Buffer {
+  const b = Buffer.alloc(8);
+  b.writeBigInt64BE(BigInt(seq));
+  return b;
+}
+
+/** Decodes one multipart ZMQ message. With "atom" framing a 3-frame message is still accepted. */
+export function decodeMessage(frames: readonly Uint8Array[], framing: Framing): KvMessage | DecodeError {
+  let topic = "";
+  let seq: number | null = null;
+  let payload: Uint8Array;
+  if (frames.length === 3) {
+    topic = Buffer.from(frames[0]).toString("utf8");
+    seq = readSeq(frames[1]);
+    if (seq === null) return { error: "sequence frame is not 8 bytes" };
+    payload = frames[2];
+  } else if (framing === "atom" && frames.length === 2) {
+    topic = Buffer.from(frames[0]).toString("utf8");
+    payload = frames[1];
+  } else if (framing === "atom" && frames.length === 1) {
+    payload = frames[0];
+  } else {
+    return { error: `unexpected ${frames.length}-frame message for ${framing} framing` };
+  }
+  const batch = decodeBatch(payload);
+  if ("error" in batch) return batch;
+  return { topic, seq, batch };
+}

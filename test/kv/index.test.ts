@@ -1,0 +1,142 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import type { BlockStored, KvEvent } from "../../src/kv/events.ts";
+import { KvIndex, saltFromExtraKeys } from "../../src/kv/index.ts";
+import { F64U32Map, U32MultiSet } from "../../src/kv/tables.ts";
+
+const BS = 4;
+const prompt = Array.from({ length: 22 }, (_, i) => 500 + i); // 5 full blocks + 2 tokens
+
+function stored(
+  hashes: number[],
+  parent: number | null,
+  tokenIds: number[],
+  extra: Partial<BlockStored> = {},
+): KvEvent {
+  return {
+    type: "BlockStored",
+    blockHashes: hashes,
+    parentBlockHash: parent,
+    tokenIds,
+    blockSize: BS,
+    loraId: null,
+    medium: "GPU",
+    loraName: null,
+    extraKeys: null,
+    groupIdx: null,
+    ...extra,
+  };
+}
+
+test("blocks stored across chained events give each worker its cached prefix length", () => {
+  const idx = new KvIndex();
+  idx.addWorker("a", BS);
+  idx.addWorker("b", BS);
+  // Worker a: blocks 0-1 in one event, 2-3 chained by parent hash in a second one.
+  idx.apply("a", stored([101, 102], null, prompt.slice(0, 8)));
+  idx.apply("a", stored([103, 104], 102, prompt.slice(8, 16)));
+  // Worker b: only the first block.
+  idx.apply("b", stored([9001], null, prompt.slice(0, 4)));
+  assert.deepEqual([...idx.overlaps(prompt, ["a", "b", "c"])], [4, 1, -1]);
+  // A different prompt sharing two blocks.
+  const other = [...prompt.slice(0, 8), 1, 2, 3, 4, 5, 6, 7, 8];
+  assert.deepEqual([...idx.overlaps(other, ["a", "b"])], [2, 1]);
+  assert.equal(idx.counters.stored, 5);
+});
+
+test("BlockRemoved by engine hash breaks the prefix at the removed block", () => {
+  const idx = new KvIndex();
+  idx.apply("a", stored([1, 2, 3, 4], null, prompt.slice(0, 16)), BS);
+  idx.apply("a", { type: "BlockRemoved", blockHashes: [3, 4], medium: "GPU", groupIdx: null });
+  assert.deepEqual([...idx.overlaps(prompt, ["a"])], [2]);
+  idx.apply("a", { type: "BlockRemoved", blockHashes: [1], medium: null, groupIdx: null });
+  assert.deepEqual([...idx.overlaps(prompt, ["a"])], [0]);
+  idx.apply("a", { type: "BlockRemoved", blockHashes: [77], medium: null, groupIdx: null });
+  assert.equal(idx.counters.unknownRemovals, 1);
+  // CPU-medium removals do not touch GPU blocks.
+  idx.apply("a", stored([11, 12], null, prompt.slice(0, 8)));
+  idx.apply("a", { type: "BlockRemoved", blockHashes: [11], medium: "CPU", groupIdx: null });
+  assert.deepEqual([...idx.overlaps(prompt, ["a"])], [2]);
+});
+
+test("AllBlocksCleared, removeWorker and orphans", () => {
+  const idx = new KvIndex();
+  idx.apply("a", stored([1, 2], null, prompt.slice(0, 8)), BS);
+  idx.apply("a", { type: "AllBlocksCleared" });
+  assert.deepEqual([...idx.overlaps(prompt, ["a"])], [0]);
+  // A child whose parent the index never saw cannot be hashed: counted, skipped.
+  idx.apply("a", stored([3], 2, prompt.slice(8, 12)));
+  assert.equal(idx.counters.orphans, 1);
+  assert.equal(idx.blockCount("a"), 0);
+  idx.removeWorker("a");
+  assert.deepEqual([...idx.overlaps(prompt, ["a"])], [-1]);
+});
+
+test("cache_salt in the first block's extra keys isolates tenants", () => {
+  const idx = new KvIndex();
+  idx.apply("a", stored([1, 2, 3], null, prompt.slice(0, 12), { extraKeys: [["tenant-1"], null, null] }), BS);
+  idx.apply("b", stored([1, 2, 3], null, prompt.slice(0, 12)), BS);
+  assert.deepEqual([...idx.overlaps(prompt, ["a", "b"], "tenant-1")], [3, 0]);
+  assert.deepEqual([...idx.overlaps(prompt, ["a", "b"], "tenant-2")], [0, 0]);
+  assert.deepEqual([...idx.overlaps(prompt, ["a", "b"])], [0, 3]);
+  assert.equal(saltFromExtraKeys([["mm-hash", "s"], null]), "s");
+  assert.equal(saltFromExtraKeys(["s"]), "s");
+  assert.equal(saltFromExtraKeys([null, null]), null);
+  assert.equal(saltFromExtraKeys({ cache_salt: "z" }), "z");
+});
+
+test("workers with different block sizes are matched on their own boundaries", () => {
+  const idx = new KvIndex();
+  idx.apply("a", stored([1, 2], null, prompt.slice(0, 8)), BS);
+  idx.apply("b", stored([1], null, prompt.slice(0, 8), { blockSize: 8 }), 8);
+  assert.deepEqual([...idx.overlaps(prompt, ["a", "b"])], [2, 1]);
+  assert.equal(idx.blockSizeOf("b"), 8);
+});
+
+test("re-storing an engine hash with new tokens replaces the old block", () => {
+  const idx = new KvIndex();
+  idx.apply("a", stored([1], null, [9, 9, 9, 9]), BS);
+  idx.apply("a", stored([1], null, prompt.slice(0, 4)), BS);
+  assert.equal(idx.blockCount("a"), 1);
+  assert.deepEqual([...idx.overlaps(prompt, ["a"])], [1]);
+});
+
+test("typed-array tables agree with Map/Set under random churn", () => {
+  let seed = 12345;
+  const rnd = () => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return seed;
+  };
+  const set = new U32MultiSet();
+  const ref = new Map<number, number>();
+  const map = new F64U32Map();
+  const refMap = new Map<number, number>();
+  for (let i = 0; i < 60000; i++) {
+    const k = 2 + (rnd() % 3000); // small key space: many duplicates and deletions (0 aliases 1)
+    const op = rnd() % 3;
+    if (op < 2) {
+      set.add(k);
+      ref.set(k, (ref.get(k) ?? 0) + 1);
+      const fk = k * 1e9 + 0.5;
+      map.set(fk, k);
+      refMap.set(fk, k);
+    } else {
+      const had = (ref.get(k) ?? 0) > 0;
+      assert.equal(set.delete(k), had);
+      if (had) ref.set(k, ref.get(k)! - 1);
+      const fk = k * 1e9 + 0.5;
+      const slot = map.find(fk);
+      assert.equal(slot >= 0, refMap.has(fk));
+      if (slot >= 0) {
+        assert.equal(map.valueAt(slot), refMap.get(fk));
+        map.deleteAt(slot);
+        refMap.delete(fk);
+      }
+    }
+  }
+  for (let k = 2; k < 3002; k++) {
+    assert.equal(set.has(k), (ref.get(k) ?? 0) > 0, `key ${k}`);
+    assert.equal(map.find(k * 1e9 + 0.5) >= 0, refMap.has(k * 1e9 + 0.5));
+  }
+  assert.equal(map.size, refMap.size);
+});
