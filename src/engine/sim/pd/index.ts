@@ -1,8 +1,23 @@
+import { AtomSimConnector } from "./atom.ts";
+import { MooncakeSimConnector } from "./mooncake.ts";
+import { MoriioSimConnector } from "./moriio.ts";
+import { NixlSimConnector } from "./nixl.ts";
+import { SglangSimConnector } from "./sglang.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./types.ts";
 
 /** Creates the connector for `opts.kind`, or null for mixed workers without one. */
 export function createSimConnector(opts: SimConnectorOptions, host: SimKvHost): SimConnector | null {
-  void host;
   if (opts.kind === "none" || opts.role === "mixed") return null;
-  throw new Error(`PD connector ${opts.kind} is not built yet`);
+  switch (opts.kind) {
+    case "nixl":
+      return new NixlSimConnector(opts, host);
+    case "mooncake":
+      return new MooncakeSimConnector(opts, host);
+    case "moriio":
+      return new MoriioSimConnector(opts, host);
+    case "sglang":
+      return new SglangSimConnector(opts, host);
+    case "atom":
+      return new AtomSimConnector(opts, host);
+  }
 }

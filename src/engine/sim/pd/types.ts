@@ -32,6 +32,8 @@ export interface HeldKv {
   blockIds: number[];
   /** The prompt tokens whose KV the held blocks contain (full blocks + partial tail). */
   tokenIds: number[];
+  /** The one token the prefill produced, when the core knows it (ATOM's `first_token_id`). Additive. */
+  firstTokenId?: number;
 }
 
 export interface PulledKv {
@@ -72,6 +74,32 @@ export interface SimConnector {
   pullForDecode(req: PdRequestInfo, signal: AbortSignal): Promise<PulledKv>;
   /** Extra HTTP routes the engine serves for this connector (e.g. ATOM `GET /kv_transfer_info`). */
   httpRoutes?(): Record<string, () => unknown>;
+  /**
+   * Additive. Which PD path a request takes on this worker: "prefill" (compute, hold, answer with
+   * params), "decode" (pull, import, decode) or null (an ordinary request). The core should call it
+   * when present instead of reading `kv_transfer_params` itself: SGLang bootstrap requests carry
+   * `bootstrap_room` at the top level and no `kv_transfer_params` at all.
+   */
+  pdPhase?(body: Record<string, unknown>): "prefill" | "decode" | null;
+  /**
+   * Additive. Checks a PD request before it is scheduled; throws a typed error (e.g. 400
+   * BadRequestError: Mooncake's P drops a request without `transfer_id`).
+   */
+  validate?(req: PdRequestInfo, phase: "prefill" | "decode"): void;
+  /** Additive. The side-channel ports actually bound (after start), for the worker record / logs. */
+  describe?(): SimConnectorDescription;
+}
+
+/** What a started connector listens on (mirrors discovery's ConnectorInfo). */
+export interface SimConnectorDescription {
+  kind: ConnectorKind;
+  bootstrapHost: string;
+  /** Mooncake / SGLang bootstrap port, Nixl side-channel port. */
+  bootstrapPort?: number;
+  /** MoRIIO / ATOM handshake port. */
+  handshakePort?: number;
+  /** MoRIIO notify port. */
+  notifyPort?: number;
 }
 
 export interface SimConnectorOptions {
