@@ -1,0 +1,326 @@
+/**
+ * Worker-side end of the NATS request plane. Subscribes to the worker's request subject, calls
+ * the local engine over HTTP, and streams the engine's response bytes back on the client's inbox
+ * (frames.ts has the wire format). Credit from the client bounds what is in flight: when the
+ * client falls behind, the agent stops reading the engine's body, and TCP backpressure holds
+ * the engine, so nothing buffers without bound. A client abort, or a client that goes silent
+ * (server crashed, broker lost), aborts the engine request, which the engine sees as a
+ * disconnect and cancels.
+ */
+import {
+  type Msg,
+  type NatsConnection,
+  headers as natsHeaders,
+  type Subscription,
+} from "@nats-io/transport-node";
+import { Pool } from "undici";
+import { connectionFailureKind } from "../../router/errors.ts";
+import { createLogger, type Logger } from "../../util/log.ts";
+import {
+  CTL_ABORT,
+  CTL_CREDIT,
+  DEFAULT_WINDOW,
+  decodeControl,
+  type FrameKind,
+  H_ENDPOINT,
+  H_ERROR_CODE,
+  H_ERROR_KIND,
+  H_ERROR_STATUS,
+  H_FRAME,
+  H_PING_MS,
+  H_SEQ,
+  H_STATUS,
+  H_WINDOW,
+  isRelayedHeader,
+} from "./frames.ts";
+import { controlSubject, requestSubject } from "./subjects.ts";
+
+export interface RequestAgentOptions {
+  nc: NatsConnection;
+  /** Engine base URL, e.g. `http://127.0.0.1:8001`. */
+  engineUrl: string;
+  model: string;
+  workerId: string;
+  /** Defaults to `requestSubject(model, workerId)`; put the same value in the record's `natsSubject`. */
+  subject?: string;
+  /** Max concurrent HTTP connections to the engine (default 1024: one per in-flight stream). */
+  maxEngineConnections?: number;
+  /** Sweep period for keepalives and silent-client checks (default 250 ms). */
+  sweepMs?: number;
+  logger?: Logger;
+}
+
+const TE = new TextEncoder();
+
+/** One in-flight request. */
+class AgentStream {
+  sent = 0;
+  allowed: number;
+  lastHeard: number;
+  lastSent: number;
+  readonly ac = new AbortController();
+  creditWaiter: (() => void) | null = null;
+  done = false;
+
+  constructor(
+    readonly inbox: string,
+    window: number,
+    readonly pingMs: number,
+    now: number,
+  ) {
+    this.allowed = window;
+    this.lastHeard = now;
+    this.lastSent = now;
+  }
+
+  wake(): void {
+    const w = this.creditWaiter;
+    this.creditWaiter = null;
+    if (w) w();
+  }
+
+  abort(reason: string): void {
+    if (this.done) return;
+    this.done = true;
+    this.ac.abort(new Error(reason));
+    this.wake();
+  }
+}
+
+export class NatsRequestAgent {
+  readonly subject: string;
+  readonly controlSubject: string;
+  private readonly nc: NatsConnection;
+  private readonly pool: Pool;
+  private readonly log: Logger;
+  private readonly streams = new Map<string, AgentStream>();
+  /** Aborts that overtook their request (kept one sweep, then dropped). */
+  private readonly earlyAborts = new Map<string, number>();
+  private reqSub?: Subscription;
+  private ctlSub?: Subscription;
+  private sweeper?: NodeJS.Timeout;
+  private readonly sweepMs: number;
+  /** Requests handled since start (for tests and metrics). */
+  handled = 0;
+
+  constructor(opts: RequestAgentOptions) {
+    this.nc = opts.nc;
+    this.subject = opts.subject ?? requestSubject(opts.model, opts.workerId);
+    this.controlSubject = controlSubject(this.subject);
+    this.pool = new Pool(opts.engineUrl, {
+      connections: opts.maxEngineConnections ?? 1024,
+      keepAliveTimeout: 30_000,
+      // The agent's own idle checks end silent streams; undici must not cut long prefills.
+      headersTimeout: 0,
+      bodyTimeout: 0,
+    });
+    this.log = opts.logger ?? createLogger("nats-agent", { worker: opts.workerId });
+    this.sweepMs = opts.sweepMs ?? 250;
+  }
+
+  /** Subscribes; resolves once the broker has the subscriptions (so requests sent after it land). */
+  async start(): Promise<void> {
+    // A queue group, so that a restarted agent overlapping its predecessor never doubles a request.
+    this.reqSub = this.nc.subscribe(this.subject, {
+      queue: "infera-agent",
+      callback: (err, msg) => {
+        if (err) return;
+        this.onRequest(msg);
+      },
+    });
+    this.ctlSub = this.nc.subscribe(this.controlSubject, {
+      callback: (err, msg) => {
+        if (err) return;
+        this.onControl(msg);
+      },
+    });
+    this.sweeper = setInterval(() => this.sweep(), this.sweepMs);
+    this.sweeper.unref();
+    await this.nc.flush();
+  }
+
+  /** Streams in flight right now. */
+  get active(): number {
+    return this.streams.size;
+  }
+
+  async close(): Promise<void> {
+    if (this.sweeper) clearInterval(this.sweeper);
+    this.reqSub?.unsubscribe();
+    this.ctlSub?.unsubscribe();
+    for (const st of this.streams.values()) st.abort("agent closing");
+    this.streams.clear();
+    await this.pool.close().catch(() => {});
+  }
+
+  private onControl(msg: Msg): void {
+    const ctl = decodeControl(msg.data);
+    if (!ctl) return;
+    const inbox = msg.reply;
+    if (!inbox) return;
+    const st = this.streams.get(inbox);
+    if (!st) {
+      if (ctl[0] === CTL_ABORT) this.earlyAborts.set(inbox, Date.now());
+      return;
+    }
+    st.lastHeard = Date.now();
+    if (ctl[0] === CTL_CREDIT) {
+      if (ctl[1] > st.allowed) {
+        st.allowed = ctl[1];
+        st.wake();
+      }
+    } else if (ctl[0] === CTL_ABORT) {
+      st.abort("client aborted");
+    }
+    // CTL_PING: lastHeard is all it does.
+  }
+
+  private onRequest(msg: Msg): void {
+    const inbox = msg.reply;
+    if (!inbox) return; // nowhere to answer: not ours to handle
+    const h = msg.headers;
+    const endpoint = h?.get(H_ENDPOINT) === "completion" ? "completion" : "chat";
+    const window = positiveInt(h?.get(H_WINDOW), DEFAULT_WINDOW);
+    const pingMs = positiveInt(h?.get(H_PING_MS), 1000);
+    const fwd: Record<string, string> = { "content-type": "application/json" };
+    if (h) {
+      for (const k of h.keys()) {
+        if (!k.toLowerCase().startsWith("infera-")) fwd[k.toLowerCase()] = h.get(k);
+      }
+    }
+    const now = Date.now();
+    const st = new AgentStream(inbox, window, pingMs, now);
+    this.streams.set(inbox, st);
+    this.handled++;
+    this.frame(st, "accept");
+    if (this.earlyAborts.delete(inbox)) st.abort("client aborted");
+    void this.run(st, endpoint, fwd, msg.data).finally(() => {
+      st.done = true;
+      this.streams.delete(inbox);
+    });
+  }
+
+  private async run(
+    st: AgentStream,
+    endpoint: "chat" | "completion",
+    headers: Record<string, string>,
+    body: Uint8Array,
+  ): Promise<void> {
+    if (st.done) return;
+    const path = endpoint === "completion" ? "/v1/completions" : "/v1/chat/completions";
+    let res: Awaited<ReturnType<Pool["request"]>>;
+    try {
+      res = await this.pool.request({ path, method: "POST", headers, body, signal: st.ac.signal });
+    } catch (err) {
+      if (st.done) return;
+      // Nothing reached the engine (refused, reset): the router may retry elsewhere, as over HTTP.
+      const kind = connectionFailureKind(err);
+      if (kind) this.error(st, 502, "worker_unreachable", `engine ${errMsg(err)}`, kind);
+      else this.error(st, 502, "upstream_error", `engine request failed: ${errMsg(err)}`);
+      return;
+    }
+    if (st.done) {
+      res.body.destroy();
+      return;
+    }
+    const head = natsHeaders();
+    head.set(H_FRAME, "head");
+    head.set(H_SEQ, "0");
+    head.set(H_STATUS, String(res.statusCode));
+    for (const [k, v] of Object.entries(res.headers)) {
+      if (v === undefined || !isRelayedHeader(k)) continue;
+      head.set(k, Array.isArray(v) ? v.join(", ") : v);
+    }
+    this.publish(st, undefined, head);
+    const maxChunk = Math.max(1024, (this.nc.info?.max_payload ?? 1 << 20) - 4096);
+    try {
+      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
+        if (st.done) break;
+        let off = 0;
+        while (off < chunk.length) {
+          while (st.sent >= st.allowed && !st.done) {
+            await new Promise<void>((resolve) => {
+              st.creditWaiter = resolve;
+            });
+          }
+          if (st.done) break;
+          const end = Math.min(chunk.length, off + maxChunk);
+          this.publish(st, off === 0 && end === chunk.length ? chunk : chunk.subarray(off, end));
+          st.sent++;
+          off = end;
+        }
+      }
+    } catch (err) {
+      if (!st.done) this.error(st, 502, "upstream_stream_error", `engine stream failed: ${errMsg(err)}`);
+      return;
+    } finally {
+      if (st.done) res.body.destroy();
+    }
+    if (!st.done) this.frame(st, "end");
+  }
+
+  private publish(
+    st: AgentStream,
+    data: Uint8Array | undefined,
+    headers?: ReturnType<typeof natsHeaders>,
+  ): void {
+    st.lastSent = Date.now();
+    try {
+      this.nc.publish(st.inbox, data, headers ? { headers } : undefined);
+    } catch (err) {
+      // Closed or draining connection: the client will time out and retry elsewhere.
+      this.log.warn({ err: errMsg(err) }, "nats publish failed");
+      st.abort("publish failed");
+    }
+  }
+
+  private frame(st: AgentStream, kind: FrameKind): void {
+    const h = natsHeaders();
+    h.set(H_FRAME, kind);
+    h.set(H_SEQ, String(st.sent));
+    this.publish(st, undefined, h);
+  }
+
+  private error(st: AgentStream, status: number, code: string, message: string, kind?: string): void {
+    const h = natsHeaders();
+    if (kind) h.set(H_ERROR_KIND, kind);
+    h.set(H_FRAME, "error");
+    h.set(H_SEQ, String(st.sent));
+    h.set(H_ERROR_STATUS, String(status));
+    h.set(H_ERROR_CODE, code);
+    this.publish(st, TE.encode(message), h);
+    this.log.warn({ code, message }, "request failed at agent");
+  }
+
+  private sweep(): void {
+    const now = Date.now();
+    for (const st of this.streams.values()) {
+      if (st.done) continue;
+      if (now - st.lastHeard > 4 * st.pingMs + 500) {
+        this.log.warn({ inbox: st.inbox }, "client went silent; aborting engine request");
+        st.abort("client silent");
+        continue;
+      }
+      if (now - st.lastSent >= st.pingMs) this.frame(st, "keepalive");
+    }
+    for (const [inbox, at] of this.earlyAborts) {
+      if (now - at > 10_000) this.earlyAborts.delete(inbox);
+    }
+  }
+}
+
+function positiveInt(v: string | undefined, dflt: number): number {
+  const n = v ? Number.parseInt(v, 10) : Number.NaN;
+  return Number.isFinite(n) && n > 0 ? n : dflt;
+}
+
+function errMsg(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** Starts an agent; the returned object's `close()` stops it. */
+export async function startRequestAgent(opts: RequestAgentOptions): Promise<NatsRequestAgent> {
+  const agent = new NatsRequestAgent(opts);
+  await agent.start();
+  return agent;
+}

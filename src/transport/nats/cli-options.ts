@@ -1,0 +1,94 @@
+/**
+ * The NATS flags shared by `infera server` and `infera engine`, so both ends take the same
+ * settings. Default planes: `nats` for both when a NATS URL is given (NATS is the production
+ * broker), `http` + `zmq` otherwise (the no-broker path).
+ */
+import { type Command, Option } from "commander";
+import type { NatsConnectOptions } from "./connection.ts";
+
+export type RequestPlane = "http" | "nats";
+export type EventPlane = "zmq" | "nats";
+
+export interface NatsCliValues {
+  requestPlane?: string;
+  eventPlane?: string;
+  natsUrl?: string;
+  natsToken?: string;
+  natsUser?: string;
+  natsPassword?: string;
+  natsNkeySeedFile?: string;
+  natsTlsCa?: string;
+  natsTlsCert?: string;
+  natsTlsKey?: string;
+}
+
+export interface TransportSettings {
+  requestPlane: RequestPlane;
+  eventPlane: EventPlane;
+  /** Present when either plane is NATS. */
+  nats?: NatsConnectOptions;
+}
+
+/** Adds the flags to a subcommand. Secrets may come from the environment instead of argv. */
+export function addNatsOptions(cmd: Command): Command {
+  return cmd
+    .addOption(
+      new Option(
+        "--request-plane <plane>",
+        "how the server reaches workers (default: nats with --nats-url, else http)",
+      )
+        .choices(["http", "nats"])
+        .env("INFERA_REQUEST_PLANE"),
+    )
+    .addOption(
+      new Option(
+        "--event-plane <plane>",
+        "how KV events reach servers (default: nats with --nats-url, else zmq)",
+      )
+        .choices(["zmq", "nats"])
+        .env("INFERA_EVENT_PLANE"),
+    )
+    .addOption(new Option("--nats-url <urls>", "NATS server URL(s), comma-separated").env("INFERA_NATS_URL"))
+    .addOption(new Option("--nats-token <token>", "NATS auth token").env("INFERA_NATS_TOKEN"))
+    .addOption(new Option("--nats-user <user>", "NATS user").env("INFERA_NATS_USER"))
+    .addOption(new Option("--nats-password <password>", "NATS password").env("INFERA_NATS_PASSWORD"))
+    .addOption(
+      new Option("--nats-nkey-seed-file <path>", "file holding a NATS nkey user seed (SU...)").env(
+        "INFERA_NATS_NKEY_SEED_FILE",
+      ),
+    )
+    .addOption(new Option("--nats-tls-ca <path>", "CA bundle (PEM) for the NATS server's certificate"))
+    .addOption(new Option("--nats-tls-cert <path>", "client certificate (PEM) for NATS mutual TLS"))
+    .addOption(new Option("--nats-tls-key <path>", "client key (PEM) for NATS mutual TLS"));
+}
+
+/** Turns parsed flag values into plane choices and connect options; throws on contradictions. */
+export function resolveTransport(v: NatsCliValues, name?: string): TransportSettings {
+  const hasUrl = v.natsUrl !== undefined && v.natsUrl !== "";
+  const requestPlane = (v.requestPlane ?? (hasUrl ? "nats" : "http")) as RequestPlane;
+  const eventPlane = (v.eventPlane ?? (hasUrl ? "nats" : "zmq")) as EventPlane;
+  if (requestPlane !== "http" && requestPlane !== "nats")
+    throw new Error(`bad --request-plane ${requestPlane}`);
+  if (eventPlane !== "zmq" && eventPlane !== "nats") throw new Error(`bad --event-plane ${eventPlane}`);
+  if ((requestPlane === "nats" || eventPlane === "nats") && !hasUrl) {
+    throw new Error("--request-plane nats / --event-plane nats need --nats-url (or INFERA_NATS_URL)");
+  }
+  if (!hasUrl) return { requestPlane, eventPlane };
+  const tls =
+    v.natsTlsCa || v.natsTlsCert || v.natsTlsKey
+      ? { caFile: v.natsTlsCa, certFile: v.natsTlsCert, keyFile: v.natsTlsKey }
+      : undefined;
+  return {
+    requestPlane,
+    eventPlane,
+    nats: {
+      url: v.natsUrl!,
+      token: v.natsToken,
+      user: v.natsUser,
+      password: v.natsPassword,
+      nkeySeedFile: v.natsNkeySeedFile,
+      tls,
+      name,
+    },
+  };
+}

@@ -1,0 +1,108 @@
+/**
+ * One place that turns Infera's NATS settings (URL, token / user+password / nkey, TLS) into a
+ * live connection. Server and launcher both use it, so auth and TLS behave the same on both ends.
+ * Reconnects forever by default: a broker restart must not take a server or agent down.
+ */
+import { readFileSync } from "node:fs";
+import {
+  type Authenticator,
+  connect,
+  type NatsConnection,
+  type NodeConnectionOptions,
+  nkeyAuthenticator,
+} from "@nats-io/transport-node";
+import { createLogger, type Logger } from "../../util/log.ts";
+
+export interface NatsTlsOptions {
+  /** CA bundle (PEM file) that signed the server's certificate. */
+  caFile?: string;
+  /** Client certificate (PEM file), when the server verifies clients. */
+  certFile?: string;
+  /** Client key (PEM file). */
+  keyFile?: string;
+  /** Defaults to true; false only for test setups with certificates that do not match the host. */
+  rejectUnauthorized?: boolean;
+}
+
+export interface NatsConnectOptions {
+  /** One URL or several, comma-separated: `nats://10.0.0.2:4222,nats://10.0.0.3:4222`. `tls://` forces TLS. */
+  url: string;
+  token?: string;
+  user?: string;
+  password?: string;
+  /** An nkey user seed (`SU...`), given directly... */
+  nkeySeed?: string;
+  /** ...or read from a file (preferred: keeps the seed out of process listings). */
+  nkeySeedFile?: string;
+  tls?: NatsTlsOptions;
+  /** Shown in the server's monitoring pages. */
+  name?: string;
+  /** Milliseconds between reconnect attempts (default 250: brokers restart quickly). */
+  reconnectTimeWaitMs?: number;
+  /** Max reconnect attempts per server; -1 (default) = forever. */
+  maxReconnectAttempts?: number;
+  /** Handshake timeout for the first connect (default 5000 ms). */
+  connectTimeoutMs?: number;
+  logger?: Logger;
+}
+
+/** Builds the transport-node options; split out so tests can check what is passed through. */
+export function buildConnectionOptions(opts: NatsConnectOptions): NodeConnectionOptions {
+  const servers = opts.url
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0);
+  if (servers.length === 0) throw new Error("NATS URL is empty");
+  const out: NodeConnectionOptions = {
+    servers,
+    name: opts.name,
+    reconnect: true,
+    maxReconnectAttempts: opts.maxReconnectAttempts ?? -1,
+    reconnectTimeWait: opts.reconnectTimeWaitMs ?? 250,
+    reconnectJitter: 50,
+    timeout: opts.connectTimeoutMs ?? 5000,
+    // A broker that is down at start should not fail the process: keep trying like a reconnect.
+    waitOnFirstConnect: false,
+    ignoreClusterUpdates: false,
+  };
+  const authenticators: Authenticator[] = [];
+  if (opts.token !== undefined && opts.token !== "") out.token = opts.token;
+  if (opts.user !== undefined && opts.user !== "") {
+    out.user = opts.user;
+    out.pass = opts.password ?? "";
+  }
+  const seed =
+    opts.nkeySeed ?? (opts.nkeySeedFile ? readFileSync(opts.nkeySeedFile, "utf8").trim() : undefined);
+  if (seed !== undefined && seed !== "") {
+    authenticators.push(nkeyAuthenticator(new TextEncoder().encode(seed)));
+  }
+  if (authenticators.length > 0) out.authenticator = authenticators;
+  const tlsWanted = opts.tls !== undefined || servers.some((s) => s.startsWith("tls://"));
+  if (tlsWanted) {
+    const tls = opts.tls ?? {};
+    out.tls = {
+      caFile: tls.caFile,
+      certFile: tls.certFile,
+      keyFile: tls.keyFile,
+      rejectUnauthorized: tls.rejectUnauthorized ?? true,
+    };
+  }
+  return out;
+}
+
+/**
+ * Connects and logs connection state changes (disconnect / reconnect) for operators.
+ * Rejects when the first connect fails (bad auth, TLS mismatch, nothing listening).
+ */
+export async function connectNats(opts: NatsConnectOptions): Promise<NatsConnection> {
+  const log = opts.logger ?? createLogger("nats");
+  const nc = await connect(buildConnectionOptions(opts));
+  void (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "disconnect") log.warn({ server: s.server }, "nats disconnected");
+      else if (s.type === "reconnect") log.info({ server: s.server }, "nats reconnected");
+      else if (s.type === "error") log.warn({ err: s.error.message }, "nats error");
+    }
+  })().catch(() => {});
+  return nc;
+}

@@ -1,0 +1,210 @@
+/**
+ * Agent side of the NATS KV-event plane: subscribes to its engine's ZMQ PUB socket and
+ * republishes every batch on `infera.kv.<model>.<worker>` with the engine's sequence number
+ * intact and the payload byte for byte (kv-wire.ts). Servers then follow one NATS subject per
+ * worker instead of connecting to every engine.
+ *
+ * Missed batches: between engine and agent, a sequence gap is filled from the engine's replay
+ * socket (vLLM/SGLang); between agent and servers, the agent keeps the last `bufferBatches`
+ * messages and answers replay requests on `<subject>.replay`, which is what a server asks on
+ * start (to build its index from history) and on a gap.
+ */
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import { Dealer, Subscriber } from "zeromq";
+import type { KvEventsInfo } from "../../discovery/types.ts";
+import { createLogger, type Logger } from "../../util/log.ts";
+import { KvRing } from "./kv-ring.ts";
+import {
+  decodeReplayRequest,
+  encodeKvMessage,
+  encodeReplayEnd,
+  readKvSeq,
+  SEQ_BYTES,
+  seqFrame,
+} from "./kv-wire.ts";
+import { kvReplaySubject, kvSubject } from "./subjects.ts";
+
+export interface KvRelayOptions {
+  nc: NatsConnection;
+  model: string;
+  workerId: string;
+  /** The engine's ZMQ endpoints, as in the worker record (connectable addresses, never `*`). */
+  events: KvEventsInfo;
+  /** Defaults to `kvSubject(model, workerId)`. */
+  subject?: string;
+  /** Batches kept for replay to servers (default 10000, vLLM's buffer_steps). */
+  bufferBatches?: number;
+  /** Most batches sent per replay answer when the request does not say (default 1000). */
+  replayPage?: number;
+  /** How long to wait for the engine's replay socket (default 2000 ms). */
+  engineReplayTimeoutMs?: number;
+  logger?: Logger;
+}
+
+export interface KvRelayStats {
+  relayed: number;
+  /** Batches recovered from the engine's replay socket after a ZMQ gap. */
+  recovered: number;
+  /** Batches lost between engine and agent that replay could not recover. */
+  lost: number;
+  malformed: number;
+  replaysServed: number;
+}
+
+export class NatsKvRelay {
+  readonly subject: string;
+  readonly replaySubject: string;
+  readonly stats: KvRelayStats = { relayed: 0, recovered: 0, lost: 0, malformed: 0, replaysServed: 0 };
+  private readonly ring: KvRing;
+  private readonly sub = new Subscriber();
+  private replaySub?: Subscription;
+  private readonly log: Logger;
+  /** Next seq expected from the engine (seq framing) or to assign (ATOM framing). */
+  private expected: number;
+  private closed = false;
+  private loopDone?: Promise<void>;
+
+  constructor(private readonly o: KvRelayOptions) {
+    this.subject = o.subject ?? kvSubject(o.model, o.workerId);
+    this.replaySubject = kvReplaySubject(this.subject);
+    this.ring = new KvRing(o.bufferBatches ?? 10_000);
+    this.log = o.logger ?? createLogger("nats-kv-relay", { worker: o.workerId });
+    // Starting at 0 makes the first live batch pull whatever the engine published before the
+    // agent subscribed (ZMQ subscribers miss those), so servers can replay full history.
+    this.expected = 0;
+  }
+
+  /** Next sequence number the relay will publish. */
+  get nextSeq(): number {
+    return this.expected;
+  }
+
+  async start(): Promise<void> {
+    this.sub.connect(this.o.events.endpoint);
+    this.sub.subscribe(this.o.events.topic ?? "");
+    this.replaySub = this.o.nc.subscribe(this.replaySubject, {
+      callback: (err, msg) => {
+        if (!err) this.serveReplay(msg);
+      },
+    });
+    await this.o.nc.flush();
+    this.loopDone = this.loop();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.replaySub?.unsubscribe();
+    this.sub.close();
+    await this.loopDone?.catch(() => {});
+  }
+
+  private async loop(): Promise<void> {
+    try {
+      for await (const frames of this.sub) {
+        if (this.closed) break;
+        await this.onFrames(frames);
+      }
+    } catch (err) {
+      if (!this.closed) this.log.warn({ err: String(err) }, "kv relay subscriber failed");
+    }
+  }
+
+  private async onFrames(frames: Buffer[]): Promise<void> {
+    if (this.o.events.framing === "atom") {
+      // ATOM: [payload] or [topic, payload]; no sequence, so the relay numbers batches itself.
+      const payload = frames[frames.length - 1];
+      if (!payload || frames.length > 2) {
+        this.stats.malformed++;
+        return;
+      }
+      const seq = this.expected;
+      this.emit(seq, seqFrame(seq), payload);
+      return;
+    }
+    if (frames.length !== 3 || frames[1].length !== SEQ_BYTES) {
+      this.stats.malformed++;
+      return;
+    }
+    const seq = readKvSeq(frames[1])!;
+    if (seq < 0) {
+      this.stats.malformed++;
+      return;
+    }
+    if (seq > this.expected) await this.recoverFromEngine(this.expected, seq);
+    this.emit(seq, frames[1], frames[2]);
+  }
+
+  private emit(seq: number, seqBytes: Uint8Array, payload: Uint8Array): void {
+    const msg = encodeKvMessage(seqBytes, payload);
+    this.ring.push(seq, msg);
+    this.expected = seq + 1;
+    this.stats.relayed++;
+    try {
+      this.o.nc.publish(this.subject, msg);
+    } catch (err) {
+      // Closed connection: the ring still has it for replay once servers ask.
+      this.log.warn({ err: String(err) }, "kv relay publish failed");
+    }
+  }
+
+  /** Fills [from, to) from the engine's replay socket; what it cannot get is counted as lost. */
+  private async recoverFromEngine(from: number, to: number): Promise<void> {
+    const ep = this.o.events.replayEndpoint;
+    let got = from;
+    if (ep) {
+      const dealer = new Dealer({ receiveTimeout: this.o.engineReplayTimeoutMs ?? 2000, linger: 0 });
+      try {
+        dealer.connect(ep);
+        await dealer.send([Buffer.alloc(0), seqFrame(from)]);
+        for (;;) {
+          const frames = await dealer.receive();
+          // Replies are [b"", seq, payload]; some ROUTERs omit the empty delimiter.
+          const off = frames.length >= 3 ? 1 : 0;
+          const s = readKvSeq(frames[off] ?? Buffer.alloc(0));
+          if (s === undefined || s < 0) break;
+          if (s < got || s >= to) continue;
+          const payload = frames[off + 1];
+          if (!payload) break;
+          this.emit(s, frames[off], payload);
+          this.stats.recovered++;
+          got = s + 1;
+          if (got >= to) {
+            // Drain the rest until the end marker would need another round trip; stop here.
+            break;
+          }
+        }
+      } catch (err) {
+        this.log.warn({ err: String(err), from, to }, "engine kv replay failed");
+      } finally {
+        dealer.close();
+      }
+    }
+    if (got < to) {
+      this.stats.lost += to - got;
+      if (from > 0 || this.stats.relayed > 0) {
+        this.log.warn({ from: got, to }, "kv batches lost between engine and agent");
+      }
+    }
+  }
+
+  private serveReplay(msg: Msg): void {
+    const reply = msg.reply;
+    if (!reply) return;
+    const req = decodeReplayRequest(msg.data);
+    if (!req) return;
+    const max = req.max > 0 ? req.max : (this.o.replayPage ?? 1000);
+    this.stats.replaysServed++;
+    try {
+      this.ring.forEachFrom(req.start, max, (_seq, m) => this.o.nc.publish(reply, m));
+      this.o.nc.publish(reply, encodeReplayEnd(this.ring.oldest, this.expected));
+    } catch (err) {
+      this.log.warn({ err: String(err) }, "kv replay answer failed");
+    }
+  }
+}
+
+export async function startKvRelay(o: KvRelayOptions): Promise<NatsKvRelay> {
+  const r = new NatsKvRelay(o);
+  await r.start();
+  return r;
+}
