@@ -75,7 +75,7 @@ export type Framing = "seq" | "atom";
 // plenty to tell one worker's blocks apart, and avoids a BigInt per hash on the hot path.
 const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: "number" });
 
-export function isDecodeError(x: KvMessage | DecodeError): x is DecodeError {
+export function isDecodeError<T extends object>(x: T | DecodeError): x is DecodeError {
   return (x as DecodeError).error !== undefined;
 }
 

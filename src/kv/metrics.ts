@@ -1,0 +1,50 @@
+import { Counter, Gauge, type Registry } from "prom-client";
+
+/** Counters of KV event ingestion, registered on the service's own Registry. */
+export class KvIngestMetrics {
+  readonly batches: Counter<"worker">;
+  readonly events: Counter<"type">;
+  readonly malformed: Counter<"worker">;
+  readonly replays: Counter<"result">;
+  readonly resets: Counter<"reason">;
+  readonly workers: Gauge;
+
+  constructor(registry: Registry) {
+    const registers = [registry];
+    this.batches = new Counter({
+      name: "infera_kv_event_batches_total",
+      help: "KV event batches applied to the index",
+      labelNames: ["worker"],
+      registers,
+    });
+    this.events = new Counter({
+      name: "infera_kv_events_total",
+      help: "KV events applied to the index, by type",
+      labelNames: ["type"],
+      registers,
+    });
+    this.malformed = new Counter({
+      name: "infera_kv_malformed_messages_total",
+      help: "KV event messages or events that could not be decoded",
+      labelNames: ["worker"],
+      registers,
+    });
+    this.replays = new Counter({
+      name: "infera_kv_replays_total",
+      help: "Replay requests to engines' replay sockets, by result (ok, incomplete, failed)",
+      labelNames: ["result"],
+      registers,
+    });
+    this.resets = new Counter({
+      name: "infera_kv_worker_resets_total",
+      help: "Workers reset to empty in the index, by reason (gap, restart, cleared)",
+      labelNames: ["reason"],
+      registers,
+    });
+    this.workers = new Gauge({
+      name: "infera_kv_subscribed_workers",
+      help: "Workers whose KV events this server subscribes to",
+      registers,
+    });
+  }
+}

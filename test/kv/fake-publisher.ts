@@ -1,0 +1,89 @@
+/**
+ * A vLLM-style KV event publisher for tests: a real ZMQ PUB socket sending
+ * [topic, seq, msgpack batch] and a real ROUTER replay socket over its buffer. `drop` publishes
+ * nothing but still consumes a sequence number, as when the subscriber misses a message.
+ */
+import { Packr } from "msgpackr";
+import { Publisher, Router } from "zeromq";
+import { encodeSeq } from "../../src/kv/events.ts";
+import { freePort } from "../helpers/ports.ts";
+
+const packr = new Packr({ useRecords: false });
+
+export class FakePublisher {
+  private readonly pub = new Publisher({ linger: 0 });
+  private readonly router = new Router({ linger: 0 });
+  private seq = 0;
+  readonly buffer: { seq: number; payload: Buffer }[] = [];
+  endpoint = "";
+  replayEndpoint = "";
+  private serving: Promise<void> | null = null;
+  private closed = false;
+  /** Keep only the last N batches for replay (engine's buffer_steps). */
+  bufferSteps = 10000;
+
+  constructor(readonly topic = "kv-events") {}
+
+  async start(): Promise<void> {
+    const p1 = await freePort();
+    const p2 = await freePort();
+    this.endpoint = `tcp://127.0.0.1:${p1}`;
+    this.replayEndpoint = `tcp://127.0.0.1:${p2}`;
+    await this.pub.bind(this.endpoint);
+    await this.router.bind(this.replayEndpoint);
+    this.serving = this.serveReplay();
+  }
+
+  /** Publishes one batch of events (array-encoded unless `mapEncoding`). */
+  async publish(events: unknown[], opts: { drop?: boolean } = {}): Promise<number> {
+    const seq = this.seq++;
+    const payload = packr.pack([Date.now() / 1000, events, null]);
+    this.buffer.push({ seq, payload });
+    while (this.buffer.length > this.bufferSteps) this.buffer.shift();
+    if (!opts.drop) await this.pub.send([this.topic, encodeSeq(seq), payload]);
+    return seq;
+  }
+
+  async sendRaw(frames: (Buffer | string)[]): Promise<void> {
+    await this.pub.send(frames);
+  }
+
+  private async serveReplay(): Promise<void> {
+    while (!this.closed) {
+      let frames: Buffer[];
+      try {
+        frames = await this.router.receive();
+      } catch {
+        return;
+      }
+      const [id, , start] = frames;
+      const from = Number(start.readBigInt64BE());
+      for (const b of this.buffer)
+        if (b.seq >= from) await this.router.send([id, Buffer.alloc(0), encodeSeq(b.seq), b.payload]);
+      await this.router.send([id, Buffer.alloc(0), encodeSeq(-1), Buffer.alloc(0)]);
+    }
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.pub.close();
+    this.router.close();
+    await this.serving;
+  }
+}
+
+export function storedEv(hashes: number[], parent: number | null, tokens: number[], bs: number): unknown[] {
+  return ["BlockStored", hashes, parent, tokens, bs, null, "GPU", null, null, 0];
+}
+
+export function removedEv(hashes: number[]): unknown {
+  return { type: "BlockRemoved", block_hashes: hashes, medium: "GPU", group_idx: 0 };
+}
+
+export async function waitFor(cond: () => boolean, ms = 5000, what = "condition"): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}

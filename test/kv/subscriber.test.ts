@@ -1,0 +1,116 @@
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+import { MemoryDiscovery } from "../../src/discovery/memory.ts";
+import type { WorkerRecord } from "../../src/discovery/types.ts";
+import { KvIndex } from "../../src/kv/index.ts";
+import { KvIngest } from "../../src/kv/ingest.ts";
+import { createLogger } from "../../src/util/log.ts";
+import { FakePublisher, removedEv, storedEv, waitFor } from "./fake-publisher.ts";
+
+const BS = 4;
+const logger = createLogger("test", {});
+logger.level = "silent";
+const toks = (n: number, base = 100) => Array.from({ length: n }, (_, i) => base + i);
+
+function record(id: string, p: FakePublisher, replay = true): WorkerRecord {
+  return {
+    id,
+    model: "m",
+    servedModelNames: ["m"],
+    engine: "vllm",
+    role: "mixed",
+    url: "http://127.0.0.1:1",
+    connector: { kind: "none" },
+    blockSize: BS,
+    kvEvents: {
+      endpoint: p.endpoint,
+      replayEndpoint: replay ? p.replayEndpoint : undefined,
+      topic: p.topic,
+      framing: "seq",
+    },
+    dpSize: 1,
+    tpSize: 1,
+    maxModelLen: 4096,
+    startedAt: new Date().toISOString(),
+  };
+}
+
+const closers: (() => Promise<void>)[] = [];
+after(async () => {
+  for (const c of closers.reverse()) await c();
+});
+
+async function setup(replay = true) {
+  const pub = new FakePublisher();
+  await pub.start();
+  closers.push(() => pub.close());
+  const disc = new MemoryDiscovery();
+  const index = new KvIndex();
+  const ingest = new KvIngest({ watcher: disc, index, logger, replayTimeoutMs: 1000 });
+  closers.push(() => ingest.close());
+  ingest.start();
+  return { pub, disc, index, ingest, rec: record("w1", pub, replay) };
+}
+
+test("start-up replay from seq 0 builds the index from events sent before the server existed", async () => {
+  const { pub, disc, index, ingest, rec } = await setup();
+  const p = toks(16);
+  await pub.publish([storedEv([11, 12], null, p.slice(0, 8), BS)]);
+  await pub.publish([storedEv([13, 14], 12, p.slice(8, 16), BS)]);
+  disc.put(rec);
+  await ingest.synced();
+  assert.deepEqual([...index.overlaps(p, ["w1"])], [4]);
+  // Live events after the replay (the SUB has joined by now: wait until a probe batch arrives).
+  await waitFor(() => ingest.subscriber("w1")!.stats.lastSeq >= 1);
+  await new Promise((r) => setTimeout(r, 200));
+  await pub.publish([removedEv([13, 14])]);
+  await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "removal applied");
+  assert.equal(ingest.subscriber("w1")!.stats.replays, 1);
+});
+
+test("a dropped message is recovered by replay; a gap beyond the buffer resets the worker", async () => {
+  const { pub, disc, index, ingest, rec } = await setup();
+  disc.put(rec);
+  await ingest.synced();
+  await new Promise((r) => setTimeout(r, 300)); // let the SUB connection settle
+  const p = toks(24, 5000);
+  await pub.publish([storedEv([1, 2], null, p.slice(0, 8), BS)]);
+  await pub.publish([storedEv([3], 2, p.slice(8, 12), BS)], { drop: true }); // missed by the subscriber
+  await pub.publish([storedEv([4], 3, p.slice(12, 16), BS)]); // seq gap → replay from the missed seq
+  await waitFor(() => index.overlaps(p, ["w1"])[0] === 4, 3000, "replay fills the gap");
+  const sub = ingest.subscriber("w1")!;
+  assert.equal(sub.stats.gaps, 1);
+  assert.equal(sub.stats.replays, 2);
+
+  // Now the engine's buffer is too short to cover a gap: the worker must be reset to empty.
+  pub.bufferSteps = 1;
+  await pub.publish([storedEv([5], 4, p.slice(16, 20), BS)], { drop: true });
+  await pub.publish([storedEv([6], 5, p.slice(20, 24), BS)], { drop: true });
+  await pub.publish([storedEv([21, 22], null, toks(8, 9000), BS)]);
+  await waitFor(() => sub.stats.resets === 1, 3000, "reset");
+  assert.deepEqual([...index.overlaps(p, ["w1"])], [0]);
+  assert.deepEqual([...index.overlaps(toks(8, 9000), ["w1"])], [2]);
+});
+
+test("without a replay socket a gap resets; malformed frames are counted, not fatal; worker gone drops entries", async () => {
+  const { pub, disc, index, ingest, rec } = await setup(false);
+  disc.put(rec);
+  await ingest.synced();
+  await new Promise((r) => setTimeout(r, 300));
+  const p = toks(8, 7000);
+  await pub.publish([storedEv([1, 2], null, p, BS)]);
+  await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "first batch");
+  await pub.sendRaw([pub.topic, "not-8-bytes", "x"]);
+  await pub.sendRaw([pub.topic, Buffer.alloc(8), Buffer.from([0xc1])]);
+  await pub.publish([{ type: "Bogus" }, storedEv([3], 2, toks(4, 1), BS)]);
+  const sub = ingest.subscriber("w1")!;
+  await waitFor(() => sub.stats.malformed >= 3, 3000, "malformed counted");
+  assert.equal(index.blockCount("w1"), 3);
+  await pub.publish([], { drop: true });
+  await pub.publish([storedEv([9], null, toks(4, 1), BS)]);
+  await waitFor(() => sub.stats.resets === 1, 3000, "reset without replay");
+  assert.equal(index.blockCount("w1"), 1);
+  disc.remove("w1");
+  assert.equal(index.hasWorker("w1"), false);
+  assert.equal(ingest.tracks("w1"), false);
+});
