@@ -1,12 +1,111 @@
 import type { Command } from "commander";
+import type { ServerConfigInput } from "../server/config.ts";
 
-// Placeholder registration: the owning issue replaces the action with the real command.
+const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
+
+/** Parses sizes like `4194304`, `4MiB`, `512k`. */
+export function parseSize(v: string): number {
+  const m = /^(\d+(?:\.\d+)?)\s*([kmg]?)(i?b)?$/i.exec(v.trim());
+  if (!m) throw new Error(`invalid size '${v}'`);
+  const mult = { "": 1, k: 1024, m: 1024 ** 2, g: 1024 ** 3 }[m[2]!.toLowerCase() as "" | "k" | "m" | "g"];
+  return Math.floor(Number(m[1]) * mult);
+}
+
+function parseOptionPairs(pairs: string[] | undefined): Record<string, unknown> | undefined {
+  if (!pairs) return undefined;
+  const out: Record<string, unknown> = {};
+  for (const p of pairs) {
+    const eq = p.indexOf("=");
+    if (eq <= 0) throw new Error(`--policy-option expects key=value, got '${p}'`);
+    const raw = p.slice(eq + 1);
+    const n = Number(raw);
+    out[p.slice(0, eq)] =
+      raw === "true" ? true : raw === "false" ? false : raw !== "" && !Number.isNaN(n) ? n : raw;
+  }
+  return out;
+}
+
+interface ServerFlags {
+  host?: string;
+  port?: string;
+  config?: string;
+  discovery?: string;
+  worker?: string[];
+  workersFile?: string;
+  etcd?: string[];
+  discoveryPrefix?: string;
+  policy?: string;
+  policyOption?: string[];
+  router?: string;
+  apiKey?: string[];
+  maxBodySize?: string;
+  tokenizer?: string;
+  scrapeInterval?: string;
+  maxRetries?: string;
+  requestPlane?: string;
+}
+
+/** The flag layer of the server config: only flags the user gave. */
+export function flagsToConfig(f: ServerFlags): ServerConfigInput {
+  return {
+    host: f.host,
+    port: f.port === undefined ? undefined : Number(f.port),
+    policy: f.policy,
+    policyOptions: parseOptionPairs(f.policyOption),
+    router: f.router as ServerConfigInput["router"],
+    apiKeys: f.apiKey,
+    maxBodyBytes: f.maxBodySize === undefined ? undefined : parseSize(f.maxBodySize),
+    tokenizer: f.tokenizer,
+    scrapeIntervalMs: f.scrapeInterval === undefined ? undefined : Number(f.scrapeInterval),
+    maxRetries: f.maxRetries === undefined ? undefined : Number(f.maxRetries),
+    requestPlane: f.requestPlane,
+    discovery: {
+      kind: f.discovery,
+      workers: f.worker,
+      workersFile: f.workersFile,
+      etcdEndpoints: f.etcd,
+      prefix: f.discoveryPrefix,
+    },
+  };
+}
+
 export function registerServer(program: Command): void {
   program
     .command("server")
-    .description("(in progress)")
-    .allowUnknownOption(true)
-    .action(() => {
-      throw new Error("infera server is not built yet");
+    .description("OpenAI-compatible gateway and router in front of the worker fleet")
+    .option("--host <host>", "address to bind (default 127.0.0.1; env INFERA_HOST)")
+    .option("--port <port>", "port to listen on (default 8000; env INFERA_PORT)")
+    .option("--config <file>", "YAML/JSON config file (keys of ServerConfig); flags and env win over it")
+    .option("--discovery <kind>", "memory | static | etcd (default: static with --worker, else memory)")
+    .option("--worker <url>", "static worker base URL (repeatable); model names from its /v1/models", collect)
+    .option("--workers-file <file>", "JSON/YAML list of partial worker records (static discovery)")
+    .option("--etcd <url>", "etcd endpoint (repeatable; env INFERA_ETCD)", collect)
+    .option("--discovery-prefix <prefix>", "registry key prefix (default /infera)")
+    .option("--policy <name>", "routing policy: round-robin | kv-aware (default round-robin)")
+    .option("--policy-option <key=value>", "policy option (repeatable), e.g. overlapWeight=1", collect)
+    .option("--router <mode>", "auto | mixed | disagg (default auto)")
+    .option("--api-key <key>", "accepted API key (repeatable; env INFERA_API_KEYS, comma-separated)", collect)
+    .option("--max-body-size <bytes>", "largest request body accepted, e.g. 4MiB (default 4MiB)")
+    .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
+    .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
+    .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
+    .option("--request-plane <kind>", "http (default) or another registered plane")
+    .action(async (flags: ServerFlags) => {
+      const { resolveServerConfig } = await import("../server/config.ts");
+      const { startServer } = await import("../server/app.ts");
+      const config = resolveServerConfig(flagsToConfig(flags), flags.config);
+      const server = await startServer(config);
+      process.stdout.write(`infera server listening on ${server.url}\n`);
+      let stopping = false;
+      const stop = () => {
+        if (stopping) return;
+        stopping = true;
+        server.close().then(
+          () => process.exit(0),
+          () => process.exit(1),
+        );
+      };
+      process.on("SIGINT", stop);
+      process.on("SIGTERM", stop);
     });
 }

@@ -1,0 +1,296 @@
+/**
+ * `startServer`: the OpenAI gateway on plain node:http (no framework on the hot path).
+ * Wires discovery → WorkerSet → AutoRouter → request executor, plus metrics and the engine
+ * load scraper. Used by `infera server`, `infera up` and the tests, in-process.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { createDiscoveryWatcher } from "../discovery/index.ts";
+import { MemoryDiscovery } from "../discovery/memory.ts";
+import type { DiscoveryWatcher } from "../discovery/types.ts";
+import { loadTokenizer, type Tokenizer } from "../kv/tokenizer.ts";
+import { InferaError, NotFoundError } from "../protocol/errors.ts";
+import { AutoRouter } from "../router/auto.ts";
+import { WorkerSet } from "../router/worker-set.ts";
+import { HttpExecutor } from "../transport/http.ts";
+import { createLogger, type Logger } from "../util/log.ts";
+import { ApiKeyAuth } from "./auth.ts";
+import { mergeConfig, type ServerConfig, type ServerConfigInput } from "./config.ts";
+import {
+  builtinExtensions,
+  type KvIngest,
+  type ManagedExecutor,
+  type ServerComponentContext,
+  type ServerExtensions,
+} from "./extensions.ts";
+import { sendError, sendJson } from "./http-util.ts";
+import { LoadScraper } from "./load-scraper.ts";
+import { ServerMetrics } from "./metrics.ts";
+import { handleCompletion, type ProxyContext } from "./proxy.ts";
+
+export interface StartServerOptions {
+  /** Use this watcher instead of building one from `config.discovery` (caller owns it). */
+  discovery?: DiscoveryWatcher;
+  /** Merged over the built-in extensions. */
+  extensions?: ServerExtensions;
+  /** Use this request executor instead of the configured request plane. */
+  executor?: ManagedExecutor;
+  logger?: Logger;
+}
+
+export interface InferaServer {
+  url: string;
+  host: string;
+  port: number;
+  config: ServerConfig;
+  discovery: DiscoveryWatcher;
+  /** The discovery when it is in-memory (add/remove workers directly), else null. */
+  memory: MemoryDiscovery | null;
+  workers: WorkerSet;
+  router: AutoRouter;
+  metrics: ServerMetrics;
+  executor: ManagedExecutor;
+  scraper: LoadScraper;
+  kvIngest: KvIngest | null;
+  tokenizer: Tokenizer;
+  httpServer: Server;
+  close(): Promise<void>;
+}
+
+const REDACT = {
+  paths: ["apiKeys", "*.apiKeys", "headers.authorization", "*.headers.authorization", 'headers["x-api-key"]'],
+  censor: "[redacted]",
+};
+
+export async function startServer(
+  input: ServerConfigInput = {},
+  opts: StartServerOptions = {},
+): Promise<InferaServer> {
+  const config = mergeConfig(input);
+  const logger = (opts.logger ?? createLogger("server")).child({}, { redact: REDACT });
+  const ext: ServerExtensions = {
+    ...builtinExtensions,
+    ...opts.extensions,
+    executors: { ...builtinExtensions.executors, ...opts.extensions?.executors },
+  };
+  const tokenizer = await loadTokenizer(config.tokenizer);
+
+  const ownsDiscovery = !opts.discovery;
+  const discovery = opts.discovery ?? (await createDiscoveryWatcher(config.discovery, logger));
+  await discovery.start();
+  const workers = new WorkerSet(discovery, { logger, breaker: config.breaker });
+  workers.attach();
+  const cctx: ServerComponentContext = { config, workers, tokenizer, logger };
+
+  const kvIngest =
+    ext.kvIngestFactory && config.policy !== "round-robin" ? await ext.kvIngestFactory(cctx) : null;
+  let executor: ManagedExecutor;
+  if (opts.executor) executor = opts.executor;
+  else if (config.requestPlane === "http") executor = new HttpExecutor(config.upstream);
+  else {
+    const f = ext.executors?.[config.requestPlane];
+    if (!f) throw new Error(`unknown request plane '${config.requestPlane}'`);
+    executor = await f(cctx);
+  }
+  workers.onChange((ev) => {
+    if (ev.type !== "removed") return;
+    const url = ev.worker.record.url;
+    if (!workers.list().some((w) => w.record.url === url)) executor.forget?.(url);
+  });
+
+  const metrics = new ServerMetrics(workers);
+  const router = new AutoRouter({
+    workers,
+    policy: config.policy,
+    policyOptions: config.policyOptions,
+    mode: config.router,
+    disaggFactory: ext.disaggRouterFactory,
+    maxRetries: config.maxRetries,
+    logger,
+    kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
+    observer: metrics,
+  });
+  const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
+  scraper.start();
+
+  const auth = new ApiKeyAuth(config.apiKeys);
+  const pctx: ProxyContext = {
+    router,
+    executor,
+    tokenizer,
+    metrics,
+    auth,
+    maxBodyBytes: config.maxBodyBytes,
+    logger,
+  };
+
+  const handle = (req: IncomingMessage, res: ServerResponse): void => {
+    req.on("error", () => {});
+    res.on("error", () => {});
+    const url = req.url ?? "/";
+    const q = url.indexOf("?");
+    const path = q < 0 ? url : url.slice(0, q);
+    const method = req.method;
+    try {
+      if (method === "POST") {
+        if (path === "/v1/chat/completions") {
+          void handleCompletion(pctx, "chat", req, res);
+          return;
+        }
+        if (path === "/v1/completions") {
+          void handleCompletion(pctx, "completion", req, res);
+          return;
+        }
+      } else if (method === "GET" || method === "HEAD") {
+        switch (path) {
+          case "/health":
+            sendJson(res, 200, { status: "ok" });
+            return;
+          case "/ready": {
+            const live = workers.list().filter((w) => w.available).length;
+            sendJson(res, live > 0 ? 200 : 503, { ready: live > 0, workers: live });
+            return;
+          }
+          case "/metrics":
+            metrics.registry.metrics().then(
+              (text) => {
+                res.writeHead(200, { "content-type": metrics.registry.contentType });
+                res.end(text);
+              },
+              (err) => sendError(res, err),
+            );
+            return;
+          case "/v1/models":
+            auth.check(req.headers);
+            sendJson(res, 200, modelList(workers));
+            return;
+          case "/v1/workers":
+            auth.check(req.headers);
+            sendJson(res, 200, workerList(workers, router));
+            return;
+        }
+      }
+      if (isKnownPath(path)) {
+        throw new InferaError(405, `Method ${method} is not allowed on ${path}.`, {
+          code: "method_not_allowed",
+        });
+      }
+      throw new NotFoundError(`No route for ${method} ${path}.`, "not_found");
+    } catch (err) {
+      req.resume();
+      sendError(res, err);
+    }
+  };
+
+  const httpServer = createServer({ keepAliveTimeout: 65_000, headersTimeout: 60_000 }, handle);
+  httpServer.on("clientError", (err: NodeJS.ErrnoException, socket) => {
+    if (err.code === "ECONNRESET" || !socket.writable) {
+      socket.destroy();
+      return;
+    }
+    const status =
+      err.code === "HPE_HEADER_OVERFLOW" ? "431 Request Header Fields Too Large" : "400 Bad Request";
+    socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+  });
+  await new Promise<void>((resolve, reject) => {
+    httpServer.once("error", reject);
+    httpServer.listen(config.port, config.host, () => {
+      httpServer.off("error", reject);
+      resolve();
+    });
+  });
+  const port = (httpServer.address() as AddressInfo).port;
+  const hostForUrl = config.host.includes(":") ? `[${config.host}]` : config.host;
+  const url = `http://${hostForUrl === "0.0.0.0" ? "127.0.0.1" : hostForUrl}:${port}`;
+  logger.info(
+    {
+      url,
+      discovery: config.discovery.kind,
+      policy: config.policy,
+      router: config.router,
+      auth: auth.enabled,
+    },
+    "infera server listening",
+  );
+
+  let closing: Promise<void> | null = null;
+  const close = (): Promise<void> => {
+    closing ??= (async () => {
+      scraper.stop();
+      await new Promise<void>((resolve) => {
+        httpServer.close(() => resolve());
+        httpServer.closeAllConnections();
+      });
+      router.close();
+      await kvIngest?.close();
+      await workers.close();
+      await executor.close?.();
+      if (ownsDiscovery) await discovery.close();
+    })();
+    return closing;
+  };
+
+  return {
+    url,
+    host: config.host,
+    port,
+    config,
+    discovery,
+    memory: discovery instanceof MemoryDiscovery ? discovery : null,
+    workers,
+    router,
+    metrics,
+    executor,
+    scraper,
+    kvIngest,
+    tokenizer,
+    httpServer,
+    close,
+  };
+}
+
+const KNOWN = new Set([
+  "/health",
+  "/ready",
+  "/metrics",
+  "/v1/models",
+  "/v1/workers",
+  "/v1/chat/completions",
+  "/v1/completions",
+]);
+const isKnownPath = (p: string): boolean => KNOWN.has(p);
+
+function modelList(workers: WorkerSet) {
+  const data = [];
+  for (const name of workers.modelNames()) {
+    const g = workers.group(name)!;
+    const first = g.all[0]!.record;
+    data.push({
+      id: name,
+      object: "model",
+      created: Math.floor(Date.parse(first.startedAt) / 1000) || 0,
+      owned_by: "infera",
+      root: first.model,
+      max_model_len: first.maxModelLen || undefined,
+    });
+  }
+  return { object: "list", data };
+}
+
+function workerList(workers: WorkerSet, router: AutoRouter) {
+  return {
+    object: "list",
+    data: workers.list().map((w) => ({
+      ...w.record,
+      state: {
+        available: w.available,
+        breaker: w.breaker,
+        inFlight: w.inFlight,
+        pendingPrefillTokens: w.pendingPrefillTokens,
+        routed: w.routed,
+        engineLoad: w.engineLoad ?? null,
+      },
+      router: w.record.servedModelNames.map((n) => ({ model: n, kind: router.kindFor(n) })),
+    })),
+  };
+}

@@ -1,0 +1,40 @@
+/**
+ * API-key check. Keys are compared as SHA-256 digests with `timingSafeEqual`, so neither the
+ * content nor the length of a configured key leaks through response timing. Keys are never
+ * logged (the server logger redacts the authorization header).
+ */
+import { createHash, timingSafeEqual } from "node:crypto";
+import type { IncomingHttpHeaders } from "node:http";
+import { AuthenticationError } from "../protocol/errors.ts";
+
+const digest = (s: string): Buffer => createHash("sha256").update(s).digest();
+
+export class ApiKeyAuth {
+  private readonly digests: Buffer[];
+
+  constructor(keys: readonly string[]) {
+    this.digests = keys.filter((k) => k.length > 0).map(digest);
+  }
+
+  get enabled(): boolean {
+    return this.digests.length > 0;
+  }
+
+  /** Throws AuthenticationError unless the request carries a configured key. */
+  check(headers: IncomingHttpHeaders): void {
+    if (this.digests.length === 0) return;
+    const auth = headers.authorization;
+    let key: string | undefined;
+    if (typeof auth === "string" && auth.length > 7 && auth.slice(0, 7).toLowerCase() === "bearer ") {
+      key = auth.slice(7).trim();
+    } else if (typeof headers["x-api-key"] === "string") {
+      key = headers["x-api-key"];
+    }
+    if (!key) throw new AuthenticationError("Missing API key: send `Authorization: Bearer <key>`.");
+    const d = digest(key);
+    let ok = false;
+    // Compare against every key (no early exit), so the position of a match is not observable.
+    for (const k of this.digests) ok = timingSafeEqual(d, k) || ok;
+    if (!ok) throw new AuthenticationError();
+  }
+}

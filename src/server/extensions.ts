@@ -1,0 +1,47 @@
+/**
+ * Seams where other components plug into the server without editing it. Owners of those
+ * components add ONE line to `builtinExtensions`; `startServer` also takes overrides.
+ */
+import type { Tokenizer } from "../kv/tokenizer.ts";
+import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
+import type { WorkerSet } from "../router/worker-set.ts";
+import type { Logger } from "../util/log.ts";
+import type { ServerConfig } from "./config.ts";
+
+/** KV event ingestion for kv-aware routing: follows the WorkerSet, subscribes to each worker's events. */
+export interface KvIngest {
+  /** The model's KV prefix index, handed to policies as `PolicyContext.kvIndex`. */
+  indexFor(model: string): unknown;
+  close(): Promise<void>;
+}
+
+export interface ServerComponentContext {
+  config: ServerConfig;
+  workers: WorkerSet;
+  tokenizer: Tokenizer;
+  logger: Logger;
+}
+
+export type KvIngestFactory = (ctx: ServerComponentContext) => KvIngest | Promise<KvIngest>;
+
+/** A request plane. `forget` drops per-worker state when a worker leaves. */
+export interface ManagedExecutor extends RequestExecutor {
+  forget?(url: string): void;
+  close?(): Promise<void>;
+}
+
+export type ExecutorFactory = (ctx: ServerComponentContext) => ManagedExecutor | Promise<ManagedExecutor>;
+
+export interface ServerExtensions {
+  /** Plugged into the AutoRouter: models with prefill and decode workers go disaggregated. */
+  disaggRouterFactory?: DisaggRouterFactory;
+  /** Created when the policy is not round-robin (kv-aware needs the engines' KV events). */
+  kvIngestFactory?: KvIngestFactory;
+  /** Extra request planes by `requestPlane` name (`http` is built in). */
+  executors?: Record<string, ExecutorFactory>;
+}
+
+/** One line per built-in extension. */
+export const builtinExtensions: ServerExtensions = {
+  executors: {},
+};

@@ -1,0 +1,133 @@
+/**
+ * The server's Prometheus metrics, one `Registry` per server instance. Per-worker gauges are
+ * computed at scrape time from the WorkerSet (collect callbacks), so the hot path only
+ * touches counters and histograms.
+ */
+import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { Selection } from "../router/types.ts";
+import type { WorkerSet } from "../router/worker-set.ts";
+
+const LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+const ITL_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5];
+
+export class ServerMetrics {
+  readonly registry = new Registry();
+  readonly requests: Counter<"model" | "endpoint" | "status">;
+  readonly ttft: Histogram<"model">;
+  readonly itl: Histogram<"model">;
+  readonly e2e: Histogram<"model" | "endpoint">;
+  readonly promptTokens: Counter<"model">;
+  readonly completionTokens: Counter<"model">;
+  readonly decisions: Counter<"policy" | "reason" | "router">;
+  readonly retries: Counter<"model" | "reason">;
+  readonly clientAborts: Counter<"model">;
+
+  constructor(workers: WorkerSet) {
+    const registers = [this.registry];
+    this.requests = new Counter({
+      name: "infera_requests_total",
+      help: "Requests answered, by model, endpoint and HTTP status",
+      labelNames: ["model", "endpoint", "status"],
+      registers,
+    });
+    this.ttft = new Histogram({
+      name: "infera_time_to_first_token_seconds",
+      help: "Time from request arrival to the first streamed chunk",
+      labelNames: ["model"],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.itl = new Histogram({
+      name: "infera_inter_token_latency_seconds",
+      help: "Gap between streamed chunks",
+      labelNames: ["model"],
+      buckets: ITL_BUCKETS,
+      registers,
+    });
+    this.e2e = new Histogram({
+      name: "infera_e2e_request_latency_seconds",
+      help: "Time from request arrival to the end of the answer",
+      labelNames: ["model", "endpoint"],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.promptTokens = new Counter({
+      name: "infera_prompt_tokens_total",
+      help: "Prompt tokens reported by workers' usage",
+      labelNames: ["model"],
+      registers,
+    });
+    this.completionTokens = new Counter({
+      name: "infera_generation_tokens_total",
+      help: "Completion tokens reported by workers' usage",
+      labelNames: ["model"],
+      registers,
+    });
+    this.decisions = new Counter({
+      name: "infera_routing_decisions_total",
+      help: "Routing decisions by policy, reason and router kind",
+      labelNames: ["policy", "reason", "router"],
+      registers,
+    });
+    this.retries = new Counter({
+      name: "infera_retries_total",
+      help: "Requests retried on another worker, by reason",
+      labelNames: ["model", "reason"],
+      registers,
+    });
+    this.clientAborts = new Counter({
+      name: "infera_client_aborts_total",
+      help: "Requests whose client went away before the answer ended",
+      labelNames: ["model"],
+      registers,
+    });
+    new Gauge({
+      name: "infera_worker_in_flight",
+      help: "Requests this server has in flight per worker",
+      labelNames: ["worker", "model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const w of workers.list()) this.set({ worker: w.id, model: w.record.model }, w.inFlight);
+      },
+    });
+    new Gauge({
+      name: "infera_worker_available",
+      help: "1 while the worker is in rotation, 0 while its circuit breaker is open",
+      labelNames: ["worker", "model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const w of workers.list())
+          this.set({ worker: w.id, model: w.record.model }, w.available ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: "infera_discovery_workers",
+      help: "Live workers known from discovery, per served model name",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const name of workers.modelNames())
+          this.set({ model: name }, workers.group(name)?.all.length ?? 0);
+      },
+    });
+    new Gauge({
+      name: "infera_discovery_degraded",
+      help: "1 while the discovery backend is unreachable and the last known set is served",
+      registers,
+      collect() {
+        this.set(workers.degraded ? 1 : 0);
+      },
+    });
+  }
+
+  onDecision = (_model: string, policy: string, router: string, sel: Selection): void => {
+    this.decisions.inc({ policy, reason: sel.reason, router });
+  };
+
+  onRetry = (model: string, reason: string): void => {
+    this.retries.inc({ model, reason });
+  };
+}

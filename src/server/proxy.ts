@@ -1,0 +1,197 @@
+/**
+ * The OpenAI completion endpoints: parse and validate the body, route it, and relay the
+ * worker's answer. Streams are relayed event by event with backpressure; a client that goes
+ * away aborts the upstream request at once, streamed or not.
+ */
+import { randomUUID } from "node:crypto";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { Tokenizer } from "../kv/tokenizer.ts";
+import { InvalidJsonError } from "../protocol/errors.ts";
+import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
+import type { AutoRouter } from "../router/auto.ts";
+import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
+import type { Logger } from "../util/log.ts";
+import type { ApiKeyAuth } from "./auth.ts";
+import { BodyAbortedError, readBody, sendError } from "./http-util.ts";
+import type { ServerMetrics } from "./metrics.ts";
+import { ServerRoutingRequest } from "./routing-request.ts";
+import { SseUsageFilter, type Usage, usageFromJson } from "./sse.ts";
+
+export interface ProxyContext {
+  router: AutoRouter;
+  executor: RequestExecutor;
+  tokenizer: Tokenizer;
+  metrics: ServerMetrics;
+  auth: ApiKeyAuth;
+  maxBodyBytes: number;
+  logger: Logger;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
+
+function requestIdOf(req: IncomingMessage): string {
+  const given = req.headers["x-request-id"];
+  return typeof given === "string" && REQUEST_ID_RE.test(given) ? given : randomUUID();
+}
+
+export async function handleCompletion(
+  ctx: ProxyContext,
+  endpoint: EndpointKind,
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<void> {
+  const started = performance.now();
+  const requestId = requestIdOf(req);
+  const endpointLabel = endpoint === "chat" ? "chat" : "completions";
+  let model = "";
+  let ac: AbortController | null = null;
+  try {
+    ctx.auth.check(req.headers);
+    const raw = await readBody(req, ctx.maxBodyBytes);
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(utf8.decode(raw));
+    } catch (err) {
+      throw new InvalidJsonError(
+        err instanceof TypeError ? "the body is not valid UTF-8" : (err as Error).message,
+      );
+    }
+    const body = endpoint === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed);
+    model = body.model;
+    const router = ctx.router.routerFor(model);
+    const stream = body.stream === true;
+    const clientWantsUsage = stream && body.stream_options?.include_usage === true;
+    // Ask for usage on every stream so the server's token metrics are complete; the usage
+    // chunk is removed again below when the client did not ask for it.
+    if (stream && !clientWantsUsage) body.stream_options = { ...body.stream_options, include_usage: true };
+    const rreq = new ServerRoutingRequest(
+      requestId,
+      model,
+      endpoint,
+      body,
+      stream,
+      typeof body.cache_salt === "string" ? body.cache_salt : undefined,
+      ctx.tokenizer,
+    );
+    const controller = new AbortController();
+    ac = controller;
+    res.once("close", () => {
+      if (!res.writableFinished) controller.abort();
+    });
+    if (res.destroyed) return;
+    const up = await router.handle(rreq, ctx.executor, controller.signal);
+    if (controller.signal.aborted) {
+      up.abort();
+      throw controller.signal.reason;
+    }
+    const usage = stream
+      ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, controller.signal)
+      : await relayWhole(res, up, requestId, controller.signal);
+    if (usage) {
+      if (usage.prompt_tokens) ctx.metrics.promptTokens.inc({ model }, usage.prompt_tokens);
+      if (usage.completion_tokens) ctx.metrics.completionTokens.inc({ model }, usage.completion_tokens);
+    }
+    ctx.metrics.requests.inc({ model, endpoint: endpointLabel, status: String(up.status) });
+    ctx.metrics.e2e.observe({ model, endpoint: endpointLabel }, (performance.now() - started) / 1000);
+  } catch (err) {
+    if (err instanceof BodyAbortedError || ac?.signal.aborted || res.destroyed) {
+      ctx.metrics.clientAborts.inc({ model });
+      if (!res.destroyed) res.destroy();
+      return;
+    }
+    const status = (err as { status?: number }).status ?? 500;
+    if (status >= 500 && !(err as { code?: string }).code)
+      ctx.logger.error({ err, requestId }, "request failed");
+    ctx.metrics.requests.inc({ model, endpoint: endpointLabel, status: String(status) });
+    sendError(res, err, requestId);
+    // A refused upload may still be arriving; drop it rather than parse it.
+    if (status === 413) req.resume();
+  }
+}
+
+async function relayWhole(
+  res: ServerResponse,
+  up: UpstreamResponse,
+  requestId: string,
+  signal: AbortSignal,
+): Promise<Usage | null> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const c of up.body) {
+      chunks.push(c as Buffer);
+      size += c.length;
+    }
+  } catch (err) {
+    up.abort();
+    throw err;
+  }
+  if (signal.aborted) return null;
+  const buf = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
+  res.writeHead(up.status, {
+    "content-type": up.headers["content-type"] ?? "application/json",
+    "content-length": buf.length,
+    "x-request-id": requestId,
+  });
+  res.end(buf);
+  return up.status === 200 ? usageFromJson(buf) : null;
+}
+
+async function relayStream(
+  ctx: ProxyContext,
+  res: ServerResponse,
+  up: UpstreamResponse,
+  requestId: string,
+  model: string,
+  started: number,
+  stripUsage: boolean,
+  signal: AbortSignal,
+): Promise<Usage | null> {
+  res.writeHead(up.status, {
+    "content-type": up.headers["content-type"] ?? "text/event-stream",
+    "cache-control": "no-cache",
+    "x-request-id": requestId,
+  });
+  res.flushHeaders();
+  const filter = up.status === 200 ? new SseUsageFilter(stripUsage) : null;
+  let last = 0;
+  try {
+    for await (const chunk of up.body) {
+      if (signal.aborted) break;
+      const now = performance.now();
+      if (last === 0) ctx.metrics.ttft.observe({ model }, (now - started) / 1000);
+      else ctx.metrics.itl.observe({ model }, (now - last) / 1000);
+      last = now;
+      const out = filter ? filter.push(chunk) : chunk;
+      if (out.length > 0 && !res.write(out)) await drained(res);
+    }
+  } catch (err) {
+    up.abort();
+    if (signal.aborted) throw err;
+    // The worker dropped the stream mid-way: the client sees the stream end abruptly.
+    ctx.logger.warn({ requestId, err: (err as Error).message }, "upstream stream failed");
+    res.destroy();
+    return filter?.usage ?? null;
+  }
+  if (signal.aborted) {
+    up.abort();
+    throw signal.reason;
+  }
+  const tail = filter?.flush();
+  if (tail && tail.length > 0) res.write(tail);
+  res.end();
+  return filter?.usage ?? null;
+}
+
+function drained(res: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off("drain", done);
+      res.off("close", done);
+      resolve();
+    };
+    res.on("drain", done);
+    res.on("close", done);
+  });
+}

@@ -1,0 +1,102 @@
+/**
+ * Server-sent-event pass-through with usage capture. Complete events (ended by a blank line)
+ * are forwarded as they arrive, in the upstream's own bytes; only a chunk that mentions
+ * `"usage"` is looked into, to read the token counts and, when the server itself asked for
+ * usage (the client did not), to drop the final usage-only event.
+ */
+
+export interface Usage {
+  prompt_tokens?: number;
+  completion_tokens?: number;
+}
+
+const BOUNDARY = Buffer.from("\n\n");
+const USAGE = Buffer.from('"usage"');
+const EMPTY_CHOICES = Buffer.from('"choices":[]');
+/** A stream that never sends a blank line must not be held back forever. */
+const MAX_PENDING = 64 * 1024;
+
+export class SseUsageFilter {
+  usage: Usage | null = null;
+  private pending: Buffer | null = null;
+
+  constructor(private readonly stripUsageChunk: boolean) {}
+
+  /** Returns the bytes to forward now (possibly empty). */
+  push(chunk: Uint8Array): Buffer {
+    let buf = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
+    if (this.pending) {
+      buf = Buffer.concat([this.pending, buf]);
+      this.pending = null;
+    }
+    const last = buf.lastIndexOf(BOUNDARY);
+    if (last < 0) {
+      if (buf.length > MAX_PENDING) return buf;
+      this.pending = buf;
+      return EMPTY;
+    }
+    const end = last + 2;
+    if (end < buf.length) this.pending = buf.subarray(end);
+    const complete = end < buf.length ? buf.subarray(0, end) : buf;
+    if (complete.indexOf(USAGE) < 0) return complete;
+    return this.inspect(complete);
+  }
+
+  /** What is left at the end of the stream. */
+  flush(): Buffer {
+    const p = this.pending ?? EMPTY;
+    this.pending = null;
+    return p;
+  }
+
+  private inspect(complete: Buffer): Buffer {
+    const kept: Buffer[] = [];
+    let dropped = false;
+    let start = 0;
+    while (start < complete.length) {
+      let stop = complete.indexOf(BOUNDARY, start);
+      stop = stop < 0 ? complete.length : stop + 2;
+      const ev = complete.subarray(start, stop);
+      start = stop;
+      if (ev.indexOf(USAGE) >= 0) {
+        const usage = parseUsage(ev);
+        if (usage) this.usage = usage;
+        if (this.stripUsageChunk && ev.indexOf(EMPTY_CHOICES) >= 0) {
+          dropped = true;
+          continue;
+        }
+      }
+      kept.push(ev);
+    }
+    return dropped ? Buffer.concat(kept) : complete;
+  }
+}
+
+const EMPTY = Buffer.alloc(0);
+
+function parseUsage(ev: Buffer): Usage | null {
+  const text = ev.toString("utf8");
+  for (const line of text.split("\n")) {
+    if (!line.startsWith("data:")) continue;
+    const data = line.slice(5).trim();
+    if (!data.startsWith("{")) continue;
+    try {
+      const obj = JSON.parse(data) as { usage?: Usage | null };
+      if (obj.usage && typeof obj.usage === "object") return obj.usage;
+    } catch {
+      // Not JSON: pass it through untouched; usage stays unknown.
+    }
+  }
+  return null;
+}
+
+/** Reads usage from a whole (non-streamed) JSON answer. */
+export function usageFromJson(buf: Buffer): Usage | null {
+  if (buf.indexOf(USAGE) < 0) return null;
+  try {
+    const obj = JSON.parse(buf.toString("utf8")) as { usage?: Usage | null };
+    return obj.usage && typeof obj.usage === "object" ? obj.usage : null;
+  } catch {
+    return null;
+  }
+}
