@@ -1,12 +1,70 @@
 import type { Command } from "commander";
+import { addEtcdFlags, type EtcdFlagValues } from "../discovery/etcd-client.ts";
+import type { LaunchFlags } from "../engine/launcher/options.ts";
 
-// Placeholder registration: the owning issue replaces the action with the real command.
-export function registerEngine(program: Command): void {
-  program
-    .command("engine")
-    .description("(in progress)")
-    .allowUnknownOption(true)
-    .action(() => {
-      throw new Error("infera engine is not built yet");
-    });
+interface EngineCliFlags extends LaunchFlags, EtcdFlagValues {
+  dryRun?: boolean;
+  discovery: string;
+  leaseTtl: string;
+  healthTimeout: string;
+  healthInterval: string;
+  stopTimeout: string;
 }
+
+const collect = (v: string, prev: string[] = []) => [...prev, v];
+
+/**
+ * `infera engine <vllm|sglang|atom|sim> [options] [-- extra engine args]`: starts one engine
+ * with its real command line, waits for health, registers it in discovery with a lease,
+ * and deregisters when it stops.
+ */
+export function registerEngine(program: Command): void {
+  const cmd = program
+    .command("engine")
+    .description("start one engine (vllm|sglang|atom|sim), register it in discovery, deregister on exit")
+    .argument("<engine>", "vllm | sglang | atom | sim")
+    .argument("[engineArgs...]", "extra engine arguments (after --), passed through untouched")
+    .requiredOption("--model <model>", "model path or name the engine loads")
+    .option("--served-model-name <name>", "name clients use (repeatable or comma-separated)", collect)
+    .option("--host <host>", "address the engine binds", "0.0.0.0")
+    .option("--port <port>", "engine HTTP port", "8000")
+    .option(
+      "--advertise-host <host>",
+      "address others reach this worker at (default: bind host or first IPv4)",
+    )
+    .option("--worker-id <id>", "worker id (default: <engine>-<hostname>-<port>-<random>)")
+    .option("--role <role>", "mixed | prefill | decode", "mixed")
+    .option("--connector <kind>", "KV connector: nixl | mooncake | moriio | mori (sglang) | none")
+    .option("--tp <n>", "tensor-parallel size")
+    .option("--dp <n>", "data-parallel size")
+    .option("--quantization <q>", "fp8 | mxfp4 | ... (passed to the engine)")
+    .option("--kv-cache-dtype <dtype>", "e.g. fp8")
+    .option("--block-size <n>", "KV block (page) size in tokens")
+    .option("--max-model-len <n>", "context length (also read from the engine's /v1/models)")
+    .option("--no-kv-events", "do not enable KV cache events")
+    .option("--kv-events-port <port>", "KV events PUB port", "5557")
+    .option("--kv-events-replay-port <port>", "KV events replay ROUTER port (vLLM/SGLang)", "5558")
+    .option("--kv-events-topic <topic>", "KV events topic", "kv-events")
+    .option("--bootstrap-port <port>", "Mooncake / SGLang bootstrap port", "8998")
+    .option("--side-channel-port <port>", "Nixl side-channel port", "5600")
+    .option("--handshake-port <port>", "MoRIIO / ATOM handshake port", "6301")
+    .option("--notify-port <port>", "MoRIIO notify port", "61005")
+    .option("--moriio-proxy <host:port>", "MoRIIO proxy to register with (proxy_ip, proxy_ping_port)")
+    .option("--ib-device <dev>", "RDMA device (SGLang --disaggregation-ib-device; show_gids filter)")
+    .option("--gid-index <n|auto>", "RoCEv2 GID index for MC_GID_INDEX / NCCL_IB_GID_INDEX; auto = show_gids")
+    .option("--show-gids-cmd <cmd>", "command printing show_gids output (env INFERA_SHOW_GIDS_CMD)")
+    .option("--engine-bin <cmd>", "engine executable, may be several words (e.g. 'node bin/infera-sim.js')")
+    .option("--dry-run", "print the command, environment and record preview as JSON, then exit")
+    .option("--discovery <kind>", "etcd | none", process.env.INFERA_DISCOVERY ?? "etcd")
+    .option("--lease-ttl <seconds>", "etcd lease TTL", "10")
+    .option("--health-timeout <seconds>", "how long to wait for the engine's /health", "1800")
+    .option("--health-interval <seconds>", "health check period once registered (0 = off)", "5")
+    .option("--stop-timeout <seconds>", "SIGKILL the engine this long after a forwarded signal", "30");
+  addEtcdFlags(cmd);
+  cmd.action(async (engine: string, engineArgs: string[], flags: EngineCliFlags) => {
+    const { runEngineCommand } = await import("../engine/launcher/cli-action.ts");
+    process.exitCode = await runEngineCommand(engine, engineArgs, flags);
+  });
+}
+
+export type { EngineCliFlags };

@@ -1,0 +1,87 @@
+/** Helpers shared by the engine modules: command words, ZMQ endpoints, KV roles, RDMA env. */
+import type { WorkerRole } from "../../discovery/types.ts";
+import { BadRequestError } from "../../protocol/errors.ts";
+import type { EngineCommand, LaunchSpec } from "./types.ts";
+
+/** Splits a command string into words; single/double quotes group, backslash escapes. */
+export function splitCommand(cmd: string): string[] {
+  const words: string[] = [];
+  let cur = "";
+  let inWord = false;
+  let quote: '"' | "'" | null = null;
+  for (let i = 0; i < cmd.length; i++) {
+    const c = cmd[i] as string;
+    if (quote) {
+      if (c === quote) quote = null;
+      else if (c === "\\" && quote === '"' && i + 1 < cmd.length) cur += cmd[++i];
+      else cur += c;
+    } else if (c === '"' || c === "'") {
+      quote = c;
+      inWord = true;
+    } else if (c === "\\" && i + 1 < cmd.length) {
+      cur += cmd[++i];
+      inWord = true;
+    } else if (/\s/.test(c)) {
+      if (inWord) words.push(cur);
+      cur = "";
+      inWord = false;
+    } else {
+      cur += c;
+      inWord = true;
+    }
+  }
+  if (quote) throw new BadRequestError(`unterminated quote in command: ${cmd}`);
+  if (inWord) words.push(cur);
+  return words;
+}
+
+/** POSIX-shell quoting, for printing a command a person can paste. */
+export function shellQuote(word: string): string {
+  return /^[A-Za-z0-9_@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", `'\\''`)}'`;
+}
+
+export function shellLine(cmd: EngineCommand): string {
+  const env = Object.entries(cmd.env).map(([k, v]) => `${k}=${shellQuote(v)}`);
+  return [...env, ...cmd.argv.map(shellQuote)].join(" ");
+}
+
+/** The address an engine binds its ZMQ sockets to: `*` for all interfaces. */
+export function bindEndpoint(host: string, port: number): string {
+  const h = host === "0.0.0.0" || host === "::" || host === "" ? "*" : host;
+  return `tcp://${h}:${port}`;
+}
+
+export function advertisedEndpoint(spec: LaunchSpec, port: number): string {
+  return `tcp://${spec.advertiseHost}:${port}`;
+}
+
+/** vLLM / ATOM `kv_role` for a worker role (Nixl uses kv_both for either side). */
+export function kvRole(role: WorkerRole): "kv_producer" | "kv_consumer" | "kv_both" {
+  if (role === "prefill") return "kv_producer";
+  if (role === "decode") return "kv_consumer";
+  return "kv_both";
+}
+
+/** MC_GID_INDEX (Mooncake) and NCCL_IB_GID_INDEX (RCCL), set together from one index. */
+export function rdmaEnv(spec: LaunchSpec): Record<string, string> {
+  if (spec.gidIndex === undefined) return {};
+  const v = String(spec.gidIndex);
+  return { MC_GID_INDEX: v, NCCL_IB_GID_INDEX: v };
+}
+
+/** Appends `flag value` when the value is defined. */
+export function opt(argv: string[], flag: string, value: string | number | undefined): void {
+  if (value !== undefined) argv.push(flag, String(value));
+}
+
+export function requireBackend(spec: LaunchSpec, allowed: readonly string[]): void {
+  if (spec.backend !== "none" && !allowed.includes(spec.backend)) {
+    throw new BadRequestError(
+      `${spec.engine}: connector '${spec.backend}' is not supported (use one of: ${allowed.join(", ")})`,
+      "connector",
+    );
+  }
+  if (spec.role !== "mixed" && spec.backend === "none") {
+    throw new BadRequestError(`${spec.engine}: role '${spec.role}' needs a KV connector`, "connector");
+  }
+}

@@ -1,0 +1,75 @@
+/**
+ * SGLang: `python -m sglang.launch_server --model-path M --host H --port P --kv-events-config
+ * '{...}' [--disaggregation-mode prefill|decode --disaggregation-transfer-backend
+ * mooncake|nixl|mori --disaggregation-bootstrap-port 8998 [--disaggregation-ib-device D]]
+ * [--tp N] [--dp N] [--quantization Q] [--kv-cache-dtype D] --enable-metrics`
+ * (engine-protocols.md §2, §3, §4d). The record's connector is the SGLang bootstrap protocol
+ * whatever the transfer backend; the backend goes into the `transferBackend` label.
+ */
+import type { ConnectorInfo } from "../../discovery/types.ts";
+import { BadRequestError } from "../../protocol/errors.ts";
+import { bindEndpoint, opt, rdmaEnv, requireBackend } from "./common.ts";
+import type { EngineAdapter, LaunchSpec, TransferBackend } from "./types.ts";
+import { seqKvEvents } from "./vllm.ts";
+
+const SGLANG_BACKENDS: readonly TransferBackend[] = ["mooncake", "nixl", "mori"];
+
+/** SGLang spells fp8 KV caches by their exact format; plain "fp8" means e4m3 as in vLLM. */
+export function sglangKvCacheDtype(dtype: string | undefined): string | undefined {
+  return dtype === "fp8" ? "fp8_e4m3" : dtype;
+}
+
+export function sglangKvEventsConfig(spec: LaunchSpec): Record<string, unknown> {
+  return {
+    publisher: "zmq",
+    endpoint: bindEndpoint(spec.host, spec.kvEvents.port),
+    replay_endpoint: bindEndpoint(spec.host, spec.kvEvents.replayPort),
+    topic: spec.kvEvents.topic,
+  };
+}
+
+export const sglangAdapter: EngineAdapter = {
+  kind: "sglang",
+  defaultBin: () => ["python", "-m", "sglang.launch_server"],
+  backends: SGLANG_BACKENDS,
+  defaultPdBackend: "mooncake",
+  // SGLang's default page size is 1 token.
+  defaultBlockSize: 1,
+  validate(spec) {
+    requireBackend(spec, SGLANG_BACKENDS);
+    if (spec.role === "mixed" && spec.backend !== "none") {
+      throw new BadRequestError("sglang: a connector needs --role prefill or decode", "connector");
+    }
+  },
+  build(spec) {
+    const argv = [...(spec.engineBin ?? this.defaultBin())];
+    argv.push("--model-path", spec.model, "--host", spec.host, "--port", String(spec.port));
+    // SGLang takes one served name.
+    opt(argv, "--served-model-name", spec.servedModelNames[0]);
+    if (spec.kvEvents.enabled) argv.push("--kv-events-config", JSON.stringify(sglangKvEventsConfig(spec)));
+    if (spec.role !== "mixed") {
+      argv.push(
+        "--disaggregation-mode",
+        spec.role,
+        "--disaggregation-transfer-backend",
+        spec.backend,
+        "--disaggregation-bootstrap-port",
+        String(spec.bootstrapPort),
+      );
+      opt(argv, "--disaggregation-ib-device", spec.ibDevice);
+    }
+    opt(argv, "--tp", spec.tp);
+    opt(argv, "--dp", spec.dp);
+    opt(argv, "--quantization", spec.quantization);
+    opt(argv, "--kv-cache-dtype", sglangKvCacheDtype(spec.kvCacheDtype));
+    opt(argv, "--page-size", spec.blockSize);
+    opt(argv, "--context-length", spec.maxModelLen);
+    argv.push("--enable-metrics", ...spec.extraArgs);
+    return { argv, env: rdmaEnv(spec) };
+  },
+  connector(spec): ConnectorInfo {
+    if (spec.role === "mixed") return { kind: "none" };
+    return { kind: "sglang", bootstrapHost: spec.advertiseHost, bootstrapPort: spec.bootstrapPort };
+  },
+  kvEvents: seqKvEvents,
+};

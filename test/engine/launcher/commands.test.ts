@@ -1,0 +1,367 @@
+/**
+ * Table-driven: every engine × role × connector produces the command line and environment
+ * engine-protocols.md lists (§1 ATOM launch, §3 KV events, §4a–e PD launch flags, §5 RDMA).
+ */
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import type { EngineKind } from "../../../src/discovery/types.ts";
+import { splitCommand } from "../../../src/engine/launcher/common.ts";
+import { engineAdapters } from "../../../src/engine/launcher/index.ts";
+import { buildLaunchSpec, type LaunchFlags } from "../../../src/engine/launcher/options.ts";
+import { buildWorkerRecord } from "../../../src/engine/launcher/record.ts";
+
+const BASE: LaunchFlags = { model: "org/model", port: "8100", host: "0.0.0.0", advertiseHost: "10.0.0.5" };
+
+async function build(engine: EngineKind, flags: LaunchFlags = {}, extra: string[] = []) {
+  const spec = await buildLaunchSpec(engine, { ...BASE, ...flags }, extra);
+  const adapter = engineAdapters[engine];
+  const cmd = adapter.build(spec);
+  return { spec, cmd, record: buildWorkerRecord(spec, adapter, { startedAt: new Date(0) }) };
+}
+
+/** Value after `flag` (the JSON flags parsed). */
+function flagValue(argv: string[], flag: string): string | undefined {
+  const i = argv.indexOf(flag);
+  return i < 0 ? undefined : argv[i + 1];
+}
+const json = (argv: string[], flag: string) => {
+  const v = flagValue(argv, flag);
+  return v === undefined ? undefined : (JSON.parse(v) as Record<string, unknown>);
+};
+
+describe("vLLM command lines", () => {
+  const cases: Array<{
+    role: "mixed" | "prefill" | "decode";
+    connector?: string;
+    transfer?: Record<string, unknown>;
+    env: Record<string, string>;
+    kind: string;
+  }> = [
+    { role: "mixed", env: {}, kind: "none" },
+    {
+      role: "prefill",
+      connector: "nixl",
+      transfer: { kv_connector: "NixlConnector", kv_role: "kv_both" },
+      env: { VLLM_NIXL_SIDE_CHANNEL_PORT: "5600", VLLM_NIXL_SIDE_CHANNEL_HOST: "10.0.0.5" },
+      kind: "nixl",
+    },
+    {
+      role: "decode",
+      connector: "nixl",
+      transfer: { kv_connector: "NixlConnector", kv_role: "kv_both" },
+      env: { VLLM_NIXL_SIDE_CHANNEL_PORT: "5600", VLLM_NIXL_SIDE_CHANNEL_HOST: "10.0.0.5" },
+      kind: "nixl",
+    },
+    {
+      role: "prefill",
+      connector: "mooncake",
+      transfer: { kv_connector: "MooncakeConnector", kv_role: "kv_producer" },
+      env: { VLLM_MOONCAKE_BOOTSTRAP_PORT: "8998" },
+      kind: "mooncake",
+    },
+    {
+      role: "decode",
+      connector: "mooncake",
+      transfer: { kv_connector: "MooncakeConnector", kv_role: "kv_consumer" },
+      env: { VLLM_MOONCAKE_BOOTSTRAP_PORT: "8998" },
+      kind: "mooncake",
+    },
+    {
+      role: "prefill",
+      connector: "moriio",
+      transfer: {
+        kv_connector: "MoRIIOConnector",
+        kv_role: "kv_producer",
+        kv_connector_extra_config: {
+          http_port: 8100,
+          handshake_port: 6301,
+          notify_port: 61005,
+          read_mode: true,
+        },
+      },
+      env: { VLLM_MORIIO_CONNECTOR_READ_MODE: "1" },
+      kind: "moriio",
+    },
+    {
+      role: "decode",
+      connector: "moriio",
+      transfer: {
+        kv_connector: "MoRIIOConnector",
+        kv_role: "kv_consumer",
+        kv_connector_extra_config: {
+          http_port: 8100,
+          handshake_port: 6301,
+          notify_port: 61005,
+          read_mode: true,
+        },
+      },
+      env: { VLLM_MORIIO_CONNECTOR_READ_MODE: "1" },
+      kind: "moriio",
+    },
+  ];
+  for (const c of cases) {
+    it(`${c.role} ${c.connector ?? "no connector"}`, async () => {
+      const { cmd, record } = await build("vllm", { role: c.role, connector: c.connector });
+      assert.deepEqual(cmd.argv.slice(0, 7), [
+        "vllm",
+        "serve",
+        "org/model",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8100",
+      ]);
+      assert.deepEqual(json(cmd.argv, "--kv-events-config"), {
+        enable_kv_cache_events: true,
+        publisher: "zmq",
+        endpoint: "tcp://*:5557",
+        replay_endpoint: "tcp://*:5558",
+        topic: "kv-events",
+      });
+      assert.deepEqual(json(cmd.argv, "--kv-transfer-config"), c.transfer);
+      assert.deepEqual(cmd.env, c.env);
+      assert.equal(record.connector.kind, c.kind);
+      assert.equal(record.role, c.role);
+      assert.equal(record.engine, "vllm");
+      assert.deepEqual(record.kvEvents, {
+        endpoint: "tcp://10.0.0.5:5557",
+        replayEndpoint: "tcp://10.0.0.5:5558",
+        topic: "kv-events",
+        framing: "seq",
+      });
+    });
+  }
+
+  it("passes tp/dp/quantization/kv-cache-dtype/block-size/max-model-len, served names, and extra args last", async () => {
+    const { cmd, record } = await build(
+      "vllm",
+      {
+        tp: "8",
+        dp: "2",
+        quantization: "mxfp4",
+        kvCacheDtype: "fp8",
+        blockSize: "32",
+        maxModelLen: "8192",
+        servedModelName: ["a", "b,c"],
+      },
+      ["--enforce-eager", "--kv-events-config", "x y"],
+    );
+    const a = cmd.argv;
+    assert.deepEqual(a.slice(a.indexOf("--served-model-name"), a.indexOf("--served-model-name") + 4), [
+      "--served-model-name",
+      "a",
+      "b",
+      "c",
+    ]);
+    assert.equal(flagValue(a, "--tensor-parallel-size"), "8");
+    assert.equal(flagValue(a, "--data-parallel-size"), "2");
+    assert.equal(flagValue(a, "--quantization"), "mxfp4");
+    assert.equal(flagValue(a, "--kv-cache-dtype"), "fp8");
+    assert.equal(flagValue(a, "--block-size"), "32");
+    assert.equal(flagValue(a, "--max-model-len"), "8192");
+    assert.deepEqual(a.slice(-3), ["--enforce-eager", "--kv-events-config", "x y"]);
+    assert.deepEqual(record.servedModelNames, ["a", "b", "c"]);
+    assert.equal(record.tpSize, 8);
+    assert.equal(record.dpSize, 2);
+    assert.equal(record.blockSize, 32);
+    assert.equal(record.maxModelLen, 8192);
+  });
+
+  it("MoRIIO proxy goes into kv_connector_extra_config; a bound host goes into the ZMQ endpoints", async () => {
+    const { cmd } = await build("vllm", {
+      role: "prefill",
+      connector: "moriio",
+      moriioProxy: "10.0.0.9:36367",
+      host: "10.0.0.5",
+    });
+    const extra = json(cmd.argv, "--kv-transfer-config")?.kv_connector_extra_config as Record<
+      string,
+      unknown
+    >;
+    assert.equal(extra.proxy_ip, "10.0.0.9");
+    assert.equal(extra.proxy_ping_port, 36367);
+    assert.equal(json(cmd.argv, "--kv-events-config")?.endpoint, "tcp://10.0.0.5:5557");
+  });
+
+  it("--engine-bin replaces the executable words; --no-kv-events drops the config and the record's kvEvents", async () => {
+    const { cmd, record } = await build("vllm", {
+      engineBin: "node '/opt/my dir/bin/infera-sim.js'",
+      kvEvents: false,
+    });
+    assert.deepEqual(cmd.argv.slice(0, 4), ["node", "/opt/my dir/bin/infera-sim.js", "serve", "org/model"]);
+    assert.equal(cmd.argv.includes("--kv-events-config"), false);
+    assert.equal(record.kvEvents, undefined);
+  });
+
+  it("prefill/decode without --connector defaults to Nixl; unknown connectors are refused", async () => {
+    const { record } = await build("vllm", { role: "prefill" });
+    assert.equal(record.connector.kind, "nixl");
+    await assert.rejects(build("vllm", { role: "prefill", connector: "sglang" }), /not supported/);
+    await assert.rejects(build("vllm", { role: "decode", connector: "none" }), /needs a KV connector/);
+    await assert.rejects(build("vllm", { connector: "bogus" }), /unknown --connector/);
+    await assert.rejects(build("vllm", { role: "primary" }), /--role must be/);
+    await assert.rejects(build("vllm", { port: "70000" }), /--port/);
+  });
+});
+
+describe("SGLang command lines", () => {
+  for (const role of ["prefill", "decode"] as const) {
+    for (const backend of ["mooncake", "nixl", "mori"]) {
+      it(`${role} ${backend}`, async () => {
+        const { cmd, record } = await build("sglang", { role, connector: backend, ibDevice: "ionic_0" });
+        const a = cmd.argv;
+        assert.deepEqual(a.slice(0, 3), ["python", "-m", "sglang.launch_server"]);
+        assert.equal(flagValue(a, "--model-path"), "org/model");
+        assert.equal(flagValue(a, "--port"), "8100");
+        assert.equal(flagValue(a, "--disaggregation-mode"), role);
+        assert.equal(flagValue(a, "--disaggregation-transfer-backend"), backend);
+        assert.equal(flagValue(a, "--disaggregation-bootstrap-port"), "8998");
+        assert.equal(flagValue(a, "--disaggregation-ib-device"), "ionic_0");
+        assert.ok(a.includes("--enable-metrics"));
+        assert.deepEqual(json(a, "--kv-events-config"), {
+          publisher: "zmq",
+          endpoint: "tcp://*:5557",
+          replay_endpoint: "tcp://*:5558",
+          topic: "kv-events",
+        });
+        assert.deepEqual(record.connector, {
+          kind: "sglang",
+          bootstrapHost: "10.0.0.5",
+          bootstrapPort: 8998,
+        });
+        assert.equal(record.labels?.transferBackend, backend);
+        assert.equal(record.kvEvents?.framing, "seq");
+      });
+    }
+  }
+
+  it("mixed: no disaggregation flags; tp/dp/quantization/kv-cache-dtype mapped", async () => {
+    const { cmd, record } = await build("sglang", {
+      tp: "4",
+      dp: "2",
+      quantization: "fp8",
+      kvCacheDtype: "fp8",
+    });
+    const a = cmd.argv;
+    assert.equal(a.includes("--disaggregation-mode"), false);
+    assert.equal(flagValue(a, "--tp"), "4");
+    assert.equal(flagValue(a, "--dp"), "2");
+    assert.equal(flagValue(a, "--quantization"), "fp8");
+    assert.equal(flagValue(a, "--kv-cache-dtype"), "fp8_e4m3");
+    assert.ok(a.includes("--enable-metrics"));
+    assert.equal(record.connector.kind, "none");
+    assert.equal(record.blockSize, 1);
+  });
+
+  it("moriio is accepted as SGLang's mori; a connector without a PD role is refused", async () => {
+    const { cmd } = await build("sglang", { role: "decode", connector: "moriio" });
+    assert.equal(flagValue(cmd.argv, "--disaggregation-transfer-backend"), "mori");
+    await assert.rejects(build("sglang", { connector: "mooncake" }), /needs --role/);
+  });
+});
+
+describe("ATOM command lines", () => {
+  for (const role of ["prefill", "decode"] as const) {
+    for (const backend of ["moriio", "mooncake"]) {
+      it(`${role} ${backend}`, async () => {
+        const { cmd, record } = await build("atom", {
+          role,
+          connector: backend,
+          tp: "8",
+          kvCacheDtype: "fp8",
+          blockSize: "16",
+        });
+        const a = cmd.argv;
+        assert.deepEqual(a.slice(0, 5), [
+          "python",
+          "-m",
+          "atom.entrypoints.openai_server",
+          "--model",
+          "org/model",
+        ]);
+        assert.equal(flagValue(a, "-tp"), "8");
+        assert.equal(flagValue(a, "--kv_cache_dtype"), "fp8");
+        assert.equal(flagValue(a, "--block-size"), "16");
+        assert.equal(flagValue(a, "--server-port"), "8100");
+        assert.equal(a.includes("--port"), false, "ATOM's --port is internal");
+        assert.deepEqual(json(a, "--kv-transfer-config"), {
+          kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
+          kv_connector: backend,
+          handshake_port: 6301,
+        });
+        assert.deepEqual(cmd.env, {
+          ATOM_KV_EVENTS_ENABLE: "1",
+          ATOM_KV_EVENTS_PUBLISHER: "zmq",
+          ATOM_KV_EVENTS_ENDPOINT: "tcp://*:5557",
+          ATOM_KV_EVENTS_TOPIC: "kv-events",
+        });
+        assert.deepEqual(record.connector, { kind: "atom", bootstrapHost: "10.0.0.5", handshakePort: 6301 });
+        assert.deepEqual(record.kvEvents, {
+          endpoint: "tcp://10.0.0.5:5557",
+          topic: "kv-events",
+          framing: "atom",
+        });
+      });
+    }
+  }
+
+  it("mixed: no transfer config; quantization refused with a clear message", async () => {
+    const { cmd } = await build("atom");
+    assert.equal(cmd.argv.includes("--kv-transfer-config"), false);
+    await assert.rejects(build("atom", { quantization: "fp8" }), /checkpoint/);
+  });
+});
+
+describe("sim command lines", () => {
+  it("uses the vLLM command line with the sim's --role/--connector", async () => {
+    const { cmd, record } = await build("sim", { role: "prefill", connector: "mooncake" });
+    const a = cmd.argv;
+    assert.equal(a[0], process.execPath);
+    assert.match(a[1] as string, /bin\/infera-sim\.js$/);
+    assert.deepEqual(a.slice(2, 4), ["serve", "org/model"]);
+    assert.deepEqual(json(a, "--kv-transfer-config"), {
+      kv_connector: "MooncakeConnector",
+      kv_role: "kv_producer",
+    });
+    assert.equal(flagValue(a, "--role"), "prefill");
+    assert.equal(flagValue(a, "--connector"), "mooncake");
+    assert.equal(record.engine, "sim");
+    assert.equal(record.kvEvents?.framing, "seq");
+  });
+
+  it("sglang / atom protocols carry their ports in the transfer config", async () => {
+    const s = await build("sim", { role: "prefill", connector: "sglang", bootstrapPort: "9000" });
+    assert.deepEqual(json(s.cmd.argv, "--kv-transfer-config"), {
+      kv_connector: "sglang",
+      kv_role: "kv_producer",
+      bootstrap_port: 9000,
+    });
+    assert.deepEqual(s.record.connector, { kind: "sglang", bootstrapHost: "10.0.0.5", bootstrapPort: 9000 });
+    const t = await build("sim", { role: "decode", connector: "atom" });
+    assert.equal(json(t.cmd.argv, "--kv-transfer-config")?.handshake_port, 6301);
+    assert.equal(t.record.connector.kind, "atom");
+  });
+});
+
+describe("RDMA environment", () => {
+  for (const engine of ["vllm", "sglang", "atom", "sim"] as const) {
+    it(`${engine}: --gid-index sets MC_GID_INDEX and NCCL_IB_GID_INDEX`, async () => {
+      const { cmd } = await build(engine, { gidIndex: "3" });
+      assert.equal(cmd.env.MC_GID_INDEX, "3");
+      assert.equal(cmd.env.NCCL_IB_GID_INDEX, "3");
+    });
+  }
+});
+
+describe("splitCommand", () => {
+  it("splits words with quotes and escapes", () => {
+    assert.deepEqual(splitCommand(`node "/a b/c.js"  --x 'y z' d\\ e`), [
+      "node",
+      "/a b/c.js",
+      "--x",
+      "y z",
+      "d e",
+    ]);
+    assert.throws(() => splitCommand(`node "x`), /unterminated/);
+  });
+});
