@@ -1,0 +1,164 @@
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { decodeMessage, isDecodeError } from "../../../src/kv/events.ts";
+import { connectNats } from "../../../src/transport/nats/connection.ts";
+import { startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
+import { type KvBatchSink, startKvSubscriber } from "../../../src/transport/nats/kv-subscriber.ts";
+import { readKvSeq } from "../../../src/transport/nats/kv-wire.ts";
+import { kvReplaySubject } from "../../../src/transport/nats/subjects.ts";
+import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
+import { FakeKvEngine, seqBuf } from "./fake-kv-engine.ts";
+
+process.env.INFERA_LOG_LEVEL ??= "silent";
+
+let nats: NatsServerHandle;
+let nc: NatsConnection;
+const cleanups: (() => unknown)[] = [];
+
+before(async () => {
+  nats = await startNats();
+  nc = await connectNats({ url: nats.url });
+});
+after(async () => {
+  for (const c of cleanups.reverse()) await c();
+  await nc.close();
+  await nats.close();
+});
+
+class Collect implements KvBatchSink {
+  seqs: number[] = [];
+  payloads = new Map<number, Buffer>();
+  resets: string[] = [];
+  onBatch(seq: number, payload: Uint8Array): void {
+    this.seqs.push(seq);
+    this.payloads.set(seq, Buffer.from(payload));
+  }
+  onReset(reason: string): void {
+    this.resets.push(reason);
+  }
+}
+
+async function until(cond: () => boolean, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error("timed out waiting");
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+async function engineWithRelay(name: string, bufferBatches?: number) {
+  const eng = new FakeKvEngine();
+  await eng.start();
+  cleanups.push(() => eng.close());
+  const relay = await startKvRelay({
+    nc,
+    model: "m",
+    workerId: name,
+    bufferBatches,
+    events: { endpoint: eng.endpoint, replayEndpoint: eng.replayEndpoint, topic: "", framing: "seq" },
+  });
+  cleanups.push(() => relay.close());
+  // ZMQ slow joiner: wait until the SUB is connected before publishing for real.
+  await new Promise((r) => setTimeout(r, 200));
+  return { eng, relay };
+}
+
+test("relayed batches are byte-identical with seq intact; ZMQ drops are recovered from the engine's replay", async () => {
+  const { eng, relay } = await engineWithRelay("w-bytes");
+  const sink = new Collect();
+  const sub = await startKvSubscriber({ nc, subject: relay.subject, sink });
+  cleanups.push(() => sub.close());
+  for (let i = 0; i < 30; i++) {
+    await eng.publish(FakeKvEngine.batch(1000 + i, i === 0 ? null : 999 + i, [i, i + 1, i + 2, i + 3]), {
+      drop: i === 5 || i === 6 || i === 17,
+    });
+  }
+  await until(() => sink.seqs.length >= 30);
+  assert.deepEqual(
+    sink.seqs,
+    Array.from({ length: 30 }, (_, i) => i),
+  );
+  for (const b of eng.sent) assert.deepEqual(sink.payloads.get(b.seq), b.payload, `seq ${b.seq}`);
+  assert.equal(relay.stats.recovered, 3);
+  assert.equal(relay.stats.lost, 0);
+  assert.deepEqual(sink.resets, []);
+  // The relayed payload decodes exactly as the ZMQ frames would.
+  const m = decodeMessage(["kv", seqBuf(3), sink.payloads.get(3)!], "seq");
+  assert.ok(!isDecodeError(m));
+  assert.deepEqual(m.batch.events[0].type, "BlockStored");
+});
+
+test("a late subscriber replays the agent's history; a gap between agent and server is recovered", async () => {
+  const { eng, relay } = await engineWithRelay("w-gap");
+  for (let i = 0; i < 20; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
+  await until(() => relay.nextSeq === 20);
+  // A lossy hop between the relay and the subscriber: forwards live messages except some,
+  // and passes replay requests through to the agent.
+  const lossySubject = "test.lossy.kv";
+  const drop = new Set([22, 23, 27]);
+  const fwd = nc.subscribe(relay.subject, {
+    callback: (_e, msg) => {
+      if (!drop.has(readKvSeq(msg.data)!)) nc.publish(lossySubject, msg.data);
+    },
+  });
+  const fwdReplay = nc.subscribe(kvReplaySubject(lossySubject), {
+    callback: (_e, msg) => nc.publish(relay.replaySubject, msg.data, { reply: msg.reply }),
+  });
+  cleanups.push(() => {
+    fwd.unsubscribe();
+    fwdReplay.unsubscribe();
+  });
+  await nc.flush();
+  const sink = new Collect();
+  const sub = await startKvSubscriber({ nc, subject: lossySubject, sink });
+  cleanups.push(() => sub.close());
+  assert.deepEqual(
+    sink.seqs,
+    Array.from({ length: 20 }, (_, i) => i),
+    "history replayed on start",
+  );
+  for (let i = 20; i < 35; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
+  await until(() => sink.seqs.length >= 35);
+  assert.deepEqual(
+    sink.seqs,
+    Array.from({ length: 35 }, (_, i) => i),
+  );
+  assert.ok(sub.stats.gaps >= 1, `gaps seen: ${sub.stats.gaps}`);
+  assert.ok(sub.stats.replayed >= 23, `replayed: ${sub.stats.replayed}`);
+  assert.deepEqual(sink.resets, []);
+  for (const b of eng.sent) assert.deepEqual(sink.payloads.get(b.seq), b.payload);
+});
+
+test("history the agent no longer holds resets the worker, then delivery continues", async () => {
+  const { eng, relay } = await engineWithRelay("w-reset", 4);
+  const lossySubject = "test.lossy2.kv";
+  let dropping = false;
+  const fwd = nc.subscribe(relay.subject, {
+    callback: (_e, msg) => {
+      if (!dropping) nc.publish(lossySubject, msg.data);
+    },
+  });
+  const fwdReplay = nc.subscribe(kvReplaySubject(lossySubject), {
+    callback: (_e, msg) => nc.publish(relay.replaySubject, msg.data, { reply: msg.reply }),
+  });
+  cleanups.push(() => {
+    fwd.unsubscribe();
+    fwdReplay.unsubscribe();
+  });
+  await nc.flush();
+  const sink = new Collect();
+  const sub = await startKvSubscriber({ nc, subject: lossySubject, sink });
+  cleanups.push(() => sub.close());
+  for (let i = 0; i < 3; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
+  await until(() => sink.seqs.length === 3);
+  dropping = true;
+  for (let i = 3; i < 12; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
+  await until(() => relay.nextSeq === 12);
+  dropping = false;
+  await eng.publish(FakeKvEngine.batch(12, null, [12]));
+  await until(() => sink.seqs.includes(12));
+  assert.equal(sink.resets.length, 1, "one reset for the lost history");
+  // After the reset it continues from the oldest the agent still had (ring of 4: 9..12).
+  assert.deepEqual(sink.seqs, [0, 1, 2, 9, 10, 11, 12]);
+});
