@@ -13,7 +13,11 @@ after(async () => {
 });
 
 async function roundTrip(nc: Awaited<ReturnType<typeof connectNats>>): Promise<string> {
-  const sub = nc.subscribe("t.echo", { callback: (_e, m) => m.respond(m.data) });
+  const sub = nc.subscribe("t.echo", {
+    callback: (_e, m) => {
+      m.respond(m.data);
+    },
+  });
   await nc.flush();
   const r = await nc.request("t.echo", "ping", { timeout: 2000 });
   sub.unsubscribe();

@@ -84,7 +84,7 @@ test("relayed batches are byte-identical with seq intact; ZMQ drops are recovere
   assert.equal(relay.stats.lost, 0);
   assert.deepEqual(sink.resets, []);
   // The relayed payload decodes exactly as the ZMQ frames would.
-  const m = decodeMessage(["kv", seqBuf(3), sink.payloads.get(3)!], "seq");
+  const m = decodeMessage([Buffer.from("kv"), seqBuf(3), sink.payloads.get(3)!], "seq");
   assert.ok(!isDecodeError(m));
   assert.deepEqual(m.batch.events[0].type, "BlockStored");
 });
