@@ -1,0 +1,313 @@
+import { randomUUID } from "node:crypto";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { Tokenizer } from "../../kv/tokenizer.ts";
+import {
+  AuthenticationError,
+  InferaError,
+  InvalidJsonError,
+  NotFoundError,
+  PayloadTooLargeError,
+  toInferaError,
+} from "../../protocol/errors.ts";
+import type { Logger } from "../../util/log.ts";
+import type { SimConfig } from "./config.ts";
+import type { SimEngine } from "./engine.ts";
+import type { SimKvHostImpl } from "./kv-host.ts";
+import { parseSimRequest } from "./openai-request.ts";
+import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
+import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
+import { RequestResponder } from "./response.ts";
+import { Sequence } from "./sequence.ts";
+
+const MAX_BODY = 64 * 1024 * 1024;
+
+export interface ApiDeps {
+  cfg: SimConfig;
+  engine: SimEngine;
+  tokenizer: Tokenizer;
+  vocab: OutputVocab;
+  kvHost: SimKvHostImpl;
+  /** Set once the connector has started (null for mixed workers). */
+  connector: () => SimConnector | null;
+  log: Logger;
+  startedAt: number;
+}
+
+function readBody(req: IncomingMessage): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on("data", (c: Buffer) => {
+      size += c.length;
+      if (size > MAX_BODY) {
+        reject(new PayloadTooLargeError(MAX_BODY));
+        req.destroy();
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on("end", () => {
+      const text = Buffer.concat(chunks).toString("utf8");
+      if (text.length === 0) return resolve({});
+      try {
+        resolve(JSON.parse(text));
+      } catch (err) {
+        reject(new InvalidJsonError((err as Error).message));
+      }
+    });
+    req.on("error", reject);
+  });
+}
+
+function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
+  if (res.headersSent) {
+    res.end();
+    return;
+  }
+  const text = JSON.stringify(body);
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(text),
+    ...headers,
+  });
+  res.end(text);
+}
+
+export function sendError(res: ServerResponse, err: unknown, requestId?: string): void {
+  const e = toInferaError(err);
+  if (res.headersSent) {
+    // Mid-stream: an SSE error event, then close.
+    if (!res.writableEnded) res.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
+    return;
+  }
+  sendJson(res, e.status, e.toJSON(), { ...e.headers, ...(requestId ? { "x-request-id": requestId } : {}) });
+}
+
+/** The OpenAI-compatible HTTP server of the simulated engine. */
+export function createSimServer(deps: ApiDeps): Server {
+  const { cfg, log } = deps;
+  const server = createServer((req, res) => {
+    handle(deps, req, res).catch((err: unknown) => {
+      if (!(err instanceof InferaError)) log.error({ err }, "request failed");
+      sendError(res, err);
+    });
+  });
+  server.keepAliveTimeout = 65_000;
+  server.headersTimeout = 66_000;
+  void cfg;
+  return server;
+}
+
+async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const { cfg, engine } = deps;
+  const url = req.url ?? "/";
+  const q = url.indexOf("?");
+  const path = q >= 0 ? url.slice(0, q) : url;
+  const method = req.method ?? "GET";
+
+  if (cfg.apiKey && path.startsWith("/v1/")) {
+    const auth = req.headers.authorization ?? "";
+    if (auth !== `Bearer ${cfg.apiKey}`) throw new AuthenticationError();
+  }
+  if (method === "POST" && (path === "/v1/chat/completions" || path === "/v1/completions")) {
+    return handleCompletion(deps, path === "/v1/chat/completions" ? "chat" : "completion", req, res);
+  }
+  if (method === "GET" || method === "HEAD") {
+    switch (path) {
+      case "/health":
+      case "/ping":
+        res.writeHead(200, { "content-length": 0 });
+        res.end();
+        return;
+      case "/metrics": {
+        const text = await engine.metrics.text();
+        res.writeHead(200, { "content-type": engine.metrics.registry.contentType });
+        res.end(text);
+        return;
+      }
+      case "/v1/models":
+        return sendJson(res, 200, {
+          object: "list",
+          data: cfg.servedModelNames.map((id) => ({
+            id,
+            object: "model",
+            created: Math.floor(deps.startedAt / 1000),
+            owned_by: "vllm",
+            root: cfg.model,
+            parent: null,
+            max_model_len: cfg.maxModelLen,
+            permission: [],
+          })),
+        });
+      case "/version":
+        return sendJson(res, 200, { version: "0.0.0-infera-sim" });
+    }
+    const routes = deps.connector()?.httpRoutes?.();
+    const route = routes?.[path];
+    if (route) return sendJson(res, 200, await route());
+  }
+  if (method === "POST" && path === "/reset_prefix_cache") {
+    const ok = engine.resetPrefixCache();
+    return sendJson(res, ok ? 200 : 409, { success: ok });
+  }
+  if (method === "POST" && path === "/tokenize") {
+    const body = (await readBody(req)) as Record<string, unknown>;
+    const tok = deps.tokenizer;
+    let ids: number[];
+    if (Array.isArray(body.messages)) {
+      ids = tok.encode(tok.applyChatTemplate(body.messages as Parameters<Tokenizer["applyChatTemplate"]>[0]));
+    } else if (typeof body.prompt === "string") ids = tok.encode(body.prompt);
+    else throw new InferaError(400, "'prompt' (string) or 'messages' is required", { param: "prompt" });
+    return sendJson(res, 200, { count: ids.length, max_model_len: cfg.maxModelLen, tokens: ids });
+  }
+  throw new NotFoundError(`No route for ${method} ${path}`);
+}
+
+function pdPhaseOf(
+  connector: SimConnector | null,
+  body: Record<string, unknown>,
+): "prefill" | "decode" | null {
+  if (!connector) return null;
+  if (connector.pdPhase) return connector.pdPhase(body);
+  const p = body.kv_transfer_params as Record<string, unknown> | undefined | null;
+  if (!p || typeof p !== "object") return null;
+  if (p.do_remote_decode === true) return "prefill";
+  if (p.do_remote_prefill === true) return "decode";
+  return null;
+}
+
+async function handleCompletion(
+  deps: ApiDeps,
+  kind: "chat" | "completion",
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<void> {
+  const { cfg, engine } = deps;
+  const headerId = req.headers["x-request-id"];
+  const requestId = (Array.isArray(headerId) ? headerId[0] : headerId) || randomUUID().replaceAll("-", "");
+  const arrivalMs = performance.now();
+  let raw: unknown;
+  try {
+    raw = await readBody(req);
+  } catch (err) {
+    return sendError(res, err, requestId);
+  }
+  let r: ReturnType<typeof parseSimRequest>;
+  try {
+    r = parseSimRequest(kind, raw, deps.tokenizer, {
+      servedModelNames: cfg.servedModelNames,
+      maxModelLen: cfg.maxModelLen,
+    });
+    const blocksNeeded = Math.ceil((r.prompts[0].length + 1) / cfg.blockSize);
+    if (blocksNeeded > cfg.numGpuBlocks) {
+      throw new InferaError(
+        400,
+        `The prompt needs ${blocksNeeded} KV blocks but the engine has ${cfg.numGpuBlocks}.`,
+        {
+          param: kind === "chat" ? "messages" : "prompt",
+          code: "context_length_exceeded",
+        },
+      );
+    }
+  } catch (err) {
+    return sendError(res, err, requestId);
+  }
+
+  const connector = deps.connector();
+  const phase = pdPhaseOf(connector, r.body);
+  const info: PdRequestInfo | null = phase
+    ? { requestId, params: r.kvTransferParams ?? {}, body: r.body, promptTokenIds: r.prompts[0] }
+    : null;
+  let gone = false;
+  const pullAbort = new AbortController();
+  const responder = new RequestResponder(res, {
+    kind,
+    requestId,
+    model: r.model,
+    created: Math.floor(Date.now() / 1000),
+    stream: r.stream,
+    includeUsage: r.includeUsage,
+    numPrompts: r.prompts.length,
+    n: phase === "prefill" ? 1 : r.n,
+  });
+  res.on("close", () => {
+    if (responder.finished) return;
+    gone = true;
+    responder.markGone();
+    pullAbort.abort();
+    for (const s of responder.seqs) engine.abort(s);
+  });
+
+  try {
+    if (phase && info && connector) {
+      connector.validate?.(info, phase);
+      if (phase === "decode") {
+        deps.kvHost.setSalt(requestId, r.salt);
+        const pulled = await connector.pullForDecode(info, pullAbort.signal);
+        if (gone) return;
+        deps.kvHost.importBlocks(requestId, pulled.tokenIds);
+      } else {
+        responder.beforeEnd = async () => {
+          const held = deps.kvHost.holdBlocks(requestId);
+          if (!held) return;
+          const params = await connector.onPrefillFinished(info, held);
+          if (params) responder.extra.kv_transfer_params = params;
+        };
+      }
+    }
+  } catch (err) {
+    engine.scheduler.dropImport(requestId);
+    return sendError(res, err, requestId);
+  }
+  if (gone) {
+    engine.scheduler.dropImport(requestId);
+    return;
+  }
+
+  const n = phase === "prefill" ? 1 : r.n;
+  const profile = cfg.profile;
+  r.prompts.forEach((prompt, p) => {
+    for (let i = 0; i < n; i++) {
+      const index = p * n + i;
+      const seedKey = r.seed !== null ? `seed:${r.seed}:${index}` : `req:${requestId}:${index}`;
+      const rng = new Rng(hashString(seedKey, (cfg.seed * 2654435761) >>> 0 || 0x811c9dc5));
+      const room = cfg.maxModelLen - prompt.length;
+      let maxTokens: number;
+      let limitReason: "length" | "stop";
+      if (phase === "prefill") {
+        maxTokens = 1;
+        limitReason = "length";
+      } else if (r.maxTokens !== null) {
+        maxTokens = r.maxTokens;
+        limitReason = "length";
+      } else if (r.ignoreEos) {
+        maxTokens = room;
+        limitReason = "length";
+      } else {
+        const span = profile.default_output_len_max - profile.default_output_len_min + 1;
+        maxTokens = Math.min(room, profile.default_output_len_min + Math.floor(rng.next() * span));
+        limitReason = maxTokens === room ? "length" : "stop";
+      }
+      const seq = new Sequence({
+        requestId,
+        index,
+        promptIds: prompt,
+        maxTokens,
+        limitReason,
+        salt: r.salt,
+        output: new OutputText(deps.vocab, rng, r.stop),
+        sink: responder,
+        holdOnFinish: phase === "prefill",
+        arrivalMs,
+      });
+      responder.addSeq(seq);
+    }
+  });
+  responder.begin();
+  for (const s of responder.seqs) engine.submit(s);
+}

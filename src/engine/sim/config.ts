@@ -1,0 +1,107 @@
+import type { ConnectorKind, WorkerRole } from "../../discovery/types.ts";
+import type { SimProfile } from "./profile.ts";
+
+/** vLLM's `--kv-events-config` (field names as vLLM spells them). */
+export interface KvEventsConfig {
+  enable_kv_cache_events: boolean;
+  publisher: string;
+  endpoint: string;
+  replay_endpoint: string | null;
+  topic: string;
+  buffer_steps: number;
+  hwm: number;
+}
+
+export type KvEventsEncoding = "array" | "map";
+
+/** Everything the simulated engine needs; produced by the CLI parser or given programmatically. */
+export interface SimConfig {
+  model: string;
+  servedModelNames: string[];
+  host: string;
+  port: number;
+  blockSize: number;
+  numGpuBlocks: number;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxModelLen: number;
+  role: WorkerRole;
+  connector: ConnectorKind;
+  kvEvents: KvEventsConfig | null;
+  kvEventsEncoding: KvEventsEncoding;
+  kvTransferConfig: Record<string, unknown>;
+  tokenizerDir?: string;
+  speed: number;
+  seed: number;
+  profile: SimProfile;
+  tpSize: number;
+  dpSize: number;
+  dpRank: number;
+  enablePrefixCaching: boolean;
+  /** vLLM `--api-key`: when set, /v1 routes require `Authorization: Bearer <key>`. */
+  apiKey?: string;
+  /** How long a prefill worker holds blocks for D's pull. */
+  holdTimeoutMs: number;
+}
+
+export function defaultKvEventsConfig(): KvEventsConfig {
+  return {
+    enable_kv_cache_events: false,
+    publisher: "null",
+    endpoint: "tcp://*:5557",
+    replay_endpoint: null,
+    topic: "",
+    buffer_steps: 10000,
+    hwm: 100000,
+  };
+}
+
+/**
+ * Parses vLLM's `--kv-events-config` JSON. An object without `enable_kv_cache_events`
+ * (SGLang's form) counts as enabled; `publisher` defaults to "zmq" then.
+ */
+export function parseKvEventsConfig(json: string | Record<string, unknown>): KvEventsConfig | null {
+  const raw = typeof json === "string" ? (JSON.parse(json) as unknown) : json;
+  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
+    throw new Error("--kv-events-config must be a JSON object");
+  }
+  const o = raw as Record<string, unknown>;
+  const cfg = defaultKvEventsConfig();
+  const enabled = o.enable_kv_cache_events === undefined ? true : o.enable_kv_cache_events === true;
+  cfg.enable_kv_cache_events = enabled;
+  cfg.publisher = typeof o.publisher === "string" ? o.publisher : "zmq";
+  if (typeof o.endpoint === "string") cfg.endpoint = o.endpoint;
+  if (typeof o.replay_endpoint === "string") cfg.replay_endpoint = o.replay_endpoint;
+  if (typeof o.topic === "string") cfg.topic = o.topic;
+  if (typeof o.buffer_steps === "number") cfg.buffer_steps = o.buffer_steps;
+  if (typeof o.hwm === "number") cfg.hwm = o.hwm;
+  if (!cfg.enable_kv_cache_events || cfg.publisher === "null") return null;
+  if (cfg.publisher !== "zmq") throw new Error(`kv events publisher ${cfg.publisher} is not supported (zmq)`);
+  return cfg;
+}
+
+/** Adds `offset` to the TCP port of a ZMQ endpoint (vLLM offsets by data-parallel rank). */
+export function offsetEndpointPort(endpoint: string, offset: number): string {
+  if (offset === 0) return endpoint;
+  const m = /^(tcp:\/\/.*:)(\d+)$/.exec(endpoint);
+  if (!m) return endpoint;
+  return `${m[1]}${Number(m[2]) + offset}`;
+}
+
+/** Derives role and connector from vLLM's `--kv-transfer-config`, for flags not given. */
+export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
+  role?: WorkerRole;
+  connector?: ConnectorKind;
+} {
+  const out: { role?: WorkerRole; connector?: ConnectorKind } = {};
+  const name = typeof cfg.kv_connector === "string" ? cfg.kv_connector.toLowerCase() : "";
+  if (name.includes("nixl")) out.connector = "nixl";
+  else if (name.includes("moriio") || name === "mori") out.connector = "moriio";
+  else if (name.includes("mooncake")) out.connector = "mooncake";
+  else if (name.includes("sglang")) out.connector = "sglang";
+  else if (name.includes("atom")) out.connector = "atom";
+  const role = cfg.kv_role;
+  if (role === "kv_producer") out.role = "prefill";
+  else if (role === "kv_consumer") out.role = "decode";
+  return out;
+}

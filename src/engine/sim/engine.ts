@@ -1,0 +1,140 @@
+import type { Logger } from "../../util/log.ts";
+import { BlockPool } from "./block-pool.ts";
+import type { SimConfig } from "./config.ts";
+import type { KvEventPublisher } from "./kv-publisher.ts";
+import { SimMetrics } from "./metrics.ts";
+import { stepSeconds } from "./profile.ts";
+import { type ScheduledChunk, Scheduler, type StepPlan } from "./scheduler.ts";
+import type { Sequence } from "./sequence.ts";
+
+/**
+ * The engine loop: one timer per scheduler step. A step is planned, its simulated duration
+ * (timing model / --speed) elapses, then its tokens take effect and the next step is
+ * planned at once. When the process falls behind simulated time it runs steps back to back
+ * (up to a few ms of CPU) before yielding to I/O, so a high --speed stays cheap.
+ */
+export class SimEngine {
+  readonly pool: BlockPool;
+  readonly scheduler: Scheduler;
+  readonly metrics: SimMetrics;
+  publisher: KvEventPublisher | null = null;
+  /** Simulated seconds elapsed in steps. */
+  simSeconds = 0;
+  steps = 0;
+  private plan: StepPlan | null = null;
+  private timer: NodeJS.Timeout | null = null;
+  private stepEndMs = 0;
+  private closed = false;
+
+  constructor(
+    readonly cfg: SimConfig,
+    private readonly log: Logger,
+  ) {
+    this.pool = new BlockPool(cfg.numGpuBlocks, cfg.blockSize, cfg.enablePrefixCaching);
+    this.metrics = new SimMetrics(
+      cfg.servedModelNames[0],
+      String(cfg.dpRank),
+      {
+        running: () => this.scheduler.running.length,
+        waiting: () => this.scheduler.waiting.length,
+        kvUsage: () => this.pool.usage(),
+      },
+      { blockSize: cfg.blockSize, numGpuBlocks: cfg.numGpuBlocks },
+    );
+    this.scheduler = new Scheduler(
+      this.pool,
+      {
+        maxNumSeqs: cfg.maxNumSeqs,
+        maxNumBatchedTokens: cfg.maxNumBatchedTokens,
+        maxModelLen: cfg.maxModelLen,
+      },
+      this.metrics,
+    );
+  }
+
+  submit(seq: Sequence): void {
+    if (this.closed) return;
+    this.scheduler.add(seq);
+    this.kick();
+  }
+
+  abort(seq: Sequence): void {
+    if (seq.isFinished) return;
+    this.scheduler.abort(seq);
+    this.flushEvents();
+  }
+
+  /** Publishes what the pool did since the last flush (one batch). */
+  flushEvents(): void {
+    if (this.pool.pending.length === 0) return;
+    const events = this.pool.drain();
+    this.publisher?.publish(events);
+  }
+
+  /** vLLM's reset_prefix_cache: refused (false) while blocks are in use. */
+  resetPrefixCache(): boolean {
+    const ok = this.pool.reset();
+    this.flushEvents();
+    return ok;
+  }
+
+  close(): void {
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    for (const seq of [...this.scheduler.running, ...this.scheduler.waiting]) this.scheduler.abort(seq);
+  }
+
+  private kick(): void {
+    if (this.timer || this.plan) return;
+    this.stepEndMs = performance.now();
+    this.timer = setTimeout(this.onTimer, 0);
+  }
+
+  private readonly onTimer = (): void => {
+    this.timer = null;
+    const t0 = performance.now();
+    for (;;) {
+      if (this.plan) {
+        const plan = this.plan;
+        this.plan = null;
+        this.scheduler.complete(plan);
+      }
+      if (this.closed) return;
+      this.plan = this.scheduler.schedule();
+      this.flushEvents();
+      if (!this.plan) return;
+      const sec = stepSeconds(this.cfg.profile, this.plan.shape);
+      this.simSeconds += sec;
+      this.steps++;
+      const now = performance.now();
+      // Never let a backlog of simulated time build up beyond 50 ms of real time.
+      this.stepEndMs = Math.max(this.stepEndMs, now - 50) + (sec * 1000) / this.cfg.speed;
+      if (this.stepEndMs > now + 0.25) {
+        this.timer = setTimeout(this.onTimer, this.stepEndMs - now);
+        return;
+      }
+      if (now - t0 > 4) {
+        this.timer = setTimeout(this.onTimer, 0);
+        return;
+      }
+    }
+  };
+
+  /** Running or waiting sequences of one request id (for PD bookkeeping). */
+  findRequest(requestId: string): Sequence[] {
+    const out: Sequence[] = [];
+    const match = (s: Sequence): void => {
+      if (s.requestId === requestId) out.push(s);
+    };
+    this.scheduler.running.forEach(match);
+    this.scheduler.waiting.forEach(match);
+    return out;
+  }
+
+  get logger(): Logger {
+    return this.log;
+  }
+}
+
+export type { ScheduledChunk };

@@ -1,0 +1,21 @@
+/** KV cache events as the block pool emits them (encoded for the wire by kv-publisher.ts). */
+export interface BlockStoredEvent {
+  type: "BlockStored";
+  blockHashes: bigint[];
+  parentBlockHash: bigint | null;
+  tokenIds: number[];
+  blockSize: number;
+  /** One entry per block: `[cache_salt]` for a salted request's first block, else null. */
+  extraKeys: (string[] | null)[] | null;
+}
+
+export interface BlockRemovedEvent {
+  type: "BlockRemoved";
+  blockHashes: bigint[];
+}
+
+export interface AllBlocksClearedEvent {
+  type: "AllBlocksCleared";
+}
+
+export type KvEvent = BlockStoredEvent | BlockRemovedEvent | AllBlocksClearedEvent;

@@ -1,0 +1,143 @@
+import { Packr } from "msgpackr";
+import { Publisher, Router } from "zeromq";
+import type { Logger } from "../../util/log.ts";
+import type { KvEventsConfig, KvEventsEncoding } from "./config.ts";
+import type { KvEvent } from "./kv-events.ts";
+
+/**
+ * vLLM's ZMQ KV-event publisher: a PUB socket sending `[topic, seq (8-byte BE), msgpack
+ * EventBatch]`, EventBatch = `[ts, [events...], data_parallel_rank]`, and a ROUTER on the
+ * replay endpoint answering `[identity, "", start_seq]` with every buffered batch whose seq
+ * >= start_seq, then `[identity, "", -1, ""]`.
+ *
+ * Block hashes are msgpack integers (uint64, or int64 when below 2^63): decode them with
+ * msgpackr's `int64AsType: "bigint"` (or "string") to keep every bit.
+ */
+const END_SEQ = (() => {
+  const b = Buffer.alloc(8);
+  b.writeBigInt64BE(-1n);
+  return b;
+})();
+
+export class KvEventPublisher {
+  private readonly pub: Publisher;
+  private readonly replay: Router | null;
+  private readonly packr = new Packr({ useRecords: false, variableMapSize: true });
+  private readonly topic: Buffer;
+  private seq = 0n;
+  private readonly buffer: { seq: Buffer; payload: Buffer }[] = [];
+  private readonly queue: Buffer[][] = [];
+  private sending = false;
+  private closed = false;
+
+  constructor(
+    private readonly cfg: KvEventsConfig,
+    private readonly encoding: KvEventsEncoding,
+    private readonly dpRank: number,
+    private readonly log: Logger,
+  ) {
+    this.pub = new Publisher({ sendHighWaterMark: cfg.hwm, linger: 0 });
+    this.replay = cfg.replay_endpoint ? new Router({ linger: 0 }) : null;
+    this.topic = Buffer.from(cfg.topic);
+  }
+
+  async start(endpoint: string, replayEndpoint: string | null): Promise<void> {
+    await this.pub.bind(endpoint);
+    if (this.replay && replayEndpoint) {
+      await this.replay.bind(replayEndpoint);
+      void this.serveReplay(this.replay);
+    }
+  }
+
+  /** Publishes one step's events as one batch. */
+  publish(events: readonly KvEvent[]): void {
+    if (this.closed || events.length === 0) return;
+    const batch = [Date.now() / 1000, events.map((e) => this.encodeEvent(e)), this.dpRank];
+    const payload = this.packr.pack(batch);
+    const seq = Buffer.allocUnsafe(8);
+    seq.writeBigUInt64BE(this.seq++);
+    this.buffer.push({ seq, payload });
+    if (this.buffer.length > this.cfg.buffer_steps) this.buffer.shift();
+    this.queue.push([this.topic, seq, payload]);
+    if (!this.sending) void this.drain();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.pub.close();
+    this.replay?.close();
+  }
+
+  private encodeEvent(e: KvEvent): unknown {
+    const map = this.encoding === "map";
+    switch (e.type) {
+      case "BlockStored":
+        return map
+          ? {
+              type: "BlockStored",
+              block_hashes: e.blockHashes,
+              parent_block_hash: e.parentBlockHash,
+              token_ids: e.tokenIds,
+              block_size: e.blockSize,
+              lora_id: null,
+              medium: "GPU",
+              lora_name: null,
+              extra_keys: e.extraKeys,
+              group_idx: 0,
+            }
+          : [
+              "BlockStored",
+              e.blockHashes,
+              e.parentBlockHash,
+              e.tokenIds,
+              e.blockSize,
+              null,
+              "GPU",
+              null,
+              e.extraKeys,
+              0,
+            ];
+      case "BlockRemoved":
+        return map
+          ? { type: "BlockRemoved", block_hashes: e.blockHashes, medium: "GPU", group_idx: 0 }
+          : ["BlockRemoved", e.blockHashes, "GPU", 0];
+      case "AllBlocksCleared":
+        return map ? { type: "AllBlocksCleared" } : ["AllBlocksCleared"];
+    }
+  }
+
+  private async drain(): Promise<void> {
+    this.sending = true;
+    try {
+      while (this.queue.length > 0 && !this.closed) {
+        const msg = this.queue.shift()!;
+        await this.pub.send(msg);
+      }
+    } catch (err) {
+      if (!this.closed) this.log.warn({ err }, "kv event publish failed");
+    } finally {
+      this.sending = false;
+    }
+  }
+
+  private async serveReplay(sock: Router): Promise<void> {
+    try {
+      for await (const frames of sock) {
+        const id = frames[0];
+        const startBuf = frames.length >= 3 ? frames[2] : frames[1];
+        if (startBuf?.length !== 8) {
+          this.log.warn({ frames: frames.length }, "bad kv replay request");
+          await sock.send([id, "", END_SEQ, ""]);
+          continue;
+        }
+        const start = startBuf.readBigUInt64BE(0);
+        for (const b of this.buffer.slice()) {
+          if (b.seq.readBigUInt64BE(0) >= start) await sock.send([id, "", b.seq, b.payload]);
+        }
+        await sock.send([id, "", END_SEQ, ""]);
+      }
+    } catch (err) {
+      if (!this.closed) this.log.warn({ err }, "kv replay socket failed");
+    }
+  }
+}

@@ -1,0 +1,44 @@
+import { createLogger } from "../../util/log.ts";
+import { parseSimArgs, SIM_HELP } from "./args.ts";
+import { startWithConfig } from "./server.ts";
+
+/** `infera-sim [serve] MODEL [vLLM flags]`: runs the simulated engine until SIGTERM/SIGINT. */
+export async function simMain(argv: string[]): Promise<void> {
+  const log = createLogger("sim");
+  let parsed: ReturnType<typeof parseSimArgs>;
+  try {
+    parsed = parseSimArgs(argv);
+  } catch (err) {
+    process.stderr.write(`infera-sim: ${(err as Error).message}\n`);
+    process.exitCode = 2;
+    return;
+  }
+  if (parsed.help) {
+    process.stdout.write(`${SIM_HELP}\n`);
+    return;
+  }
+  for (const f of parsed.ignored) log.debug({ flag: f }, "vLLM flag accepted and ignored");
+  for (const f of parsed.unknown) log.warn({ flag: f }, "unknown flag ignored");
+  let handle: Awaited<ReturnType<typeof startWithConfig>>;
+  try {
+    handle = await startWithConfig(parsed.config);
+  } catch (err) {
+    log.error({ err }, "sim engine failed to start");
+    process.exitCode = 1;
+    return;
+  }
+  let stopping = false;
+  const stop = (signal: string): void => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, "sim engine stopping");
+    const force = setTimeout(() => process.exit(0), 5000);
+    force.unref();
+    handle.close().then(
+      () => process.exit(0),
+      () => process.exit(0),
+    );
+  };
+  process.on("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
+}

@@ -1,0 +1,186 @@
+import { type ChatMessageLike, messageText, type Tokenizer } from "../../kv/tokenizer.ts";
+import { BadRequestError, ContextLengthError, ModelNotFoundError } from "../../protocol/errors.ts";
+
+/** An OpenAI chat or completions request, validated and tokenised. */
+export interface SimRequest {
+  kind: "chat" | "completion";
+  model: string;
+  /** One prompt for chat; one or more for completions (a batch). */
+  prompts: number[][];
+  n: number;
+  /** Explicit output limit, or null (the simulated EOS decides). */
+  maxTokens: number | null;
+  stop: string[];
+  stream: boolean;
+  includeUsage: boolean;
+  seed: number | null;
+  salt: string | null;
+  ignoreEos: boolean;
+  kvTransferParams: Record<string, unknown> | null;
+  body: Record<string, unknown>;
+}
+
+type Obj = Record<string, unknown>;
+
+function optNumber(body: Obj, key: string): void {
+  const v = body[key];
+  if (v !== undefined && v !== null && (typeof v !== "number" || !Number.isFinite(v))) {
+    throw new BadRequestError(`'${key}' must be a number`, key);
+  }
+}
+
+function optInt(body: Obj, key: string, min: number, max = Number.MAX_SAFE_INTEGER): number | null {
+  const v = body[key];
+  if (v === undefined || v === null) return null;
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw new BadRequestError(`'${key}' must be an integer between ${min} and ${max}`, key);
+  }
+  return v;
+}
+
+function optBool(body: Obj, key: string): boolean {
+  const v = body[key];
+  if (v === undefined || v === null) return false;
+  if (typeof v !== "boolean") throw new BadRequestError(`'${key}' must be a boolean`, key);
+  return v;
+}
+
+function parseStop(v: unknown): string[] {
+  if (v === undefined || v === null) return [];
+  if (typeof v === "string") return [v];
+  if (Array.isArray(v) && v.every((s) => typeof s === "string")) return v as string[];
+  throw new BadRequestError("'stop' must be a string or an array of strings", "stop");
+}
+
+function parseMessages(v: unknown): ChatMessageLike[] {
+  if (!Array.isArray(v) || v.length === 0) {
+    throw new BadRequestError("'messages' must be a non-empty array", "messages");
+  }
+  return v.map((m, i) => {
+    if (m === null || typeof m !== "object" || typeof (m as Obj).role !== "string") {
+      throw new BadRequestError(`messages[${i}] must be an object with a string 'role'`, "messages");
+    }
+    const c = (m as Obj).content;
+    const okContent =
+      c === undefined ||
+      c === null ||
+      typeof c === "string" ||
+      (Array.isArray(c) &&
+        c.every((p) => p !== null && typeof p === "object" && typeof (p as Obj).type === "string"));
+    if (!okContent) {
+      throw new BadRequestError(
+        `messages[${i}].content must be a string or an array of content parts`,
+        "messages",
+      );
+    }
+    return m as ChatMessageLike;
+  });
+}
+
+function isTokenArray(v: unknown): v is number[] {
+  return (
+    Array.isArray(v) && v.length > 0 && v.every((t) => typeof t === "number" && Number.isInteger(t) && t >= 0)
+  );
+}
+
+function parsePrompts(v: unknown, tok: Tokenizer): number[][] {
+  if (typeof v === "string") return [tok.encode(v)];
+  if (isTokenArray(v)) return [v.slice()];
+  if (Array.isArray(v) && v.length > 0) {
+    if (v.every((p) => typeof p === "string")) return (v as string[]).map((p) => tok.encode(p));
+    if (v.every(isTokenArray)) return (v as number[][]).map((p) => p.slice());
+  }
+  throw new BadRequestError(
+    "'prompt' must be a string, an array of strings, an array of token ids, or an array of token-id arrays",
+    "prompt",
+  );
+}
+
+export interface ParseLimits {
+  servedModelNames: readonly string[];
+  maxModelLen: number;
+}
+
+export function parseSimRequest(
+  kind: "chat" | "completion",
+  raw: unknown,
+  tok: Tokenizer,
+  limits: ParseLimits,
+): SimRequest {
+  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
+    throw new BadRequestError("The request body must be a JSON object");
+  }
+  const body = raw as Obj;
+  if (typeof body.model !== "string" || body.model.length === 0) {
+    if (body.model !== undefined) throw new BadRequestError("'model' must be a string", "model");
+  }
+  const model = typeof body.model === "string" ? body.model : limits.servedModelNames[0];
+  if (!limits.servedModelNames.includes(model)) throw new ModelNotFoundError(model);
+
+  let prompts: number[][];
+  if (kind === "chat") {
+    const messages = parseMessages(body.messages);
+    for (const m of messages) messageText(m.content);
+    prompts = [tok.encode(tok.applyChatTemplate(messages))];
+  } else {
+    if (body.prompt === undefined) throw new BadRequestError("'prompt' is required", "prompt");
+    prompts = parsePrompts(body.prompt, tok);
+  }
+  for (const k of [
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+  ]) {
+    optNumber(body, k);
+  }
+  const n = optInt(body, "n", 1, 128) ?? 1;
+  const maxTokens =
+    kind === "chat"
+      ? (optInt(body, "max_completion_tokens", 1) ?? optInt(body, "max_tokens", 1))
+      : optInt(body, "max_tokens", 1);
+  optInt(body, "min_tokens", 0);
+  const seed = optInt(body, "seed", Number.MIN_SAFE_INTEGER);
+  const stream = optBool(body, "stream");
+  let includeUsage = false;
+  if (body.stream_options !== undefined && body.stream_options !== null) {
+    if (typeof body.stream_options !== "object" || Array.isArray(body.stream_options)) {
+      throw new BadRequestError("'stream_options' must be an object", "stream_options");
+    }
+    includeUsage = (body.stream_options as Obj).include_usage === true;
+  }
+  const salt = body.cache_salt;
+  if (salt !== undefined && salt !== null && (typeof salt !== "string" || salt.length === 0)) {
+    throw new BadRequestError("'cache_salt' must be a non-empty string", "cache_salt");
+  }
+  const ktp = body.kv_transfer_params;
+  if (ktp !== undefined && ktp !== null && (typeof ktp !== "object" || Array.isArray(ktp))) {
+    throw new BadRequestError("'kv_transfer_params' must be an object", "kv_transfer_params");
+  }
+  for (const p of prompts) {
+    if (p.length === 0)
+      throw new BadRequestError("The prompt is empty", kind === "chat" ? "messages" : "prompt");
+    const want = maxTokens ?? 1;
+    if (p.length + want > limits.maxModelLen || p.length >= limits.maxModelLen) {
+      throw new ContextLengthError(p.length, maxTokens ?? 0, limits.maxModelLen);
+    }
+  }
+  return {
+    kind,
+    model,
+    prompts,
+    n,
+    maxTokens,
+    stop: parseStop(body.stop),
+    stream,
+    includeUsage,
+    seed,
+    salt: typeof salt === "string" ? salt : null,
+    ignoreEos: optBool(body, "ignore_eos"),
+    kvTransferParams: (ktp as Obj | undefined) ?? null,
+    body,
+  };
+}

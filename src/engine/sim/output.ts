@@ -1,0 +1,138 @@
+import type { Tokenizer } from "../../kv/tokenizer.ts";
+
+/**
+ * Deterministic output text. Tokens are drawn, with a per-sequence seeded PRNG, from a
+ * vocabulary of ordinary English word pieces of the loaded tokenizer, so that the text reads
+ * as words and its token ids re-encode to themselves in the usual case. Each piece's text is
+ * precomputed once, so decoding on the hot path is a table lookup.
+ */
+const CORPUS =
+  "The quick brown fox jumps over the lazy dog while a gentle river flows past the old stone bridge. " +
+  "Engineers measure latency and throughput carefully, because every cluster behaves a little differently under load. " +
+  "In the morning the market opens early; farmers bring apples, bread, cheese and fresh flowers from nearby villages. " +
+  "A simple plan, written clearly and tested often, usually beats a clever one that nobody understands. " +
+  "Light travels fast, sound travels slower, and news travels fastest of all across the small town square. " +
+  "She opened the window, looked at the clouds, and decided that today would be a good day to walk by the sea. " +
+  "Numbers such as one, two, three and four appear in many stories about time, money, distance and weather. " +
+  "Good teams share knowledge, review each change, and keep their systems running smoothly through the night.";
+
+export class OutputVocab {
+  readonly ids: Int32Array;
+  readonly pieces: string[];
+
+  constructor(ids: number[], pieces: string[]) {
+    this.ids = Int32Array.from(ids);
+    this.pieces = pieces;
+  }
+
+  static build(tok: Tokenizer): OutputVocab {
+    const seen = new Set<number>();
+    const ids: number[] = [];
+    const pieces: string[] = [];
+    // An anchor before each token keeps tokenizers that strip a leading space (sentencepiece
+    // "▁" pieces) from losing it: piece = decode([anchor, id]) minus decode([anchor]).
+    const anchorIds = tok.encode("The");
+    const anchor = anchorIds.length > 0 ? anchorIds[0] : null;
+    const anchorText = anchor === null ? "" : tok.decode([anchor]);
+    for (const id of tok.encode(CORPUS)) {
+      if (seen.has(id)) continue;
+      seen.add(id);
+      const text = anchor === null ? tok.decode([id]) : tok.decode([anchor, id]).slice(anchorText.length);
+      if (text.length === 0 || !/^[ A-Za-z,.;']+$/.test(text)) continue;
+      ids.push(id);
+      pieces.push(text);
+    }
+    if (ids.length === 0) throw new Error(`tokenizer ${tok.id} yields no usable output vocabulary`);
+    return new OutputVocab(ids, pieces);
+  }
+}
+
+/** FNV-1a 32-bit over a string, for seeding. */
+export function hashString(s: string, seed = 0x811c9dc5): number {
+  let h = seed >>> 0;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h >>> 0;
+}
+
+/** mulberry32: a tiny, fast, seedable PRNG. */
+export class Rng {
+  private s: number;
+  constructor(seed: number) {
+    this.s = seed >>> 0;
+  }
+  next(): number {
+    this.s = (this.s + 0x6d2b79f5) >>> 0;
+    let t = this.s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  }
+}
+
+export type FinishReason = "stop" | "length" | "abort";
+
+/**
+ * One sequence's generated text: token choice, stop strings (vLLM excludes the matched stop
+ * string from the output), and the streaming delta that can be released without showing a
+ * prefix of a stop string.
+ */
+export class OutputText {
+  text = "";
+  private emitted = 0;
+  private readonly holdBack: number;
+  stopped = false;
+
+  constructor(
+    private readonly vocab: OutputVocab,
+    private readonly rng: Rng,
+    private readonly stop: readonly string[],
+  ) {
+    let longest = 0;
+    for (const s of stop) longest = Math.max(longest, s.length);
+    this.holdBack = longest > 0 ? longest - 1 : 0;
+  }
+
+  nextToken(): number {
+    const i = Math.floor(this.rng.next() * this.vocab.ids.length);
+    this.lastPiece = i;
+    return this.vocab.ids[i];
+  }
+
+  private lastPiece = 0;
+
+  /** Appends the last drawn token's text; returns true when a stop string matched. */
+  appendLast(): boolean {
+    const piece = this.vocab.pieces[this.lastPiece];
+    if (this.stop.length === 0) {
+      this.text += piece;
+      return false;
+    }
+    const searchFrom = Math.max(0, this.text.length - this.holdBack);
+    this.text += piece;
+    let cut = -1;
+    for (const s of this.stop) {
+      if (s.length === 0) continue;
+      const at = this.text.indexOf(s, searchFrom);
+      if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+    }
+    if (cut >= 0) {
+      this.text = this.text.slice(0, cut);
+      this.stopped = true;
+      return true;
+    }
+    return false;
+  }
+
+  /** Text not yet sent; with `final`, everything left. */
+  takeDelta(final: boolean): string {
+    const end =
+      final || this.stopped ? this.text.length : Math.max(this.emitted, this.text.length - this.holdBack);
+    if (end <= this.emitted) return "";
+    const d = this.text.slice(this.emitted, end);
+    this.emitted = end;
+    return d;
+  }
+}

@@ -1,0 +1,149 @@
+import { randomUUID } from "node:crypto";
+import type { AddressInfo } from "node:net";
+import { loadTokenizer } from "../../kv/tokenizer.ts";
+import { createLogger } from "../../util/log.ts";
+import { createSimServer } from "./api.ts";
+import { parseSimArgs } from "./args.ts";
+import { offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
+import { SimEngine } from "./engine.ts";
+import { SimKvHostImpl } from "./kv-host.ts";
+import { KvEventPublisher } from "./kv-publisher.ts";
+import { OutputVocab } from "./output.ts";
+import { createSimConnector } from "./pd/index.ts";
+import type { SimConnector } from "./pd/types.ts";
+
+export interface SimStartOptions extends Partial<Omit<SimConfig, "kvEvents">> {
+  /** vLLM `--kv-events-config`, as JSON text or an object. */
+  kvEvents?: string | Record<string, unknown> | null;
+  /** Extra vLLM-style arguments parsed first (options given here override them). */
+  argv?: string[];
+}
+
+export interface SimHandle {
+  url: string;
+  port: number;
+  config: SimConfig;
+  engine: SimEngine;
+  /** Where a subscriber connects (the bound endpoint with `*` replaced by the host), when events are on. */
+  kvEndpoint: string | null;
+  replayEndpoint: string | null;
+  connector: SimConnector | null;
+  close(): Promise<void>;
+}
+
+function connectable(endpoint: string, host: string): string {
+  const h = host === "0.0.0.0" || host === "::" || host === "" ? "127.0.0.1" : host;
+  return endpoint.replace("://*:", `://${h}:`).replace("://0.0.0.0:", `://${h}:`);
+}
+
+/** Starts a simulated engine in this process. */
+export async function startSimEngine(opts: SimStartOptions = {}): Promise<SimHandle> {
+  const base = parseSimArgs(opts.argv ?? []).config;
+  const { kvEvents, argv: _argv, ...rest } = opts;
+  const cfg: SimConfig = { ...base, ...rest } as SimConfig;
+  if (opts.model && !opts.servedModelNames && !(opts.argv ?? []).includes("--served-model-name")) {
+    cfg.servedModelNames = [opts.model];
+  }
+  if (kvEvents !== undefined) cfg.kvEvents = kvEvents === null ? null : parseKvEventsConfig(kvEvents);
+  return startWithConfig(cfg);
+}
+
+export async function startWithConfig(cfg: SimConfig): Promise<SimHandle> {
+  const log = createLogger("sim", { model: cfg.model, role: cfg.role });
+  const tokenizer = await loadTokenizer(cfg.tokenizerDir);
+  const vocab = OutputVocab.build(tokenizer);
+  const engine = new SimEngine(cfg, log);
+  const engineId = `sim-${randomUUID()}`;
+  const advertisedHost = cfg.host === "0.0.0.0" || cfg.host === "::" ? "127.0.0.1" : cfg.host;
+  const kvHost = new SimKvHostImpl(engine, {
+    engineId,
+    host: advertisedHost,
+    holdTimeoutMs: cfg.holdTimeoutMs,
+  });
+
+  let publisher: KvEventPublisher | null = null;
+  let kvEndpoint: string | null = null;
+  let replayEndpoint: string | null = null;
+  if (cfg.kvEvents) {
+    const ev = cfg.kvEvents;
+    const endpoint = offsetEndpointPort(ev.endpoint, cfg.dpRank);
+    const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, cfg.dpRank) : null;
+    publisher = new KvEventPublisher(ev, cfg.kvEventsEncoding, cfg.dpRank, log);
+    await publisher.start(endpoint, replay);
+    engine.publisher = publisher;
+    kvEndpoint = connectable(endpoint, advertisedHost);
+    replayEndpoint = replay ? connectable(replay, advertisedHost) : null;
+  }
+
+  let connector: SimConnector | null = null;
+  const server = createSimServer({
+    cfg,
+    engine,
+    tokenizer,
+    vocab,
+    kvHost,
+    connector: () => connector,
+    log,
+    startedAt: Date.now(),
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(cfg.port, cfg.host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  kvHost.httpPort = port;
+  try {
+    connector = createSimConnector(
+      {
+        kind: cfg.connector,
+        role: cfg.role,
+        kvTransferConfig: cfg.kvTransferConfig,
+        holdTimeoutMs: cfg.holdTimeoutMs,
+      },
+      kvHost,
+    );
+    await connector?.start();
+  } catch (err) {
+    server.close();
+    await publisher?.close();
+    throw err;
+  }
+  const urlHost = advertisedHost.includes(":") ? `[${advertisedHost}]` : advertisedHost;
+  const url = `http://${urlHost}:${port}`;
+  log.info(
+    {
+      url,
+      kvEndpoint,
+      replayEndpoint,
+      blocks: cfg.numGpuBlocks,
+      blockSize: cfg.blockSize,
+      tokenizer: tokenizer.id,
+    },
+    "sim engine ready",
+  );
+  let closed = false;
+  return {
+    url,
+    port,
+    config: cfg,
+    engine,
+    kvEndpoint,
+    replayEndpoint,
+    connector,
+    async close() {
+      if (closed) return;
+      closed = true;
+      engine.close();
+      kvHost.close();
+      await connector?.close();
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
+      await publisher?.close();
+    },
+  };
+}

@@ -1,0 +1,149 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { freePort } from "./ports.ts";
+
+/** A simulated engine running as a child process (`node bin/infera-sim.js serve ...`). */
+export interface SimProcess {
+  url: string;
+  port: number;
+  model: string;
+  /** ZMQ PUB endpoint for KV events, e.g. tcp://127.0.0.1:40001. */
+  kvEndpoint: string;
+  /** ZMQ ROUTER replay endpoint. */
+  replayEndpoint: string;
+  pid: number;
+  child: ChildProcess;
+  /** Raw /metrics text. */
+  metrics(): Promise<string>;
+  /** SIGTERM, then wait for exit (SIGKILL after 5 s). */
+  stop(): Promise<void>;
+  kill(): void;
+  /** stderr + stdout captured so far (for failure messages). */
+  output(): string;
+}
+
+export interface StartSimOptions {
+  args?: string[];
+  env?: Record<string, string>;
+  model?: string;
+  /** Extra fields merged into the --kv-events-config JSON. */
+  kvEvents?: Record<string, unknown>;
+  /** Health wait limit (default 20 s). */
+  timeoutMs?: number;
+}
+
+const BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+
+export async function startSim(opts: StartSimOptions = {}): Promise<SimProcess> {
+  const model = opts.model ?? "sim-model";
+  const port = await freePort();
+  const kvPort = await freePort();
+  const replayPort = await freePort();
+  const kvEndpoint = `tcp://127.0.0.1:${kvPort}`;
+  const replayEndpoint = `tcp://127.0.0.1:${replayPort}`;
+  const kvCfg = {
+    enable_kv_cache_events: true,
+    publisher: "zmq",
+    endpoint: kvEndpoint,
+    replay_endpoint: replayEndpoint,
+    topic: "kv-events",
+    ...opts.kvEvents,
+  };
+  const args = [
+    BIN,
+    "serve",
+    model,
+    "--port",
+    String(port),
+    "--host",
+    "127.0.0.1",
+    "--kv-events-config",
+    JSON.stringify(kvCfg),
+    ...(opts.args ?? []),
+  ];
+  const child = spawn(process.execPath, args, {
+    cwd: ROOT,
+    env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...opts.env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  const keep = (b: Buffer): void => {
+    out += b.toString();
+    if (out.length > 20000) out = out.slice(-20000);
+  };
+  child.stdout?.on("data", keep);
+  child.stderr?.on("data", keep);
+  const exited = new Promise<void>((resolve) => {
+    if (child.exitCode !== null) resolve();
+    else child.once("exit", () => resolve());
+  });
+  const url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + (opts.timeoutMs ?? 20000);
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`infera-sim exited with ${child.exitCode}: ${out}`);
+    try {
+      const r = await fetch(`${url}/health`);
+      if (r.ok) break;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error(`infera-sim did not become healthy: ${out}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return {
+    url,
+    port,
+    model,
+    kvEndpoint,
+    replayEndpoint,
+    pid: child.pid!,
+    child,
+    async metrics() {
+      const r = await fetch(`${url}/metrics`);
+      return r.text();
+    },
+    async stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill("SIGTERM");
+      const t = setTimeout(() => child.kill("SIGKILL"), 5000);
+      await exited;
+      clearTimeout(t);
+    },
+    kill() {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+    },
+    output: () => out,
+  };
+}
+
+/**
+ * Value of one Prometheus sample: `name` exactly (e.g. "vllm:num_requests_running" or
+ * "vllm:prompt_tokens_by_source_total") whose labels include all of `labels`; summed when
+ * several series match.
+ */
+export function parseMetric(
+  text: string,
+  name: string,
+  labels: Record<string, string> = {},
+): number | undefined {
+  let total: number | undefined;
+  for (const line of text.split("\n")) {
+    if (line.length === 0 || line.startsWith("#")) continue;
+    const brace = line.indexOf("{");
+    const space = line.lastIndexOf(" ");
+    const metric = brace >= 0 && brace < space ? line.slice(0, brace) : line.slice(0, space);
+    if (metric !== name) continue;
+    const labelText = brace >= 0 && brace < space ? line.slice(brace + 1, line.lastIndexOf("}")) : "";
+    const have: Record<string, string> = {};
+    for (const m of labelText.matchAll(/([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) have[m[1]] = m[2];
+    if (!Object.entries(labels).every(([k, v]) => have[k] === v)) continue;
+    const v = Number(line.slice(space + 1));
+    if (Number.isNaN(v)) continue;
+    total = (total ?? 0) + v;
+  }
+  return total;
+}
