@@ -1,12 +1,45 @@
 import type { Command } from "commander";
 
-// Placeholder registration: the owning issue replaces the action with the real command.
+interface UpFlags {
+  workers: string;
+  model: string;
+  policy: string;
+  port: string;
+  host: string;
+  speed?: string;
+  simArg?: string[];
+  apiKey?: string[];
+}
+
+const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
+
 export function registerUp(program: Command): void {
   program
     .command("up")
-    .description("(in progress)")
-    .allowUnknownOption(true)
-    .action(() => {
-      throw new Error("infera up is not built yet");
+    .description("start a local cluster: infera server + N simulated workers, in-memory discovery")
+    .option("--workers <n>", "number of sim workers", "2")
+    .option("--model <name>", "model name the workers serve", "sim-model")
+    .option("--policy <name>", "routing policy (round-robin | kv-aware)", "round-robin")
+    .option("--port <port>", "server port", "8000")
+    .option("--host <host>", "server address", "127.0.0.1")
+    .option("--speed <x>", "sim time runs X times faster than the modelled GPU")
+    .option(
+      "--sim-arg <arg>",
+      "extra argument for every sim (repeatable), e.g. --sim-arg=--block-size=32",
+      collect,
+    )
+    .option("--api-key <key>", "require this API key on the server (repeatable)", collect)
+    .action(async (f: UpFlags) => {
+      const { runUp } = await import("../server/local-cluster.ts");
+      await runUp({
+        workers: Number(f.workers),
+        model: f.model,
+        policy: f.policy,
+        port: Number(f.port),
+        host: f.host,
+        speed: f.speed === undefined ? undefined : Number(f.speed),
+        simArgs: f.simArg ?? [],
+        apiKeys: f.apiKey ?? [],
+      });
     });
 }

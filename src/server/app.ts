@@ -80,7 +80,15 @@ export async function startServer(
   await discovery.start();
   const workers = new WorkerSet(discovery, { logger, breaker: config.breaker });
   workers.attach();
-  const cctx: ServerComponentContext = { config, workers, tokenizer, logger };
+  const metrics = new ServerMetrics(workers);
+  const cctx: ServerComponentContext = {
+    config,
+    discovery,
+    workers,
+    registry: metrics.registry,
+    tokenizer,
+    logger,
+  };
 
   const kvIngest =
     ext.kvIngestFactory && config.policy !== "round-robin" ? await ext.kvIngestFactory(cctx) : null;
@@ -98,7 +106,6 @@ export async function startServer(
     if (!workers.list().some((w) => w.record.url === url)) executor.forget?.(url);
   });
 
-  const metrics = new ServerMetrics(workers);
   const router = new AutoRouter({
     workers,
     policy: config.policy,

@@ -2,6 +2,8 @@
  * Seams where other components plug into the server without editing it. Owners of those
  * components add ONE line to `builtinExtensions`; `startServer` also takes overrides.
  */
+import type { Registry } from "prom-client";
+import type { DiscoveryWatcher } from "../discovery/types.ts";
 import type { Tokenizer } from "../kv/tokenizer.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
@@ -17,7 +19,11 @@ export interface KvIngest {
 
 export interface ServerComponentContext {
   config: ServerConfig;
+  /** The started discovery watcher the WorkerSet follows. */
+  discovery: DiscoveryWatcher;
   workers: WorkerSet;
+  /** The server's own prom-client registry (served on GET /metrics). */
+  registry: Registry;
   tokenizer: Tokenizer;
   logger: Logger;
 }
