@@ -34,6 +34,11 @@ interface ServerFlags {
   workersFile?: string;
   etcd?: string[];
   discoveryPrefix?: string;
+  etcdUser?: string;
+  etcdPassword?: string;
+  etcdCa?: string;
+  etcdCert?: string;
+  etcdKey?: string;
   policy?: string;
   policyOption?: string[];
   router?: string;
@@ -65,8 +70,21 @@ export function flagsToConfig(f: ServerFlags): ServerConfigInput {
       workersFile: f.workersFile,
       etcdEndpoints: f.etcd,
       prefix: f.discoveryPrefix,
+      options: etcdAuthOptions(f),
     },
   };
+}
+
+/** etcd auth/TLS flags → discovery `options` (read by the etcd backend); undefined when none given. */
+function etcdAuthOptions(f: ServerFlags): Record<string, unknown> | undefined {
+  const o = {
+    username: f.etcdUser,
+    password: f.etcdPassword,
+    caFile: f.etcdCa,
+    certFile: f.etcdCert,
+    keyFile: f.etcdKey,
+  };
+  return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }
 
 export function registerServer(program: Command): void {
@@ -81,6 +99,11 @@ export function registerServer(program: Command): void {
     .option("--workers-file <file>", "JSON/YAML list of partial worker records (static discovery)")
     .option("--etcd <url>", "etcd endpoint (repeatable; env INFERA_ETCD)", collect)
     .option("--discovery-prefix <prefix>", "registry key prefix (default /infera)")
+    .option("--etcd-user <user>", "etcd user (auth); password via --etcd-password or INFERA_ETCD_PASSWORD")
+    .option("--etcd-password <password>", "etcd password")
+    .option("--etcd-ca <file>", "CA certificate (PEM) for TLS to etcd")
+    .option("--etcd-cert <file>", "client certificate (PEM) for mutual TLS to etcd")
+    .option("--etcd-key <file>", "client key (PEM) for mutual TLS to etcd")
     .option("--policy <name>", "routing policy: round-robin | kv-aware (default round-robin)")
     .option("--policy-option <key=value>", "policy option (repeatable), e.g. overlapWeight=1", collect)
     .option("--router <mode>", "auto | mixed | disagg (default auto)")

@@ -97,7 +97,12 @@ export function addEtcdFlags(cmd: Command): Command {
     .option(
       "--etcd-endpoints <list>",
       "comma-separated etcd endpoints",
-      process.env.INFERA_ETCD_ENDPOINTS ?? "http://127.0.0.1:2379",
+      process.env.INFERA_ETCD_ENDPOINTS ?? process.env.INFERA_ETCD ?? "http://127.0.0.1:2379",
+    )
+    .option(
+      "--etcd <url>",
+      "etcd endpoint (repeatable; same as the server's flag; wins over --etcd-endpoints)",
+      collect,
     )
     .option(
       "--etcd-prefix <prefix>",
@@ -111,7 +116,10 @@ export function addEtcdFlags(cmd: Command): Command {
     .option("--etcd-key <file>", "client key (PEM) for mutual TLS");
 }
 
+const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
+
 export interface EtcdFlagValues {
+  etcd?: string[];
   etcdEndpoints?: string;
   etcdPrefix?: string;
   etcdUser?: string;
@@ -123,7 +131,7 @@ export interface EtcdFlagValues {
 
 export function etcdOptionsFromFlags(flags: EtcdFlagValues): EtcdOptions {
   return {
-    endpoints: parseEndpoints(flags.etcdEndpoints),
+    endpoints: parseEndpoints(flags.etcd && flags.etcd.length > 0 ? flags.etcd : flags.etcdEndpoints),
     prefix: flags.etcdPrefix,
     username: flags.etcdUser,
     password: flags.etcdPassword ?? process.env.INFERA_ETCD_PASSWORD,

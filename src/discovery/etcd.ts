@@ -11,9 +11,11 @@ import {
   createEtcdClient,
   type EtcdOptions,
   normalizePrefix,
+  parseEndpoints,
   parseWorkerRecord,
   workersPrefix,
 } from "./etcd-client.ts";
+import type { DiscoveryConfig } from "./index.ts";
 import {
   type DiscoveryEvent,
   type DiscoveryRegistrar,
@@ -348,4 +350,27 @@ export class EtcdRegistrar implements DiscoveryRegistrar {
       this.regranting = false;
     }
   }
+}
+
+/**
+ * The `etcd` line of the discovery factory: endpoints from `etcdEndpoints` (each may be a
+ * comma list; default INFERA_ETCD or 127.0.0.1:2379), auth/TLS from `options`
+ * (`username`, `password`, `caFile`, `certFile`, `keyFile`, `startTimeoutMs`).
+ */
+export function createEtcdWatcherFromConfig(c: DiscoveryConfig, logger: Logger): EtcdWatcher {
+  const o = c.options ?? {};
+  const str = (k: string) => (typeof o[k] === "string" ? (o[k] as string) : undefined);
+  const endpoints = parseEndpoints([...(c.etcdEndpoints ?? [])]);
+  return new EtcdWatcher({
+    endpoints:
+      endpoints.length > 0 ? endpoints : parseEndpoints(process.env.INFERA_ETCD ?? "http://127.0.0.1:2379"),
+    prefix: c.prefix,
+    username: str("username"),
+    password: str("password") ?? process.env.INFERA_ETCD_PASSWORD,
+    caFile: str("caFile"),
+    certFile: str("certFile"),
+    keyFile: str("keyFile"),
+    startTimeoutMs: typeof o.startTimeoutMs === "number" ? o.startTimeoutMs : undefined,
+    logger,
+  });
 }

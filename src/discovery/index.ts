@@ -33,6 +33,7 @@ export const discoveryBackends: Record<string, DiscoveryBackendFactory> = {
   memory: () => new MemoryDiscovery(),
   static: (c, logger) =>
     new StaticDiscovery({ urls: c.workers, workersFile: c.workersFile, records: c.records, logger }),
+  etcd: async (c, logger) => (await import("./etcd.ts")).createEtcdWatcherFromConfig(c, logger),
 };
 
 /** Builds (does not start) the watcher for `config.kind`. */
