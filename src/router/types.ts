@@ -121,6 +121,9 @@ export interface DisaggFactoryContext {
   policy: RoutingPolicy;
   logger: Logger;
   options: Readonly<Record<string, unknown>>;
+  /** Additive: the circuit breaker's inputs (only connection errors and 5xx count), when the server has one. */
+  reportFailure?(worker: WorkerState, kind: "connect" | "reset" | "5xx"): void;
+  reportSuccess?(worker: WorkerState): void;
 }
 
 export type DisaggRouterFactory = (ctx: DisaggFactoryContext) => ModelRouter;

@@ -1,0 +1,17 @@
+/**
+ * Prefill/decode disaggregation for the server's AutoRouter: `createDisaggRouter` is the
+ * `DisaggRouterFactory` it takes. Options come from the factory defaults, overridden by the
+ * AutoRouter context's `options` (`prefillTimeoutMs`, `decodeTimeoutMs`, `pdFallbackMixed`,
+ * `maxPrefillAttempts`, `trackPrefill`).
+ */
+import type { DisaggRouterFactory } from "../types.ts";
+import { type DisaggOptions, DisaggRouter, disaggOptionsFrom } from "./router.ts";
+
+export { pdProtocols, protocolFor } from "./protocols/index.ts";
+export { type DisaggOptions, DisaggRouter } from "./router.ts";
+
+export function makeDisaggRouterFactory(defaults: DisaggOptions = {}): DisaggRouterFactory {
+  return (ctx) => new DisaggRouter(ctx, disaggOptionsFrom(ctx.options, defaults));
+}
+
+export const createDisaggRouter: DisaggRouterFactory = makeDisaggRouterFactory();

@@ -1,0 +1,81 @@
+/**
+ * One PD protocol per connector (engine-protocols.md §4), behind one interface. A protocol is
+ * pure body/param shaping: the DisaggRouter does the I/O (sending, racing, retrying). Serial
+ * protocols (Nixl, MoRIIO read, ATOM) build D's body from P's answer; concurrent ones
+ * (Mooncake, SGLang bootstrap) build both bodies up front and the router fires them together.
+ */
+import type { ConnectorKind, WorkerRecord } from "../../../discovery/types.ts";
+
+export interface PdInput {
+  /** The client's validated body (never mutated). */
+  body: Readonly<Record<string, unknown>>;
+  /** The id both halves carry as `X-Request-Id`. */
+  requestId: string;
+  prefill: WorkerRecord;
+  decode: WorkerRecord;
+  /** What `peerInfo` returned for this P (Mooncake `/query`, ATOM `/kv_transfer_info`). */
+  peer?: Readonly<Record<string, unknown>>;
+}
+
+/** A GET the router makes to P before routing to it (answers are cached per worker). */
+export interface PeerInfoRequest {
+  url: string;
+}
+
+interface ProtocolBase {
+  readonly kind: Exclude<ConnectorKind, "none">;
+  /** P's control endpoint the router must read first, if any. */
+  peerInfo?(prefill: WorkerRecord): PeerInfoRequest;
+  /** The request id both halves get (MoRIIO's newer form embeds both peers' addresses). */
+  requestId?(base: string, prefill: WorkerRecord, decode: WorkerRecord): string;
+}
+
+export interface SerialProtocol extends ProtocolBase {
+  readonly mode: "serial";
+  prefillBody(input: PdInput): Record<string, unknown>;
+  /** D's body from P's answer's top-level `kv_transfer_params`. */
+  decodeBody(input: PdInput, prefillParams: Readonly<Record<string, unknown>>): Record<string, unknown>;
+}
+
+export interface ConcurrentProtocol extends ProtocolBase {
+  readonly mode: "concurrent";
+  bodies(input: PdInput): { prefill: Record<string, unknown>; decode: Record<string, unknown> };
+}
+
+export type PdProtocol = SerialProtocol | ConcurrentProtocol;
+
+function clientKvParams(body: Readonly<Record<string, unknown>>): Record<string, unknown> {
+  const p = body.kv_transfer_params;
+  return p && typeof p === "object" && !Array.isArray(p) ? { ...(p as Record<string, unknown>) } : {};
+}
+
+/**
+ * The prefill half of a serial protocol: `stream: false`, `max_tokens: 1` (and
+ * `max_completion_tokens: 1` when the client set it), `stream_options` and `min_tokens`
+ * removed, and the protocol's `kv_transfer_params` (over any the client sent, e.g. kvd's
+ * `infera_retention`).
+ */
+export function prefillOnlyBody(
+  body: Readonly<Record<string, unknown>>,
+  kvParams: Record<string, unknown>,
+): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...body, stream: false, max_tokens: 1 };
+  if ("max_completion_tokens" in body) out.max_completion_tokens = 1;
+  delete out.stream_options;
+  delete out.min_tokens;
+  out.kv_transfer_params = { ...clientKvParams(body), ...kvParams };
+  return out;
+}
+
+/** The decode half: the client's body unchanged but for `kv_transfer_params`. */
+export function withKvParams(
+  body: Readonly<Record<string, unknown>>,
+  kvParams: Record<string, unknown>,
+): Record<string, unknown> {
+  return { ...body, kv_transfer_params: { ...clientKvParams(body), ...kvParams } };
+}
+
+/** The host other workers reach a worker's side channel on: the record's, else its URL's. */
+export function connectorHost(rec: WorkerRecord): string {
+  return rec.connector.bootstrapHost ?? new URL(rec.url).hostname;
+}
