@@ -1,0 +1,216 @@
+/**
+ * `infera engine sim` as a real process against a real etcd: the record appears within 1 s
+ * of the engine's health, goes at once on SIGTERM and when the engine dies, and within the
+ * lease TTL when the launcher itself is killed with -9.
+ */
+import assert from "node:assert/strict";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { after, before, describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import { EtcdWatcher } from "../../../src/discovery/etcd.ts";
+import { type EtcdHandle, startEtcd } from "../../helpers/etcd.ts";
+import { freePort } from "../../helpers/ports.ts";
+
+const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url));
+
+interface Launched {
+  proc: ChildProcess;
+  port: number;
+  exited: Promise<number | null>;
+  stderr: () => string;
+}
+
+async function waitFor(
+  cond: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string,
+): Promise<void> {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+async function healthy(port: number): Promise<boolean> {
+  try {
+    return (await fetch(`http://127.0.0.1:${port}/health`, { signal: AbortSignal.timeout(300) })).ok;
+  } catch {
+    return false;
+  }
+}
+
+describe("infera engine lifecycle (real etcd, real sim)", () => {
+  let etcd: EtcdHandle;
+  const launched: Launched[] = [];
+  const watchers: EtcdWatcher[] = [];
+  before(async () => {
+    etcd = await startEtcd();
+  });
+  after(async () => {
+    for (const l of launched) {
+      try {
+        process.kill(-(l.proc.pid as number), "SIGKILL");
+      } catch {
+        // already gone
+      }
+    }
+    for (const w of watchers) await w.close();
+    await etcd?.dispose();
+  });
+
+  async function watcher(prefix: string): Promise<EtcdWatcher> {
+    const w = new EtcdWatcher({ endpoints: [etcd.endpoint], prefix });
+    watchers.push(w);
+    await w.start();
+    return w;
+  }
+
+  async function launch(prefix: string, id: string, extra: string[] = []): Promise<Launched> {
+    const port = await freePort();
+    const args = [
+      INFERA,
+      "engine",
+      "sim",
+      "--model",
+      "sim-model",
+      "--worker-id",
+      id,
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--kv-events-port",
+      String(await freePort()),
+      "--kv-events-replay-port",
+      String(await freePort()),
+      "--etcd-endpoints",
+      etcd.endpoint,
+      "--etcd-prefix",
+      prefix,
+      "--lease-ttl",
+      "2",
+      ...extra,
+    ];
+    // Own process group, so the engine it starts can be cleaned up after a kill -9.
+    const proc = spawn(process.execPath, args, {
+      detached: true,
+      stdio: ["ignore", "ignore", "pipe"],
+      env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
+    });
+    let err = "";
+    proc.stderr?.on("data", (d: Buffer) => {
+      err = (err + d.toString()).slice(-8000);
+    });
+    const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
+    const l = { proc, port, exited, stderr: () => err };
+    launched.push(l);
+    return l;
+  }
+
+  const has = (w: EtcdWatcher, id: string) => w.workers().some((r) => r.id === id);
+
+  it("registers within 1 s of health with the engine's facts, and SIGTERM removes it at once", async () => {
+    const w = await watcher("/lc1");
+    const l = await launch("/lc1", "sim-a");
+    await waitFor(() => healthy(l.port), 30_000, `engine health (${l.stderr()})`);
+    const healthyAt = Date.now();
+    await waitFor(() => has(w, "sim-a"), 1000, "record after health");
+    assert.ok(Date.now() - healthyAt <= 1000);
+    const rec = w.workers().find((r) => r.id === "sim-a");
+    assert.equal(rec?.url, `http://127.0.0.1:${l.port}`);
+    assert.equal(rec?.engine, "sim");
+    assert.equal(rec?.role, "mixed");
+    assert.deepEqual(rec?.servedModelNames, ["sim-model"]);
+    assert.equal(rec?.kvEvents?.framing, "seq");
+    assert.match(rec?.kvEvents?.endpoint ?? "", /^tcp:\/\/127\.0\.0\.1:\d+$/);
+    assert.ok((rec?.maxModelLen ?? 0) > 0, "max_model_len read from /v1/models");
+
+    const t0 = Date.now();
+    l.proc.kill("SIGTERM");
+    await waitFor(() => !has(w, "sim-a"), 1000, "record removed on SIGTERM");
+    assert.ok(Date.now() - t0 < 1000);
+    assert.equal(await l.exited, 0, `launcher exits with the engine's status (${l.stderr()})`);
+    assert.equal(await healthy(l.port), false, "engine stopped");
+  });
+
+  it("an engine that dies takes its record with it at once; the launcher exits with its status", async () => {
+    const w = await watcher("/lc2");
+    const l = await launch("/lc2", "sim-b");
+    await waitFor(() => has(w, "sim-b"), 30_000, `record (${l.stderr()})`);
+    const enginePid = Number(
+      execFileSync("ps", ["-o", "pid=", "--ppid", String(l.proc.pid)])
+        .toString()
+        .trim(),
+    );
+    assert.ok(enginePid > 0);
+    const t0 = Date.now();
+    process.kill(enginePid, "SIGKILL");
+    await waitFor(() => !has(w, "sim-b"), 1000, "record removed after engine death");
+    assert.ok(Date.now() - t0 < 1000);
+    assert.equal(await l.exited, 128 + 9);
+  });
+
+  it("kill -9 of the launcher: the record expires within the lease TTL", async () => {
+    const w = await watcher("/lc3");
+    const l = await launch("/lc3", "sim-c");
+    await waitFor(() => has(w, "sim-c"), 30_000, `record (${l.stderr()})`);
+    const t0 = Date.now();
+    l.proc.kill("SIGKILL");
+    await waitFor(() => !has(w, "sim-c"), 4000, "record expiry");
+    // TTL 2 s plus etcd's lease-expiry tick.
+    assert.ok(Date.now() - t0 <= 3500, `expired after ${Date.now() - t0} ms`);
+  });
+
+  it("--discovery none runs the engine without registering; --dry-run prints JSON and exits 0", async () => {
+    const w = await watcher("/lc4");
+    const l = await launch("/lc4", "sim-d", ["--discovery", "none"]);
+    await waitFor(() => healthy(l.port), 30_000, "engine health");
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(has(w, "sim-d"), false);
+    l.proc.kill("SIGINT");
+    assert.equal(await l.exited, 0);
+
+    const out = execFileSync(process.execPath, [
+      INFERA,
+      "engine",
+      "vllm",
+      "--model",
+      "m",
+      "--dry-run",
+      "--engine-bin",
+      "node /x/bin/infera-sim.js",
+      "--",
+      "--foo",
+      "bar",
+    ]).toString();
+    const parsed = JSON.parse(out) as {
+      argv: string[];
+      env: Record<string, string>;
+      record: { engine: string };
+    };
+    assert.deepEqual(parsed.argv.slice(0, 4), ["node", "/x/bin/infera-sim.js", "serve", "m"]);
+    assert.deepEqual(parsed.argv.slice(-2), ["--foo", "bar"]);
+    assert.equal(parsed.record.engine, "vllm");
+  });
+
+  it("a bad flag fails with a clear message and status 2", async () => {
+    let status = 0;
+    let stderr = "";
+    try {
+      execFileSync(
+        process.execPath,
+        [INFERA, "engine", "vllm", "--model", "m", "--role", "decode", "--connector", "sglang"],
+        {
+          stdio: ["ignore", "pipe", "pipe"],
+        },
+      );
+    } catch (err) {
+      const e = err as { status: number; stderr: Buffer };
+      status = e.status;
+      stderr = e.stderr.toString();
+    }
+    assert.equal(status, 2);
+    assert.match(stderr, /connector 'sglang' is not supported/);
+  });
+});
