@@ -144,6 +144,11 @@ export class NatsRequestAgent {
     return this.streams.size;
   }
 
+  /** Per-stream flow-control state (data frames sent vs credit), for tests and debugging. */
+  streamStats(): { sent: number; allowed: number }[] {
+    return [...this.streams.values()].map((s) => ({ sent: s.sent, allowed: s.allowed }));
+  }
+
   async close(): Promise<void> {
     if (this.sweeper) clearInterval(this.sweeper);
     this.reqSub?.unsubscribe();

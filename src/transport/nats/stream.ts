@@ -109,6 +109,7 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
       }
       return;
     }
+    // No responders: the request (or a control frame) reached no agent subscription.
     if (h.code === 503 && msg.data.length === 0) {
       this.unreachable("connect", "no NATS agent subscribed");
       return;
@@ -238,6 +239,9 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
   abort(reason?: Error): void {
     if (this.finished) return;
     this.control(CTL_ABORT, 0);
+    // What is queued is no longer wanted: the next read throws, as an aborted HTTP body does.
+    this.queue.length = 0;
+    this.qHead = 0;
     this.fail(reason ?? new AbortError());
   }
 

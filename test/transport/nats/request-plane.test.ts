@@ -1,0 +1,308 @@
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { WorkerRecord } from "../../../src/discovery/types.ts";
+import { WorkerUnreachableError } from "../../../src/router/errors.ts";
+import type { UpstreamResponse, WorkerState } from "../../../src/router/types.ts";
+import { HttpExecutor } from "../../../src/transport/http.ts";
+import { type NatsRequestAgent, startRequestAgent } from "../../../src/transport/nats/agent.ts";
+import { NatsRequestExecutor } from "../../../src/transport/nats/client.ts";
+import { connectNats } from "../../../src/transport/nats/connection.ts";
+import { requestSubject } from "../../../src/transport/nats/subjects.ts";
+import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
+import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+
+process.env.INFERA_LOG_LEVEL ??= "silent";
+const MODEL = "sim.model/v1";
+
+let nats: NatsServerHandle;
+let sim: SimProcess;
+let ncAgent: NatsConnection;
+let ncClient: NatsConnection;
+let agent: NatsRequestAgent;
+let nexec: NatsRequestExecutor;
+const hexec = new HttpExecutor();
+let worker: WorkerState;
+
+function state(rec: Partial<WorkerRecord> & { id: string; url: string }): WorkerState {
+  const record: WorkerRecord = {
+    model: MODEL,
+    servedModelNames: [MODEL],
+    engine: "sim",
+    role: "mixed",
+    connector: { kind: "none" },
+    blockSize: 16,
+    dpSize: 1,
+    tpSize: 1,
+    maxModelLen: 4096,
+    startedAt: new Date().toISOString(),
+    ...rec,
+  };
+  return { record, inFlight: 0, pendingPrefillTokens: 0, available: true };
+}
+
+before(async () => {
+  nats = await startNats();
+  // Slow enough that a stream lasts long enough to abort it; fast enough for short tests.
+  sim = await startSim({ model: MODEL, args: ["--speed", "5"] });
+  ncAgent = await connectNats({ url: nats.url, name: "agent" });
+  ncClient = await connectNats({ url: nats.url, name: "server" });
+  agent = await startRequestAgent({ nc: ncAgent, engineUrl: sim.url, model: MODEL, workerId: "w1" });
+  nexec = new NatsRequestExecutor({ nc: ncClient, pingMs: 200, acceptTimeoutMs: 500 });
+  worker = state({ id: "w1", url: sim.url, natsSubject: agent.subject });
+});
+
+after(async () => {
+  nexec.close();
+  await agent.close();
+  await hexec.close();
+  await ncAgent.close();
+  await ncClient.close();
+  await sim.stop();
+  await nats.close();
+});
+
+const signal = () => new AbortController().signal;
+
+async function readAll(up: UpstreamResponse): Promise<string> {
+  let s = "";
+  for await (const c of up.body) s += Buffer.from(c).toString("utf8");
+  return s;
+}
+
+/** The content of an SSE stream: deltas, finish reasons and usage, without ids and timestamps. */
+function sseContent(text: string): unknown[] {
+  const out: unknown[] = [];
+  for (const ev of text.split("\n\n")) {
+    if (!ev.startsWith("data: ")) continue;
+    const data = ev.slice(6);
+    if (data === "[DONE]") {
+      out.push("[DONE]");
+      continue;
+    }
+    const j = JSON.parse(data) as { choices: unknown[]; usage?: unknown };
+    out.push({ choices: j.choices, usage: j.usage ?? null });
+  }
+  return out;
+}
+
+test("non-streamed completion over NATS matches HTTP (text and usage)", async () => {
+  const body = { model: MODEL, prompt: "The quick brown fox jumps over", max_tokens: 24, seed: 7 };
+  const viaHttp = await hexec.send(worker, "completion", body, { signal: signal() });
+  const viaNats = await nexec.send(worker, "completion", body, { signal: signal() });
+  assert.equal(viaNats.status, viaHttp.status);
+  assert.match(viaNats.headers["content-type"] ?? "", /application\/json/);
+  const a = (await viaHttp.json()) as { choices: { text: string }[]; usage: unknown };
+  const b = (await viaNats.json()) as { choices: { text: string }[]; usage: unknown };
+  assert.ok(a.choices[0].text.length > 0);
+  assert.deepEqual(b.choices, a.choices);
+  assert.deepEqual(b.usage, a.usage);
+});
+
+test("streamed chat over NATS matches HTTP chunk for chunk", async () => {
+  const body = {
+    model: MODEL,
+    messages: [{ role: "user", content: "Tell me about NATS and HTTP." }],
+    max_tokens: 40,
+    seed: 11,
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  // Separate cache salts, so the second request does not get the first one's prefix-cache hits.
+  const a = sseContent(
+    await readAll(await hexec.send(worker, "chat", { ...body, cache_salt: "http" }, { signal: signal() })),
+  );
+  const up = await nexec.send(
+    worker,
+    "chat",
+    { ...body, cache_salt: "nats" },
+    { signal: signal(), headers: { "x-request-id": "rid-1" } },
+  );
+  assert.equal(up.status, 200);
+  assert.match(up.headers["content-type"] ?? "", /text\/event-stream/);
+  const b = sseContent(await readAll(up));
+  assert.ok(a.length > 40, `chunks: ${a.length}`);
+  assert.deepEqual(b, a);
+  assert.equal(b.at(-1), "[DONE]");
+});
+
+test("engine errors (4xx) come back with their status and body", async () => {
+  const up = await nexec.send(
+    worker,
+    "completion",
+    { model: MODEL, prompt: "x", max_tokens: -3 },
+    { signal: signal() },
+  );
+  const ref = await hexec.send(
+    worker,
+    "completion",
+    { model: MODEL, prompt: "x", max_tokens: -3 },
+    { signal: signal() },
+  );
+  assert.equal(up.status, ref.status);
+  assert.ok(up.status >= 400 && up.status < 500);
+  assert.deepEqual(await up.json(), await ref.json());
+});
+
+async function running(): Promise<number> {
+  return parseMetric(await sim.metrics(), "vllm:num_requests_running") ?? Number.NaN;
+}
+
+async function until(cond: () => Promise<boolean> | boolean, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error("timed out waiting");
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+test("client abort mid-stream cancels the engine request", async () => {
+  const ac = new AbortController();
+  const up = await nexec.send(
+    worker,
+    "chat",
+    { model: MODEL, messages: [{ role: "user", content: "long" }], max_tokens: 3000, stream: true },
+    { signal: ac.signal },
+  );
+  const it = up.body[Symbol.asyncIterator]();
+  await it.next();
+  await until(async () => (await running()) === 1);
+  ac.abort();
+  await assert.rejects(it.next(), { name: "AbortError" });
+  await until(async () => (await running()) === 0, 3000);
+  await until(() => agent.active === 0);
+});
+
+test("abort before the head (non-streamed) cancels the engine request too", async () => {
+  const ac = new AbortController();
+  const p = nexec.send(
+    worker,
+    "completion",
+    { model: MODEL, prompt: "long one", max_tokens: 3000 },
+    { signal: ac.signal },
+  );
+  await until(async () => (await running()) === 1);
+  ac.abort();
+  await assert.rejects(p, { name: "AbortError" });
+  await until(async () => (await running()) === 0, 3000);
+});
+
+test("a consumer that falls behind stops the agent at the credit window", async () => {
+  const small = new NatsRequestExecutor({ nc: ncClient, window: 8, pingMs: 200 });
+  try {
+    const body = {
+      model: MODEL,
+      prompt: "slow reader",
+      max_tokens: 400,
+      seed: 3,
+      stream: true,
+      cache_salt: "fc",
+    };
+    const up = await small.send(worker, "completion", body, { signal: signal() });
+    const it = up.body[Symbol.asyncIterator]();
+    let text = Buffer.from((await it.next()).value as Uint8Array).toString();
+    // Hold off reading while the engine keeps producing.
+    await new Promise((r) => setTimeout(r, 600));
+    const st = agent.streamStats();
+    assert.equal(st.length, 1);
+    assert.ok(st[0].sent <= st[0].allowed, JSON.stringify(st));
+    assert.ok(st[0].allowed <= 1 + 8, `allowed ${st[0].allowed}`);
+    for (let r = await it.next(); !r.done; r = await it.next()) text += Buffer.from(r.value).toString();
+    const ref = await readAll(
+      await hexec.send(worker, "completion", { ...body, cache_salt: "ref" }, { signal: signal() }),
+    );
+    assert.deepEqual(sseContent(text), sseContent(ref));
+  } finally {
+    small.close();
+  }
+});
+
+test("no agent on the subject → WorkerUnreachableError (connect), the router's retry path", async () => {
+  const ghost = state({ id: "ghost", url: "http://127.0.0.1:9" });
+  const t0 = Date.now();
+  await assert.rejects(nexec.send(ghost, "chat", { model: MODEL }, { signal: signal() }), (e: unknown) => {
+    assert.ok(e instanceof WorkerUnreachableError);
+    assert.equal(e.kind, "connect");
+    return true;
+  });
+  assert.ok(Date.now() - t0 < 1000);
+});
+
+test("an agent that stops answering times out into WorkerUnreachableError", async () => {
+  // Something holds the subject but never answers (a hung agent).
+  const subj = requestSubject(MODEL, "hung");
+  const hung = ncAgent.subscribe(subj, { callback: () => {} });
+  const hungCtl = ncAgent.subscribe(`${subj}.ctl`, { callback: () => {} });
+  await ncAgent.flush();
+  try {
+    const t0 = Date.now();
+    await assert.rejects(
+      nexec.send(state({ id: "hung", url: "http://h" }), "chat", { model: MODEL }, { signal: signal() }),
+      (e: unknown) => e instanceof WorkerUnreachableError && e.kind === "connect",
+    );
+    const took = Date.now() - t0;
+    assert.ok(took >= 400 && took < 2500, `took ${took} ms`);
+  } finally {
+    hung.unsubscribe();
+    hungCtl.unsubscribe();
+  }
+});
+
+test("an agent whose engine is down answers WorkerUnreachableError", async () => {
+  const dead = await startRequestAgent({
+    nc: ncAgent,
+    engineUrl: "http://127.0.0.1:9",
+    model: MODEL,
+    workerId: "dead-engine",
+  });
+  try {
+    await assert.rejects(
+      nexec.send(
+        state({ id: "dead-engine", url: "http://127.0.0.1:9" }),
+        "chat",
+        { model: MODEL },
+        { signal: signal() },
+      ),
+      (e: unknown) => e instanceof WorkerUnreachableError && e.kind === "connect",
+    );
+  } finally {
+    await dead.close();
+  }
+});
+
+test("NATS restarted mid-run: clients reconnect and later requests succeed", async () => {
+  const body = { model: MODEL, prompt: "before and after", max_tokens: 8, seed: 1 };
+  const before = (await (await nexec.send(worker, "completion", body, { signal: signal() })).json()) as {
+    choices: unknown;
+  };
+  // A stream in flight while the broker goes away fails (retry is the router's call).
+  const inflight = await nexec.send(
+    worker,
+    "chat",
+    { model: MODEL, messages: [{ role: "user", content: "x" }], max_tokens: 3000, stream: true },
+    { signal: signal() },
+  );
+  const failed = readAll(inflight).then(
+    () => false,
+    () => true,
+  );
+  await nats.restart();
+  assert.equal(await failed, true, "the in-flight stream failed instead of hanging");
+  // Reconnect takes a moment; the first request after it must succeed without retries of ours.
+  await until(() => !ncClient.isClosed() && ncClient.info !== undefined && ncAgent.info !== undefined);
+  let after: { choices: unknown } | undefined;
+  const end = Date.now() + 10_000;
+  while (!after) {
+    try {
+      after = (await (await nexec.send(worker, "completion", body, { signal: signal() })).json()) as {
+        choices: unknown;
+      };
+    } catch (e) {
+      if (!(e instanceof WorkerUnreachableError) || Date.now() > end) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  assert.deepEqual(after.choices, before.choices);
+  // The engine request of the stream cut off by the restart does not linger.
+  await until(async () => (await running()) === 0, 8000);
+});
