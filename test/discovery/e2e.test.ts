@@ -1,0 +1,194 @@
+/**
+ * End to end over a real etcd: `infera engine vllm --engine-bin "node bin/infera-sim.js"`
+ * registers, `infera server --discovery etcd` picks it up and serves it to the official
+ * OpenAI client; through an etcd outage the server keeps serving (and says so in /metrics),
+ * and after it the worker is registered again.
+ */
+import assert from "node:assert/strict";
+import { type ChildProcess, spawn } from "node:child_process";
+import { after, before, describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import { Etcd3 } from "etcd3";
+import OpenAI from "openai";
+import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
+import { freePort } from "../helpers/ports.ts";
+
+const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
+const SIM = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
+
+async function waitFor(
+  cond: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string,
+): Promise<void> {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+function run(args: string[]): { proc: ChildProcess; log: () => string } {
+  const proc = spawn(process.execPath, [INFERA, ...args], {
+    detached: true,
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
+  });
+  let out = "";
+  const keep = (d: Buffer) => {
+    out = (out + d.toString()).slice(-8000);
+  };
+  proc.stdout?.on("data", keep);
+  proc.stderr?.on("data", keep);
+  return { proc, log: () => out };
+}
+
+async function metric(base: string, name: string): Promise<number | undefined> {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`));
+  return line === undefined ? undefined : Number(line.split(" ").pop());
+}
+
+describe("engine launcher + server over etcd (end to end)", () => {
+  let etcd: EtcdHandle;
+  const procs: ChildProcess[] = [];
+  let serverBase = "";
+  let enginePort = 0;
+  const prefix = "/e2e";
+
+  before(async () => {
+    etcd = await startEtcd();
+    enginePort = await freePort();
+    const engine = run([
+      "engine",
+      "vllm",
+      "--engine-bin",
+      `${process.execPath} ${SIM}`,
+      "--model",
+      "sim-model",
+      "--served-model-name",
+      "e2e-model",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(enginePort),
+      "--kv-events-port",
+      String(await freePort()),
+      "--kv-events-replay-port",
+      String(await freePort()),
+      "--discovery",
+      "etcd",
+      "--etcd-endpoints",
+      etcd.endpoint,
+      "--etcd-prefix",
+      prefix,
+      "--lease-ttl",
+      "2",
+    ]);
+    procs.push(engine.proc);
+    const serverPort = await freePort();
+    const server = run([
+      "server",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(serverPort),
+      "--discovery",
+      "etcd",
+      "--etcd",
+      etcd.endpoint,
+      "--discovery-prefix",
+      prefix,
+    ]);
+    procs.push(server.proc);
+    serverBase = `http://127.0.0.1:${serverPort}`;
+    await waitFor(
+      async () => {
+        try {
+          const res = await fetch(`${serverBase}/v1/models`);
+          const body = (await res.json()) as { data?: Array<{ id: string }> };
+          return body.data?.some((m) => m.id === "e2e-model") ?? false;
+        } catch {
+          return false;
+        }
+      },
+      30_000,
+      `the server to list e2e-model (engine: ${engine.log()} server: ${server.log()})`,
+    );
+  });
+
+  after(async () => {
+    for (const p of procs) {
+      try {
+        process.kill(-(p.pid as number), "SIGKILL");
+      } catch {
+        // gone
+      }
+    }
+    await etcd?.dispose();
+  });
+
+  it("serves a chat completion through the server to the registered sim", async () => {
+    const client = new OpenAI({ baseURL: `${serverBase}/v1`, apiKey: "unused", maxRetries: 0 });
+    const res = await client.chat.completions.create({
+      model: "e2e-model",
+      messages: [{ role: "user", content: "hello" }],
+      max_tokens: 5,
+    });
+    assert.equal(res.object, "chat.completion");
+    assert.ok((res.usage?.completion_tokens ?? 0) > 0);
+    const stream = await client.chat.completions.create({
+      model: "e2e-model",
+      messages: [{ role: "user", content: "stream please" }],
+      max_tokens: 4,
+      stream: true,
+    });
+    let chunks = 0;
+    for await (const _ of stream) chunks++;
+    assert.ok(chunks > 0);
+  });
+
+  it("keeps serving through an etcd outage (degraded in /metrics), and the worker is registered again after", async () => {
+    const client = new OpenAI({ baseURL: `${serverBase}/v1`, apiKey: "unused", maxRetries: 0 });
+    await etcd.kill();
+    await waitFor(
+      async () => (await metric(serverBase, "infera_discovery_degraded")) === 1,
+      5000,
+      "degraded gauge",
+    );
+    // Past 2 x TTL: the launcher's lease is given up on the client side and must be re-granted.
+    await new Promise((r) => setTimeout(r, 4500));
+    const during = await client.completions.create({
+      model: "e2e-model",
+      prompt: "still there?",
+      max_tokens: 3,
+    });
+    assert.equal(during.object, "text_completion");
+
+    await etcd.restart();
+    await waitFor(
+      async () => (await metric(serverBase, "infera_discovery_degraded")) === 0,
+      10_000,
+      "restored",
+    );
+    // After the old lease's TTL has surely passed, the record is still (again) in etcd.
+    await new Promise((r) => setTimeout(r, 3000));
+    const raw = new Etcd3({ hosts: etcd.endpoint });
+    try {
+      const values = Object.values(await raw.getAll().prefix(`${prefix}/workers/`).strings());
+      assert.equal(values.length, 1);
+      assert.equal(
+        (JSON.parse(values[0] as string) as { url: string }).url,
+        `http://127.0.0.1:${enginePort}`,
+      );
+    } finally {
+      raw.close();
+    }
+    const afterOutage = await client.completions.create({
+      model: "e2e-model",
+      prompt: "back",
+      max_tokens: 3,
+    });
+    assert.equal(afterOutage.object, "text_completion");
+  });
+});
