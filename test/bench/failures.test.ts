@@ -103,6 +103,34 @@ describe("measurements and limits against a scripted server", () => {
     assert.ok(Array.isArray(body.messages));
   });
 
+  it("multi-turn: 'actual' puts the server's replies in the history, 'standin' keeps fixed filler", async () => {
+    for (const replies of ["actual", "standin"] as const) {
+      const from = s.bodies.length;
+      const r = await runBench({
+        ...base,
+        url: s.url,
+        workload: { kind: "multi-turn", turns: 2, systemLen: 10, replies },
+        requests: 4,
+        concurrency: 4,
+        maxTokens: 5,
+      });
+      assert.equal(r.summary.requests.ok, 4);
+      const bodies = s.bodies.slice(from) as Array<{ messages: Array<{ role: string; content: string }> }>;
+      const second = bodies.filter((b) => b.messages.length === 4);
+      assert.equal(second.length, 2);
+      for (const b of second) {
+        assert.equal(b.messages[2].role, "assistant");
+        if (replies === "actual") assert.equal(b.messages[2].content, "t0 t1 t2 t3 t4 ");
+        else assert.equal(b.messages[2].content.split(" ").length, 5);
+      }
+      // A second turn is only sent after its first turn has finished.
+      for (const x of r.requests.slice(2)) {
+        const prev = r.requests[x.index - 2];
+        assert.ok(x.start_ms >= prev.start_ms + (prev.e2e_ms ?? 0) - 1);
+      }
+    }
+  });
+
   it("non-streamed: TTFT equals e2e", async () => {
     const r = await runBench({
       ...base,
