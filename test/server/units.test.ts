@@ -1,0 +1,183 @@
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, it } from "node:test";
+import { parseSize } from "../../src/cli/server.ts";
+import { MemoryDiscovery } from "../../src/discovery/memory.ts";
+import { completeRecord } from "../../src/discovery/static.ts";
+import { createRoundRobin } from "../../src/router/policies/round-robin.ts";
+import type { RoutingRequest } from "../../src/router/types.ts";
+import { WorkerSet } from "../../src/router/worker-set.ts";
+import { configFromEnv, mergeConfig, resolveServerConfig } from "../../src/server/config.ts";
+import { parseEngineLoad } from "../../src/server/load-scraper.ts";
+import { SseUsageFilter } from "../../src/server/sse.ts";
+import { createLogger } from "../../src/util/log.ts";
+
+const logger = createLogger("test");
+const ev = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
+
+describe("SseUsageFilter", () => {
+  const stream =
+    ev({ choices: [{ delta: { content: "a" } }] }) +
+    ev({ choices: [{ delta: { content: "b" } }] }) +
+    ev({ choices: [], usage: { prompt_tokens: 7, completion_tokens: 2 } }) +
+    "data: [DONE]\n\n";
+
+  function run(strip: boolean, cuts: number[]): { out: string; usage: unknown } {
+    const f = new SseUsageFilter(strip);
+    const buf = Buffer.from(stream);
+    let out = "";
+    let prev = 0;
+    for (const c of [...cuts, buf.length]) {
+      out += f.push(buf.subarray(prev, c)).toString();
+      prev = c;
+    }
+    out += f.flush().toString();
+    return { out, usage: f.usage };
+  }
+
+  it("passes everything through and reads usage when the client asked", () => {
+    for (const cuts of [[], [5], [30, 31, 90, 100, 150], Array.from({ length: 40 }, (_, i) => i * 5)]) {
+      const r = run(false, cuts);
+      assert.equal(r.out, stream);
+      assert.deepEqual(r.usage, { prompt_tokens: 7, completion_tokens: 2 });
+    }
+  });
+
+  it("strips only the usage-only chunk when the server added include_usage", () => {
+    for (const cuts of [[], [17], Array.from({ length: 60 }, (_, i) => i * 3)]) {
+      const r = run(true, cuts);
+      assert.equal(
+        r.out,
+        stream.replace(ev({ choices: [], usage: { prompt_tokens: 7, completion_tokens: 2 } }), ""),
+      );
+      assert.deepEqual(r.usage, { prompt_tokens: 7, completion_tokens: 2 });
+    }
+  });
+});
+
+describe("parseEngineLoad", () => {
+  it("reads vLLM (summing engines), SGLang and ATOM gauges", () => {
+    const vllm = [
+      "# HELP vllm:num_requests_running x",
+      'vllm:num_requests_running{model_name="m",engine="0"} 3',
+      'vllm:num_requests_running{model_name="m",engine="1"} 2',
+      'vllm:num_requests_waiting{model_name="m",engine="0"} 4',
+      'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.5',
+      'vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.25',
+      'vllm:num_requests_running_other{model_name="m"} 99',
+    ].join("\n");
+    const v = parseEngineLoad(vllm, 1)!;
+    assert.deepEqual(v, { running: 5, waiting: 4, kvUsage: 0.375, scrapedAt: 1 });
+    const s = parseEngineLoad(
+      'sglang:num_running_reqs{tp_rank="0"} 1.0\nsglang:num_queue_reqs 2\nsglang:token_usage 0.1\n',
+      2,
+    )!;
+    assert.deepEqual(s, { running: 1, waiting: 2, kvUsage: 0.1, scrapedAt: 2 });
+    const a = parseEngineLoad(
+      "atom:requests_running 6\natom:requests_waiting 0\natom:kv_cache_usage_ratio 0.9 1700000000\n",
+      3,
+    )!;
+    assert.deepEqual(a, { running: 6, waiting: 0, kvUsage: 0.9, scrapedAt: 3 });
+    assert.equal(parseEngineLoad("other_metric 1\n"), null);
+  });
+});
+
+describe("config layers", () => {
+  it("file < env < flags, field by field; workers imply static discovery", () => {
+    const dir = mkdtempSync(join(tmpdir(), "infera-cfg-"));
+    try {
+      const file = join(dir, "c.yaml");
+      writeFileSync(
+        file,
+        "port: 9001\npolicy: kv-aware\nmaxRetries: 5\ndiscovery:\n  workers: [http://127.0.0.1:1]\n",
+      );
+      const saved = { ...process.env };
+      process.env.INFERA_PORT = "9002";
+      process.env.INFERA_API_KEYS = "a, b";
+      try {
+        const c = resolveServerConfig({ port: 9003, policy: undefined }, file);
+        assert.equal(c.port, 9003);
+        assert.equal(c.policy, "kv-aware");
+        assert.equal(c.maxRetries, 5);
+        assert.deepEqual(c.apiKeys, ["a", "b"]);
+        assert.equal(c.discovery.kind, "static");
+        assert.equal(resolveServerConfig({}, file).port, 9002);
+      } finally {
+        process.env = saved;
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    assert.equal(mergeConfig({}).discovery.kind, "memory");
+    assert.equal(
+      mergeConfig({ discovery: { kind: "etcd" } }, { discovery: { workers: ["http://x:1"] } }).discovery.kind,
+      "etcd",
+    );
+    assert.deepEqual(
+      configFromEnv({ INFERA_ETCD: "http://e1:2379,http://e2:2379" }).discovery?.etcdEndpoints,
+      ["http://e1:2379", "http://e2:2379"],
+    );
+    assert.throws(() => mergeConfig({ port: 70000 }));
+    assert.equal(parseSize("4MiB"), 4 * 1024 * 1024);
+    assert.equal(parseSize("512k"), 512 * 1024);
+    assert.equal(parseSize("1000"), 1000);
+  });
+});
+
+describe("WorkerSet circuit breaker and round-robin", () => {
+  const rec = (id: string) =>
+    completeRecord({ id, url: `http://127.0.0.1:1/${id}`, model: "m", servedModelNames: ["m"] });
+
+  it("connect errors open at once, 5xx after the threshold; the half-open probe closes it", async () => {
+    const memory = new MemoryDiscovery([rec("a"), rec("b")]);
+    let healthy = false;
+    let probes = 0;
+    const ws = new WorkerSet(memory, {
+      logger,
+      breaker: { cooldownMs: 20, failureThreshold: 3 },
+      probe: async () => {
+        probes++;
+        return healthy;
+      },
+    });
+    ws.attach();
+    const a = ws.get("a")!;
+    const b = ws.get("b")!;
+    ws.reportFailure(a, "connect");
+    assert.equal(a.available, false);
+    assert.deepEqual(ws.group("m")!.available, [b]);
+    ws.reportFailure(b, "5xx");
+    ws.reportFailure(b, "5xx");
+    ws.reportSuccess(b);
+    ws.reportFailure(b, "5xx");
+    ws.reportFailure(b, "5xx");
+    assert.equal(b.available, true, "successes reset the 5xx streak");
+    ws.reportFailure(b, "5xx");
+    assert.equal(b.available, false);
+    await new Promise((r) => setTimeout(r, 80));
+    assert.ok(probes >= 2, "half-open probes ran");
+    assert.equal(a.available, false);
+    healthy = true;
+    await new Promise((r) => setTimeout(r, 400));
+    assert.equal(a.available, true);
+    assert.equal(b.available, true);
+    assert.equal(a.breaker, "closed");
+    await ws.close();
+  });
+
+  it("round-robin is an exact spread over the candidates", () => {
+    const memory = new MemoryDiscovery([rec("a"), rec("b"), rec("c")]);
+    const ws = new WorkerSet(memory, { logger });
+    ws.attach();
+    const p = createRoundRobin({ logger, options: {} });
+    const counts: Record<string, number> = {};
+    const cands = ws.group("m")!.available;
+    for (let i = 0; i < 300; i++) {
+      const id = p.select({} as RoutingRequest, cands).worker.record.id;
+      counts[id] = (counts[id] ?? 0) + 1;
+    }
+    assert.deepEqual(counts, { a: 100, b: 100, c: 100 });
+  });
+});
