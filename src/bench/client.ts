@@ -76,7 +76,7 @@ export async function sendRequest(
     ok: false,
     error: null,
     error_message: null,
-    start_ms: t0 - runStart,
+    start_ms: us(t0 - runStart),
     ttft_ms: null,
     e2e_ms: null,
     itl_ms: [],
@@ -138,7 +138,7 @@ export async function sendRequest(
         if (piece) {
           const now = performance.now();
           if (rec.chunks === 0) rec.ttft_ms = now - t0;
-          else rec.itl_ms.push(now - last);
+          else rec.itl_ms.push(us(now - last));
           last = now;
           rec.chunks++;
           text += piece;
@@ -162,8 +162,8 @@ export async function sendRequest(
       rec.chunks = 1;
     }
     const end = performance.now();
-    rec.e2e_ms = end - t0;
-    rec.ttft_ms ??= rec.e2e_ms;
+    rec.e2e_ms = us(end - t0);
+    rec.ttft_ms = rec.ttft_ms === null ? rec.e2e_ms : us(rec.ttft_ms);
     const u = usage as Usage | null;
     if (u) {
       rec.usage_reported = true;
@@ -174,7 +174,7 @@ export async function sendRequest(
       rec.completion_tokens = rec.chunks;
     }
     const outTok = rec.completion_tokens ?? 0;
-    if (outTok >= 2) rec.tpot_ms = (rec.e2e_ms - rec.ttft_ms) / (outTok - 1);
+    if (outTok >= 2) rec.tpot_ms = us((rec.e2e_ms - rec.ttft_ms) / (outTok - 1));
     rec.ok = true;
     return { record: rec, text };
   } catch (e) {
@@ -188,6 +188,11 @@ export async function sendRequest(
     clearTimeout(timer);
     signal?.removeEventListener("abort", onCancel);
   }
+}
+
+/** Milliseconds rounded to the microsecond: finer digits are noise and bloat the JSON. */
+function us(ms: number): number {
+  return Math.round(ms * 1000) / 1000;
 }
 
 function chunkText(chunk: Record<string, unknown>, endpoint: Endpoint): string {
