@@ -131,6 +131,19 @@ describe("measurements and limits against a scripted server", () => {
     }
   });
 
+  it("a trace with arrival times is replayed on schedule", async () => {
+    const lines = [0, 100, 300].map((t) =>
+      JSON.stringify({ arrival_ms: t, prompt: "hi there", max_tokens: 2 }),
+    );
+    const r = await runBench({ ...base, url: s.url, workload: { kind: "trace", lines }, concurrency: 8 });
+    assert.equal(r.summary.requests.ok, 3);
+    assert.equal(r.config.rate, null);
+    r.requests.forEach((x, i) => {
+      const due = [0, 100, 300][i];
+      assert.ok(x.start_ms >= due - 1 && x.start_ms < due + 80, `request ${i} sent at ${x.start_ms} ms`);
+    });
+  });
+
   it("non-streamed: TTFT equals e2e", async () => {
     const r = await runBench({
       ...base,
