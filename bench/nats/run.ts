@@ -1,0 +1,211 @@
+/**
+ * NATS request plane vs HTTP, side by side in one run, against the same simulated engine.
+ *
+ *   node --import tsx bench/nats/run.ts [--requests N] [--concurrency C] [--seconds S]
+ *
+ * HTTP: the server's HttpExecutor → sim. NATS: NatsRequestExecutor → nats-server → the agent
+ * (its own process, as under `infera engine`) → HTTP on the agent's host → sim. Measures, per
+ * plane: sequential latency of non-streamed completions and time to first chunk / last chunk
+ * of streamed ones (p50/p99; the NATS figure minus the HTTP one is the added latency), then
+ * throughput at a fixed concurrency (requests/s and SSE chunks/s). The sim runs at a high
+ * --speed so the engine's own time is small next to the transport's.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import type { WorkerRecord } from "../../src/discovery/types.ts";
+import type { RequestExecutor, WorkerState } from "../../src/router/types.ts";
+import { HttpExecutor } from "../../src/transport/http.ts";
+import { NatsRequestExecutor } from "../../src/transport/nats/client.ts";
+import { connectNats } from "../../src/transport/nats/connection.ts";
+import { requestSubject } from "../../src/transport/nats/subjects.ts";
+import { startNats } from "../../test/helpers/nats.ts";
+import { startSim } from "../../test/helpers/sim.ts";
+
+process.env.INFERA_LOG_LEVEL ??= "warn";
+
+function arg(name: string, dflt: number): number {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? Number(process.argv[i + 1]) : dflt;
+}
+const N = arg("requests", 400);
+const CONC = arg("concurrency", 32);
+const SECONDS = arg("seconds", 8);
+const MODEL = "bench-model";
+
+function pct(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+}
+
+/** A fresh signal per request, as the server gives each client request its own. */
+const sig = () => new AbortController().signal;
+
+async function nonStreamed(exec: RequestExecutor, w: WorkerState, i: number): Promise<void> {
+  const up = await exec.send(
+    w,
+    "completion",
+    { model: MODEL, prompt: `request ${i} asks a short question`, max_tokens: 16, seed: i },
+    { signal: sig() },
+  );
+  await up.json();
+}
+
+async function streamed(exec: RequestExecutor, w: WorkerState, i: number): Promise<[number, number, number]> {
+  const t0 = performance.now();
+  const up = await exec.send(
+    w,
+    "completion",
+    { model: MODEL, prompt: `stream ${i} wants tokens`, max_tokens: 64, seed: i, stream: true },
+    { signal: sig() },
+  );
+  let first = 0;
+  let events = 0;
+  for await (const c of up.body) {
+    if (first === 0) first = performance.now() - t0;
+    // SSE events in this chunk ("\n\n"-terminated), whatever the transport's chunking.
+    for (let i = c.indexOf(10); i >= 0 && i < c.length - 1; i = c.indexOf(10, i + 2))
+      if (c[i + 1] === 10) events++;
+  }
+  return [first, performance.now() - t0, events];
+}
+
+interface PlaneResult {
+  plane: string;
+  ns: number[];
+  ttfc: number[];
+  e2e: number[];
+  done: number;
+  events: number;
+  secs: number;
+}
+
+function empty(plane: string): PlaneResult {
+  return { plane, ns: [], ttfc: [], e2e: [], done: 0, events: 0, secs: 0 };
+}
+
+/** Latency: the planes alternate request by request, so machine noise hits both alike. */
+async function latency(planes: [PlaneResult, RequestExecutor][], w: WorkerState): Promise<void> {
+  for (const [, exec] of planes) for (let i = 0; i < 50; i++) await nonStreamed(exec, w, i); // warm-up
+  for (let i = 0; i < N; i++) {
+    for (const [r, exec] of planes) {
+      const t0 = performance.now();
+      await nonStreamed(exec, w, i);
+      r.ns.push(performance.now() - t0);
+    }
+  }
+  for (let i = 0; i < N / 2; i++) {
+    for (const [r, exec] of planes) {
+      const [f, t] = await streamed(exec, w, i);
+      r.ttfc.push(f);
+      r.e2e.push(t);
+    }
+  }
+}
+
+/** Throughput: CONC closed-loop streaming clients for a window; windows alternate between planes. */
+async function throughput(
+  r: PlaneResult,
+  exec: RequestExecutor,
+  w: WorkerState,
+  seconds: number,
+): Promise<void> {
+  const end = performance.now() + seconds * 1000;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: CONC }, async (_, k) => {
+      for (let i = 0; performance.now() < end; i++) {
+        const [, , ev] = await streamed(exec, w, k * 100000 + i);
+        r.done++;
+        r.events += ev;
+      }
+    }),
+  );
+  r.secs += (performance.now() - t0) / 1000;
+}
+
+async function startAgentProc(natsUrl: string, engineUrl: string, workerId: string): Promise<ChildProcess> {
+  const child = spawn(
+    process.execPath,
+    ["--import", "tsx", "bench/nats/agent-proc.ts", natsUrl, engineUrl, MODEL, workerId],
+    { stdio: ["ignore", "pipe", "inherit"], env: process.env },
+  );
+  const rl = createInterface({ input: child.stdout! });
+  await new Promise<void>((resolve, reject) => {
+    rl.on("line", (l) => l === "ready" && resolve());
+    child.once("exit", (c) => reject(new Error(`agent exited ${c}`)));
+  });
+  return child;
+}
+
+async function main(): Promise<void> {
+  const nats = await startNats();
+  const sim = await startSim({ model: MODEL, args: ["--speed", "1000", "--max-num-seqs", "256"] });
+  const agent = await startAgentProc(nats.url, sim.url, "w1");
+  const nc = await connectNats({ url: nats.url, name: "bench-server" });
+  const record: WorkerRecord = {
+    id: "w1",
+    model: MODEL,
+    servedModelNames: [MODEL],
+    engine: "sim",
+    role: "mixed",
+    url: sim.url,
+    connector: { kind: "none" },
+    blockSize: 16,
+    dpSize: 1,
+    tpSize: 1,
+    maxModelLen: 4096,
+    startedAt: new Date().toISOString(),
+    natsSubject: requestSubject(MODEL, "w1"),
+  };
+  const w: WorkerState = { record, inFlight: 0, pendingPrefillTokens: 0, available: true };
+  const http = new HttpExecutor();
+  const natsExec = new NatsRequestExecutor({ nc });
+  try {
+    console.log(
+      `NATS vs HTTP request plane — sim --speed 1000, ${N} sequential non-streamed (16 tok), ` +
+        `${N / 2} sequential streamed (64 tok), then ${CONC} concurrent streams for ${SECONDS}s`,
+    );
+    const h = empty("http");
+    const n = empty("nats");
+    await latency(
+      [
+        [h, http],
+        [n, natsExec],
+      ],
+      w,
+    );
+    for (let round = 0; round < 2; round++) {
+      await throughput(h, http, w, SECONDS / 2);
+      await throughput(n, natsExec, w, SECONDS / 2);
+    }
+    const f = (x: number) => x.toFixed(2).padStart(8);
+    console.log(
+      "plane  | non-stream p50  p99 ms | first chunk p50  p99 ms | last chunk p50  p99 ms | req/s   | SSE events/s",
+    );
+    for (const r of [h, n]) {
+      console.log(
+        `${r.plane.padEnd(6)} | ${f(pct(r.ns, 50))} ${f(pct(r.ns, 99))}     | ${f(pct(r.ttfc, 50))} ${f(pct(r.ttfc, 99))}       | ` +
+          `${f(pct(r.e2e, 50))} ${f(pct(r.e2e, 99))}      | ${(r.done / r.secs).toFixed(0).padStart(7)} | ${(r.events / r.secs).toFixed(0).padStart(8)}`,
+      );
+    }
+    const d = (a: number[], b: number[], p: number) => (pct(b, p) - pct(a, p)).toFixed(2);
+    console.log(
+      `added latency (nats − http): non-stream p50 ${d(h.ns, n.ns, 50)} ms, p99 ${d(h.ns, n.ns, 99)} ms; ` +
+        `first chunk p50 ${d(h.ttfc, n.ttfc, 50)} ms, p99 ${d(h.ttfc, n.ttfc, 99)} ms; ` +
+        `last chunk p50 ${d(h.e2e, n.e2e, 50)} ms`,
+    );
+    console.log(
+      `throughput ratio (nats / http) at ${CONC} streams: requests ${(n.done / n.secs / (h.done / h.secs)).toFixed(2)}×, ` +
+        `SSE events ${(n.events / n.secs / (h.events / h.secs)).toFixed(2)}×`,
+    );
+  } finally {
+    natsExec.close();
+    await http.close();
+    await nc.close();
+    agent.kill("SIGTERM");
+    await sim.stop();
+    await nats.close();
+  }
+}
+
+await main();
