@@ -103,6 +103,8 @@ export class AutoRouter {
         policy,
         logger: this.o.logger.child({ model, router: "disagg" }),
         options: this.o.policyOptions ?? {},
+        reportFailure: (w, kind) => ws.reportFailure(w as LiveWorker, kind),
+        reportSuccess: (w) => ws.reportSuccess(w as LiveWorker),
       });
     }
     if (this.mode === "disagg") throw new InferaError(500, "disaggregated routing is not available");

@@ -5,6 +5,7 @@
 import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import type { Tokenizer } from "../kv/tokenizer.ts";
+import { createDisaggRouter } from "../router/disagg/index.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { Logger } from "../util/log.ts";
@@ -49,5 +50,6 @@ export interface ServerExtensions {
 
 /** One line per built-in extension. */
 export const builtinExtensions: ServerExtensions = {
+  disaggRouterFactory: createDisaggRouter,
   executors: {},
 };

@@ -1,0 +1,259 @@
+/**
+ * Test fixture: xPyD sims speaking one connector, and a real `infera server --discovery
+ * static --workers-file F` child process in front of them, with the official openai client.
+ * The workers file holds partial records with role and connector (host/ports), as an
+ * operator would write it.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import OpenAI from "openai";
+import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
+import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.ts";
+import { freePort } from "../../helpers/ports.ts";
+import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+
+export type PdKind = Exclude<ConnectorKind, "none">;
+
+export interface PdWorker {
+  sim: SimProcess;
+  role: "prefill" | "decode";
+  record: PartialWorkerRecord;
+}
+
+export interface PdCluster {
+  url: string;
+  client: OpenAI;
+  prefills: PdWorker[];
+  decodes: PdWorker[];
+  server: ChildProcess;
+  serverOutput(): string;
+  close(): Promise<void>;
+}
+
+export interface PdClusterOptions {
+  kind: PdKind;
+  prefills?: number;
+  decodes?: number;
+  /** Extra sim flags for every worker (default `--speed 20`). */
+  simArgs?: string[];
+  prefillArgs?: string[];
+  decodeArgs?: string[];
+  /** Extra `infera server` flags. */
+  serverArgs?: string[];
+  /** Extra kv_connector_extra_config for D (e.g. sim_pull_timeout_ms). */
+  decodeExtra?: Record<string, unknown>;
+}
+
+const ROOT = fileURLToPath(new URL("../../../", import.meta.url));
+const BIN = join(ROOT, "bin/infera.js");
+export const MODEL = "sim-model";
+
+/** The connector config a worker of `kind` and `role` is launched with, and what its record says. */
+async function connectorSetup(
+  kind: PdKind,
+  role: "prefill" | "decode",
+  extra: Record<string, unknown>,
+): Promise<{ cfg: Record<string, unknown>; info: ConnectorInfo }> {
+  const host = "127.0.0.1";
+  switch (kind) {
+    case "nixl": {
+      const port = await freePort();
+      return {
+        cfg: {
+          kv_connector: "NixlConnector",
+          kv_role: "kv_both",
+          kv_connector_extra_config: { side_channel_port: port, ...extra },
+        },
+        info: { kind, bootstrapHost: host, bootstrapPort: port },
+      };
+    }
+    case "mooncake": {
+      const port = await freePort();
+      return {
+        cfg: {
+          kv_connector: "MooncakeConnector",
+          kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
+          kv_connector_extra_config: { bootstrap_port: port, ...extra },
+        },
+        info: { kind, bootstrapHost: host, bootstrapPort: port },
+      };
+    }
+    case "moriio": {
+      const [hs, nt] = [await freePort(), await freePort()];
+      return {
+        cfg: {
+          kv_connector: "MoRIIOConnector",
+          kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
+          kv_connector_extra_config: { handshake_port: hs, notify_port: nt, read_mode: true, ...extra },
+        },
+        info: { kind, bootstrapHost: host, handshakePort: hs, notifyPort: nt },
+      };
+    }
+    case "sglang": {
+      const port = await freePort();
+      return {
+        cfg: { kv_connector: "sglang", bootstrap_port: port, kv_connector_extra_config: extra },
+        info: { kind, bootstrapHost: host, bootstrapPort: port },
+      };
+    }
+    case "atom": {
+      const port = await freePort();
+      return {
+        cfg: {
+          kv_connector: "moriio",
+          kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
+          handshake_port: port,
+          kv_connector_extra_config: extra,
+        },
+        info: { kind, bootstrapHost: host, handshakePort: port },
+      };
+    }
+  }
+}
+
+async function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: number): Promise<PdWorker> {
+  const { cfg, info } = await connectorSetup(o.kind, role, role === "decode" ? (o.decodeExtra ?? {}) : {});
+  const sim = await startSim({
+    model: MODEL,
+    args: [
+      "--role",
+      role,
+      "--connector",
+      o.kind,
+      "--kv-transfer-config",
+      JSON.stringify(cfg),
+      "--seed",
+      String(i + 1),
+      ...(o.simArgs ?? ["--speed", "20"]),
+      ...((role === "prefill" ? o.prefillArgs : o.decodeArgs) ?? []),
+    ],
+  });
+  const record: PartialWorkerRecord = {
+    id: `${role}-${i}`,
+    url: sim.url,
+    model: MODEL,
+    servedModelNames: [MODEL],
+    engine: "sim",
+    role,
+    connector: info,
+    blockSize: 16,
+    maxModelLen: 8192,
+  };
+  return { sim, role, record };
+}
+
+export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
+  const nP = o.prefills ?? 1;
+  const nD = o.decodes ?? 1;
+  const [prefills, decodes] = await Promise.all([
+    Promise.all(Array.from({ length: nP }, (_, i) => startWorker(o, "prefill", i))),
+    Promise.all(Array.from({ length: nD }, (_, i) => startWorker(o, "decode", i))),
+  ]);
+  const dir = mkdtempSync(join(tmpdir(), "infera-pd-"));
+  const file = join(dir, "workers.json");
+  writeFileSync(file, JSON.stringify([...prefills, ...decodes].map((w) => w.record)));
+  const port = await freePort();
+  const server = spawn(
+    process.execPath,
+    [
+      BIN,
+      "server",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--discovery",
+      "static",
+      "--workers-file",
+      file,
+      "--scrape-interval",
+      "0",
+      ...(o.serverArgs ?? []),
+    ],
+    { cwd: ROOT, env: { ...process.env, INFERA_LOG_LEVEL: "warn" }, stdio: ["ignore", "pipe", "pipe"] },
+  );
+  let out = "";
+  const keep = (b: Buffer) => {
+    out = (out + b.toString()).slice(-20000);
+  };
+  server.stdout?.on("data", keep);
+  server.stderr?.on("data", keep);
+  const url = `http://127.0.0.1:${port}`;
+  const stopAll = async () => {
+    if (server.exitCode === null && server.signalCode === null) {
+      server.kill("SIGTERM");
+      await new Promise<void>((r) => {
+        const t = setTimeout(() => {
+          server.kill("SIGKILL");
+          r();
+        }, 5000);
+        server.once("exit", () => {
+          clearTimeout(t);
+          r();
+        });
+      });
+    }
+    await Promise.all([...prefills, ...decodes].map((w) => w.sim.stop()));
+    rmSync(dir, { recursive: true, force: true });
+  };
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    if (server.exitCode !== null) {
+      await stopAll();
+      throw new Error(`infera server exited: ${out}`);
+    }
+    try {
+      const r = await fetch(`${url}/ready`);
+      if (r.ok) break;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) {
+      await stopAll();
+      throw new Error(`infera server not ready: ${out}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return {
+    url,
+    client: new OpenAI({ baseURL: `${url}/v1`, apiKey: "none", maxRetries: 0 }),
+    prefills,
+    decodes,
+    server,
+    serverOutput: () => out,
+    close: stopAll,
+  };
+}
+
+export interface PromptSources {
+  local: number;
+  external: number;
+  hit: number;
+}
+
+/** vllm:prompt_tokens_by_source_total of one sim. */
+export async function promptSources(sim: SimProcess): Promise<PromptSources> {
+  const m = await sim.metrics();
+  const get = (source: string) => parseMetric(m, "vllm:prompt_tokens_by_source_total", { source }) ?? 0;
+  return { local: get("local_compute"), external: get("external_kv_transfer"), hit: get("local_cache_hit") };
+}
+
+export async function metric(sim: SimProcess, name: string, labels: Record<string, string> = {}) {
+  return parseMetric(await sim.metrics(), name, labels) ?? 0;
+}
+
+export async function waitFor(pred: () => Promise<boolean>, ms = 5000, what = "condition"): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await pred())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+/** A long-ish prompt unique per `tag` (so prefix caches do not hide recomputation). */
+export function longPrompt(tag: string, repeat = 10): string {
+  return `[${tag}] ${"Disaggregated serving moves the prompt's KV from the prefill worker to the decode worker. ".repeat(repeat)}`;
+}
