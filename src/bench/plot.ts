@@ -21,7 +21,8 @@ export function lineChart(
   const H = 360;
   const m = { l: 70, r: 20, t: 36, b: 48 };
   const all = series.flatMap((s) => s.points);
-  const tx = (x: number) => (logX ? Math.log10(Math.max(x, 1e-3)) : x);
+  // Log axes clamp at 0.01 ms: chunks that arrive in one read have a gap of ~0.
+  const tx = (x: number) => (logX ? Math.log10(Math.max(x, 0.01)) : x);
   let x0 = Math.min(...all.map((p) => tx(p[0])));
   let x1 = Math.max(...all.map((p) => tx(p[0])));
   let y1 = Math.max(...all.map((p) => p[1]));

@@ -158,8 +158,11 @@ export async function runBench(opts: BenchOptions): Promise<BenchResult> {
 
   const runOne = async (req: BenchRequest, at: number): Promise<void> => {
     try {
-      const wait = at - (performance.now() - runStart);
-      if (wait > 0 && !stopped) await sleep(wait, undefined, { signal: waitAc.signal }).catch(() => {});
+      // Timers may fire up to ~1 ms early against performance.now(): sleep until really due.
+      for (let wait = at - (performance.now() - runStart); wait > 0 && !stopped; ) {
+        await sleep(Math.ceil(wait), undefined, { signal: waitAc.signal }).catch(() => {});
+        wait = at - (performance.now() - runStart);
+      }
       if (req.after !== undefined) await finished.get(req.after);
       if (stopped) return;
       await sem.acquire();

@@ -144,6 +144,23 @@ describe("measurements and limits against a scripted server", () => {
     });
   });
 
+  it("sends the API key, extra body fields and ignore_eos", async () => {
+    const r = await runBench({
+      ...base,
+      url: `${s.url}/v1/`,
+      requests: 1,
+      concurrency: 1,
+      apiKey: "sk-test",
+      ignoreEos: true,
+      extraBody: { cache_salt: "tenant-a" },
+    });
+    assert.equal(r.summary.requests.ok, 1);
+    assert.equal(s.auth[s.auth.length - 1], "Bearer sk-test");
+    const body = s.bodies[s.bodies.length - 1];
+    assert.equal(body.cache_salt, "tenant-a");
+    assert.equal(body.ignore_eos, true);
+  });
+
   it("non-streamed: TTFT equals e2e", async () => {
     const r = await runBench({
       ...base,

@@ -11,6 +11,8 @@ export interface FakeServer {
   url: string;
   /** Bodies received, in order. */
   bodies: Array<Record<string, unknown>>;
+  /** Authorization header of each request, in order. */
+  auth: Array<string | undefined>;
   close(): Promise<void>;
 }
 
@@ -19,6 +21,7 @@ export async function startFake(
   opts: { chunks?: number; gapMs?: number; promptTokens?: number; cachedTokens?: number } = {},
 ): Promise<FakeServer> {
   const bodies: Array<Record<string, unknown>> = [];
+  const auth: Array<string | undefined> = [];
   const chunks = opts.chunks ?? 4;
   const gap = opts.gapMs ?? 5;
   const handle = async (req: IncomingMessage, res: ServerResponse) => {
@@ -27,6 +30,7 @@ export async function startFake(
     const body = JSON.parse(raw) as Record<string, unknown>;
     const n = bodies.length;
     bodies.push(body);
+    auth.push(req.headers.authorization);
     const m = typeof mode === "function" ? mode(n) : mode;
     if (m === "500") {
       res.writeHead(500, { "content-type": "application/json" });
@@ -90,6 +94,7 @@ export async function startFake(
   return {
     url: `http://127.0.0.1:${port}`,
     bodies,
+    auth,
     close: () =>
       new Promise<void>((r) => {
         server.closeAllConnections();
