@@ -13,7 +13,10 @@ import { buildWorkload, type WorkloadSpec } from "./workloads/index.ts";
 export interface BenchOptions {
   url: string;
   model: string;
-  /** A workload to build (seeded), or a ready request list (e.g. from another benchmark). */
+  /**
+   * A workload to build (seeded), or a ready request list (e.g. from another benchmark). In a list,
+   * each request's `index` should be its position: `after` and `replyRefs` refer to positions.
+   */
   workload: WorkloadSpec | readonly BenchRequest[];
   /** Number of requests; default: all of a given list, else 100. */
   requests?: number;
