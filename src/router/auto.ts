@@ -62,6 +62,11 @@ export class AutoRouter {
     return router;
   }
 
+  /** Whether a live worker serves the model name. */
+  knows(model: string): boolean {
+    return this.o.workers.group(model) !== undefined;
+  }
+
   /** Which kind of router a model gets now (for /v1/workers and tests). */
   kindFor(model: string): "mixed" | "disagg" | null {
     try {

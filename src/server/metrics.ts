@@ -10,6 +10,13 @@ import type { WorkerSet } from "../router/worker-set.ts";
 const LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 const ITL_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5];
 
+export interface ModelMetrics {
+  ttft: { observe(v: number): void };
+  itl: { observe(v: number): void };
+  promptTokens: { inc(v: number): void };
+  completionTokens: { inc(v: number): void };
+}
+
 export class ServerMetrics {
   readonly registry = new Registry();
   readonly requests: Counter<"model" | "endpoint" | "status">;
@@ -121,6 +128,23 @@ export class ServerMetrics {
         this.set(workers.degraded ? 1 : 0);
       },
     });
+  }
+
+  private readonly perModel = new Map<string, ModelMetrics>();
+
+  /** Label children of one model, cached: the hot path skips prom-client's label hashing. */
+  forModel(model: string): ModelMetrics {
+    let m = this.perModel.get(model);
+    if (!m) {
+      m = {
+        ttft: this.ttft.labels(model),
+        itl: this.itl.labels(model),
+        promptTokens: this.promptTokens.labels(model),
+        completionTokens: this.completionTokens.labels(model),
+      };
+      this.perModel.set(model, m);
+    }
+    return m;
   }
 
   onDecision = (_model: string, policy: string, router: string, sel: Selection): void => {

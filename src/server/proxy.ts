@@ -89,8 +89,9 @@ export async function handleCompletion(
       ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, controller.signal)
       : await relayWhole(res, up, requestId, controller.signal);
     if (usage) {
-      if (usage.prompt_tokens) ctx.metrics.promptTokens.inc({ model }, usage.prompt_tokens);
-      if (usage.completion_tokens) ctx.metrics.completionTokens.inc({ model }, usage.completion_tokens);
+      const mm = ctx.metrics.forModel(model);
+      if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
+      if (usage.completion_tokens) mm.completionTokens.inc(usage.completion_tokens);
     }
     ctx.metrics.requests.inc({ model, endpoint: endpointLabel, status: String(up.status) });
     ctx.metrics.e2e.observe({ model, endpoint: endpointLabel }, (performance.now() - started) / 1000);
@@ -103,7 +104,9 @@ export async function handleCompletion(
     const status = (err as { status?: number }).status ?? 500;
     if (status >= 500 && !(err as { code?: string }).code)
       ctx.logger.error({ err, requestId }, "request failed");
-    ctx.metrics.requests.inc({ model, endpoint: endpointLabel, status: String(status) });
+    // Label only models the fleet knows, so arbitrary client strings cannot grow the series.
+    const known = model !== "" && ctx.router.knows(model);
+    ctx.metrics.requests.inc({ model: known ? model : "", endpoint: endpointLabel, status: String(status) });
     sendError(res, err, requestId);
     // A refused upload may still be arriving; drop it rather than parse it.
     if (status === 413) req.resume();
@@ -153,15 +156,16 @@ async function relayStream(
     "cache-control": "no-cache",
     "x-request-id": requestId,
   });
-  res.flushHeaders();
+  // No flushHeaders(): the headers leave with the first chunk, in one write.
+  const mm = ctx.metrics.forModel(model);
   const filter = up.status === 200 ? new SseUsageFilter(stripUsage) : null;
   let last = 0;
   try {
     for await (const chunk of up.body) {
       if (signal.aborted) break;
       const now = performance.now();
-      if (last === 0) ctx.metrics.ttft.observe({ model }, (now - started) / 1000);
-      else ctx.metrics.itl.observe({ model }, (now - last) / 1000);
+      if (last === 0) mm.ttft.observe((now - started) / 1000);
+      else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
       if (out.length > 0 && !res.write(out)) await drained(res);

@@ -74,29 +74,27 @@ export class SseUsageFilter {
 
 const EMPTY = Buffer.alloc(0);
 
+const PROMPT_RE = /"prompt_tokens"\s*:\s*(\d+)/;
+const COMPLETION_RE = /"completion_tokens"\s*:\s*(\d+)/;
+
+/**
+ * Token counts of a usage-bearing event. A regex over the `"usage"` tail instead of a full
+ * JSON.parse: the chunk is forwarded as bytes anyway, only two numbers are wanted.
+ */
 function parseUsage(ev: Buffer): Usage | null {
-  const text = ev.toString("utf8");
-  for (const line of text.split("\n")) {
-    if (!line.startsWith("data:")) continue;
-    const data = line.slice(5).trim();
-    if (!data.startsWith("{")) continue;
-    try {
-      const obj = JSON.parse(data) as { usage?: Usage | null };
-      if (obj.usage && typeof obj.usage === "object") return obj.usage;
-    } catch {
-      // Not JSON: pass it through untouched; usage stays unknown.
-    }
-  }
-  return null;
+  const at = ev.indexOf(USAGE);
+  if (at < 0) return null;
+  const tail = ev.toString("latin1", at);
+  const p = PROMPT_RE.exec(tail);
+  const c = COMPLETION_RE.exec(tail);
+  if (!p && !c) return null;
+  return {
+    prompt_tokens: p ? Number(p[1]) : undefined,
+    completion_tokens: c ? Number(c[1]) : undefined,
+  };
 }
 
 /** Reads usage from a whole (non-streamed) JSON answer. */
 export function usageFromJson(buf: Buffer): Usage | null {
-  if (buf.indexOf(USAGE) < 0) return null;
-  try {
-    const obj = JSON.parse(buf.toString("utf8")) as { usage?: Usage | null };
-    return obj.usage && typeof obj.usage === "object" ? obj.usage : null;
-  } catch {
-    return null;
-  }
+  return parseUsage(buf);
 }
