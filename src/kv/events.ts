@@ -8,7 +8,9 @@
  * accepted at both levels. Decoding never throws: bad input yields a `DecodeError` value.
  */
 import { Unpackr } from "msgpackr";
+import { type FastDecoders, fastDecodeBatch } from "./fast-batch.ts";
 import { hashString } from "./hash.ts";
+import { unpackValue } from "./msgpack-read.ts";
 
 /**
  * An engine block hash normalised to a number: ints as they are (uint64 above 2^53 rounded to
@@ -141,82 +143,134 @@ const FIELDS: Record<string, string[]> = {
   BlockTransferred: ["block_hashes", "from_medium", "to_medium", "group_idx"],
 };
 
-/** Turns a positional `[tag, ...fields]` event into the map form. */
-function fieldsOf(raw: unknown): Record<string, unknown> | null {
-  if (Array.isArray(raw)) {
-    const tag = str(raw[0]);
-    if (tag === null) return null;
-    const names = FIELDS[tag];
-    if (!names) return { type: tag };
-    const obj: Record<string, unknown> = { type: tag };
-    for (let i = 0; i < names.length; i++) obj[names[i]] = raw[i + 1];
-    return obj;
+/** Field names of each tag, in positional order (engine-protocols.md §3). */
+export const EVENT_FIELDS: Readonly<Record<string, readonly string[]>> = FIELDS;
+
+function blockStored(
+  hashesRaw: unknown,
+  parentRaw: unknown,
+  tokenIds: unknown,
+  bsRaw: unknown,
+  loraId: unknown,
+  medium: unknown,
+  loraName: unknown,
+  extraKeys: unknown,
+  groupIdx: unknown,
+): BlockStored | null {
+  const blockHashes = hashList(hashesRaw);
+  if (!blockHashes || !Array.isArray(tokenIds)) return null;
+  for (let i = 0; i < tokenIds.length; i++) if (typeof tokenIds[i] !== "number") return null;
+  let parent: EngineHash | null = null;
+  if (parentRaw != null) {
+    parent = normaliseHash(parentRaw);
+    if (parent === null) return null;
   }
-  if (raw !== null && typeof raw === "object" && !(raw instanceof Uint8Array)) {
-    const obj = raw as Record<string, unknown>;
-    const tag = str(obj.type ?? obj.tag);
-    return tag === null ? null : { ...obj, type: tag };
-  }
-  return null;
+  const bs = int(bsRaw);
+  const blockSize =
+    bs !== null && bs > 0 ? bs : blockHashes.length > 0 ? tokenIds.length / blockHashes.length : 0;
+  if (!Number.isInteger(blockSize) || blockSize <= 0) return null;
+  return {
+    type: "BlockStored",
+    blockHashes,
+    parentBlockHash: parent,
+    tokenIds: tokenIds as number[],
+    blockSize,
+    loraId: int(loraId),
+    medium: str(medium),
+    loraName: str(loraName),
+    extraKeys: extraKeys ?? null,
+    groupIdx: int(groupIdx),
+  };
+}
+
+function blockRemoved(hashesRaw: unknown, medium: unknown, groupIdx: unknown): BlockRemoved | null {
+  const blockHashes = hashList(hashesRaw);
+  if (!blockHashes) return null;
+  return { type: "BlockRemoved", blockHashes, medium: str(medium), groupIdx: int(groupIdx) };
+}
+
+function blockTransferred(
+  hashesRaw: unknown,
+  from: unknown,
+  to: unknown,
+  groupIdx: unknown,
+): BlockTransferred | null {
+  const blockHashes = hashList(hashesRaw);
+  if (!blockHashes) return null;
+  return {
+    type: "BlockTransferred",
+    blockHashes,
+    fromMedium: str(from),
+    toMedium: str(to),
+    groupIdx: int(groupIdx),
+  };
 }
 
 /** Decodes one event (either encoding); null when it is not a known, well-formed event. */
 export function decodeEvent(raw: unknown): KvEvent | null {
-  const f = fieldsOf(raw);
-  if (!f) return null;
-  switch (f.type) {
-    case "BlockStored": {
-      const blockHashes = hashList(f.block_hashes);
-      const tokenIds = f.token_ids;
-      if (!blockHashes || !Array.isArray(tokenIds)) return null;
-      for (let i = 0; i < tokenIds.length; i++) if (typeof tokenIds[i] !== "number") return null;
-      const parent = f.parent_block_hash == null ? null : normaliseHash(f.parent_block_hash);
-      if (f.parent_block_hash != null && parent === null) return null;
-      const bs = int(f.block_size);
-      const blockSize =
-        bs !== null && bs > 0 ? bs : blockHashes.length > 0 ? tokenIds.length / blockHashes.length : 0;
-      if (!Number.isInteger(blockSize) || blockSize <= 0) return null;
-      return {
-        type: "BlockStored",
-        blockHashes,
-        parentBlockHash: parent,
-        tokenIds: tokenIds as number[],
-        blockSize,
-        loraId: int(f.lora_id),
-        medium: str(f.medium),
-        loraName: str(f.lora_name),
-        extraKeys: f.extra_keys ?? null,
-        groupIdx: int(f.group_idx),
-      };
+  if (Array.isArray(raw)) {
+    // Positional: read fields by index, no intermediate object (the hot path).
+    switch (str(raw[0])) {
+      case "BlockStored":
+        return blockStored(raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], raw[8], raw[9]);
+      case "BlockRemoved":
+        return blockRemoved(raw[1], raw[2], raw[3]);
+      case "AllBlocksCleared":
+        return { type: "AllBlocksCleared" };
+      case "BlockTransferred":
+        return blockTransferred(raw[1], raw[2], raw[3], raw[4]);
+      default:
+        return null;
     }
-    case "BlockRemoved": {
-      const blockHashes = hashList(f.block_hashes);
-      if (!blockHashes) return null;
-      return { type: "BlockRemoved", blockHashes, medium: str(f.medium), groupIdx: int(f.group_idx) };
-    }
+  }
+  if (raw === null || typeof raw !== "object" || raw instanceof Uint8Array) return null;
+  const f = raw as Record<string, unknown>;
+  switch (str(f.type ?? f.tag)) {
+    case "BlockStored":
+      return blockStored(
+        f.block_hashes,
+        f.parent_block_hash,
+        f.token_ids,
+        f.block_size,
+        f.lora_id,
+        f.medium,
+        f.lora_name,
+        f.extra_keys,
+        f.group_idx,
+      );
+    case "BlockRemoved":
+      return blockRemoved(f.block_hashes, f.medium, f.group_idx);
     case "AllBlocksCleared":
       return { type: "AllBlocksCleared" };
-    case "BlockTransferred": {
-      const blockHashes = hashList(f.block_hashes);
-      if (!blockHashes) return null;
-      return {
-        type: "BlockTransferred",
-        blockHashes,
-        fromMedium: str(f.from_medium),
-        toMedium: str(f.to_medium),
-        groupIdx: int(f.group_idx),
-      };
-    }
+    case "BlockTransferred":
+      return blockTransferred(f.block_hashes, f.from_medium, f.to_medium, f.group_idx);
     default:
       return null;
   }
 }
 
+function unpackPayload(payload: Uint8Array): unknown {
+  try {
+    return unpackValue(payload);
+  } catch {
+    // Whatever the fast reader does not handle (or rejects) gets a second opinion from msgpackr.
+    return unpackr.unpack(payload);
+  }
+}
+
+const fast: FastDecoders = { decodeEvent, blockStored, int };
+
 /** Decodes an `EventBatch` payload. */
 export function decodeBatch(payload: Uint8Array): EventBatch | DecodeError {
+  try {
+    const b = fastDecodeBatch(payload, fast);
+    if (b) return b;
+  } catch {
+    // fall through to the general decoder, which says what is wrong
+  }
   let raw: unknown;
   try {
-    raw = unpackr.unpack(payload);
+    raw = unpackPayload(payload);
   } catch (err) {
     return { error: `msgpack: ${(err as Error).message}` };
   }

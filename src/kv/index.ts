@@ -157,10 +157,10 @@ export class KvIndex {
             if (old !== rh) {
               w.blocks.delete(old);
               w.blocks.add(rh);
-              w.engine.set(eh, rh);
+              w.engine.setAt(slot, rh);
             }
           } else {
-            w.engine.set(eh, rh);
+            w.engine.insertNew(eh, rh);
             w.blocks.add(rh);
           }
           parent = rh;

@@ -177,6 +177,18 @@ export class F64U32Map {
     return true;
   }
 
+  /** Inserts a key known to be absent (after a failed `find`), skipping the second probe. */
+  insertNew(key: number, value: number): void {
+    if (this.size + 1 > this.keys.length * MAX_LOAD) this.resize(this.keys.length * 2);
+    this.place(key, value);
+    this.size++;
+  }
+
+  /** Overwrites the value at `slot` (from `find`). */
+  setAt(slot: number, value: number): void {
+    this.vals[slot] = value;
+  }
+
   /** Removes the key at `slot` (from `find`). */
   deleteAt(slot: number): void {
     const keys = this.keys;

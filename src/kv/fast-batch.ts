@@ -1,0 +1,70 @@
+/**
+ * The hot path of KV event decoding: reads a positional `EventBatch` straight from the msgpack
+ * bytes into events, without first building generic arrays for each event. Anything unusual
+ * (map-encoded events, other tags) goes through the general `decodeEvent`, and a payload this
+ * reader rejects is handed back to the general decoder by the caller.
+ */
+import type { EventBatch, KvEvent } from "./events.ts";
+import { MsgpackReader } from "./msgpack-read.ts";
+
+export interface FastDecoders {
+  decodeEvent(raw: unknown): KvEvent | null;
+  blockStored(
+    hashes: unknown,
+    parent: unknown,
+    tokenIds: unknown,
+    bs: unknown,
+    loraId: unknown,
+    medium: unknown,
+    loraName: unknown,
+    extraKeys: unknown,
+    groupIdx: unknown,
+  ): KvEvent | null;
+  int(v: unknown): number | null;
+}
+
+/** Throws (RangeError) on malformed msgpack; returns null when the batch is not an array. */
+export function fastDecodeBatch(payload: Uint8Array, d: FastDecoders): EventBatch | null {
+  const r = new MsgpackReader(payload);
+  const n = r.arrayHeader();
+  if (n < 2) return null;
+  const ts = r.read();
+  const m = r.arrayHeader();
+  if (m < 0) return null;
+  const events: KvEvent[] = [];
+  let skipped = 0;
+  for (let e = 0; e < m; e++) {
+    const c = r.arrayHeader();
+    let ev: KvEvent | null;
+    if (c < 0) ev = d.decodeEvent(r.read());
+    else if (c === 0) ev = null;
+    else {
+      const tag = r.read();
+      if (tag === "BlockStored" && c >= 4) {
+        const hashes = r.read();
+        const parent = r.read();
+        const tokens = r.numberArray();
+        const bs = c > 4 ? r.read() : null;
+        const loraId = c > 5 ? r.read() : null;
+        const medium = c > 6 ? r.read() : null;
+        const loraName = c > 7 ? r.read() : null;
+        const extraKeys = c > 8 ? r.read() : null;
+        const groupIdx = c > 9 ? r.read() : null;
+        for (let i = 10; i < c; i++) r.read();
+        ev = tokens
+          ? d.blockStored(hashes, parent, tokens, bs, loraId, medium, loraName, extraKeys, groupIdx)
+          : null;
+      } else {
+        const raw: unknown[] = [tag];
+        for (let i = 1; i < c; i++) raw.push(r.read());
+        ev = d.decodeEvent(raw);
+      }
+    }
+    if (ev) events.push(ev);
+    else skipped++;
+  }
+  const dp = n > 2 ? r.read() : null;
+  for (let i = 3; i < n; i++) r.read();
+  if (!r.done) throw new RangeError("msgpack: trailing bytes after the batch");
+  return { ts: typeof ts === "number" ? ts : 0, events, dpRank: d.int(dp), skipped };
+}
