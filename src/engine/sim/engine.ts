@@ -62,6 +62,7 @@ export class SimEngine {
     if (seq.isFinished) return;
     this.scheduler.abort(seq);
     this.flushEvents();
+    this.kick();
   }
 
   /** Publishes what the pool did since the last flush (one batch). */
@@ -85,7 +86,8 @@ export class SimEngine {
     for (const seq of [...this.scheduler.running, ...this.scheduler.waiting]) this.scheduler.abort(seq);
   }
 
-  private kick(): void {
+  /** Starts stepping if idle (new work, or blocks were freed). */
+  kick(): void {
     if (this.timer || this.plan) return;
     this.stepEndMs = performance.now();
     this.timer = setTimeout(this.onTimer, 0);
@@ -103,7 +105,11 @@ export class SimEngine {
       if (this.closed) return;
       this.plan = this.scheduler.schedule();
       this.flushEvents();
-      if (!this.plan) return;
+      if (!this.plan) {
+        // Work that cannot be admitted yet (blocks held for PD pulls): look again shortly.
+        if (this.scheduler.hasWork) this.timer = setTimeout(this.onTimer, 10);
+        return;
+      }
       const sec = stepSeconds(this.cfg.profile, this.plan.shape);
       this.simSeconds += sec;
       this.steps++;

@@ -85,6 +85,7 @@ export class SimKvHostImpl implements SimKvHost {
       map.delete(requestId);
       clearTimeout(e.timer);
       this.engine.pool.free(e.blockIds);
+      this.engine.kick();
     }
   }
 

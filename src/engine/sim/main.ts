@@ -1,3 +1,5 @@
+import { writeFileSync } from "node:fs";
+import { Session } from "node:inspector/promises";
 import { createLogger } from "../../util/log.ts";
 import { parseSimArgs, SIM_HELP } from "./args.ts";
 import { startWithConfig } from "./server.ts";
@@ -27,6 +29,15 @@ export async function simMain(argv: string[]): Promise<void> {
     process.exitCode = 1;
     return;
   }
+  // INFERA_SIM_CPU_PROF=FILE: write a V8 CPU profile of this process on stop (for bench/sim-cpu).
+  const profFile = process.env.INFERA_SIM_CPU_PROF;
+  let profiler: Session | null = null;
+  if (profFile) {
+    profiler = new Session();
+    profiler.connect();
+    await profiler.post("Profiler.enable");
+    await profiler.post("Profiler.start");
+  }
   let stopping = false;
   const stop = (signal: string): void => {
     if (stopping) return;
@@ -34,10 +45,18 @@ export async function simMain(argv: string[]): Promise<void> {
     log.info({ signal }, "sim engine stopping");
     const force = setTimeout(() => process.exit(0), 5000);
     force.unref();
-    handle.close().then(
-      () => process.exit(0),
-      () => process.exit(0),
-    );
+    const saveProfile = async (): Promise<void> => {
+      if (!profiler || !profFile) return;
+      const { profile } = await profiler.post("Profiler.stop");
+      writeFileSync(profFile, JSON.stringify(profile));
+    };
+    saveProfile()
+      .catch(() => undefined)
+      .then(() => handle.close())
+      .then(
+        () => process.exit(0),
+        () => process.exit(0),
+      );
   };
   process.on("SIGTERM", () => stop("SIGTERM"));
   process.on("SIGINT", () => stop("SIGINT"));

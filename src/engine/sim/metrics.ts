@@ -22,6 +22,43 @@ const E2E_BUCKETS = [
 ];
 
 /**
+ * A histogram observed on the per-token hot path: a bucket scan and two adds, no label
+ * hashing. Rendered in Prometheus text by hand and appended to the registry's output.
+ */
+class FastHistogram {
+  private readonly counts: Float64Array;
+  private sum = 0;
+  private count = 0;
+  constructor(
+    private readonly name: string,
+    private readonly help: string,
+    private readonly buckets: number[],
+    private readonly labels: string,
+  ) {
+    this.counts = new Float64Array(buckets.length);
+  }
+  observe(v: number): void {
+    const b = this.buckets;
+    let i = 0;
+    while (i < b.length && v > b[i]) i++;
+    if (i < b.length) this.counts[i]++;
+    this.sum += v;
+    this.count++;
+  }
+  text(): string {
+    let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} histogram\n`;
+    let cum = 0;
+    for (let i = 0; i < this.buckets.length; i++) {
+      cum += this.counts[i];
+      out += `${this.name}_bucket{le="${this.buckets[i]}",${this.labels}} ${cum}\n`;
+    }
+    out += `${this.name}_bucket{le="+Inf",${this.labels}} ${this.count}\n`;
+    out += `${this.name}_sum{${this.labels}} ${this.sum}\n${this.name}_count{${this.labels}} ${this.count}\n`;
+    return out;
+  }
+}
+
+/**
  * vLLM's Prometheus metrics (names, labels `model_name` and `engine`), one Registry per
  * engine. Gauges are read at scrape time; counters and histograms move as requests progress.
  */
@@ -35,7 +72,9 @@ export class SimMetrics implements SchedulerObserver {
   private readonly preemptions: Counter;
   private readonly success: Record<string, Counter>;
   private readonly ttft: Histogram;
-  private readonly itl: Histogram;
+  private readonly itl: FastHistogram;
+  /** Generated tokens not yet added to the counter (added at scrape time, off the hot path). */
+  private pendingGenerated = 0;
   private readonly e2e: Histogram;
   private readonly queue: Histogram;
   private readonly promptHist: Histogram;
@@ -82,7 +121,16 @@ export class SimMetrics implements SchedulerObserver {
     const counter = (name: string, help: string, labelNames: string[] = []): Counter =>
       new Counter({ name, help, labelNames, registers: [r] });
     this.promptTokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
-    this.generationTokens = counter("vllm:generation_tokens_total", "Number of generation tokens processed.");
+    const self = this;
+    this.generationTokens = new Counter({
+      name: "vllm:generation_tokens_total",
+      help: "Number of generation tokens processed.",
+      registers: [r],
+      collect() {
+        if (self.pendingGenerated > 0) this.inc(self.pendingGenerated);
+        self.pendingGenerated = 0;
+      },
+    });
     this.prefixQueries = counter(
       "vllm:prefix_cache_queries_total",
       "Prefix cache queries, in terms of tokens.",
@@ -116,10 +164,12 @@ export class SimMetrics implements SchedulerObserver {
       "Histogram of time to first token in seconds.",
       TTFT_BUCKETS,
     );
-    this.itl = hist(
+    const labelText = `model_name=${JSON.stringify(modelName)},engine=${JSON.stringify(engine)}`;
+    this.itl = new FastHistogram(
       "vllm:inter_token_latency_seconds",
       "Histogram of inter-token latency in seconds.",
       ITL_BUCKETS,
+      labelText,
     );
     this.e2e = hist(
       "vllm:e2e_request_latency_seconds",
@@ -149,7 +199,7 @@ export class SimMetrics implements SchedulerObserver {
   }
 
   onToken(seq: Sequence, nowMs: number): void {
-    this.generationTokens.inc(1);
+    this.pendingGenerated++;
     if (seq.firstTokenMs === nowMs && seq.lastTokenMs === 0)
       this.ttft.observe((nowMs - seq.arrivalMs) / 1000);
     else if (seq.lastTokenMs > 0) this.itl.observe((nowMs - seq.lastTokenMs) / 1000);
@@ -168,7 +218,7 @@ export class SimMetrics implements SchedulerObserver {
   }
 
   /** Prometheus text exposition. */
-  text(): Promise<string> {
-    return this.registry.metrics();
+  async text(): Promise<string> {
+    return (await this.registry.metrics()) + this.itl.text();
   }
 }

@@ -89,7 +89,7 @@ export class Scheduler {
       budget -= numNew;
     }
 
-    if (!preempted) {
+    if (!preempted || chunks.length === 0) {
       while (this.waiting.length > 0 && budget > 0 && this.running.length < this.limits.maxNumSeqs) {
         const seq = this.waiting[0];
         if (Math.ceil(seq.tokens.length / bs) > this.pool.numBlocks) {
