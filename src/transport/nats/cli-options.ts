@@ -29,17 +29,22 @@ export interface TransportSettings {
   nats?: NatsConnectOptions;
 }
 
-/** Adds the flags to a subcommand. Secrets may come from the environment instead of argv. */
-export function addNatsOptions(cmd: Command): Command {
-  return cmd
-    .addOption(
+/**
+ * Adds the flags to a subcommand. Secrets may come from the environment instead of argv.
+ * `requestPlaneFlag: false` leaves out `--request-plane` for a command that already has one.
+ */
+export function addNatsOptions(cmd: Command, opts: { requestPlaneFlag?: boolean } = {}): Command {
+  if (opts.requestPlaneFlag !== false) {
+    cmd.addOption(
       new Option(
         "--request-plane <plane>",
         "how the server reaches workers (default: nats with --nats-url, else http)",
       )
         .choices(["http", "nats"])
         .env("INFERA_REQUEST_PLANE"),
-    )
+    );
+  }
+  return cmd
     .addOption(
       new Option(
         "--event-plane <plane>",
@@ -62,6 +67,35 @@ export function addNatsOptions(cmd: Command): Command {
     .addOption(new Option("--nats-tls-key <path>", "client key (PEM) for NATS mutual TLS"));
 }
 
+/** Just the connect options from flag values (undefined without a URL). */
+export function natsConnectFromCli(v: NatsCliValues, name?: string): NatsConnectOptions | undefined {
+  if (v.natsUrl === undefined || v.natsUrl === "") return undefined;
+  const tls =
+    v.natsTlsCa || v.natsTlsCert || v.natsTlsKey
+      ? { caFile: v.natsTlsCa, certFile: v.natsTlsCert, keyFile: v.natsTlsKey }
+      : undefined;
+  return {
+    url: v.natsUrl,
+    token: v.natsToken,
+    user: v.natsUser,
+    password: v.natsPassword,
+    nkeySeedFile: v.natsNkeySeedFile,
+    tls,
+    name,
+  };
+}
+
+/** The same from INFERA_NATS_* variables (for config layers that read the environment). */
+export function natsConnectFromEnv(env: NodeJS.ProcessEnv = process.env): NatsConnectOptions | undefined {
+  return natsConnectFromCli({
+    natsUrl: env.INFERA_NATS_URL,
+    natsToken: env.INFERA_NATS_TOKEN,
+    natsUser: env.INFERA_NATS_USER,
+    natsPassword: env.INFERA_NATS_PASSWORD,
+    natsNkeySeedFile: env.INFERA_NATS_NKEY_SEED_FILE,
+  });
+}
+
 /** Turns parsed flag values into plane choices and connect options; throws on contradictions. */
 export function resolveTransport(v: NatsCliValues, name?: string): TransportSettings {
   const hasUrl = v.natsUrl !== undefined && v.natsUrl !== "";
@@ -74,21 +108,5 @@ export function resolveTransport(v: NatsCliValues, name?: string): TransportSett
     throw new Error("--request-plane nats / --event-plane nats need --nats-url (or INFERA_NATS_URL)");
   }
   if (!hasUrl) return { requestPlane, eventPlane };
-  const tls =
-    v.natsTlsCa || v.natsTlsCert || v.natsTlsKey
-      ? { caFile: v.natsTlsCa, certFile: v.natsTlsCert, keyFile: v.natsTlsKey }
-      : undefined;
-  return {
-    requestPlane,
-    eventPlane,
-    nats: {
-      url: v.natsUrl!,
-      token: v.natsToken,
-      user: v.natsUser,
-      password: v.natsPassword,
-      nkeySeedFile: v.natsNkeySeedFile,
-      tls,
-      name,
-    },
-  };
+  return { requestPlane, eventPlane, nats: natsConnectFromCli(v, name) };
 }
