@@ -6,7 +6,7 @@
  */
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
-import { Etcd3, type IOptions } from "etcd3";
+import { Etcd3, type IOptions, isRecoverableError } from "etcd3";
 import { BadRequestError } from "../protocol/errors.ts";
 import type { WorkerRecord } from "./types.ts";
 
@@ -31,12 +31,34 @@ type FaultHandling = NonNullable<IOptions["faultHandling"]>;
 type Policy = NonNullable<FaultHandling["global"]>;
 
 /**
- * A policy that just runs the call: errors surface at once and the caller's own loop
- * decides when to retry (the default breaker would keep failing for 5 s after etcd is back).
+ * Host policy: just run the call, so errors surface at once and our own loops decide when
+ * to retry (the default breaker keeps failing for 5 s after etcd is back).
  */
 function passthroughPolicy(): Policy {
   const policy = {
     execute: <T>(fn: (ctx: unknown) => Promise<T> | T) => Promise.resolve().then(() => fn({})),
+  };
+  return policy as unknown as Policy;
+}
+
+/**
+ * Global policy: fail over. Each attempt takes the next host of the client's shuffled
+ * endpoint list, so `hosts` attempts try every endpoint once per call.
+ */
+function failoverPolicy(hosts: number): Policy {
+  const policy = {
+    execute: async <T>(fn: (ctx: unknown) => Promise<T> | T): Promise<T> => {
+      let last: unknown;
+      for (let i = 0; i < Math.max(1, hosts); i++) {
+        try {
+          return await fn({});
+        } catch (err) {
+          last = err;
+          if (!(err instanceof Error) || !isRecoverableError(err)) throw err;
+        }
+      }
+      throw last;
+    },
   };
   return policy as unknown as Policy;
 }
@@ -66,7 +88,7 @@ export function createEtcdClient(opts: EtcdOptions): Etcd3 {
     dialTimeout: 3000,
     faultHandling: {
       host: () => passthroughPolicy(),
-      global: passthroughPolicy(),
+      global: failoverPolicy(opts.endpoints.length),
     },
     grpcOptions: {
       // Reconnect quickly after an outage; find dead peers on idle streams.

@@ -56,10 +56,54 @@ describe("engine launcher + server over etcd (end to end)", () => {
   let enginePort = 0;
   const prefix = "/e2e";
 
+  let engine: ReturnType<typeof run>;
+  let server: ReturnType<typeof run>;
+  let engineExit: Promise<number | null>;
+  /** Engine health → listed by the server, measured in before(). */
+  let appearMs = Number.NaN;
+  const logs = () => `\n--- engine ---\n${engine?.log()}\n--- server ---\n${server?.log()}`;
+  const listsModel = async () => {
+    try {
+      const body = (await (await fetch(`${serverBase}/v1/models`)).json()) as {
+        data?: Array<{ id: string }>;
+      };
+      return body.data?.some((m) => m.id === "e2e-model") ?? false;
+    } catch {
+      return false;
+    }
+  };
+
   before(async () => {
     etcd = await startEtcd();
+    const serverPort = await freePort();
+    server = run([
+      "server",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(serverPort),
+      "--discovery",
+      "etcd",
+      "--etcd",
+      etcd.endpoint,
+      "--discovery-prefix",
+      prefix,
+    ]);
+    procs.push(server.proc);
+    serverBase = `http://127.0.0.1:${serverPort}`;
+    await waitFor(
+      async () => {
+        try {
+          return (await fetch(`${serverBase}/health`)).ok;
+        } catch {
+          return false;
+        }
+      },
+      30_000,
+      "server health",
+    );
     enginePort = await freePort();
-    const engine = run([
+    engine = run([
       "engine",
       "vllm",
       "--engine-bin",
@@ -86,35 +130,26 @@ describe("engine launcher + server over etcd (end to end)", () => {
       "2",
     ]);
     procs.push(engine.proc);
-    const serverPort = await freePort();
-    const server = run([
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(serverPort),
-      "--discovery",
-      "etcd",
-      "--etcd",
-      etcd.endpoint,
-      "--discovery-prefix",
-      prefix,
-    ]);
-    procs.push(server.proc);
-    serverBase = `http://127.0.0.1:${serverPort}`;
+    engineExit = new Promise((resolve) => engine.proc.once("exit", (code) => resolve(code)));
     await waitFor(
       async () => {
         try {
-          const res = await fetch(`${serverBase}/v1/models`);
-          const body = (await res.json()) as { data?: Array<{ id: string }> };
-          return body.data?.some((m) => m.id === "e2e-model") ?? false;
+          return (await fetch(`http://127.0.0.1:${enginePort}/health`, { signal: AbortSignal.timeout(300) }))
+            .ok;
         } catch {
           return false;
         }
       },
       30_000,
-      `the server to list e2e-model (engine: ${engine.log()} server: ${server.log()})`,
+      "engine health",
     );
+    const t0 = Date.now();
+    await waitFor(listsModel, 5000, "the server to list e2e-model");
+    appearMs = Date.now() - t0;
+  });
+
+  it("the worker is in the server's set within 1 s of its health passing", () => {
+    assert.ok(appearMs <= 1000, `appeared after ${appearMs} ms${logs()}`);
   });
 
   after(async () => {
@@ -129,23 +164,27 @@ describe("engine launcher + server over etcd (end to end)", () => {
   });
 
   it("serves a chat completion through the server to the registered sim", async () => {
-    const client = new OpenAI({ baseURL: `${serverBase}/v1`, apiKey: "unused", maxRetries: 0 });
-    const res = await client.chat.completions.create({
-      model: "e2e-model",
-      messages: [{ role: "user", content: "hello" }],
-      max_tokens: 5,
-    });
-    assert.equal(res.object, "chat.completion");
-    assert.ok((res.usage?.completion_tokens ?? 0) > 0);
-    const stream = await client.chat.completions.create({
-      model: "e2e-model",
-      messages: [{ role: "user", content: "stream please" }],
-      max_tokens: 4,
-      stream: true,
-    });
-    let chunks = 0;
-    for await (const _ of stream) chunks++;
-    assert.ok(chunks > 0);
+    try {
+      const client = new OpenAI({ baseURL: `${serverBase}/v1`, apiKey: "unused", maxRetries: 0 });
+      const res = await client.chat.completions.create({
+        model: "e2e-model",
+        messages: [{ role: "user", content: "hello" }],
+        max_tokens: 5,
+      });
+      assert.equal(res.object, "chat.completion");
+      assert.ok((res.usage?.completion_tokens ?? 0) > 0);
+      const stream = await client.chat.completions.create({
+        model: "e2e-model",
+        messages: [{ role: "user", content: "stream please" }],
+        max_tokens: 4,
+        stream: true,
+      });
+      let chunks = 0;
+      for await (const _ of stream) chunks++;
+      assert.ok(chunks > 0);
+    } catch (err) {
+      throw new Error(`${(err as Error).message}${logs()}`);
+    }
   });
 
   it("keeps serving through an etcd outage (degraded in /metrics), and the worker is registered again after", async () => {
@@ -190,5 +229,13 @@ describe("engine launcher + server over etcd (end to end)", () => {
       max_tokens: 3,
     });
     assert.equal(afterOutage.object, "text_completion");
+  });
+
+  it("SIGTERM to the launcher takes the worker out of the server's set at once", async () => {
+    const t0 = Date.now();
+    engine.proc.kill("SIGTERM");
+    await waitFor(async () => !(await listsModel()), 1000, "the model to leave the server");
+    assert.ok(Date.now() - t0 <= 1000);
+    assert.equal(await engineExit, 0, logs());
   });
 });

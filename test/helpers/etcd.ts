@@ -4,14 +4,29 @@
  * `restart()` brings it back on the same ports and data, so leases and keys survive as they
  * would in production.
  */
-import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { request } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { freePort } from "./ports.ts";
 
+export interface TlsFiles {
+  caFile: string;
+  serverCert: string;
+  serverKey: string;
+  clientCert: string;
+  clientKey: string;
+}
+
+export interface StartEtcdOptions {
+  timeoutMs?: number;
+  /** Serve TLS with these files (see makeTlsFiles); `clientCertAuth` demands client certs. */
+  tls?: TlsFiles & { clientCertAuth?: boolean };
+}
+
 export interface EtcdHandle {
-  /** `http://127.0.0.1:<client port>` */
+  /** `http(s)://127.0.0.1:<client port>` */
   endpoint: string;
   clientPort: number;
   dataDir: string;
@@ -27,15 +42,48 @@ export interface EtcdHandle {
 
 const ETCD_BIN = process.env.INFERA_ETCD_BIN ?? "/usr/bin/etcd";
 
-async function waitHealthy(endpoint: string, timeoutMs: number, proc: ChildProcess): Promise<void> {
+function httpsHealth(endpoint: string, tls: TlsFiles): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = request(
+      `${endpoint}/health`,
+      {
+        ca: readFileSync(tls.caFile),
+        cert: readFileSync(tls.clientCert),
+        key: readFileSync(tls.clientKey),
+        timeout: 500,
+      },
+      (res) => {
+        let body = "";
+        res.on("data", (d: Buffer) => {
+          body += d.toString();
+        });
+        res.on("end", () => resolve(res.statusCode === 200 && body.includes('"true"')));
+      },
+    );
+    req.on("error", () => resolve(false));
+    req.on("timeout", () => req.destroy());
+    req.end();
+  });
+}
+
+async function waitHealthy(
+  endpoint: string,
+  timeoutMs: number,
+  proc: ChildProcess,
+  tls?: TlsFiles,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (proc.exitCode !== null) throw new Error(`etcd exited with ${proc.exitCode} before it was healthy`);
     try {
-      const res = await fetch(`${endpoint}/health`, { signal: AbortSignal.timeout(500) });
-      if (res.ok) {
-        const body = (await res.json()) as { health?: string };
-        if (body.health === "true") return;
+      if (tls) {
+        if (await httpsHealth(endpoint, tls)) return;
+      } else {
+        const res = await fetch(`${endpoint}/health`, { signal: AbortSignal.timeout(500) });
+        if (res.ok) {
+          const body = (await res.json()) as { health?: string };
+          if (body.health === "true") return;
+        }
       }
     } catch {
       // not up yet
@@ -50,11 +98,22 @@ function exited(proc: ChildProcess): Promise<void> {
   return new Promise((resolve) => proc.once("exit", () => resolve()));
 }
 
-export async function startEtcd(opts: { timeoutMs?: number } = {}): Promise<EtcdHandle> {
+export async function startEtcd(opts: StartEtcdOptions = {}): Promise<EtcdHandle> {
   const clientPort = await freePort();
   const peerPort = await freePort();
   const dataDir = mkdtempSync(join(tmpdir(), "infera-etcd-"));
-  const endpoint = `http://127.0.0.1:${clientPort}`;
+  const endpoint = `${opts.tls ? "https" : "http"}://127.0.0.1:${clientPort}`;
+  const tlsArgs = opts.tls
+    ? [
+        "--cert-file",
+        opts.tls.serverCert,
+        "--key-file",
+        opts.tls.serverKey,
+        "--trusted-ca-file",
+        opts.tls.caFile,
+        ...(opts.tls.clientCertAuth ? ["--client-cert-auth"] : []),
+      ]
+    : [];
   const peer = `http://127.0.0.1:${peerPort}`;
   let proc: ChildProcess | null = null;
 
@@ -80,6 +139,7 @@ export async function startEtcd(opts: { timeoutMs?: number } = {}): Promise<Etcd
         "error",
         "--logger",
         "zap",
+        ...tlsArgs,
       ],
       { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ETCD_UNSUPPORTED_ARCH: process.arch } },
     );
@@ -89,7 +149,7 @@ export async function startEtcd(opts: { timeoutMs?: number } = {}): Promise<Etcd
     });
     proc = p;
     try {
-      await waitHealthy(endpoint, opts.timeoutMs ?? 15_000, p);
+      await waitHealthy(endpoint, opts.timeoutMs ?? 15_000, p, opts.tls);
     } catch (err) {
       p.kill("SIGKILL");
       throw new Error(`${(err as Error).message}\n${stderr}`);
@@ -119,5 +179,75 @@ export async function startEtcd(opts: { timeoutMs?: number } = {}): Promise<Etcd
       await halt("SIGKILL");
       rmSync(dataDir, { recursive: true, force: true });
     },
+  };
+}
+
+/** Runs etcdctl against a plain-HTTP etcd (e.g. to add users and enable auth). */
+export function etcdctl(endpoint: string, args: string[]): string {
+  return execFileSync("/usr/bin/etcdctl", ["--endpoints", endpoint, ...args], {
+    env: { ...process.env, ETCDCTL_API: "3" },
+    stdio: ["ignore", "pipe", "pipe"],
+  }).toString();
+}
+
+/** A throwaway CA, a server cert for 127.0.0.1 and a client cert, made with openssl. */
+export function makeTlsFiles(dir: string): TlsFiles {
+  const f = (n: string) => join(dir, n);
+  const ssl = (args: string[]) => execFileSync("openssl", args, { stdio: "ignore" });
+  ssl([
+    "req",
+    "-x509",
+    "-newkey",
+    "rsa:2048",
+    "-nodes",
+    "-keyout",
+    f("ca.key"),
+    "-out",
+    f("ca.crt"),
+    "-days",
+    "1",
+    "-subj",
+    "/CN=infera-test-ca",
+  ]);
+  const issue = (name: string, usage: string) => {
+    writeFileSync(f(`${name}.ext`), `subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=${usage}\n`);
+    ssl([
+      "req",
+      "-newkey",
+      "rsa:2048",
+      "-nodes",
+      "-keyout",
+      f(`${name}.key`),
+      "-out",
+      f(`${name}.csr`),
+      "-subj",
+      `/CN=${name}`,
+    ]);
+    ssl([
+      "x509",
+      "-req",
+      "-in",
+      f(`${name}.csr`),
+      "-CA",
+      f("ca.crt"),
+      "-CAkey",
+      f("ca.key"),
+      "-CAcreateserial",
+      "-out",
+      f(`${name}.crt`),
+      "-days",
+      "1",
+      "-extfile",
+      f(`${name}.ext`),
+    ]);
+  };
+  issue("server", "serverAuth,clientAuth");
+  issue("client", "clientAuth");
+  return {
+    caFile: f("ca.crt"),
+    serverCert: f("server.crt"),
+    serverKey: f("server.key"),
+    clientCert: f("client.crt"),
+    clientKey: f("client.key"),
   };
 }

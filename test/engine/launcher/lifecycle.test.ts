@@ -162,6 +162,26 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     assert.ok(Date.now() - t0 <= 3500, `expired after ${Date.now() - t0} ms`);
   });
 
+  it("an engine that stops answering /health is deregistered, and registered again when it recovers", async () => {
+    const w = await watcher("/lc5");
+    const l = await launch("/lc5", "sim-e", ["--health-interval", "0.3"]);
+    await waitFor(() => has(w, "sim-e"), 30_000, `record (${l.stderr()})`);
+    const enginePid = Number(
+      execFileSync("ps", ["-o", "pid=", "--ppid", String(l.proc.pid)])
+        .toString()
+        .trim(),
+    );
+    process.kill(enginePid, "SIGSTOP");
+    try {
+      await waitFor(() => !has(w, "sim-e"), 10_000, "deregistration of a hung engine");
+    } finally {
+      process.kill(enginePid, "SIGCONT");
+    }
+    await waitFor(() => has(w, "sim-e"), 5000, "re-registration after recovery");
+    l.proc.kill("SIGTERM");
+    assert.equal(await l.exited, 0);
+  });
+
   it("--discovery none runs the engine without registering; --dry-run prints JSON and exits 0", async () => {
     const w = await watcher("/lc4");
     const l = await launch("/lc4", "sim-d", ["--discovery", "none"]);
