@@ -10,13 +10,17 @@ import { SimKvHostImpl } from "./kv-host.ts";
 import { KvEventPublisher } from "./kv-publisher.ts";
 import { OutputVocab } from "./output.ts";
 import { createSimConnector } from "./pd/index.ts";
-import type { SimConnector } from "./pd/types.ts";
+import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts";
+
+/** Builds the PD connector; the default is pd/index.ts's createSimConnector (tests inject fakes). */
+export type ConnectorFactory = (opts: SimConnectorOptions, host: SimKvHost) => SimConnector | null;
 
 export interface SimStartOptions extends Partial<Omit<SimConfig, "kvEvents">> {
   /** vLLM `--kv-events-config`, as JSON text or an object. */
   kvEvents?: string | Record<string, unknown> | null;
   /** Extra vLLM-style arguments parsed first (options given here override them). */
   argv?: string[];
+  connectorFactory?: ConnectorFactory;
 }
 
 export interface SimHandle {
@@ -28,6 +32,7 @@ export interface SimHandle {
   kvEndpoint: string | null;
   replayEndpoint: string | null;
   connector: SimConnector | null;
+  kvHost: SimKvHostImpl;
   close(): Promise<void>;
 }
 
@@ -39,16 +44,19 @@ function connectable(endpoint: string, host: string): string {
 /** Starts a simulated engine in this process. */
 export async function startSimEngine(opts: SimStartOptions = {}): Promise<SimHandle> {
   const base = parseSimArgs(opts.argv ?? []).config;
-  const { kvEvents, argv: _argv, ...rest } = opts;
+  const { kvEvents, argv: _argv, connectorFactory, ...rest } = opts;
   const cfg: SimConfig = { ...base, ...rest } as SimConfig;
   if (opts.model && !opts.servedModelNames && !(opts.argv ?? []).includes("--served-model-name")) {
     cfg.servedModelNames = [opts.model];
   }
   if (kvEvents !== undefined) cfg.kvEvents = kvEvents === null ? null : parseKvEventsConfig(kvEvents);
-  return startWithConfig(cfg);
+  return startWithConfig(cfg, connectorFactory);
 }
 
-export async function startWithConfig(cfg: SimConfig): Promise<SimHandle> {
+export async function startWithConfig(
+  cfg: SimConfig,
+  connectorFactory: ConnectorFactory = createSimConnector,
+): Promise<SimHandle> {
   const log = createLogger("sim", { model: cfg.model, role: cfg.role });
   const tokenizer = await loadTokenizer(cfg.tokenizerDir);
   const vocab = OutputVocab.build(tokenizer);
@@ -96,7 +104,7 @@ export async function startWithConfig(cfg: SimConfig): Promise<SimHandle> {
   const port = (server.address() as AddressInfo).port;
   kvHost.httpPort = port;
   try {
-    connector = createSimConnector(
+    connector = connectorFactory(
       {
         kind: cfg.connector,
         role: cfg.role,
@@ -133,6 +141,7 @@ export async function startWithConfig(cfg: SimConfig): Promise<SimHandle> {
     kvEndpoint,
     replayEndpoint,
     connector,
+    kvHost,
     async close() {
       if (closed) return;
       closed = true;
