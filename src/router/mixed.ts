@@ -4,6 +4,7 @@
  * retries a request whose worker could not be reached (refused / reset before the first
  * byte) on ANOTHER worker, at most `maxRetries` times.
  */
+import type { Readable } from "node:stream";
 import { NoWorkerError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
 import { connectionFailureKind, WorkerUnreachableError } from "./errors.ts";
@@ -93,6 +94,10 @@ export class MixedRouter implements ModelRouter {
   }
 }
 
+export function isReadable(b: AsyncIterable<Uint8Array>): b is Readable {
+  return typeof (b as Readable).on === "function" && typeof (b as Readable).pause === "function";
+}
+
 /** Wraps an answer so the worker's in-flight count drops exactly once, however it ends. */
 export function trackRelease(up: UpstreamResponse, w: LiveWorker, prefill: number): UpstreamResponse {
   let released = false;
@@ -110,6 +115,21 @@ export function trackRelease(up: UpstreamResponse, w: LiveWorker, prefill: numbe
     w.inFlight--;
   };
   const src = up.body;
+  if (!prefillPending && isReadable(src)) {
+    // Node stream body (the HTTP executor's): hand it through unwrapped, so the server can
+    // pump it with events instead of a promise per chunk; 'close' follows end, error or destroy.
+    src.once("close", release);
+    return {
+      status: up.status,
+      headers: up.headers,
+      body: src,
+      json: () => up.json().finally(release),
+      abort: () => {
+        up.abort();
+        release();
+      },
+    };
+  }
   async function* body(): AsyncGenerator<Uint8Array> {
     try {
       for await (const chunk of src) {

@@ -9,6 +9,7 @@ import type { Tokenizer } from "../kv/tokenizer.ts";
 import { InvalidJsonError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
+import { isReadable } from "../router/mixed.ts";
 import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";
@@ -122,10 +123,11 @@ async function relayWhole(
   const chunks: Buffer[] = [];
   let size = 0;
   try {
-    for await (const c of up.body) {
+    await pump(up.body, null, (c) => {
       chunks.push(c as Buffer);
       size += c.length;
-    }
+      return true;
+    });
   } catch (err) {
     up.abort();
     throw err;
@@ -161,15 +163,15 @@ async function relayStream(
   const filter = up.status === 200 ? new SseUsageFilter(stripUsage) : null;
   let last = 0;
   try {
-    for await (const chunk of up.body) {
-      if (signal.aborted) break;
+    await pump(up.body, res, (chunk) => {
+      if (signal.aborted) return true;
       const now = performance.now();
       if (last === 0) mm.ttft.observe((now - started) / 1000);
       else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
-      if (out.length > 0 && !res.write(out)) await drained(res);
-    }
+      return out.length === 0 || res.write(out);
+    });
   } catch (err) {
     up.abort();
     if (signal.aborted) throw err;
@@ -186,6 +188,53 @@ async function relayStream(
   if (tail && tail.length > 0) res.write(tail);
   res.end();
   return filter?.usage ?? null;
+}
+
+/**
+ * Feeds every chunk of `body` to `onChunk`; when it returns false (the client's socket is
+ * full) reading pauses until `res` drains. Node stream bodies are pumped with events (no
+ * promise per chunk); any other AsyncIterable with for-await.
+ */
+async function pump(
+  body: AsyncIterable<Uint8Array>,
+  res: ServerResponse | null,
+  onChunk: (c: Uint8Array) => boolean,
+): Promise<void> {
+  if (!isReadable(body)) {
+    for await (const c of body) if (!onChunk(c) && res) await drained(res);
+    return;
+  }
+  await new Promise<void>((resolve, reject) => {
+    const onData = (c: Uint8Array) => {
+      if (!onChunk(c) && res) {
+        body.pause();
+        void drained(res).then(() => body.resume());
+      }
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve();
+    };
+    const onError = (err: Error) => {
+      cleanup();
+      reject(err);
+    };
+    const onClose = () => {
+      cleanup();
+      if (body.readableEnded) resolve();
+      else reject(Object.assign(new Error("upstream body closed early"), { code: "UND_ERR_SOCKET" }));
+    };
+    const cleanup = () => {
+      body.off("data", onData);
+      body.off("end", onEnd);
+      body.off("error", onError);
+      body.off("close", onClose);
+    };
+    body.on("data", onData);
+    body.once("end", onEnd);
+    body.once("error", onError);
+    body.once("close", onClose);
+  });
 }
 
 function drained(res: ServerResponse): Promise<void> {
