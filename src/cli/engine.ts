@@ -1,8 +1,9 @@
 import type { Command } from "commander";
 import { addEtcdFlags, type EtcdFlagValues } from "../discovery/etcd-client.ts";
 import type { LaunchFlags } from "../engine/launcher/options.ts";
+import { addNatsOptions, type NatsCliValues } from "../transport/nats/cli-options.ts";
 
-interface EngineCliFlags extends LaunchFlags, EtcdFlagValues {
+interface EngineCliFlags extends LaunchFlags, EtcdFlagValues, NatsCliValues {
   dryRun?: boolean;
   discovery: string;
   leaseTtl: string;
@@ -61,6 +62,7 @@ export function registerEngine(program: Command): void {
     .option("--health-interval <seconds>", "health check period once registered (0 = off)", "5")
     .option("--stop-timeout <seconds>", "SIGKILL the engine this long after a forwarded signal", "30");
   addEtcdFlags(cmd);
+  addNatsOptions(cmd);
   cmd.action(async (engine: string, engineArgs: string[], flags: EngineCliFlags) => {
     const { runEngineCommand } = await import("../engine/launcher/cli-action.ts");
     process.exitCode = await runEngineCommand(engine, engineArgs, flags);

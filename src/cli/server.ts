@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import type { ServerConfigInput } from "../server/config.ts";
+import { addNatsOptions, type NatsCliValues, natsConnectFromCli } from "../transport/nats/cli-options.ts";
 
 const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
 
@@ -25,7 +26,7 @@ function parseOptionPairs(pairs: string[] | undefined): Record<string, unknown> 
   return out;
 }
 
-interface ServerFlags {
+interface ServerFlags extends NatsCliValues {
   host?: string;
   port?: string;
   config?: string;
@@ -64,6 +65,8 @@ export function flagsToConfig(f: ServerFlags): ServerConfigInput {
     scrapeIntervalMs: f.scrapeInterval === undefined ? undefined : Number(f.scrapeInterval),
     maxRetries: f.maxRetries === undefined ? undefined : Number(f.maxRetries),
     requestPlane: f.requestPlane,
+    eventPlane: f.eventPlane,
+    nats: natsConnectFromCli(f),
     discovery: {
       kind: f.discovery,
       workers: f.worker,
@@ -112,7 +115,7 @@ export function registerServer(program: Command): void {
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
-    .option("--request-plane <kind>", "http (default) or another registered plane")
+    .option("--request-plane <kind>", "http (default; nats with --nats-url) or another registered plane")
     .action(async (flags: ServerFlags) => {
       const { resolveServerConfig } = await import("../server/config.ts");
       const { startServer } = await import("../server/app.ts");
@@ -131,4 +134,6 @@ export function registerServer(program: Command): void {
       process.on("SIGINT", stop);
       process.on("SIGTERM", stop);
     });
+  // NATS planes: --event-plane, --nats-url, auth and TLS (--request-plane is above).
+  addNatsOptions(program.commands.find((c) => c.name() === "server")!, { requestPlaneFlag: false });
 }

@@ -9,6 +9,8 @@ import type { DiscoveryConfig } from "../discovery/index.ts";
 import type { RouterMode } from "../router/auto.ts";
 import type { BreakerOptions } from "../router/worker-set.ts";
 import type { HttpExecutorOptions } from "../transport/http.ts";
+import { natsConnectFromEnv } from "../transport/nats/cli-options.ts";
+import type { NatsConnectOptions } from "../transport/nats/connection.ts";
 
 export interface ServerConfig {
   host: string;
@@ -31,6 +33,10 @@ export interface ServerConfig {
   upstream: HttpExecutorOptions;
   /** `http` (built in); other request planes plug in an executor. */
   requestPlane: string;
+  /** KV events: `zmq` (each engine's socket) or `nats` (agents' relays); nats by default with `nats`. */
+  eventPlane?: string;
+  /** NATS connection (URL, auth, TLS) for the nats planes; with it both planes default to nats. */
+  nats?: NatsConnectOptions;
 }
 
 export type ServerConfigInput = Partial<Omit<ServerConfig, "discovery">> & {
@@ -76,6 +82,8 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     scrapeIntervalMs: num(env.INFERA_SCRAPE_INTERVAL_MS),
     maxRetries: num(env.INFERA_MAX_RETRIES),
     requestPlane: env.INFERA_REQUEST_PLANE,
+    eventPlane: env.INFERA_EVENT_PLANE,
+    nats: natsConnectFromEnv(env),
     discovery: {
       kind: env.INFERA_DISCOVERY,
       workers: list(env.INFERA_WORKERS),
@@ -123,6 +131,11 @@ export function mergeConfig(...layers: (ServerConfigInput | undefined)[]): Serve
   const explicitKind = layers.some((l) => l?.discovery?.kind !== undefined);
   if (!explicitKind && ((d.workers?.length ?? 0) > 0 || d.workersFile))
     cfg.discovery = { ...d, kind: "static" };
+  // A NATS URL without plane choices means NATS for both (the production setup).
+  if (cfg.nats?.url) {
+    if (!layers.some((l) => l?.requestPlane !== undefined)) cfg.requestPlane = "nats";
+    if (!layers.some((l) => l?.eventPlane !== undefined)) cfg.eventPlane = "nats";
+  }
   validateConfig(cfg);
   return cfg;
 }

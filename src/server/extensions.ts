@@ -8,6 +8,7 @@ import type { Tokenizer } from "../kv/tokenizer.ts";
 import { createDisaggRouter } from "../router/disagg/index.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
+import { createNatsExecutor } from "../transport/nats/server-plug.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
 
@@ -51,5 +52,5 @@ export interface ServerExtensions {
 /** One line per built-in extension. */
 export const builtinExtensions: ServerExtensions = {
   disaggRouterFactory: createDisaggRouter,
-  executors: {},
+  executors: { nats: createNatsExecutor },
 };

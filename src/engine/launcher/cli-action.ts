@@ -6,7 +6,7 @@ import { InferaError } from "../../protocol/errors.ts";
 import { createLogger } from "../../util/log.ts";
 import { shellLine } from "./common.ts";
 import { engineAdapters } from "./index.ts";
-import { runLifecycle } from "./lifecycle.ts";
+import { healthBaseUrl, runLifecycle } from "./lifecycle.ts";
 import { buildLaunchSpec, parseEngineKind } from "./options.ts";
 import { buildWorkerRecord } from "./record.ts";
 
@@ -46,6 +46,17 @@ export async function runEngineCommand(
       });
     } else if (flags.discovery !== "none") {
       throw new InferaError(400, `--discovery must be etcd or none (got '${flags.discovery}')`);
+    }
+    // NATS planes (--nats-url, --request-plane nats, --event-plane nats): agent + relay beside the engine.
+    const { resolveTransport } = await import("../../transport/nats/cli-options.ts");
+    const transport = resolveTransport(flags, spec.workerId);
+    if (transport.nats) {
+      const { withNatsPlanes } = await import("../../transport/nats/worker-plug.ts");
+      registrar = withNatsPlanes(registrar, {
+        settings: transport,
+        engineUrl: healthBaseUrl(spec),
+        logger: log,
+      });
     }
     return await runLifecycle({
       spec,

@@ -1,0 +1,193 @@
+import assert from "node:assert/strict";
+import { type ChildProcess, spawn } from "node:child_process";
+import { after, before, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import type { NatsConnection } from "@nats-io/transport-node";
+import OpenAI from "openai";
+import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
+import type { WorkerRecord } from "../../../src/discovery/types.ts";
+import { type InferaServer, startServer } from "../../../src/server/app.ts";
+import { mergeConfig } from "../../../src/server/config.ts";
+import { type NatsRequestAgent, startRequestAgent } from "../../../src/transport/nats/agent.ts";
+import { NatsRequestExecutor } from "../../../src/transport/nats/client.ts";
+import { connectNats } from "../../../src/transport/nats/connection.ts";
+import { startKvSubscriber } from "../../../src/transport/nats/kv-subscriber.ts";
+import { kvSubject, requestSubject } from "../../../src/transport/nats/subjects.ts";
+import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
+import { freePort } from "../../helpers/ports.ts";
+import { type SimProcess, startSim } from "../../helpers/sim.ts";
+
+process.env.INFERA_LOG_LEVEL ??= "silent";
+const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url));
+const MODEL = "wired-model";
+
+let nats: NatsServerHandle;
+let nc: NatsConnection;
+const cleanups: (() => unknown)[] = [];
+
+before(async () => {
+  nats = await startNats({ token: "tok-1" });
+  nc = await connectNats({ url: nats.url, token: "tok-1" });
+});
+after(async () => {
+  for (const c of cleanups.reverse()) await c();
+  await nc.close();
+  await nats.close();
+});
+
+test("server config: a NATS URL makes both planes nats unless told otherwise", () => {
+  const c = mergeConfig({ nats: { url: "nats://h:1" } });
+  assert.equal(c.requestPlane, "nats");
+  assert.equal(c.eventPlane, "nats");
+  const d = mergeConfig({ nats: { url: "nats://h:1" }, requestPlane: "http", eventPlane: "zmq" });
+  assert.equal(d.requestPlane, "http");
+  assert.equal(d.eventPlane, "zmq");
+  const e = mergeConfig({});
+  assert.equal(e.requestPlane, "http");
+  assert.equal(e.eventPlane, undefined);
+});
+
+test("infera server over --request-plane nats serves the openai client through the agent", async () => {
+  const sim: SimProcess = await startSim({ model: MODEL });
+  cleanups.push(() => sim.stop());
+  const agent: NatsRequestAgent = await startRequestAgent({
+    nc,
+    engineUrl: sim.url,
+    model: MODEL,
+    workerId: "w1",
+  });
+  cleanups.push(() => agent.close());
+  const rec: WorkerRecord = {
+    id: "w1",
+    model: MODEL,
+    servedModelNames: [MODEL],
+    engine: "sim",
+    role: "mixed",
+    // Unreachable on purpose: only the NATS subject can serve this worker.
+    url: "http://127.0.0.1:9",
+    connector: { kind: "none" },
+    blockSize: 16,
+    dpSize: 1,
+    tpSize: 1,
+    maxModelLen: 4096,
+    startedAt: new Date().toISOString(),
+    natsSubject: agent.subject,
+  };
+  const discovery = new MemoryDiscovery([rec]);
+  const server: InferaServer = await startServer(
+    { port: 0, scrapeIntervalMs: 0, nats: { url: nats.url, token: "tok-1" } },
+    { discovery },
+  );
+  cleanups.push(() => server.close());
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "x", maxRetries: 0 });
+  const r = await client.completions.create({ model: MODEL, prompt: "over nats", max_tokens: 6, seed: 4 });
+  assert.equal(r.usage?.completion_tokens, 6);
+  const direct = (await (
+    await fetch(`${sim.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, prompt: "over nats", max_tokens: 6, seed: 4 }),
+    })
+  ).json()) as { choices: { text: string }[] };
+  assert.equal(r.choices[0].text, direct.choices[0].text);
+  const stream = await client.chat.completions.create({
+    model: MODEL,
+    messages: [{ role: "user", content: "stream it" }],
+    max_tokens: 5,
+    stream: true,
+  });
+  let text = "";
+  for await (const ch of stream) text += ch.choices[0]?.delta?.content ?? "";
+  assert.ok(text.length > 0);
+  assert.ok(agent.handled >= 2);
+});
+
+function waitLine(proc: ChildProcess, re: RegExp, ms: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let buf = "";
+    const t = setTimeout(() => reject(new Error(`no ${re} within ${ms} ms: ${buf.slice(-800)}`)), ms);
+    const on = (d: Buffer) => {
+      buf += d.toString();
+      if (re.test(buf)) {
+        clearTimeout(t);
+        resolve();
+      }
+    };
+    proc.stdout?.on("data", on);
+    proc.stderr?.on("data", on);
+  });
+}
+
+test("infera engine sim --nats-url runs the agent and the KV relay beside the engine", async () => {
+  const port = await freePort();
+  const proc = spawn(
+    process.execPath,
+    [
+      INFERA,
+      "engine",
+      "sim",
+      "--model",
+      MODEL,
+      "--worker-id",
+      "launched.1",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--kv-events-port",
+      String(await freePort()),
+      "--kv-events-replay-port",
+      String(await freePort()),
+      "--discovery",
+      "none",
+      "--nats-url",
+      nats.url,
+      "--nats-token",
+      "tok-1",
+    ],
+    { env: { ...process.env, INFERA_LOG_LEVEL: "info" }, stdio: ["ignore", "pipe", "pipe"] },
+  );
+  const exited = new Promise<void>((r) => proc.once("exit", () => r()));
+  cleanups.push(async () => {
+    proc.kill("SIGTERM");
+    await exited;
+  });
+  await waitLine(proc, /nats kv relay ready/, 25_000);
+  const exec = new NatsRequestExecutor({ nc });
+  cleanups.push(() => exec.close());
+  const seen: number[] = [];
+  const sub = await startKvSubscriber({
+    nc,
+    subject: kvSubject(MODEL, "launched.1"),
+    sink: { onBatch: (seq) => seen.push(seq), onReset: () => {} },
+  });
+  cleanups.push(() => sub.close());
+  const worker = {
+    record: {
+      id: "launched.1",
+      model: MODEL,
+      url: `http://127.0.0.1:${port}`,
+      natsSubject: requestSubject(MODEL, "launched.1"),
+    } as WorkerRecord,
+    inFlight: 0,
+    pendingPrefillTokens: 0,
+    available: true,
+  };
+  const up = await exec.send(
+    worker,
+    "completion",
+    {
+      model: MODEL,
+      prompt: "a prompt long enough to fill at least one block of sixteen tokens, surely",
+      max_tokens: 4,
+    },
+    { signal: new AbortController().signal },
+  );
+  assert.equal(up.status, 200);
+  const body = (await up.json()) as { usage: { completion_tokens: number } };
+  assert.equal(body.usage.completion_tokens, 4);
+  const end = Date.now() + 5000;
+  while (seen.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 25));
+  assert.ok(seen.length > 0, "KV batches arrived over NATS");
+  assert.equal(seen[0], 0);
+});
