@@ -30,6 +30,8 @@ export interface PdCluster {
   decodes: PdWorker[];
   server: ChildProcess;
   serverOutput(): string;
+  /** Server and sim output, for failure messages. */
+  dump(): string;
   close(): Promise<void>;
 }
 
@@ -118,6 +120,7 @@ async function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: n
   const { cfg, info } = await connectorSetup(o.kind, role, role === "decode" ? (o.decodeExtra ?? {}) : {});
   const sim = await startSim({
     model: MODEL,
+    timeoutMs: 60_000,
     args: [
       "--role",
       role,
@@ -199,7 +202,8 @@ export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
     await Promise.all([...prefills, ...decodes].map((w) => w.sim.stop()));
     rmSync(dir, { recursive: true, force: true });
   };
-  const deadline = Date.now() + 20_000;
+  // Generous: the test machine is shared and often heavily loaded.
+  const deadline = Date.now() + 60_000;
   for (;;) {
     if (server.exitCode !== null) {
       await stopAll();
@@ -224,6 +228,11 @@ export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
     decodes,
     server,
     serverOutput: () => out,
+    dump: () =>
+      [
+        `server: ${out.slice(-4000)}`,
+        ...[...prefills, ...decodes].map((w) => `${w.record.id}: ${w.sim.output().slice(-4000)}`),
+      ].join("\n"),
     close: stopAll,
   };
 }
