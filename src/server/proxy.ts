@@ -6,7 +6,7 @@
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Tokenizer } from "../kv/tokenizer.ts";
-import { InvalidJsonError } from "../protocol/errors.ts";
+import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
 import { isReadable } from "../router/mixed.ts";
@@ -175,10 +175,17 @@ async function relayStream(
   } catch (err) {
     up.abort();
     if (signal.aborted) throw err;
-    // The worker dropped the stream mid-way: the client sees the stream end abruptly.
     ctx.logger.warn({ requestId, err: (err as Error).message }, "upstream stream failed");
-    res.destroy();
-    return filter?.usage ?? null;
+    if (!filter) {
+      res.destroy();
+      return null;
+    }
+    // The worker dropped the stream mid-way (headers are out, so no retry): end it cleanly
+    // with an OpenAI-shaped error event and [DONE], dropping any half-received event, so
+    // clients see an error instead of a truncated stream.
+    filter.flush();
+    res.end(streamErrorEvent());
+    return filter.usage;
   }
   if (signal.aborted) {
     up.abort();
@@ -188,6 +195,16 @@ async function relayStream(
   if (tail && tail.length > 0) res.write(tail);
   res.end();
   return filter?.usage ?? null;
+}
+
+const STREAM_ERROR = new UpstreamError(
+  "The worker serving this stream failed mid-way; the answer is incomplete.",
+  502,
+  "upstream_stream_error",
+);
+
+function streamErrorEvent(): string {
+  return `data: ${JSON.stringify(STREAM_ERROR.toJSON())}\n\ndata: [DONE]\n\n`;
 }
 
 /**
