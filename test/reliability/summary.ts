@@ -1,0 +1,85 @@
+/**
+ * The reliability suite's shared summary. Each test file records its figures with `record()`
+ * (one JSON line appended to a file under os.tmpdir()) and calls `fileStarted()`/`fileDone()`;
+ * `zz-summary.test.ts` waits for every started file to finish and prints one table.
+ *
+ * The files of one run share a run id: the pid of the test runner that spawned them (every
+ * test file runs in its own child process of `node --test`), or INFERA_RELIABILITY_RUN.
+ */
+import { appendFileSync, existsSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename, join } from "node:path";
+
+export interface FigureRecord {
+  kind: "figure";
+  file: string;
+  item: string;
+  /** What was measured, in words, e.g. "lost 0, retried 7, failed 0 (32 requests)". */
+  figure: string;
+  /** The goal it is held to, e.g. "lost = 0". */
+  goal: string;
+  pass: boolean;
+}
+
+interface MarkRecord {
+  kind: "start" | "done";
+  file: string;
+}
+
+type Line = FigureRecord | MarkRecord;
+
+export function runId(): string {
+  return process.env.INFERA_RELIABILITY_RUN ?? String(process.ppid);
+}
+
+export function summaryPath(id = runId()): string {
+  return join(tmpdir(), `infera-reliability-${id}.jsonl`);
+}
+
+function append(line: Line): void {
+  appendFileSync(summaryPath(), `${JSON.stringify(line)}\n`);
+}
+
+export const fileName = (metaUrl: string): string => basename(new URL(metaUrl).pathname);
+
+export function fileStarted(metaUrl: string): void {
+  append({ kind: "start", file: fileName(metaUrl) });
+}
+
+export function fileDone(metaUrl: string): void {
+  append({ kind: "done", file: fileName(metaUrl) });
+}
+
+/** Prints the figure and records it for the table; returns `pass` so callers can assert on it. */
+export function record(metaUrl: string, item: string, figure: string, goal: string, pass: boolean): boolean {
+  const rec: FigureRecord = { kind: "figure", file: fileName(metaUrl), item, figure, goal, pass };
+  console.log(`[reliability] ${item}: ${figure} (goal: ${goal}) ${pass ? "PASS" : "FAIL"}`);
+  append(rec);
+  return pass;
+}
+
+export function readLines(id = runId()): Line[] {
+  const p = summaryPath(id);
+  if (!existsSync(p)) return [];
+  const out: Line[] = [];
+  for (const l of readFileSync(p, "utf8").split("\n")) {
+    if (l.trim() === "") continue;
+    try {
+      out.push(JSON.parse(l) as Line);
+    } catch {
+      // a torn line from a crashed writer: skip it
+    }
+  }
+  return out;
+}
+
+/** Fixed-width text table. */
+export function renderTable(figures: FigureRecord[], missing: string[]): string {
+  const rows = figures.map((f) => [f.pass ? "PASS" : "FAIL", f.item, f.figure, f.goal]);
+  for (const m of missing) rows.push(["FAIL", m, "no figure (the file crashed or timed out)", "-"]);
+  const head = ["", "item", "figure", "goal"];
+  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+  const fmt = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join(" | ");
+  const sep = widths.map((w) => "-".repeat(w)).join("-+-");
+  return [fmt(head), sep, ...rows.map(fmt)].join("\n");
+}
