@@ -5,7 +5,7 @@
  * and after it the worker is registered again.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { Etcd3 } from "etcd3";
@@ -52,6 +52,7 @@ async function metric(base: string, name: string): Promise<number | undefined> {
 describe("engine launcher + server over etcd (end to end)", () => {
   let etcd: EtcdHandle;
   const procs: ChildProcess[] = [];
+  const enginePids: number[] = [];
   let serverBase = "";
   let enginePort = 0;
   const prefix = "/e2e";
@@ -143,6 +144,11 @@ describe("engine launcher + server over etcd (end to end)", () => {
       30_000,
       "engine health",
     );
+    // The launcher gives its engine its own process group; remember it for cleanup.
+    const pid = execFileSync("ps", ["-o", "pid=", "--ppid", String(engine.proc.pid)])
+      .toString()
+      .trim();
+    if (pid !== "") enginePids.push(Number(pid));
     const t0 = Date.now();
     await waitFor(listsModel, 5000, "the server to list e2e-model");
     appearMs = Date.now() - t0;
@@ -153,9 +159,9 @@ describe("engine launcher + server over etcd (end to end)", () => {
   });
 
   after(async () => {
-    for (const p of procs) {
+    for (const pid of [...procs.map((p) => p.pid as number), ...enginePids]) {
       try {
-        process.kill(-(p.pid as number), "SIGKILL");
+        process.kill(-pid, "SIGKILL");
       } catch {
         // gone
       }

@@ -77,8 +77,19 @@ export async function runLifecycle(opts: LifecycleOptions): Promise<number> {
   const [bin, ...args] = command.argv as [string, ...string[]];
   const base = healthBaseUrl(spec);
   log.info({ argv: command.argv, env: command.env }, "starting engine");
-  const child: ChildProcess = spawn(bin, args, { env: { ...process.env, ...command.env }, stdio: "inherit" });
   let exit: ExitInfo | null = null;
+  // Own process group: a terminal's Ctrl-C reaches only the launcher, which deregisters
+  // first and then forwards the signal (otherwise the engine would stop before its record goes).
+  const child: ChildProcess = spawn(bin, args, {
+    env: { ...process.env, ...command.env },
+    stdio: "inherit",
+    detached: true,
+  });
+  // If the launcher itself goes down (uncaught error, process.exit), take the engine along.
+  const killOnExit = () => {
+    if (exit === null) child.kill("SIGKILL");
+  };
+  process.once("exit", killOnExit);
   const exited = new Promise<ExitInfo>((resolve) => {
     child.once("exit", (code, signal) => {
       exit = { code, signal };
@@ -220,6 +231,7 @@ export async function runLifecycle(opts: LifecycleOptions): Promise<number> {
     if (monitor) clearInterval(monitor);
     process.off("SIGINT", sigint);
     process.off("SIGTERM", sigterm);
+    process.off("exit", killOnExit);
     if (registrar) await registrar.close().catch(() => undefined);
   }
 }

@@ -15,6 +15,8 @@ const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url))
 
 interface Launched {
   proc: ChildProcess;
+  /** The engine's pid once it has been spawned (the launcher puts it in its own process group). */
+  enginePid: () => Promise<number>;
   port: number;
   exited: Promise<number | null>;
   stderr: () => string;
@@ -49,10 +51,12 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   });
   after(async () => {
     for (const l of launched) {
-      try {
-        process.kill(-(l.proc.pid as number), "SIGKILL");
-      } catch {
-        // already gone
+      for (const pid of [l.proc.pid as number, await l.enginePid().catch(() => 0)]) {
+        try {
+          if (pid > 0) process.kill(-pid, "SIGKILL");
+        } catch {
+          // already gone
+        }
       }
     }
     for (const w of watchers) await w.close();
@@ -103,7 +107,24 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
       err = (err + d.toString()).slice(-8000);
     });
     const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
-    const l = { proc, port, exited, stderr: () => err };
+    // Found while the launcher is alive (after a kill -9 the engine is re-parented).
+    const pidFound = (async () => {
+      for (let i = 0; i < 300; i++) {
+        try {
+          const out = execFileSync("ps", ["-o", "pid=", "--ppid", String(proc.pid)])
+            .toString()
+            .trim();
+          if (out !== "") return Number(out.split("\n")[0]);
+        } catch {
+          // no child yet
+        }
+        if (proc.exitCode !== null) break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      throw new Error("engine pid not found");
+    })();
+    pidFound.catch(() => undefined);
+    const l = { proc, port, exited, stderr: () => err, enginePid: () => pidFound };
     launched.push(l);
     return l;
   }
@@ -155,11 +176,25 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     const w = await watcher("/lc3");
     const l = await launch("/lc3", "sim-c");
     await waitFor(() => has(w, "sim-c"), 30_000, `record (${l.stderr()})`);
+    const enginePid = await l.enginePid();
     const t0 = Date.now();
     l.proc.kill("SIGKILL");
     await waitFor(() => !has(w, "sim-c"), 4000, "record expiry");
     // TTL 2 s plus etcd's lease-expiry tick.
     assert.ok(Date.now() - t0 <= 3500, `expired after ${Date.now() - t0} ms`);
+    process.kill(enginePid, "SIGKILL"); // the orphaned engine
+  });
+
+  it("an engine that never gets healthy is stopped after --health-timeout (status 1); a missing binary gives 127", async () => {
+    const hang = await launch("/lc6", "sim-f", [
+      "--health-timeout",
+      "1",
+      "--engine-bin",
+      "node -e 'setInterval(()=>{},1e3)'",
+    ]);
+    assert.equal(await hang.exited, 1, hang.stderr());
+    const missing = await launch("/lc6", "sim-g", ["--engine-bin", "/nonexistent/engine"]);
+    assert.equal(await missing.exited, 127, missing.stderr());
   });
 
   it("an engine that stops answering /health is deregistered, and registered again when it recovers", async () => {
