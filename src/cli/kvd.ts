@@ -1,12 +1,81 @@
 import type { Command } from "commander";
 
-// Placeholder registration: the owning issue replaces the action with the real command.
+interface KvdFlags {
+  socket?: string;
+  tcp?: string;
+  ramBytes: string;
+  diskDir?: string;
+  diskBytes: string;
+  remote?: string;
+  socketGroup?: string;
+  metricsPort?: string;
+  metricsHost: string;
+  ephemeral?: boolean;
+  maxFrameBytes: string;
+}
+
+function parseHostPort(v: string): { host: string; port: number } {
+  const i = v.lastIndexOf(":");
+  const port = Number(v.slice(i + 1));
+  if (i <= 0 || !Number.isInteger(port) || port < 0 || port > 65535)
+    throw new Error(`--tcp expects HOST:PORT, got '${v}'`);
+  return { host: v.slice(0, i), port };
+}
+
+/** `infera kvd`: the tiered KV-cache daemon (RAM arena → disk → remote store). */
 export function registerKvd(program: Command): void {
   program
     .command("kvd")
-    .description("(in progress)")
-    .allowUnknownOption(true)
-    .action(() => {
-      throw new Error("infera kvd is not built yet");
+    .description("tiered KV-cache daemon: shared RAM arena (L2) → disk (L3) → remote store (L4)")
+    .option("--socket <path>", "Unix socket path (arena fd passed over it; created 0600)")
+    .option("--tcp <host:port>", "also listen on TCP (copy path only)")
+    .option("--ram-bytes <size>", "L2 arena size, e.g. 1GiB", "1GiB")
+    .option("--disk-dir <dir>", "L3 directory (one checksummed file per chunk)")
+    .option("--disk-bytes <size>", "L3 budget", "16GiB")
+    .option("--remote <url>", "L4 store, e.g. redis://127.0.0.1:6379/0")
+    .option("--socket-group <group>", "make the socket 0660 and owned by this group")
+    .option(
+      "--metrics-port <port>",
+      "serve Prometheus /metrics on this port (127.0.0.1 unless --metrics-host)",
+    )
+    .option("--metrics-host <host>", "metrics bind address", "127.0.0.1")
+    .option("--ephemeral", "daemon-level ephemeral mode: RAM only, never writes disk or remote")
+    .option("--max-frame-bytes <size>", "largest data section one frame may carry", "256MiB")
+    .action(async (f: KvdFlags) => {
+      const [{ startKvd }, { parseSize }, { createLogger }] = await Promise.all([
+        import("../kvd/daemon.ts"),
+        import("../kvd/size.ts"),
+        import("../util/log.ts"),
+      ]);
+      const log = createLogger("kvd");
+      if (!f.socket && !f.tcp) throw new Error("infera kvd needs --socket PATH and/or --tcp HOST:PORT");
+      const d = await startKvd(
+        {
+          socketPath: f.socket,
+          tcp: f.tcp ? parseHostPort(f.tcp) : undefined,
+          ramBytes: parseSize(f.ramBytes),
+          diskDir: f.diskDir,
+          diskBytes: parseSize(f.diskBytes),
+          remoteUrl: f.remote,
+          socketGroup: f.socketGroup,
+          metricsPort: f.metricsPort !== undefined ? Number(f.metricsPort) : undefined,
+          metricsHost: f.metricsHost,
+          ephemeral: f.ephemeral,
+          maxFrameBytes: parseSize(f.maxFrameBytes),
+        },
+        log,
+      );
+      let stopping = false;
+      const stop = (sig: string) => {
+        if (stopping) return;
+        stopping = true;
+        log.info({ signal: sig }, "kvd stopping");
+        d.close().then(
+          () => process.exit(0),
+          () => process.exit(1),
+        );
+      };
+      process.on("SIGINT", () => stop("SIGINT"));
+      process.on("SIGTERM", () => stop("SIGTERM"));
     });
 }

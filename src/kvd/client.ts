@@ -1,0 +1,253 @@
+/**
+ * Node client for kvd. Over the Unix socket it performs the HELLO handshake that receives
+ * the arena memfd (SCM_RIGHTS), maps it, and then a GET returns Buffers that alias the
+ * client's own mapping: zero copies, the bytes never cross the socket. Over TCP (or with
+ * `arena: false`) GET falls back to the copy path.
+ */
+import net from "node:net";
+import { type ArenaMapping, mapArena } from "./arena.ts";
+import { connectWithFds } from "./native/fdpass.ts";
+import { encodeFrame, FLAG_ERROR, type Frame, FrameDecoder, frameLength, Op } from "./protocol.ts";
+import type { Retention, TierName } from "./types.ts";
+
+export interface KvdClientOptions {
+  socketPath?: string;
+  tcp?: { host: string; port: number };
+  namespace?: string;
+  /** Map the shared arena (Unix socket only). Default true. */
+  arena?: boolean;
+  maxFrameBytes?: number;
+}
+
+export interface PutItem {
+  key: string;
+  data: Buffer;
+  retention?: Retention;
+  ttlMs?: number;
+}
+
+export interface ArenaChunk {
+  key: string;
+  tier: TierName;
+  /** A view of the client's own mapping of the arena (or inline bytes if RAM was full). */
+  buf: Buffer;
+  offset: number;
+  lease: number;
+}
+
+export class KvdRequestError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string | null,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export class KvdClient {
+  private nextId = 1;
+  private readonly pending = new Map<number, { resolve: (f: Frame) => void; reject: (e: Error) => void }>();
+  private closedErr: Error | null = null;
+
+  private constructor(
+    private readonly sock: net.Socket,
+    readonly arena: ArenaMapping | null,
+    readonly hello: Record<string, unknown>,
+    maxFrameBytes: number,
+    leftover: Buffer,
+  ) {
+    const decoder = new FrameDecoder(maxFrameBytes, true);
+    const onData = (chunk: Buffer) => {
+      let frames: Frame[];
+      try {
+        frames = decoder.push(chunk);
+      } catch (e) {
+        this.fail(e as Error);
+        return;
+      }
+      for (const f of frames) {
+        const p = this.pending.get(f.id);
+        if (!p) continue;
+        this.pending.delete(f.id);
+        p.resolve(f);
+      }
+    };
+    if (leftover.length > 0) onData(leftover);
+    sock.on("data", onData);
+    sock.on("error", (e) => this.fail(e));
+    sock.on("close", () => this.fail(new Error("kvd connection closed")));
+  }
+
+  static async connect(o: KvdClientOptions): Promise<KvdClient> {
+    const maxFrame = o.maxFrameBytes ?? 1024 * 1024 * 1024;
+    const helloMeta = {
+      namespace: o.namespace,
+      arena: o.arena !== false && !!o.socketPath,
+      client: "infera-node",
+    };
+    const helloFrame = Buffer.concat(encodeFrame(Op.HELLO, 0, 0, helloMeta));
+    const dec = new FrameDecoder(maxFrame, true);
+    if (o.socketPath && helloMeta.arena) {
+      const hs = await connectWithFds(o.socketPath, helloFrame, frameLength);
+      const n = frameLength(hs.bytes);
+      const [reply] = dec.push(hs.bytes.subarray(0, n));
+      if (!reply?.meta.arena || hs.fds.length !== 1) {
+        hs.sock.destroy();
+        throw new Error("kvd did not pass the arena fd");
+      }
+      const arena = mapArena(hs.fds[0]!, Number(reply.meta.arena_bytes));
+      return new KvdClient(hs.sock, arena, reply.meta, maxFrame, hs.bytes.subarray(n));
+    }
+    const sock = o.socketPath ? net.connect(o.socketPath) : net.connect(o.tcp!.port, o.tcp!.host);
+    if (!o.socketPath) sock.setNoDelay(true);
+    const bytes = await new Promise<Buffer>((resolve, reject) => {
+      let acc = Buffer.alloc(0);
+      const onData = (b: Buffer) => {
+        acc = Buffer.concat([acc, b]);
+        const n = frameLength(acc);
+        if (n >= 0 && acc.length >= n) {
+          sock.off("data", onData);
+          sock.off("error", reject);
+          resolve(acc);
+        }
+      };
+      sock.on("data", onData);
+      sock.once("error", reject);
+      sock.write(helloFrame);
+    });
+    const n = frameLength(bytes);
+    const [reply] = dec.push(bytes.subarray(0, n));
+    return new KvdClient(sock, null, reply!.meta, maxFrame, bytes.subarray(n));
+  }
+
+  private fail(e: Error): void {
+    if (this.closedErr) return;
+    this.closedErr = e;
+    for (const p of this.pending.values()) p.reject(e);
+    this.pending.clear();
+    this.sock.destroy();
+  }
+
+  /** Sends one request frame; resolves with the response (rejects on an error frame). */
+  async request(op: number, meta: object, data?: Buffer | Buffer[]): Promise<Frame> {
+    if (this.closedErr) throw this.closedErr;
+    const id = this.nextId++ >>> 0;
+    const p = new Promise<Frame>((resolve, reject) => this.pending.set(id, { resolve, reject }));
+    for (const part of encodeFrame(op, 0, id, meta, data)) this.sock.write(part);
+    const f = await p;
+    if (f.flags & FLAG_ERROR) {
+      const err = (f.meta.error ?? {}) as { message?: string; code?: string };
+      throw new KvdRequestError(Number(f.meta.status ?? 500), err.code ?? null, err.message ?? "kvd error");
+    }
+    return f;
+  }
+
+  async put(items: PutItem[], ns?: string): Promise<boolean[]> {
+    const meta = {
+      ns,
+      items: items.map((i) => ({ key: i.key, size: i.data.length, retention: i.retention, ttl_ms: i.ttlMs })),
+    };
+    const f = await this.request(
+      Op.PUT,
+      meta,
+      items.map((i) => i.data),
+    );
+    return f.meta.stored as boolean[];
+  }
+
+  /** Zero-copy PUT: reserve arena space, write it through the mapping, commit. */
+  async putArena(items: PutItem[], ns?: string): Promise<boolean[]> {
+    if (!this.arena) throw new Error("putArena needs the arena (Unix socket)");
+    const meta = {
+      ns,
+      items: items.map((i) => ({ key: i.key, size: i.data.length, retention: i.retention, ttl_ms: i.ttlMs })),
+    };
+    const f = await this.request(Op.ALLOC, meta);
+    const allocs = f.meta.allocs as ({ handle: number; offset: number } | null)[];
+    const handles: number[] = [];
+    allocs.forEach((a, i) => {
+      if (!a) return;
+      items[i]!.data.copy(this.arena!.buf, a.offset);
+      handles.push(a.handle);
+    });
+    const c = await this.request(Op.COMMIT, { handles });
+    const committed = c.meta.committed as boolean[];
+    let j = 0;
+    return allocs.map((a) => (a ? committed[j++]! : false));
+  }
+
+  /** GET through the arena: views of the client's own mapping, leased until release(). */
+  async get(keys: string[], ns?: string): Promise<(ArenaChunk | null)[]> {
+    const f = await this.request(Op.GET, { ns, keys });
+    const items = f.meta.items as {
+      found: boolean;
+      tier: TierName;
+      offset?: number;
+      size: number;
+      lease?: number;
+      inline?: boolean;
+    }[];
+    let off = 0;
+    return items.map((it, i) => {
+      if (!it.found) return null;
+      if (it.inline || !this.arena || it.offset === undefined) {
+        const buf = f.data.subarray(off, off + it.size);
+        off += it.size;
+        return { key: keys[i]!, tier: it.tier, buf, offset: -1, lease: 0 };
+      }
+      const buf = this.arena.buf.subarray(it.offset, it.offset + it.size);
+      return { key: keys[i]!, tier: it.tier, buf, offset: it.offset, lease: it.lease ?? 0 };
+    });
+  }
+
+  /** GET over the socket (bytes copied through it). */
+  async getCopy(keys: string[], ns?: string): Promise<(Buffer | null)[]> {
+    const f = await this.request(Op.GET, { ns, keys, copy: true });
+    const items = f.meta.items as { found: boolean; size: number }[];
+    let off = 0;
+    return items.map((it) => {
+      if (!it.found) return null;
+      const b = f.data.subarray(off, off + it.size);
+      off += it.size;
+      return b;
+    });
+  }
+
+  async release(leases: number[]): Promise<number> {
+    const real = leases.filter((l) => l > 0);
+    if (real.length === 0) return 0;
+    return (await this.request(Op.RELEASE, { leases: real })).meta.released as number;
+  }
+
+  async exists(keys: string[], ns?: string): Promise<(TierName | null)[]> {
+    return (await this.request(Op.EXISTS, { ns, keys })).meta.tiers as (TierName | null)[];
+  }
+
+  async lookup(keys: string[], ns?: string): Promise<number> {
+    return (await this.request(Op.LOOKUP, { ns, keys })).meta.prefix as number;
+  }
+
+  async delete(keys: string[], ns?: string): Promise<boolean[]> {
+    return (await this.request(Op.DELETE, { ns, keys })).meta.deleted as boolean[];
+  }
+
+  async pin(keys: string[], ttlMs?: number, ns?: string): Promise<boolean[]> {
+    return (await this.request(Op.PIN, { ns, keys, ttl_ms: ttlMs })).meta.pinned as boolean[];
+  }
+
+  async unpin(keys: string[], ns?: string): Promise<boolean[]> {
+    return (await this.request(Op.UNPIN, { ns, keys })).meta.unpinned as boolean[];
+  }
+
+  async stats(): Promise<Record<string, unknown>> {
+    return (await this.request(Op.STATS, {})).meta;
+  }
+
+  close(): void {
+    this.fail(new Error("client closed"));
+    // Views of the mapping may still be held by the caller; the fd is closed, the mapping
+    // is released at process exit.
+    this.arena?.close(false);
+  }
+}

@@ -1,0 +1,188 @@
+/** `infera kvd`: wires the arena, tiers, listeners, metrics and the sweep timer together. */
+import { chmodSync, chownSync, existsSync, lstatSync, readFileSync, unlinkSync } from "node:fs";
+import http from "node:http";
+import net from "node:net";
+import { createLogger, type Logger } from "../util/log.ts";
+import { type AisStatus, probeAis } from "./ais.ts";
+import { type ArenaMapping, createArena } from "./arena.ts";
+import { createKvdMetrics } from "./metrics.ts";
+import { serveConnection } from "./server.ts";
+import { TieredStore } from "./store.ts";
+import { DiskTier } from "./tiers/disk.ts";
+import { openRemote, type RemoteTier } from "./tiers/remote.ts";
+import type { KvdConfig } from "./types.ts";
+
+export interface KvdDaemon {
+  readonly store: TieredStore;
+  readonly socketPath?: string;
+  readonly tcpPort?: number;
+  readonly metricsPort?: number;
+  readonly ais: AisStatus;
+  stats(): Record<string, unknown>;
+  close(): Promise<void>;
+}
+
+function resolveGid(group: string): number {
+  if (/^\d+$/.test(group)) return Number(group);
+  for (const line of readFileSync("/etc/group", "utf8").split("\n")) {
+    const [name, , gid] = line.split(":");
+    if (name === group && gid) return Number(gid);
+  }
+  throw new Error(`unknown group "${group}"`);
+}
+
+/** Removes a stale socket file left by a dead daemon; refuses if a live one answers. */
+async function clearStaleSocket(path: string): Promise<void> {
+  if (!existsSync(path)) return;
+  if (!lstatSync(path).isSocket()) throw new Error(`${path} exists and is not a socket`);
+  const alive = await new Promise<boolean>((resolve) => {
+    const s = net.connect(path, () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.on("error", () => resolve(false));
+  });
+  if (alive) throw new Error(`another kvd is listening on ${path}`);
+  unlinkSync(path);
+}
+
+function listen(
+  server: net.Server | http.Server,
+  arg: string | { host: string; port: number },
+): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    const done = () => {
+      server.off("error", reject);
+      resolve();
+    };
+    if (typeof arg === "string") server.listen(arg, done);
+    else server.listen(arg.port, arg.host, done);
+  });
+}
+
+export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")): Promise<KvdDaemon> {
+  const maxFrameBytes = cfg.maxFrameBytes ?? 256 * 1024 * 1024;
+  const ais = probeAis(cfg.ais ?? process.env.INFERA_KVD_AIS === "1");
+  log.info({ ais }, ais.active ? "kvd AIS GPU-direct path on" : "kvd AIS GPU-direct path off");
+
+  const arena: ArenaMapping = createArena(cfg.ramBytes);
+  log.info({ bytes: cfg.ramBytes, fd: arena.fd }, "kvd L2 arena created (memfd, sealed, MAP_SHARED)");
+  let disk: DiskTier | undefined;
+  if (cfg.diskDir && !cfg.ephemeral && cfg.diskBytes > 0) {
+    disk = new DiskTier(cfg.diskDir, cfg.diskBytes, log);
+    disk.open();
+  }
+  let remote: RemoteTier | undefined;
+  if (cfg.remoteUrl && !cfg.ephemeral) {
+    remote = await openRemote(cfg.remoteUrl);
+    log.info({ url: cfg.remoteUrl }, "kvd L4 remote store connected");
+  }
+  const store = new TieredStore({ arena, disk, remote, ephemeral: cfg.ephemeral, log });
+
+  let clients = 0;
+  const stats = () => ({ ...store.stats(), clients, ais });
+  const ctx = {
+    store,
+    log,
+    maxFrameBytes,
+    stats,
+    onClientCount: (d: number) => {
+      clients += d;
+    },
+  };
+  const servers: net.Server[] = [];
+  const sockets = new Set<net.Socket>();
+  const track = (s: net.Socket) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  };
+
+  if (cfg.socketPath) {
+    await clearStaleSocket(cfg.socketPath);
+    const srv = net.createServer((s) => {
+      track(s);
+      serveConnection(s, ctx, "unix");
+    });
+    // The socket file is created by bind(): a tight umask makes it 0600 from its first
+    // instant, so there is no window in which another user could connect.
+    const old = process.umask(0o177);
+    try {
+      await listen(srv, cfg.socketPath);
+    } finally {
+      process.umask(old);
+    }
+    if (cfg.socketGroup) {
+      chownSync(cfg.socketPath, process.getuid?.() ?? 0, resolveGid(cfg.socketGroup));
+      chmodSync(cfg.socketPath, 0o660);
+    } else chmodSync(cfg.socketPath, 0o600);
+    servers.push(srv);
+  }
+  let tcpPort: number | undefined;
+  if (cfg.tcp) {
+    const srv = net.createServer((s) => {
+      track(s);
+      s.setNoDelay(true);
+      serveConnection(s, ctx, "tcp");
+    });
+    await listen(srv, cfg.tcp);
+    tcpPort = (srv.address() as net.AddressInfo).port;
+    servers.push(srv);
+  }
+  let metricsServer: http.Server | undefined;
+  let metricsPort: number | undefined;
+  if (cfg.metricsPort !== undefined) {
+    const registry = createKvdMetrics(store, () => clients, ais);
+    metricsServer = http.createServer((req, res) => {
+      if (req.url === "/metrics") {
+        registry.metrics().then(
+          (body) => res.writeHead(200, { "content-type": registry.contentType }).end(body),
+          () => res.writeHead(500).end(),
+        );
+      } else if (req.url === "/health")
+        res.writeHead(200, { "content-type": "application/json" }).end('{"ok":true}');
+      else res.writeHead(404).end();
+    });
+    await listen(metricsServer, { host: cfg.metricsHost ?? "127.0.0.1", port: cfg.metricsPort });
+    metricsPort = (metricsServer.address() as net.AddressInfo).port;
+  }
+  const sweep = setInterval(() => store.sweep(), cfg.sweepMs ?? 1000);
+  sweep.unref();
+
+  log.info(
+    {
+      socket: cfg.socketPath,
+      tcp: tcpPort,
+      metricsPort,
+      ramBytes: cfg.ramBytes,
+      disk: disk ? { dir: disk.dir, bytes: disk.capacity, chunks: disk.index.size } : null,
+      remote: cfg.remoteUrl ?? null,
+      ephemeral: cfg.ephemeral ?? false,
+    },
+    "kvd ready",
+  );
+
+  let closing: Promise<void> | null = null;
+  return {
+    store,
+    socketPath: cfg.socketPath,
+    tcpPort,
+    metricsPort,
+    ais,
+    stats,
+    close() {
+      closing ??= (async () => {
+        clearInterval(sweep);
+        for (const s of servers) s.close();
+        for (const s of sockets) s.destroy();
+        metricsServer?.close();
+        await store.drain();
+        await remote?.close();
+        if (cfg.socketPath && existsSync(cfg.socketPath)) unlinkSync(cfg.socketPath);
+        // The mapping stays: in-flight socket writes may still reference arena views.
+        arena.close(false);
+      })();
+      return closing;
+    },
+  };
+}

@@ -1,0 +1,216 @@
+/**
+ * Request handlers: one function per op, validating the JSON meta with zod and answering
+ * (meta, data parts). Errors are the typed InferaErrors, sent back as error frames; only
+ * framing violations close a connection.
+ */
+import { z } from "zod";
+import { BadRequestError, InferaError } from "../protocol/errors.ts";
+import { Op } from "./protocol.ts";
+import type { Reservation, TieredStore } from "./store.ts";
+import type { L2Entry } from "./tiers/ram-arena.ts";
+import type { Retention } from "./types.ts";
+
+export interface ConnState {
+  /** Set by HELLO: the connection may only touch this namespace. */
+  namespace: string | null;
+  /** The client maps the arena (received the fd), so GET may answer offsets. */
+  arena: boolean;
+  leases: Map<number, L2Entry>;
+  reservations: Map<number, Reservation>;
+  nextHandle: number;
+}
+
+export interface Reply {
+  meta: Record<string, unknown>;
+  data?: Buffer[];
+  /** Runs once the reply has been written (releases the leases a copy-path GET held). */
+  afterWrite?: () => void;
+}
+
+const key = z.string().min(1).max(1024);
+const ns = z.string().min(1).max(256);
+const retention = z.enum(["none", "short", "long"]).optional();
+const ttl = z.number().nonnegative().optional();
+const item = z.object({ key, size: z.number().int().nonnegative(), retention, ttl_ms: ttl });
+const schemas = {
+  put: z.object({ ns: ns.optional(), items: z.array(item).min(1).max(4096), retention, ttl_ms: ttl }),
+  keys: z.object({
+    ns: ns.optional(),
+    keys: z.array(key).max(65536),
+    copy: z.boolean().optional(),
+    ttl_ms: ttl,
+  }),
+  commit: z.object({ handles: z.array(z.number().int()).max(65536), abort: z.boolean().optional() }),
+  release: z.object({ leases: z.array(z.number().int()).max(65536) }),
+};
+
+function parse<T>(schema: z.ZodType<T>, meta: unknown): T {
+  const r = schema.safeParse(meta);
+  if (!r.success) {
+    const issue = r.error.issues[0];
+    throw new BadRequestError(
+      `invalid request: ${issue?.path.join(".")} ${issue?.message}`,
+      "meta",
+      "invalid_meta",
+    );
+  }
+  return r.data;
+}
+
+/** The namespace a request addresses, enforcing the one bound at HELLO. */
+function nsOf(st: ConnState, requested: string | undefined): string {
+  const n = requested ?? st.namespace;
+  if (!n)
+    throw new BadRequestError("no namespace: send HELLO with one or pass ns", "ns", "namespace_required");
+  if (st.namespace !== null && n !== st.namespace) {
+    throw new InferaError(403, `this connection is bound to namespace "${st.namespace}"`, {
+      type: "permission_error",
+      param: "ns",
+      code: "namespace_forbidden",
+    });
+  }
+  return n;
+}
+
+function optsOf(
+  it: { retention?: Retention; ttl_ms?: number },
+  d: { retention?: Retention; ttl_ms?: number },
+) {
+  return { retention: it.retention ?? d.retention, ttlMs: it.ttl_ms ?? d.ttl_ms };
+}
+
+export async function handle(
+  store: TieredStore,
+  st: ConnState,
+  op: number,
+  meta: Record<string, unknown>,
+  data: Buffer,
+): Promise<Reply> {
+  switch (op) {
+    case Op.PUT: {
+      const m = parse(schemas.put, meta);
+      const n = nsOf(st, m.ns);
+      const total = m.items.reduce((s, i) => s + i.size, 0);
+      if (total !== data.length)
+        throw new BadRequestError(`item sizes sum to ${total}, data has ${data.length}`);
+      const stored: boolean[] = [];
+      let off = 0;
+      for (const it of m.items) {
+        stored.push(await store.put(n, it.key, data.subarray(off, off + it.size), optsOf(it, m)));
+        off += it.size;
+      }
+      return { meta: { stored } };
+    }
+    case Op.ALLOC: {
+      const m = parse(schemas.put, meta);
+      const n = nsOf(st, m.ns);
+      if (!st.arena) throw new BadRequestError("ALLOC needs the arena (Unix socket, HELLO with arena)");
+      const allocs = m.items.map((it) => {
+        const r = store.reserve(n, it.key, it.size, optsOf(it, m));
+        if (!r) return null;
+        const handle = st.nextHandle++;
+        st.reservations.set(handle, r);
+        return { handle, offset: r.ext.offset, size: it.size };
+      });
+      return { meta: { allocs } };
+    }
+    case Op.COMMIT: {
+      const m = parse(schemas.commit, meta);
+      const committed = m.handles.map((h) => {
+        const r = st.reservations.get(h);
+        if (!r) return false;
+        st.reservations.delete(h);
+        if (m.abort) {
+          store.abort(r);
+          return false;
+        }
+        return store.commit(r);
+      });
+      return { meta: { committed } };
+    }
+    case Op.GET: {
+      const m = parse(schemas.keys, meta);
+      const n = nsOf(st, m.ns);
+      const copy = m.copy === true || !st.arena;
+      const items: Record<string, unknown>[] = [];
+      const parts: Buffer[] = [];
+      const held: L2Entry[] = [];
+      for (const k of m.keys) {
+        const r = await store.get(n, k);
+        if (!r) items.push({ found: false });
+        else if ("data" in r) {
+          items.push({ found: true, tier: r.tier, size: r.data.length, inline: true });
+          parts.push(r.data);
+        } else if (copy) {
+          // Held until the socket has taken the bytes: they are read from the arena itself.
+          store.l2.acquire(r.entry);
+          held.push(r.entry);
+          items.push({ found: true, tier: r.tier, size: r.entry.size, inline: true });
+          parts.push(store.l2.view(r.entry));
+        } else {
+          store.l2.acquire(r.entry);
+          const lease = st.nextHandle++;
+          st.leases.set(lease, r.entry);
+          items.push({ found: true, tier: r.tier, offset: r.entry.ext.offset, size: r.entry.size, lease });
+        }
+      }
+      return {
+        meta: { items },
+        data: parts,
+        afterWrite: () => {
+          for (const e of held) store.l2.release(e);
+        },
+      };
+    }
+    case Op.RELEASE: {
+      const m = parse(schemas.release, meta);
+      let released = 0;
+      for (const l of m.leases) {
+        const e = st.leases.get(l);
+        if (!e) continue;
+        st.leases.delete(l);
+        store.l2.release(e);
+        released++;
+      }
+      return { meta: { released } };
+    }
+    case Op.EXISTS: {
+      const m = parse(schemas.keys, meta);
+      const n = nsOf(st, m.ns);
+      const tiers: (string | null)[] = [];
+      for (const k of m.keys) tiers.push(await store.where(n, k));
+      return { meta: { exists: tiers.map((t) => t !== null), tiers } };
+    }
+    case Op.LOOKUP: {
+      const m = parse(schemas.keys, meta);
+      return { meta: { prefix: await store.lookup(nsOf(st, m.ns), m.keys) } };
+    }
+    case Op.DELETE: {
+      const m = parse(schemas.keys, meta);
+      const n = nsOf(st, m.ns);
+      const deleted: boolean[] = [];
+      for (const k of m.keys) deleted.push(await store.delete(n, k));
+      return { meta: { deleted } };
+    }
+    case Op.PIN: {
+      const m = parse(schemas.keys, meta);
+      const n = nsOf(st, m.ns);
+      return { meta: { pinned: m.keys.map((k) => store.pin(n, k, m.ttl_ms)) } };
+    }
+    case Op.UNPIN: {
+      const m = parse(schemas.keys, meta);
+      const n = nsOf(st, m.ns);
+      return { meta: { unpinned: m.keys.map((k) => store.unpin(n, k)) } };
+    }
+    default:
+      throw new BadRequestError(`op ${op} is not valid here`);
+  }
+}
+
+/** Frees what a closing connection still held. */
+export function releaseConn(store: TieredStore, st: ConnState): void {
+  for (const e of st.leases.values()) store.l2.release(e);
+  for (const r of st.reservations.values()) store.abort(r);
+  st.leases.clear();
+  st.reservations.clear();
+}

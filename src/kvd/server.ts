@@ -1,0 +1,145 @@
+/**
+ * Connection handling: frames in, frames out, strictly in order per connection. HELLO (the
+ * handshake that passes the arena fd) and STATS are answered here; the rest go to handlers.
+ * A framing violation closes only the offending connection; nothing a client sends can
+ * throw out of this module.
+ */
+import type net from "node:net";
+import { z } from "zod";
+import { InferaError, toInferaError } from "../protocol/errors.ts";
+import type { Logger } from "../util/log.ts";
+import { type ConnState, handle, type Reply, releaseConn } from "./handlers.ts";
+import { sendWithFds } from "./native/fdpass.ts";
+import {
+  encodeFrame,
+  FLAG_ERROR,
+  FLAG_RESPONSE,
+  type Frame,
+  FrameDecoder,
+  Op,
+  PROTOCOL_VERSION,
+  ProtocolError,
+} from "./protocol.ts";
+import type { TieredStore } from "./store.ts";
+
+export interface ServeContext {
+  store: TieredStore;
+  log: Logger;
+  maxFrameBytes: number;
+  stats: () => Record<string, unknown>;
+  onClientCount: (delta: number) => void;
+}
+
+const helloSchema = z.object({
+  namespace: z.string().min(1).max(256).optional(),
+  arena: z.boolean().optional(),
+  client: z.string().max(256).optional(),
+});
+
+export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: "unix" | "tcp"): void {
+  const { store, log } = ctx;
+  const st: ConnState = {
+    namespace: null,
+    arena: false,
+    leases: new Map(),
+    reservations: new Map(),
+    nextHandle: 1,
+  };
+  const decoder = new FrameDecoder(ctx.maxFrameBytes);
+  let chain: Promise<void> = Promise.resolve();
+  let closed = false;
+  ctx.onClientCount(1);
+
+  const close = (why?: string) => {
+    if (closed) return;
+    closed = true;
+    if (why) log.warn({ transport, why }, "kvd closed a connection after a malformed frame");
+    sock.destroy();
+    releaseConn(store, st);
+    ctx.onClientCount(-1);
+  };
+
+  const write = (parts: Buffer[], after?: () => void): Promise<void> =>
+    new Promise((resolve) => {
+      if (closed) {
+        after?.();
+        resolve();
+        return;
+      }
+      let ok = true;
+      for (let i = 0; i < parts.length; i++) {
+        const last = i === parts.length - 1;
+        ok = sock.write(parts[i]!, last ? () => after?.() : undefined);
+      }
+      // Backpressure: the next request is not processed until the socket drained.
+      if (ok) resolve();
+      else {
+        const done = () => {
+          sock.off("drain", done);
+          sock.off("close", done);
+          resolve();
+        };
+        sock.on("drain", done);
+        sock.on("close", done);
+      }
+    });
+
+  const hello = async (f: Frame): Promise<void> => {
+    const m = helloSchema.safeParse(f.meta);
+    if (!m.success) throw new ProtocolError("invalid HELLO");
+    if (m.data.namespace) st.namespace = m.data.namespace;
+    const wantFd = m.data.arena !== false && transport === "unix";
+    const meta = {
+      version: PROTOCOL_VERSION,
+      arena: wantFd,
+      arena_bytes: store.l2.arena.bytes,
+      namespace: st.namespace,
+      max_frame_bytes: ctx.maxFrameBytes,
+      ephemeral: store.ephemeral,
+    };
+    const frame = Buffer.concat(encodeFrame(Op.HELLO, FLAG_RESPONSE, f.id, meta));
+    if (wantFd) {
+      await sendWithFds(sock, frame, [store.l2.arena.fd]);
+      st.arena = true;
+    } else await write([frame]);
+  };
+
+  const process1 = async (f: Frame): Promise<void> => {
+    if (f.op === Op.HELLO) return hello(f);
+    let reply: Reply;
+    try {
+      reply = f.op === Op.STATS ? { meta: ctx.stats() } : await handle(store, st, f.op, f.meta, f.data);
+    } catch (err) {
+      if (err instanceof ProtocolError) throw err;
+      const e = toInferaError(err);
+      if (!(err instanceof InferaError)) log.error({ err: String(err), op: f.op }, "kvd handler failed");
+      await write(
+        encodeFrame(f.op, FLAG_RESPONSE | FLAG_ERROR, f.id, { error: e.toJSON().error, status: e.status }),
+      );
+      return;
+    }
+    await write(encodeFrame(f.op, FLAG_RESPONSE, f.id, reply.meta, reply.data), reply.afterWrite);
+  };
+
+  sock.on("data", (chunk: Buffer) => {
+    if (closed) return;
+    let frames: Frame[];
+    try {
+      frames = decoder.push(chunk);
+    } catch (e) {
+      close(e instanceof ProtocolError ? e.message : "undecodable frame");
+      return;
+    }
+    for (const f of frames) {
+      chain = chain.then(() =>
+        closed
+          ? undefined
+          : process1(f).catch((e) =>
+              close(e instanceof ProtocolError ? e.message : `request failed: ${String(e)}`),
+            ),
+      );
+    }
+  });
+  sock.on("error", () => close());
+  sock.on("close", () => close());
+}

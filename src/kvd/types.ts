@@ -1,0 +1,45 @@
+/** Retention classes a request may ask for (`kv_transfer_params.infera_retention`). */
+export type Retention = "none" | "short" | "long";
+/** Classes that are actually stored; `none` never is. `short` is evicted before `long`. */
+export type StoredClass = "short" | "long";
+export const EVICTION_ORDER: readonly StoredClass[] = ["short", "long"];
+export const DEFAULT_RETENTION: Retention = "long";
+
+export type TierName = "l2" | "l3" | "l4";
+
+export interface PutOptions {
+  retention?: Retention;
+  /** Per-request TTL; the chunk expires from every tier after it. */
+  ttlMs?: number;
+}
+
+export interface KvdConfig {
+  socketPath?: string;
+  /** Optional TCP listener (copy path only: the arena fd cannot cross TCP). */
+  tcp?: { host: string; port: number };
+  ramBytes: number;
+  diskDir?: string;
+  diskBytes: number;
+  /** L4 store URL, e.g. redis://127.0.0.1:6379/0. */
+  remoteUrl?: string;
+  /** Make the Unix socket 0660 and chown it to this group (name or gid). */
+  socketGroup?: string;
+  metricsPort?: number;
+  metricsHost?: string;
+  /** Daemon-level ephemeral mode: RAM only, nothing is written to disk or the remote store. */
+  ephemeral?: boolean;
+  /** Largest data section a frame may carry. */
+  maxFrameBytes?: number;
+  /** How often expired chunks are swept (ms). */
+  sweepMs?: number;
+  /** Enable the AIS (hipFile GPU-direct) probe; default from INFERA_KVD_AIS. */
+  ais?: boolean;
+}
+
+export function chunkId(ns: string, key: string): string {
+  return `${ns}\u0000${key}`;
+}
+
+export function isRetention(v: unknown): v is Retention {
+  return v === "none" || v === "short" || v === "long";
+}

@@ -1,0 +1,65 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type KvdDaemon, startKvd } from "../../src/kvd/daemon.ts";
+import type { KvdConfig } from "../../src/kvd/types.ts";
+import { createLogger } from "../../src/util/log.ts";
+
+export const MiB = 1024 * 1024;
+
+export function tempDir(prefix = "kvd-test-"): { dir: string; cleanup: () => void } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** Deterministic bytes for a key, so any reader can verify what it got. */
+export function bytesFor(key: string, size: number): Buffer {
+  const out = Buffer.allocUnsafe(size);
+  let block = createHash("sha256").update(key).digest();
+  for (let off = 0; off < size; off += block.length) {
+    block.copy(out, off, 0, Math.min(block.length, size - off));
+    block = createHash("sha256").update(block).digest();
+  }
+  return out;
+}
+
+export async function startTestKvd(dir: string, cfg: Partial<KvdConfig> = {}): Promise<KvdDaemon> {
+  return startKvd(
+    {
+      socketPath: join(dir, "kvd.sock"),
+      ramBytes: 16 * MiB,
+      diskDir: join(dir, "disk"),
+      diskBytes: 64 * MiB,
+      sweepMs: 50,
+      ...cfg,
+    },
+    createLogger("kvd-test", {}).child({}, { level: process.env.INFERA_LOG_LEVEL ?? "silent" }),
+  );
+}
+
+/** Runs `infera kvd` as a child process; resolves once the socket exists. */
+export async function spawnKvd(args: string[], socketPath: string): Promise<ChildProcess> {
+  const child = spawn(process.execPath, [join(import.meta.dirname, "../../bin/infera.js"), "kvd", ...args], {
+    env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  const deadline = Date.now() + 15000;
+  while (!existsSync(socketPath)) {
+    if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
+    if (Date.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error("kvd did not create its socket in time");
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return child;
+}
+
+export function waitExit(child: ChildProcess): Promise<void> {
+  return new Promise((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) resolve();
+    else child.once("exit", () => resolve());
+  });
+}
