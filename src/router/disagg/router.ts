@@ -30,7 +30,15 @@ import {
   type SerialProtocol,
 } from "./protocols/index.ts";
 import { choosePair, leastLoaded } from "./select.ts";
-import { describeError, drain, errorMessage, failureKind, isTimeout, tracked } from "./upstream.ts";
+import {
+  describeError,
+  drain,
+  errorMessage,
+  failureKind,
+  isTimeout,
+  tracked,
+  WorkerSlot,
+} from "./upstream.ts";
 
 export interface DisaggOptions {
   /** Limit for P's half (to its answer). */
@@ -98,11 +106,16 @@ export class DisaggRouter implements ModelRouter {
         "pd pair",
       );
       const proto = pdProtocols[pair.kind];
+      // Claimed before any await, so concurrent requests see each other's choices.
+      const pSlot = new WorkerSlot(p, this.prefillTokens(req));
+      const dSlot = new WorkerSlot(pair.decode);
       try {
         return proto.mode === "serial"
-          ? await this.serial(req, exec, signal, proto, p, pair.decode)
-          : await this.concurrent(req, exec, signal, proto, p, pair.decode);
+          ? await this.serial(req, exec, signal, proto, pSlot, dSlot)
+          : await this.concurrent(req, exec, signal, proto, pSlot, dSlot);
       } catch (err) {
+        pSlot.release();
+        dSlot.release();
         if (!(err instanceof PrefillFailure)) throw err;
         if (signal.aborted) throw err.reason;
         const kind = failureKind(err.reason);
@@ -158,14 +171,12 @@ export class DisaggRouter implements ModelRouter {
     exec: RequestExecutor,
     signal: AbortSignal,
     proto: SerialProtocol,
-    p: WorkerState,
-    d: WorkerState,
+    pSlot: WorkerSlot,
+    dSlot: WorkerSlot,
   ): Promise<UpstreamResponse> {
-    const input = await this.input(req, proto, p, d, signal);
+    const p = pSlot.worker;
+    const input = await this.input(req, proto, p, dSlot.worker, signal);
     const headers = { "x-request-id": input.requestId };
-    const tokens = this.prefillTokens(req);
-    p.inFlight++;
-    p.pendingPrefillTokens += tokens;
     let params: Record<string, unknown>;
     try {
       const up = await exec
@@ -193,27 +204,26 @@ export class DisaggRouter implements ModelRouter {
       params = kvp as Record<string, unknown>;
       this.ctx.reportSuccess?.(p);
     } finally {
-      p.inFlight--;
-      p.pendingPrefillTokens -= tokens;
+      pSlot.release();
     }
-    return this.decode(req, exec, signal, d, proto.decodeBody(input, params), headers);
+    return this.decode(req, exec, signal, dSlot, proto.decodeBody(input, params), headers);
   }
 
   private async decode(
     req: RoutingRequest,
     exec: RequestExecutor,
     signal: AbortSignal,
-    d: WorkerState,
+    dSlot: WorkerSlot,
     body: Record<string, unknown>,
     headers: Record<string, string>,
     onAbort?: () => void,
   ): Promise<UpstreamResponse> {
-    d.inFlight++;
+    const d = dSlot.worker;
     let up: UpstreamResponse;
     try {
       up = await exec.send(d, req.endpoint, body, { signal, headers, timeoutMs: this.o.decodeTimeoutMs });
     } catch (err) {
-      d.inFlight--;
+      dSlot.release();
       if (signal.aborted) throw err;
       const kind = failureKind(err);
       if (kind) this.ctx.reportFailure?.(d, kind);
@@ -221,12 +231,12 @@ export class DisaggRouter implements ModelRouter {
     }
     if (up.status >= 500) {
       const msg = await errorMessage(up);
-      d.inFlight--;
+      dSlot.release();
       this.ctx.reportFailure?.(d, "5xx");
       throw decodeError(d, new UpstreamError(msg, up.status));
     }
     this.ctx.reportSuccess?.(d);
-    return tracked(up, d, onAbort);
+    return tracked(up, dSlot, onAbort);
   }
 
   private async concurrent(
@@ -234,27 +244,17 @@ export class DisaggRouter implements ModelRouter {
     exec: RequestExecutor,
     signal: AbortSignal,
     proto: ConcurrentProtocol,
-    p: WorkerState,
-    d: WorkerState,
+    pSlot: WorkerSlot,
+    dSlot: WorkerSlot,
   ): Promise<UpstreamResponse> {
-    const input = await this.input(req, proto, p, d, signal);
+    const p = pSlot.worker;
+    const input = await this.input(req, proto, p, dSlot.worker, signal);
     const headers = { "x-request-id": input.requestId };
     const bodies = proto.bodies(input);
     const pCtl = new AbortController();
     const dCtl = new AbortController();
-    const pSignal = AbortSignal.any([signal, pCtl.signal]);
-    const tokens = this.prefillTokens(req);
-    p.inFlight++;
-    p.pendingPrefillTokens += tokens;
-    let pReleased = false;
-    const releaseP = () => {
-      if (pReleased) return;
-      pReleased = true;
-      p.inFlight--;
-      p.pendingPrefillTokens -= tokens;
-    };
     const prefill = exec.send(p, req.endpoint, bodies.prefill, {
-      signal: pSignal,
+      signal: AbortSignal.any([signal, pCtl.signal]),
       headers,
       timeoutMs: this.o.prefillTimeoutMs,
     });
@@ -262,7 +262,7 @@ export class DisaggRouter implements ModelRouter {
       req,
       exec,
       AbortSignal.any([signal, dCtl.signal]),
-      d,
+      dSlot,
       bodies.decode,
       headers,
       () => pCtl.abort(),
@@ -278,19 +278,17 @@ export class DisaggRouter implements ModelRouter {
     try {
       pUp = await prefill;
     } catch (err) {
-      releaseP();
       cancelDecode();
       throw signal.aborted ? err : new PrefillFailure(p, err);
     }
     if (pUp.status >= 400) {
       const msg = await errorMessage(pUp);
-      releaseP();
       cancelDecode();
       if (pUp.status < 500) throw new InferaError(pUp.status, msg, { code: "prefill_rejected" });
       throw new PrefillFailure(p, new UpstreamError(msg, pUp.status));
     }
     this.ctx.reportSuccess?.(p);
-    void drain(pUp).finally(releaseP);
+    void drain(pUp).finally(() => pSlot.release());
     try {
       return await decode;
     } catch (err) {
@@ -310,7 +308,7 @@ export class DisaggRouter implements ModelRouter {
       "no prefill worker; running mixed on D",
     );
     const headers = { "x-request-id": req.requestId };
-    d.inFlight++;
+    const slot = new WorkerSlot(d, this.prefillTokens(req));
     let up: UpstreamResponse;
     try {
       up = await exec.send(d, req.endpoint, req.body as Record<string, unknown>, {
@@ -319,10 +317,10 @@ export class DisaggRouter implements ModelRouter {
         timeoutMs: this.o.decodeTimeoutMs,
       });
     } catch (err) {
-      d.inFlight--;
+      slot.release();
       throw err;
     }
-    return tracked(up, d);
+    return tracked(up, slot);
   }
 }
 

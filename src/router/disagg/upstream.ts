@@ -8,14 +8,33 @@ import { InferaError, TimeoutError } from "../../protocol/errors.ts";
 import { connectionFailureKind, WorkerUnreachableError } from "../errors.ts";
 import type { UpstreamResponse, WorkerState } from "../types.ts";
 
-/** Counts the answer in `w.inFlight` until its body ends, fails or is aborted; `onAbort` runs on abort. */
-export function tracked(up: UpstreamResponse, w: WorkerState, onAbort?: () => void): UpstreamResponse {
-  let released = false;
-  const release = () => {
-    if (released) return;
-    released = true;
-    w.inFlight--;
-  };
+/**
+ * One request's claim on a worker: counted in `inFlight` (and its prompt in
+ * `pendingPrefillTokens`) from the moment the router picks it, so that concurrent picks see
+ * it at once, until `release()` (idempotent).
+ */
+export class WorkerSlot {
+  private released = false;
+
+  constructor(
+    readonly worker: WorkerState,
+    private readonly prefillTokens = 0,
+  ) {
+    worker.inFlight++;
+    worker.pendingPrefillTokens += prefillTokens;
+  }
+
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    this.worker.inFlight--;
+    this.worker.pendingPrefillTokens -= this.prefillTokens;
+  }
+}
+
+/** Holds `slot` until the answer's body ends, fails or is aborted; `onAbort` runs on abort. */
+export function tracked(up: UpstreamResponse, slot: WorkerSlot, onAbort?: () => void): UpstreamResponse {
+  const release = () => slot.release();
   const src = up.body;
   async function* body(): AsyncGenerator<Uint8Array> {
     try {

@@ -243,6 +243,26 @@ describe("pairing and topologies", () => {
     assert.equal(exec.calls[3].worker, "d1");
   });
 
+  test("a burst spreads over the Ds: a pick counts at once, before any await", async () => {
+    const slowD = async (c: Call) => {
+      await delay(30, c.opts.signal);
+      return jsonAnswer(200, {});
+    };
+    const exec = new FakeExecutor({ p1: () => jsonAnswer(200, {}), d1: slowD, d2: slowD });
+    const ds = [worker("d1", "decode", "sglang"), worker("d2", "decode", "sglang")];
+    const { r } = router([worker("p1", "prefill", "sglang")], ds);
+    const ups = await Promise.all(
+      Array.from({ length: 6 }, () => r.handle(routingRequest(body), exec, signal())),
+    );
+    assert.equal(exec.to("d1").length, 3);
+    assert.equal(exec.to("d2").length, 3);
+    await Promise.all(ups.map((u) => text(u.body)));
+    assert.deepEqual(
+      ds.map((d) => d.inFlight),
+      [0, 0],
+    );
+  });
+
   test("no prefill worker at all: 503, or mixed on D with pdFallbackMixed", async () => {
     const exec = new FakeExecutor({ d1: () => jsonAnswer(200, { ok: 1 }) });
     const d = [worker("d1", "decode", "nixl")];
