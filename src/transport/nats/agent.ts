@@ -234,7 +234,11 @@ export class NatsRequestAgent {
     head.set(H_STATUS, String(res.statusCode));
     for (const [k, v] of Object.entries(res.headers)) {
       if (v === undefined || !isRelayedHeader(k)) continue;
-      head.set(k, Array.isArray(v) ? v.join(", ") : v);
+      try {
+        head.set(k, Array.isArray(v) ? v.join(", ") : v);
+      } catch {
+        // A header NATS cannot carry: dropped.
+      }
     }
     this.publish(st, undefined, head);
     const maxChunk = Math.max(1024, (this.nc.info?.max_payload ?? 1 << 20) - 4096);

@@ -8,6 +8,7 @@
  * breaks after the head → the body iterator throws.
  */
 import { createInbox, type NatsConnection, headers as natsHeaders } from "@nats-io/transport-node";
+import { InferaError } from "../../protocol/errors.ts";
 import type {
   EndpointKind,
   RequestExecutor,
@@ -91,6 +92,19 @@ export class NatsRequestExecutor implements RequestExecutor {
       }, headLimit);
       headTimer.unref();
     }
+    const payload = this.enc.encode(JSON.stringify(body));
+    const maxPayload = this.nc.info?.max_payload ?? Number.POSITIVE_INFINITY;
+    if (payload.length + 1024 > maxPayload) {
+      // Not the worker's fault, so not the retry path: every worker would refuse it alike.
+      stream.fail(
+        new InferaError(
+          413,
+          `Request body (${payload.length} bytes) exceeds the NATS broker's max_payload (${maxPayload} bytes).`,
+          { type: "invalid_request_error", code: "request_too_large" },
+        ),
+      );
+      return stream.head;
+    }
     opts.signal.addEventListener("abort", onAbort, { once: true });
     try {
       stream.sub = this.nc.subscribe(inbox, { callback: (err, msg) => stream.onMsg(err, msg) });
@@ -98,9 +112,17 @@ export class NatsRequestExecutor implements RequestExecutor {
       h.set(H_ENDPOINT, endpoint);
       h.set(H_WINDOW, String(this.window));
       h.set(H_PING_MS, String(this.pingMs));
-      if (opts.headers) for (const [k, v] of Object.entries(opts.headers)) h.set(k, v);
+      if (opts.headers) {
+        for (const [k, v] of Object.entries(opts.headers)) {
+          try {
+            h.set(k, v);
+          } catch {
+            // A header name NATS cannot carry (client-supplied junk): dropped, not fatal.
+          }
+        }
+      }
       this.active.add(stream);
-      this.nc.publish(subject, this.enc.encode(JSON.stringify(body)), { reply: inbox, headers: h });
+      this.nc.publish(subject, payload, { reply: inbox, headers: h });
     } catch (err) {
       stream.unreachable(
         "connect",

@@ -73,7 +73,9 @@ test("infera server over --request-plane nats serves the openai client through t
     startedAt: new Date().toISOString(),
     natsSubject: agent.subject,
   };
-  const discovery = new MemoryDiscovery([rec]);
+  // A second worker whose agent is gone: its requests must fail over to w1 (the HTTP retry path).
+  const ghost: WorkerRecord = { ...rec, id: "w0-ghost", natsSubject: requestSubject(MODEL, "w0-ghost") };
+  const discovery = new MemoryDiscovery([rec, ghost]);
   const server: InferaServer = await startServer(
     { port: 0, scrapeIntervalMs: 0, nats: { url: nats.url, token: "tok-1" } },
     { discovery },
@@ -99,7 +101,12 @@ test("infera server over --request-plane nats serves the openai client through t
   let text = "";
   for await (const ch of stream) text += ch.choices[0]?.delta?.content ?? "";
   assert.ok(text.length > 0);
-  assert.ok(agent.handled >= 2);
+  // Round-robin sends some of these to the ghost first; every one still succeeds via w1.
+  for (let i = 0; i < 4; i++) {
+    const again = await client.completions.create({ model: MODEL, prompt: `retry ${i}`, max_tokens: 2 });
+    assert.equal(again.usage?.completion_tokens, 2);
+  }
+  assert.equal(agent.handled, 6);
 });
 
 function waitLine(proc: ChildProcess, re: RegExp, ms: number): Promise<void> {
