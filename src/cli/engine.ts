@@ -35,7 +35,11 @@ export function registerEngine(program: Command): void {
     )
     .option("--worker-id <id>", "worker id (default: <engine>-<hostname>-<port>-<random>)")
     .option("--role <role>", "mixed | prefill | decode", "mixed")
-    .option("--connector <kind>", "KV connector: nixl | mooncake | moriio | mori (sglang) | none")
+    .option(
+      "--connector <kind>",
+      "KV connector: nixl | mooncake | moriio | mori (sglang's name) | sglang | atom (sim) | none; " +
+        "PD default: vllm/sim nixl, sglang mooncake, atom moriio",
+    )
     .option("--tp <n>", "tensor-parallel size")
     .option("--dp <n>", "data-parallel size")
     .option("--quantization <q>", "fp8 | mxfp4 | ... (passed to the engine)")
