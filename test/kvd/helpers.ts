@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type KvdDaemon, startKvd } from "../../src/kvd/daemon.ts";
@@ -39,14 +40,24 @@ export async function startTestKvd(dir: string, cfg: Partial<KvdConfig> = {}): P
   );
 }
 
-/** Runs `infera kvd` as a child process; resolves once the socket exists. */
+function canConnect(path: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = connect(path, () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.on("error", () => resolve(false));
+  });
+}
+
+/** Runs `infera kvd` as a child process; resolves once its socket accepts connections. */
 export async function spawnKvd(args: string[], socketPath: string): Promise<ChildProcess> {
   const child = spawn(process.execPath, [join(import.meta.dirname, "../../bin/infera.js"), "kvd", ...args], {
     env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
     stdio: ["ignore", "ignore", "inherit"],
   });
   const deadline = Date.now() + 15000;
-  while (!existsSync(socketPath)) {
+  while (!existsSync(socketPath) || !(await canConnect(socketPath))) {
     if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
     if (Date.now() > deadline) {
       child.kill("SIGKILL");

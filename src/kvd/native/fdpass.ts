@@ -37,6 +37,27 @@ function usocket(): USocketModule {
   return usocketMod;
 }
 
+/**
+ * usocket's native close calls uv_close() on a uv_poll_t embedded in the wrapper object; if
+ * the wrapper is garbage-collected before libuv runs the close callback, libuv touches freed
+ * memory (seen here as an assertion in uv_poll_stop). Retiring a wrapper therefore happens
+ * outside the native callback that delivered the data, and a strong reference is kept for a
+ * second, long after the loop has finished closing the handle.
+ */
+const retired = new Set<USocketLike>();
+function retire(u: USocketLike): void {
+  retired.add(u);
+  // Stop its native reader now, so bytes meant for the `net` stream that takes over the
+  // descriptor cannot be consumed by usocket in the meantime.
+  u.removeAllListeners();
+  u.on("error", () => {});
+  (u as unknown as { _wrap?: { pause?: () => void } })._wrap?.pause?.();
+  setImmediate(() => {
+    u.destroy();
+    setTimeout(() => retired.delete(u), 1000).unref();
+  });
+}
+
 /** The OS descriptor under a connected Unix-socket net.Socket (libuv pipe handle). */
 export function socketFd(sock: net.Socket): number {
   const fd = (sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
@@ -55,7 +76,7 @@ export function sendWithFds(sock: net.Socket, data: Buffer, fds: number[]): Prom
   return new Promise((resolve, reject) => {
     const u = new (usocket().USocket)({ fd: dupFd });
     u.on("error", (e) => {
-      u.destroy();
+      retire(u);
       reject(e ?? new Error("usocket error"));
     });
     // usocket never starts reading an adopted fd until asked, so it cannot steal the
@@ -64,8 +85,7 @@ export function sendWithFds(sock: net.Socket, data: Buffer, fds: number[]): Prom
       data,
       fds,
       callback: () => {
-        u.removeAllListeners();
-        u.destroy();
+        retire(u);
         resolve();
       },
     });
@@ -105,7 +125,7 @@ export function connectWithFds(
       clearTimeout(timer);
       u.removeAllListeners();
       if (err) {
-        u.destroy();
+        retire(u);
         for (const fd of fds) libc().close(fd);
         reject(err);
         return;
@@ -113,7 +133,7 @@ export function connectWithFds(
       const c = libc();
       const fd = u.fd ?? -1;
       const dupFd = fd >= 0 ? c.dup(fd) : -1;
-      u.destroy();
+      retire(u);
       if (dupFd < 0) {
         reject(new Error("could not dup the handshake socket"));
         return;
