@@ -234,6 +234,7 @@ async function handleCompletion(
     includeUsage: r.includeUsage,
     numPrompts: r.prompts.length,
     n: phase === "prefill" ? 1 : r.n,
+    streamInterval: cfg.streamInterval,
   });
   res.on("close", () => {
     if (responder.finished) return;

@@ -45,6 +45,7 @@ const VALUE_FLAGS = new Set([
   "data-parallel-rank",
   "api-key",
   "kv-hold-timeout-ms",
+  "stream-interval",
 ]);
 
 /** vLLM flags that take a value and that the sim accepts without modelling them. */
@@ -261,6 +262,7 @@ export function parseSimArgs(argv: readonly string[]): ParsedArgs {
     enablePrefixCaching: prefixCaching,
     apiKey: values.get("api-key") ?? process.env.VLLM_API_KEY,
     holdTimeoutMs: int("kv-hold-timeout-ms", 120000),
+    streamInterval: int("stream-interval", 1),
   };
   return { config, help, ignored, unknown };
 }
@@ -288,5 +290,6 @@ A simulated vLLM-compatible engine (OpenAI API, /metrics, KV events, PD connecto
   --profile FILE                timing-model profile JSON (default: Llama-3.1-8B bf16 on MI355X)
   -tp/--tensor-parallel-size, -dp/--data-parallel-size, --data-parallel-rank
   --api-key KEY                 require this bearer token on /v1 routes
+  --stream-interval N           tokens per streamed event, as vLLM's flag (1)
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
 Other vLLM flags are accepted and ignored.`;

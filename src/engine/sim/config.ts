@@ -42,6 +42,8 @@ export interface SimConfig {
   apiKey?: string;
   /** How long a prefill worker holds blocks for D's pull. */
   holdTimeoutMs: number;
+  /** vLLM `--stream-interval`: tokens per streamed event (1 = every token). */
+  streamInterval: number;
 }
 
 export function defaultKvEventsConfig(): KvEventsConfig {

@@ -19,13 +19,10 @@ const CORPUS =
 export class OutputVocab {
   readonly ids: Int32Array;
   readonly pieces: string[];
-  /** JSON string literals of the pieces, for the SSE hot path. */
-  readonly jsonPieces: string[];
 
   constructor(ids: number[], pieces: string[]) {
     this.ids = Int32Array.from(ids);
     this.pieces = pieces;
-    this.jsonPieces = pieces.map((p) => JSON.stringify(p));
   }
 
   static build(tok: Tokenizer): OutputVocab {
@@ -105,16 +102,6 @@ export class OutputText {
   }
 
   private lastPiece = 0;
-
-  /**
-   * Fast path for streams without stop strings: the last token's text as a JSON literal,
-   * marking it sent. Null when stop strings need the general path.
-   */
-  takeLastJson(): string | null {
-    if (this.holdBack !== 0 || this.stop.length > 0) return null;
-    this.emitted = this.text.length;
-    return this.vocab.jsonPieces[this.lastPiece];
-  }
 
   /** Appends the last drawn token's text; returns true when a stop string matched. */
   appendLast(): boolean {

@@ -4,9 +4,14 @@ import type { FinishReason } from "./output.ts";
 import type { SeqSink, Sequence } from "./sequence.ts";
 
 /**
- * Turns the sequences of one request into the OpenAI answer: SSE chunks as tokens arrive
- * (one write per token per choice, strings built by hand on this hot path), or one JSON
- * body when all choices finished.
+ * Turns the sequences of one request into the OpenAI answer: SSE events as tokens arrive,
+ * or one JSON body when all choices finished.
+ *
+ * Streaming writes are batched per event-loop tick: the tokens a step produced for this
+ * request (all its choices, and several steps when the engine is catching up) go out in
+ * one socket write, as vLLM's output collector merges outputs a slow consumer has not taken
+ * yet. `streamInterval` (vLLM's --stream-interval) holds text back until that many tokens
+ * are pending. Headers and the chat role chunk go out with the first token, as in vLLM.
  */
 export interface ResponseMeta {
   kind: "chat" | "completion";
@@ -18,6 +23,8 @@ export interface ResponseMeta {
   /** Number of prompts (completions batch); choices = prompts x n. */
   numPrompts: number;
   n: number;
+  /** Tokens per SSE event (vLLM --stream-interval); 1 = every token. */
+  streamInterval: number;
 }
 
 export interface Usage {
@@ -40,13 +47,20 @@ export class RequestResponder implements SeqSink {
   beforeEnd: (() => Promise<void>) | null = null;
   onDone: (() => void) | null = null;
 
+  /** Streaming state: text per choice not yet in an event, events not yet written. */
+  private seqText: string[] = [];
+  private pendingTokens = 0;
+  private out = "";
+  private flushQueued = false;
+  private started = false;
+  private direct: Socket | null = null;
+
   constructor(
     private readonly res: ServerResponse,
     private readonly meta: ResponseMeta,
   ) {
-    const id = meta.kind === "chat" ? `chatcmpl-${meta.requestId}` : `cmpl-${meta.requestId}`;
     const object = meta.kind === "chat" ? "chat.completion.chunk" : "text_completion";
-    this.head = `data: {"id":${JSON.stringify(id)},"object":"${object}","created":${meta.created},"model":${JSON.stringify(meta.model)},"choices":[{"index":`;
+    this.head = `data: {"id":${JSON.stringify(this.id)},"object":"${object}","created":${meta.created},"model":${JSON.stringify(meta.model)},"choices":[{"index":`;
     this.mid = meta.kind === "chat" ? `,"delta":{"content":` : `,"text":`;
     this.tail =
       meta.kind === "chat"
@@ -64,67 +78,88 @@ export class RequestResponder implements SeqSink {
 
   addSeq(seq: Sequence): void {
     this.seqs.push(seq);
+    this.seqText.push("");
     this.remaining++;
   }
 
-  /** Stream start: headers and, for chat, the role chunk of every choice. */
-  begin(): void {
-    if (!this.meta.stream) return;
+  /** Called once the sequences are submitted. */
+  begin(): void {}
+
+  onToken(seq: Sequence): void {
+    if (!this.meta.stream || this.ended) return;
+    const delta = seq.output.takeDelta(false);
+    if (delta.length === 0) return;
+    this.seqText[seq.index] += delta;
+    this.pendingTokens++;
+    this.queueFlush();
+  }
+
+  onFinish(seq: Sequence, reason: FinishReason): void {
+    if (this.ended || reason === "abort") return;
+    if (this.meta.stream) {
+      const text = this.seqText[seq.index] + seq.output.takeDelta(true);
+      this.seqText[seq.index] = "";
+      const close = this.meta.kind === "chat" ? "}" : "";
+      this.start();
+      this.out += `${this.head}${seq.index}${this.mid}${JSON.stringify(text)}${close},"logprobs":null,"finish_reason":"${reason}","stop_reason":null}]}\n\n`;
+    }
+    if (--this.remaining === 0) void this.complete();
+    else this.queueFlush();
+  }
+
+  private queueFlush(): void {
+    if (this.flushQueued) return;
+    this.flushQueued = true;
+    process.nextTick(this.flush);
+  }
+
+  private readonly flush = (): void => {
+    this.flushQueued = false;
+    if (this.ended) return;
+    if (this.pendingTokens >= this.meta.streamInterval) {
+      this.pendingTokens = 0;
+      this.start();
+      for (let i = 0; i < this.seqText.length; i++) {
+        const t = this.seqText[i];
+        if (t.length === 0) continue;
+        this.out += `${this.head}${i}${this.mid}${JSON.stringify(t)}${this.tail}`;
+        this.seqText[i] = "";
+      }
+    }
+    if (this.out.length === 0) return;
+    const text = this.out;
+    this.out = "";
+    const sock = this.direct;
+    // Node's res.write costs four buffered sends, a cork and a tick per chunk; once the
+    // headers are out on a chunked HTTP/1.1 response, the chunk is framed here instead.
+    if (sock && !sock.destroyed) sock.write(`${Buffer.byteLength(text).toString(16)}\r\n${text}\r\n`);
+    else {
+      this.res.write(text);
+      this.useDirectWrites();
+    }
+  };
+
+  /** First output: the status line and headers, and the chat role chunk of every choice. */
+  private start(): void {
+    if (this.started) return;
+    this.started = true;
     this.res.writeHead(200, {
       "content-type": "text/event-stream; charset=utf-8",
       "cache-control": "no-cache",
       "x-request-id": this.meta.requestId,
     });
     if (this.meta.kind === "chat") {
-      let out = "";
       for (const s of this.seqs) {
-        out += `${this.head}${s.index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`;
+        this.out += `${this.head}${s.index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`;
       }
-      this.res.write(out);
     }
-    this.res.flushHeaders();
+  }
+
+  private useDirectWrites(): void {
     const sock = this.res.socket;
     const chunked = (this.res as unknown as { chunkedEncoding?: boolean }).chunkedEncoding === true;
     const queued = (this.res as unknown as { outputData?: unknown[] }).outputData;
-    if (sock && chunked && (!queued || queued.length === 0)) this.direct = sock;
-  }
-
-  /**
-   * One SSE event per write. Once the headers are out on a chunked HTTP/1.1 response, the
-   * chunk is framed here and written to the socket in one call: Node's own res.write costs
-   * four buffered sends, a cork and a tick per chunk, which dominated the sim's CPU at 64
-   * streams. res.end() still writes the last chunk and the terminator.
-   */
-  private writeChunk(text: string): void {
-    const sock = this.direct;
-    if (sock && !sock.destroyed) sock.write(`${Buffer.byteLength(text).toString(16)}\r\n${text}\r\n`);
-    else this.res.write(text);
-  }
-
-  private direct: Socket | null = null;
-
-  onToken(seq: Sequence): void {
-    if (!this.meta.stream || this.ended) return;
-    let json = seq.output.takeLastJson();
-    if (json === null) {
-      const delta = seq.output.takeDelta(false);
-      if (delta.length === 0) return;
-      json = JSON.stringify(delta);
-    }
-    this.writeChunk(`${this.head}${seq.index}${this.mid}${json}${this.tail}`);
-  }
-
-  onFinish(seq: Sequence, reason: FinishReason): void {
-    if (this.ended) return;
-    if (reason === "abort") return;
-    if (this.meta.stream) {
-      const rest = seq.output.takeDelta(true);
-      const close = this.meta.kind === "chat" ? "}" : "";
-      this.writeChunk(
-        `${this.head}${seq.index}${this.mid}${JSON.stringify(rest)}${close},"logprobs":null,"finish_reason":"${reason}","stop_reason":null}]}\n\n`,
-      );
-    }
-    if (--this.remaining === 0) void this.complete();
+    if (sock && chunked && this.res.headersSent && (!queued || queued.length === 0)) this.direct = sock;
   }
 
   usage(): Usage {
@@ -175,7 +210,14 @@ export class RequestResponder implements SeqSink {
         out += `data: ${JSON.stringify(chunk)}\n\n`;
       }
       out += "data: [DONE]\n\n";
-      this.res.end(out);
+      this.start();
+      // Pending choice text (other choices still mid-stream when the last one finished).
+      for (let i = 0; i < this.seqText.length; i++) {
+        if (this.seqText[i].length > 0)
+          this.out += `${this.head}${i}${this.mid}${JSON.stringify(this.seqText[i])}${this.tail}`;
+      }
+      this.res.end(this.out + out);
+      this.out = "";
     } else {
       const choices = this.seqs.map((s) =>
         this.meta.kind === "chat"
