@@ -39,6 +39,8 @@ export const createNatsExecutor: ExecutorFactory = async (ctx) => {
 
 /** `--event-plane nats`: the KV index fed from the agents' relays instead of each engine's ZMQ. */
 export const createNatsKvIngest: KvIngestFactory = async (ctx) => {
+  // As the ZMQ ingest: only the kv-aware policy reads the index.
+  if (ctx.config.policy !== "kv-aware") return { indexFor: () => undefined, close: async () => {} };
   const nc: NatsConnection = await connectNats(natsOptions(ctx, "kv"));
   const ingest = new NatsKvIngest({ nc, watcher: ctx.discovery, logger: ctx.logger, registry: ctx.registry });
   ingest.start();

@@ -8,10 +8,13 @@ import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { mergeConfig } from "../../../src/server/config.ts";
+import { builtinExtensions } from "../../../src/server/extensions.ts";
 import { type NatsRequestAgent, startRequestAgent } from "../../../src/transport/nats/agent.ts";
 import { NatsRequestExecutor } from "../../../src/transport/nats/client.ts";
 import { connectNats } from "../../../src/transport/nats/connection.ts";
+import { startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
 import { startKvSubscriber } from "../../../src/transport/nats/kv-subscriber.ts";
+import { selectKvIngestFactory } from "../../../src/transport/nats/server-plug.ts";
 import { kvSubject, requestSubject } from "../../../src/transport/nats/subjects.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { freePort } from "../../helpers/ports.ts";
@@ -197,4 +200,78 @@ test("infera engine sim --nats-url runs the agent and the KV relay beside the en
   while (seen.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 25));
   assert.ok(seen.length > 0, "KV batches arrived over NATS");
   assert.equal(seen[0], 0);
+});
+
+test("infera server --policy kv-aware --event-plane nats routes by the KV events the relays carry", async () => {
+  const sims: SimProcess[] = [];
+  const agents: NatsRequestAgent[] = [];
+  const recs: WorkerRecord[] = [];
+  for (const id of ["kv-a", "kv-b"]) {
+    const sim = await startSim({ model: MODEL, args: ["--speed", "50"] });
+    cleanups.push(() => sim.stop());
+    sims.push(sim);
+    const agent = await startRequestAgent({ nc, engineUrl: sim.url, model: MODEL, workerId: id });
+    cleanups.push(() => agent.close());
+    agents.push(agent);
+    const rec: WorkerRecord = {
+      id,
+      model: MODEL,
+      servedModelNames: [MODEL],
+      engine: "sim",
+      role: "mixed",
+      url: sim.url,
+      connector: { kind: "none" },
+      blockSize: 16,
+      kvEvents: {
+        endpoint: sim.kvEndpoint,
+        replayEndpoint: sim.replayEndpoint,
+        topic: "kv-events",
+        framing: "seq",
+      },
+      dpSize: 1,
+      tpSize: 1,
+      maxModelLen: 8192,
+      startedAt: new Date().toISOString(),
+      natsSubject: agent.subject,
+    };
+    recs.push(rec);
+    const relay = await startKvRelay({ nc, model: MODEL, workerId: id, events: rec.kvEvents! });
+    cleanups.push(() => relay.close());
+  }
+  await new Promise((r) => setTimeout(r, 200)); // the relays' ZMQ SUB sockets connect
+  // The document is cached on kv-b only (sent to its engine directly, not through the server).
+  const doc = "A long shared document about subjects, inboxes and credit windows. ".repeat(12);
+  const warm = await fetch(`${sims[1].url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: MODEL, prompt: `${doc}first`, max_tokens: 2 }),
+  });
+  await warm.arrayBuffer();
+  const server: InferaServer = await startServer(
+    { port: 0, scrapeIntervalMs: 0, policy: "kv-aware", nats: { url: nats.url, token: "tok-1" } },
+    // The NATS selector over whatever ZMQ ingest is built in (idempotent if it already is one).
+    {
+      discovery: new MemoryDiscovery(recs),
+      extensions: { kvIngestFactory: selectKvIngestFactory(builtinExtensions.kvIngestFactory) },
+    },
+  );
+  cleanups.push(() => server.close());
+  assert.equal(server.config.eventPlane, "nats");
+  const index = (
+    server.kvIngest as unknown as { indexFor(m: string): { blockCount(id: string): number } }
+  ).indexFor(MODEL);
+  const end = Date.now() + 8000;
+  while (index.blockCount("kv-b") === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 25));
+  assert.ok(index.blockCount("kv-b") > 0, "kv-b's blocks reached the server over NATS (replayed on start)");
+  assert.equal(index.blockCount("kv-a"), 0);
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "x", maxRetries: 0 });
+  const before = agents.map((a) => a.handled);
+  for (let i = 0; i < 3; i++) {
+    await client.completions.create({ model: MODEL, prompt: `${doc}question ${i}`, max_tokens: 2 });
+  }
+  // Without the events the tie would go to kv-a (lowest id); with them every one goes to kv-b.
+  assert.deepEqual(
+    agents.map((a, i) => a.handled - before[i]),
+    [0, 3],
+  );
 });
