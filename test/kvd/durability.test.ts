@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { KvdClient } from "../../src/kvd/client.ts";
 import { chunkId } from "../../src/kvd/types.ts";
-import { bytesFor, MiB, spawnKvd, startTestKvd, tempDir, waitExit } from "./helpers.ts";
+import { bytesFor, spawnKvd, startTestKvd, tempDir, waitExit } from "./helpers.ts";
 
 describe("kvd L3 durability", () => {
   const tmp = tempDir();
