@@ -12,6 +12,7 @@ import type {
   ManagedExecutor,
   ServerComponentContext,
 } from "../../server/extensions.ts";
+import { HttpExecutor } from "../http.ts";
 import { NatsRequestExecutor } from "./client.ts";
 import { connectNats, type NatsConnectOptions } from "./connection.ts";
 import { NatsKvIngest } from "./kv-ingest.ts";
@@ -23,14 +24,21 @@ function natsOptions(ctx: ServerComponentContext, role: string): NatsConnectOpti
   return { ...cfg.nats, name: cfg.nats.name ?? `infera-server-${role}-${process.pid}`, logger: ctx.logger };
 }
 
-/** `--request-plane nats`. */
+/**
+ * `--request-plane nats`. Workers whose record has no `natsSubject` (launched without a NATS
+ * request plane, e.g. during a rolling change) are reached over HTTP, so a mixed fleet works.
+ */
 export const createNatsExecutor: ExecutorFactory = async (ctx) => {
   const nc = await connectNats(natsOptions(ctx, "req"));
   const exec = new NatsRequestExecutor({ nc, logger: ctx.logger.child({ plane: "nats" }) });
+  const http = new HttpExecutor(ctx.config.upstream);
   const managed: ManagedExecutor = {
-    send: (w, endpoint, body, opts) => exec.send(w, endpoint, body, opts),
+    send: (w, endpoint, body, opts) =>
+      w.record.natsSubject ? exec.send(w, endpoint, body, opts) : http.send(w, endpoint, body, opts),
+    forget: (url) => http.forget(url),
     close: async () => {
       exec.close();
+      await http.close();
       await nc.close().catch(() => {});
     },
   };

@@ -112,6 +112,34 @@ test("infera server over --request-plane nats serves the openai client through t
   assert.equal(agent.handled, 6);
 });
 
+test("on the nats plane, a worker without natsSubject is still served (over HTTP)", async () => {
+  const sim: SimProcess = await startSim({ model: MODEL });
+  cleanups.push(() => sim.stop());
+  const rec: WorkerRecord = {
+    id: "http-only",
+    model: MODEL,
+    servedModelNames: [MODEL],
+    engine: "sim",
+    role: "mixed",
+    url: sim.url,
+    connector: { kind: "none" },
+    blockSize: 16,
+    dpSize: 1,
+    tpSize: 1,
+    maxModelLen: 4096,
+    startedAt: new Date().toISOString(),
+  };
+  const server: InferaServer = await startServer(
+    { port: 0, scrapeIntervalMs: 0, nats: { url: nats.url, token: "tok-1" } },
+    { discovery: new MemoryDiscovery([rec]) },
+  );
+  cleanups.push(() => server.close());
+  assert.equal(server.config.requestPlane, "nats");
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "x", maxRetries: 0 });
+  const r = await client.completions.create({ model: MODEL, prompt: "plain http", max_tokens: 3 });
+  assert.equal(r.usage?.completion_tokens, 3);
+});
+
 function waitLine(proc: ChildProcess, re: RegExp, ms: number): Promise<void> {
   return new Promise((resolve, reject) => {
     let buf = "";
