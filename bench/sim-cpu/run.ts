@@ -48,7 +48,12 @@ interface Window {
 }
 
 /** Closed-loop load on `url`; measures `pid`'s CPU over the window. Events = SSE data lines received. */
-async function load(url: string, pid: number, model: string): Promise<Window> {
+async function load(
+  url: string,
+  pid: number,
+  model: string,
+  hooks: { start?: () => Promise<void>; end?: () => Promise<void> } = {},
+): Promise<Window> {
   let stop = false;
   let measuring = false;
   let events = 0;
@@ -83,6 +88,7 @@ async function load(url: string, pid: number, model: string): Promise<Window> {
   };
   const clients = Array.from({ length: STREAMS }, (_, i) => client(i));
   await new Promise((r) => setTimeout(r, WARMUP * 1000));
+  await hooks.start?.();
   measuring = true;
   const t0 = performance.now();
   const c0 = cpuSeconds(pid);
@@ -90,6 +96,7 @@ async function load(url: string, pid: number, model: string): Promise<Window> {
   const cpu = cpuSeconds(pid) - c0;
   const wall = (performance.now() - t0) / 1000;
   measuring = false;
+  await hooks.end?.();
   stop = true;
   await Promise.allSettled(clients);
   return { cpu, wall, events, requests, errors };
@@ -119,9 +126,16 @@ async function runFloor(itlMs: number): Promise<Window> {
 async function runSim(extra: string[]): Promise<Window & { tokens: number; itlMs: number }> {
   const sim = await startSim({ args: ["--speed", "1", "--max-model-len", "8192", ...extra] });
   try {
-    const m0 = await sim.metrics();
-    const w = await load(sim.url, sim.pid, sim.model);
-    const m1 = await sim.metrics();
+    let m0 = "";
+    let m1 = "";
+    const w = await load(sim.url, sim.pid, sim.model, {
+      start: async () => {
+        m0 = await sim.metrics();
+      },
+      end: async () => {
+        m1 = await sim.metrics();
+      },
+    });
     const d = (name: string): number => (parseMetric(m1, name) ?? 0) - (parseMetric(m0, name) ?? 0);
     const itl =
       d("vllm:inter_token_latency_seconds_sum") / Math.max(1, d("vllm:inter_token_latency_seconds_count"));
