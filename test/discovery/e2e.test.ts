@@ -144,7 +144,7 @@ describe("engine launcher + server over etcd (end to end)", () => {
       30_000,
       "engine health",
     );
-    // The launcher gives its engine its own process group; remember it for cleanup.
+    // Remember the engine for cleanup, in case its launcher dies alone.
     const pid = execFileSync("ps", ["-o", "pid=", "--ppid", String(engine.proc.pid)])
       .toString()
       .trim();
@@ -159,9 +159,9 @@ describe("engine launcher + server over etcd (end to end)", () => {
   });
 
   after(async () => {
-    for (const pid of [...procs.map((p) => p.pid as number), ...enginePids]) {
+    for (const pid of [...procs.map((p) => -(p.pid as number)), ...enginePids]) {
       try {
-        process.kill(-pid, "SIGKILL");
+        process.kill(pid, "SIGKILL");
       } catch {
         // gone
       }

@@ -76,9 +76,9 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
   });
 
   after(async () => {
-    for (const pid of [...procs.map((p) => p.pid as number), ...pids]) {
+    for (const pid of [...procs.map((p) => -(p.pid as number)), ...pids]) {
       try {
-        process.kill(-pid, "SIGKILL");
+        process.kill(pid, "SIGKILL");
       } catch {
         // gone
       }

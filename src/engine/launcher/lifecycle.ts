@@ -78,13 +78,10 @@ export async function runLifecycle(opts: LifecycleOptions): Promise<number> {
   const base = healthBaseUrl(spec);
   log.info({ argv: command.argv, env: command.env }, "starting engine");
   let exit: ExitInfo | null = null;
-  // Own process group: a terminal's Ctrl-C reaches only the launcher, which deregisters
-  // first and then forwards the signal (otherwise the engine would stop before its record goes).
-  const child: ChildProcess = spawn(bin, args, {
-    env: { ...process.env, ...command.env },
-    stdio: "inherit",
-    detached: true,
-  });
+  // Same process group as the launcher, so a supervisor that kills the group (kill -9 -PGID)
+  // takes the engine along. A terminal's Ctrl-C then reaches both at once; the launcher still
+  // deregisters first thing, and forwarding a second SIGINT is harmless to the engines.
+  const child: ChildProcess = spawn(bin, args, { env: { ...process.env, ...command.env }, stdio: "inherit" });
   // If the launcher itself goes down (uncaught error, process.exit), take the engine along.
   const killOnExit = () => {
     if (exit === null) child.kill("SIGKILL");

@@ -15,7 +15,7 @@ const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url))
 
 interface Launched {
   proc: ChildProcess;
-  /** The engine's pid once it has been spawned (the launcher puts it in its own process group). */
+  /** The engine's pid once it has been spawned. */
   enginePid: () => Promise<number>;
   port: number;
   exited: Promise<number | null>;
@@ -51,9 +51,10 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   });
   after(async () => {
     for (const l of launched) {
-      for (const pid of [l.proc.pid as number, await l.enginePid().catch(() => 0)]) {
+      // The launcher's group holds the engine too, unless the launcher was killed alone.
+      for (const pid of [-(l.proc.pid as number), await l.enginePid().catch(() => 0)]) {
         try {
-          if (pid > 0) process.kill(-pid, "SIGKILL");
+          if (pid !== 0) process.kill(pid, "SIGKILL");
         } catch {
           // already gone
         }
