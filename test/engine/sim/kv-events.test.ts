@@ -221,5 +221,22 @@ for (const encoding of ["array", "map"] as const) {
         dealer.close();
       }
     });
+
+    it("POST /reset_prefix_cache clears the cache with AllBlocksCleared; hits start over", async () => {
+      const r = await fetch(`${sim.url}/reset_prefix_cache`, { method: "POST" });
+      assert.equal(r.status, 200);
+      await col.waitFor(() => col.events("AllBlocksCleared").length === 1);
+      const last = col.batches[col.batches.length - 1];
+      assert.deepEqual(
+        last.events.map((e) => e.tag),
+        ["AllBlocksCleared"],
+      );
+      const before = col.events("BlockStored").length;
+      const a = range(1000, 70);
+      await complete(sim, a);
+      await col.waitFor(() => col.events("BlockStored").length > before);
+      const again = stored(col.events("BlockStored")[before]);
+      assert.deepEqual(again.tokens, a.slice(0, 64), "previously cached prefix is stored afresh");
+    });
   });
 }
