@@ -19,12 +19,17 @@ export interface StartNatsOptions {
   nkeyPublic?: string;
   /** Serve TLS with a self-signed CA made in the temp dir; its files are returned. */
   tls?: boolean;
+  /** With tls: also require client certificates signed by that CA (mutual TLS). */
+  tlsVerify?: boolean;
 }
 
 export interface TlsFiles {
   caFile: string;
   certFile: string;
   keyFile: string;
+  /** A client certificate and key signed by the same CA (for mutual TLS). */
+  clientCertFile: string;
+  clientKeyFile: string;
 }
 
 export interface NatsServerHandle {
@@ -94,7 +99,36 @@ function makeTls(dir: string): TlsFiles {
     ],
     q,
   );
-  return { caFile, certFile, keyFile };
+  const clientKeyFile = join(dir, "client.key");
+  const clientCsr = join(dir, "client.csr");
+  const clientCertFile = join(dir, "client.pem");
+  execFileSync("openssl", ["genrsa", "-out", clientKeyFile, "2048"], q);
+  execFileSync(
+    "openssl",
+    ["req", "-new", "-key", clientKeyFile, "-subj", "/CN=infera-client", "-out", clientCsr],
+    q,
+  );
+  execFileSync(
+    "openssl",
+    [
+      "x509",
+      "-req",
+      "-in",
+      clientCsr,
+      "-CA",
+      caFile,
+      "-CAkey",
+      caKey,
+      "-CAcreateserial",
+      "-days",
+      "2",
+      "-sha256",
+      "-out",
+      clientCertFile,
+    ],
+    q,
+  );
+  return { caFile, certFile, keyFile, clientCertFile, clientKeyFile };
 }
 
 function configText(port: number, o: StartNatsOptions, tls: TlsFiles | undefined): string {
@@ -107,8 +141,9 @@ function configText(port: number, o: StartNatsOptions, tls: TlsFiles | undefined
   } else if (o.nkeyPublic)
     lines.push(`authorization { users: [ { nkey: ${JSON.stringify(o.nkeyPublic)} } ] }`);
   if (tls) {
+    const verify = o.tlsVerify ? `, ca_file: ${JSON.stringify(tls.caFile)}, verify: true` : "";
     lines.push(
-      `tls { cert_file: ${JSON.stringify(tls.certFile)}, key_file: ${JSON.stringify(tls.keyFile)} }`,
+      `tls { cert_file: ${JSON.stringify(tls.certFile)}, key_file: ${JSON.stringify(tls.keyFile)}${verify} }`,
     );
   }
   return `${lines.join("\n")}\n`;

@@ -58,3 +58,15 @@ test("TLS with a private CA", async () => {
   // Without the CA the server's certificate is not trusted.
   await assert.rejects(connectNats({ url: s.url, maxReconnectAttempts: 0 }));
 });
+
+test("mutual TLS: a client certificate from the CA gets in, none is refused", async () => {
+  const s = await startNats({ tls: true, tlsVerify: true });
+  servers.push(s);
+  const t = s.tls!;
+  const nc = await connectNats({
+    url: s.url,
+    tls: { caFile: t.caFile, certFile: t.clientCertFile, keyFile: t.clientKeyFile },
+  });
+  assert.equal(await roundTrip(nc), "ping");
+  await assert.rejects(connectNats({ url: s.url, tls: { caFile: t.caFile }, maxReconnectAttempts: 0 }));
+});
