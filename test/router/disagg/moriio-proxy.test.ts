@@ -1,0 +1,125 @@
+/**
+ * The MoRIIO proxy-registration ROUTER socket: MoRIIO sims register over ZMQ DEALER, the
+ * server follows them as discovery and serves PD requests through them; a worker that stops
+ * pinging is removed.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import OpenAI from "openai";
+import { MoriioProxyDiscovery, parseMoriioRegistration } from "../../../src/router/disagg/moriio-proxy.ts";
+import { type InferaServer, startServer } from "../../../src/server/index.ts";
+import { createLogger } from "../../../src/util/log.ts";
+import { freePort } from "../../helpers/ports.ts";
+import { type SimProcess, startSim } from "../../helpers/sim.ts";
+import { longPrompt, MODEL, promptSources, waitFor } from "./pd-cluster.ts";
+
+test("registration messages: the current map, the older form, WRITE mode", () => {
+  assert.deepEqual(
+    parseMoriioRegistration({
+      type: "P",
+      http_address: "10.0.0.1:8100",
+      zmq_address: "host:10.0.0.1,handshake:6301,notify:61005",
+      dp_size: 2,
+      tp_size: 8,
+      transfer_mode: "READ",
+    }),
+    {
+      role: "prefill",
+      httpAddress: "10.0.0.1:8100",
+      host: "10.0.0.1",
+      handshakePort: 6301,
+      notifyPort: 61005,
+      dpSize: 2,
+      tpSize: 8,
+      transferMode: "READ",
+    },
+  );
+  const old = parseMoriioRegistration({
+    type: "register",
+    role: "D",
+    request_address: "http://10.0.0.2:8200",
+    handshake_port: 6302,
+    notify_port: 61006,
+  });
+  assert.equal(old?.role, "decode");
+  assert.equal(old?.httpAddress, "10.0.0.2:8200");
+  assert.equal(old?.host, "10.0.0.2");
+  assert.equal(old?.handshakePort, 6302);
+  assert.equal(parseMoriioRegistration({ type: "X", http_address: "a:1" }), null);
+  assert.equal(parseMoriioRegistration([1, 2]), null);
+  assert.equal(
+    parseMoriioRegistration({ type: "D", http_address: "a:1", transfer_mode: "WRITE" })?.transferMode,
+    "WRITE",
+  );
+});
+
+describe("MoRIIO workers register with the server's proxy socket", () => {
+  let proxy: MoriioProxyDiscovery;
+  let server: InferaServer;
+  const sims: SimProcess[] = [];
+  before(async () => {
+    const logger = createLogger("test");
+    logger.level = "silent";
+    proxy = new MoriioProxyDiscovery({ port: 0, model: MODEL, staleMs: 1500, logger });
+    await proxy.start();
+    const sim = async (role: "prefill" | "decode") => {
+      const extra = {
+        proxy_ip: "127.0.0.1",
+        proxy_ping_port: proxy.port,
+        handshake_port: await freePort(),
+        notify_port: await freePort(),
+        read_mode: true,
+        sim_ping_interval_ms: 300,
+      };
+      const s = await startSim({
+        model: MODEL,
+        timeoutMs: 60_000,
+        args: [
+          "--role",
+          role,
+          "--kv-transfer-config",
+          JSON.stringify({
+            kv_connector: "MoRIIOConnector",
+            kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
+            kv_connector_extra_config: extra,
+          }),
+          "--speed",
+          "20",
+        ],
+      });
+      sims.push(s);
+      return s;
+    };
+    await Promise.all([sim("prefill"), sim("decode")]);
+    await waitFor(async () => proxy.workers().length === 2, 10_000, "both workers to register");
+    server = await startServer({ port: 0, scrapeIntervalMs: 0 }, { discovery: proxy });
+  });
+  after(async () => {
+    await server?.close();
+    await Promise.all(sims.map((s) => s.stop()));
+    await proxy?.close();
+  });
+
+  test("records carry role, URL and the MoRIIO ports; requests go disaggregated", async () => {
+    const byRole = Object.fromEntries(proxy.workers().map((w) => [w.role, w]));
+    assert.deepEqual(new Set(proxy.workers().map((w) => w.url)), new Set(sims.map((s) => s.url)));
+    assert.equal(byRole.decode.connector.kind, "moriio");
+    assert.ok(byRole.prefill.connector.handshakePort && byRole.prefill.connector.notifyPort);
+    const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "none", maxRetries: 0 });
+    const r = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: longPrompt("moriio-proxy") }],
+      max_tokens: 6,
+    });
+    assert.equal(r.usage?.completion_tokens, 6);
+    const d = sims.find((s) => s.url === byRole.decode.url)!;
+    assert.ok((await promptSources(d)).external > 0, "D pulled P's KV");
+  });
+
+  test("a worker that stops pinging is removed", async () => {
+    const d = sims.find((s) => proxy.workers().some((w) => w.role === "decode" && w.url === s.url))!;
+    await d.stop();
+    await waitFor(async () => proxy.workers().length === 1, 6000, "the silent worker to expire");
+    assert.equal(proxy.workers()[0].role, "prefill");
+  });
+});
