@@ -100,10 +100,77 @@ function validate<T>(schema: z.ZodType<T>, body: unknown): T {
   );
 }
 
+// Fast path: a conservative hand-written check of the same rules. When it says yes, the
+// schema would accept the body too, and zod's walk and copy (~20 µs) is skipped; anything
+// it is unsure of goes through zod, which also writes the precise error.
+type Obj = Record<string, unknown>;
+const isObj = (v: unknown): v is Obj => v !== null && typeof v === "object" && !Array.isArray(v);
+const optStr = (v: unknown) => v === undefined || typeof v === "string";
+const optBool = (v: unknown) => v === undefined || v === null || typeof v === "boolean";
+const optPosInt = (v: unknown) => v === undefined || v === null || (Number.isInteger(v) && (v as number) > 0);
+const optInt = (v: unknown) => v === undefined || v === null || Number.isInteger(v);
+const optRange = (v: unknown, lo: number, hi: number) =>
+  v === undefined || v === null || (typeof v === "number" && v >= lo && v <= hi);
+
+function fastCommonOk(b: Obj): boolean {
+  const so = b.stream_options;
+  const stop = b.stop;
+  const kv = b.kv_transfer_params;
+  return (
+    typeof b.model === "string" &&
+    b.model.length > 0 &&
+    optBool(b.stream) &&
+    (so === undefined || so === null || (isObj(so) && optBool(so.include_usage))) &&
+    optPosInt(b.max_tokens) &&
+    optPosInt(b.n) &&
+    optRange(b.temperature, 0, 2) &&
+    optRange(b.top_p, 0, 1) &&
+    optRange(b.presence_penalty, -2, 2) &&
+    optRange(b.frequency_penalty, -2, 2) &&
+    optInt(b.seed) &&
+    (stop === undefined || stop === null || typeof stop === "string") &&
+    optStr(b.user) &&
+    optStr(b.cache_salt) &&
+    (kv === undefined || kv === null || isObj(kv))
+  );
+}
+
+function fastChatOk(b: Obj): boolean {
+  const msgs = b.messages;
+  if (!Array.isArray(msgs) || msgs.length === 0) return false;
+  for (const m of msgs) {
+    if (!isObj(m) || typeof m.role !== "string" || !optStr(m.name)) return false;
+    const c = m.content;
+    if (c !== undefined && c !== null && typeof c !== "string") return false;
+  }
+  return fastCommonOk(b) && optPosInt(b.max_completion_tokens);
+}
+
+function fastCompletionOk(b: Obj): boolean {
+  const p = b.prompt;
+  if (typeof p !== "string") {
+    if (!Array.isArray(p) || p.length === 0) return false;
+    if (typeof p[0] === "string") {
+      for (const x of p) if (typeof x !== "string") return false;
+    } else {
+      for (const x of p) if (!Number.isInteger(x) || (x as number) < 0) return false;
+    }
+  }
+  return (
+    fastCommonOk(b) &&
+    optBool(b.echo) &&
+    (b.logprobs === undefined ||
+      b.logprobs === null ||
+      (Number.isInteger(b.logprobs) && (b.logprobs as number) >= 0))
+  );
+}
+
 export function parseChatRequest(body: unknown): ChatCompletionRequest {
+  if (isObj(body) && fastChatOk(body)) return body as ChatCompletionRequest;
   return validate(chatCompletionRequestSchema, body);
 }
 
 export function parseCompletionRequest(body: unknown): CompletionRequest {
+  if (isObj(body) && fastCompletionOk(body)) return body as CompletionRequest;
   return validate(completionRequestSchema, body);
 }

@@ -3,6 +3,7 @@
  * worker's answer. Streams are relayed event by event with backpressure; a client that goes
  * away aborts the upstream request at once, streamed or not.
  */
+import { isUtf8 } from "node:buffer";
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Tokenizer } from "../kv/tokenizer.ts";
@@ -28,7 +29,6 @@ export interface ProxyContext {
   logger: Logger;
 }
 
-const utf8 = new TextDecoder("utf-8", { fatal: true });
 const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
 
 function requestIdOf(req: IncomingMessage): string {
@@ -50,13 +50,12 @@ export async function handleCompletion(
   try {
     ctx.auth.check(req.headers);
     const raw = await readBody(req, ctx.maxBodyBytes);
+    if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
     let parsed: unknown;
     try {
-      parsed = JSON.parse(utf8.decode(raw));
+      parsed = JSON.parse(raw.toString("utf8"));
     } catch (err) {
-      throw new InvalidJsonError(
-        err instanceof TypeError ? "the body is not valid UTF-8" : (err as Error).message,
-      );
+      throw new InvalidJsonError((err as Error).message);
     }
     const body = endpoint === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed);
     model = body.model;

@@ -32,7 +32,11 @@ export async function startCluster(
 ): Promise<Cluster> {
   const sims = await Promise.all(
     Array.from({ length: n }, () =>
-      startSim({ model: opts.model, args: opts.simArgs ?? ["--speed", "100", "--seed", "1"] }),
+      startSim({
+        model: opts.model,
+        args: opts.simArgs ?? ["--speed", "100", "--seed", "1"],
+        timeoutMs: 60_000,
+      }),
     ),
   );
   const records = sims.map((s, i) => simRecord(s, i));

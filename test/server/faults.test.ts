@@ -33,6 +33,9 @@ describe("client aborts reach the sim", () => {
     assert.ok(got < 100, `the stream stopped after the abort (${got} chunks)`);
     await waitFor(async () => (await simMetric(sim, RUNNING)) === 0, 3000, "sim running count to drop");
     await waitFor(() => c.server.workers.list()[0]!.inFlight === 0, 2000, "server in-flight to drop");
+    // Chunks were relayed one by one while the sim was still generating (timed as ITL).
+    const text = await (await fetch(`${c.server.url}/metrics`)).text();
+    assert.match(text, /infera_inter_token_latency_seconds_count\{model="sim-model"\} [1-9]/);
   });
 
   it("non-streamed: aborting while the sim computes stops the request on the sim", async () => {
