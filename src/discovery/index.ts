@@ -34,6 +34,8 @@ export const discoveryBackends: Record<string, DiscoveryBackendFactory> = {
   static: (c, logger) =>
     new StaticDiscovery({ urls: c.workers, workersFile: c.workersFile, records: c.records, logger }),
   etcd: async (c, logger) => (await import("./etcd.ts")).createEtcdWatcherFromConfig(c, logger),
+  moriio: async (c, logger) =>
+    (await import("../router/disagg/moriio-proxy.ts")).createMoriioProxyDiscoveryFromConfig(c, logger),
 };
 
 /** Builds (does not start) the watcher for `config.kind`. */

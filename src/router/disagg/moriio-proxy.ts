@@ -219,3 +219,32 @@ export class MoriioProxyDiscovery implements DiscoveryWatcher {
     }
   }
 }
+
+/**
+ * `--discovery moriio` (src/discovery/index.ts): options from the server config's
+ * `discovery.options`: `model` (required), `servedModelNames`, `host`, `port` (default 36367),
+ * `staleMs`, `engine`, `blockSize`, `maxModelLen`.
+ */
+export function createMoriioProxyDiscoveryFromConfig(
+  c: { options?: Readonly<Record<string, unknown>> },
+  logger: Logger,
+): MoriioProxyDiscovery {
+  const o = c.options ?? {};
+  if (typeof o.model !== "string" || o.model === "") {
+    throw new Error("discovery 'moriio' needs discovery.options.model: registrations do not name the model");
+  }
+  const names = Array.isArray(o.servedModelNames)
+    ? o.servedModelNames.filter((n): n is string => typeof n === "string")
+    : undefined;
+  return new MoriioProxyDiscovery({
+    model: o.model,
+    servedModelNames: names && names.length > 0 ? names : undefined,
+    host: typeof o.host === "string" ? o.host : undefined,
+    port: num(o.port),
+    staleMs: num(o.staleMs),
+    engine: typeof o.engine === "string" ? (o.engine as EngineKind) : undefined,
+    blockSize: num(o.blockSize),
+    maxModelLen: num(o.maxModelLen),
+    logger,
+  });
+}

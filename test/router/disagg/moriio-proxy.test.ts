@@ -5,7 +5,10 @@
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { pack } from "msgpackr";
 import OpenAI from "openai";
+import * as zmq from "zeromq";
+import { createDiscoveryWatcher } from "../../../src/discovery/index.ts";
 import { MoriioProxyDiscovery, parseMoriioRegistration } from "../../../src/router/disagg/moriio-proxy.ts";
 import { type InferaServer, startServer } from "../../../src/server/index.ts";
 import { createLogger } from "../../../src/util/log.ts";
@@ -51,6 +54,35 @@ test("registration messages: the current map, the older form, WRITE mode", () =>
     parseMoriioRegistration({ type: "D", http_address: "a:1", transfer_mode: "WRITE" })?.transferMode,
     "WRITE",
   );
+});
+
+test("--discovery moriio builds the proxy socket from the config's options", async () => {
+  const logger = createLogger("test");
+  logger.level = "silent";
+  await assert.rejects(createDiscoveryWatcher({ kind: "moriio", options: {} }, logger), /options\.model/);
+  const w = await createDiscoveryWatcher(
+    { kind: "moriio", options: { model: "m", port: 0, staleMs: 5000 } },
+    logger,
+  );
+  assert.ok(w instanceof MoriioProxyDiscovery);
+  await w.start();
+  const dealer = new zmq.Dealer({ linger: 0 });
+  dealer.connect(`tcp://127.0.0.1:${w.port}`);
+  await dealer.send(
+    pack({
+      type: "P",
+      http_address: "127.0.0.1:9",
+      zmq_address: "host:127.0.0.1,handshake:1,notify:2",
+      dp_size: 1,
+      tp_size: 1,
+      transfer_mode: "READ",
+    }),
+  );
+  await waitFor(async () => w.workers().length === 1, 3000, "the registration");
+  assert.equal(w.workers()[0].role, "prefill");
+  assert.equal(w.workers()[0].model, "m");
+  dealer.close();
+  await w.close();
 });
 
 describe("MoRIIO workers register with the server's proxy socket", () => {
