@@ -1,0 +1,105 @@
+/**
+ * Real `infera engine sim` launchers (each in its own process group, so a kill -9 of the
+ * group takes the launcher and its engine down together) registering in a real etcd.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { freePort } from "../helpers/ports.ts";
+
+const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
+
+export interface LaunchedWorker {
+  id: string;
+  proc: ChildProcess;
+  port: number;
+  url: string;
+  exited: Promise<void>;
+  output: () => string;
+  /** SIGKILL to the whole process group (launcher + engine); no-op when gone. */
+  killGroup(): void;
+}
+
+export interface LaunchOptions {
+  id: string;
+  etcd: string;
+  prefix: string;
+  leaseTtlS?: number;
+  /** Extra launcher flags (e.g. NATS). */
+  flags?: string[];
+  /** Extra engine arguments (after --). */
+  engineArgs?: string[];
+  env?: Record<string, string>;
+}
+
+export async function launchWorker(o: LaunchOptions): Promise<LaunchedWorker> {
+  const port = await freePort();
+  const args = [
+    INFERA,
+    "engine",
+    "sim",
+    "--model",
+    "sim-model",
+    "--worker-id",
+    o.id,
+    "--host",
+    "127.0.0.1",
+    "--port",
+    String(port),
+    "--kv-events-port",
+    String(await freePort()),
+    "--kv-events-replay-port",
+    String(await freePort()),
+    "--etcd-endpoints",
+    o.etcd,
+    "--etcd-prefix",
+    o.prefix,
+    "--lease-ttl",
+    String(o.leaseTtlS ?? 2),
+    ...(o.flags ?? []),
+    "--",
+    ...(o.engineArgs ?? ["--speed", "1", "--seed", "1"]),
+  ];
+  const proc = spawn(process.execPath, args, {
+    detached: true,
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...o.env },
+  });
+  let out = "";
+  const keep = (d: Buffer) => {
+    out = (out + d.toString()).slice(-8000);
+  };
+  proc.stdout?.on("data", keep);
+  proc.stderr?.on("data", keep);
+  const exited = new Promise<void>((resolve) => {
+    if (proc.exitCode !== null) resolve();
+    else proc.once("exit", () => resolve());
+  });
+  return {
+    id: o.id,
+    proc,
+    port,
+    url: `http://127.0.0.1:${port}`,
+    exited,
+    output: () => out,
+    killGroup() {
+      try {
+        process.kill(-(proc.pid as number), "SIGKILL");
+      } catch {
+        // already gone
+      }
+    },
+  };
+}
+
+export async function waitUntil(
+  cond: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string,
+  stepMs = 10,
+): Promise<void> {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, stepMs));
+  }
+}
