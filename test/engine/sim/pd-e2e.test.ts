@@ -65,15 +65,16 @@ describe("sim PD end to end (nixl, two processes)", () => {
       maxRetries: 0,
       defaultHeaders: { "x-request-id": id },
     });
-    const stream = await client.chat.completions.create({
+    // kv_transfer_params is a vLLM extension: the openai client passes unknown fields through.
+    const body = {
       model: d.model,
       messages: messages as OpenAI.ChatCompletionMessageParam[],
       max_tokens: 12,
-      stream: true,
+      stream: true as const,
       stream_options: { include_usage: true },
-      // @ts-expect-error vLLM extension field
       kv_transfer_params: params,
-    });
+    };
+    const stream = await client.chat.completions.create(body);
     let text = "";
     let usage: OpenAI.CompletionUsage | undefined;
     for await (const chunk of stream) {
