@@ -11,6 +11,7 @@ import {
   type Msg,
   type NatsConnection,
   headers as natsHeaders,
+  type PublishOptions,
   type Subscription,
 } from "@nats-io/transport-node";
 import { Pool } from "undici";
@@ -51,6 +52,8 @@ export interface RequestAgentOptions {
 }
 
 const TE = new TextEncoder();
+/** nats.js sets `reply: ""` on it on first use; nothing else ever writes it. */
+const NO_OPTIONS: PublishOptions = {};
 
 /** One in-flight request. */
 class AgentStream {
@@ -275,7 +278,8 @@ export class NatsRequestAgent {
   ): void {
     st.lastSent = Date.now();
     try {
-      this.nc.publish(st.inbox, data, headers ? { headers } : undefined);
+      // Data frames share one options object: nats.js would allocate one per call otherwise.
+      this.nc.publish(st.inbox, data, headers ? { headers } : NO_OPTIONS);
     } catch (err) {
       // Closed or draining connection: the client will time out and retry elsewhere.
       this.log.warn({ err: errMsg(err) }, "nats publish failed");

@@ -162,3 +162,30 @@ test("history the agent no longer holds resets the worker, then delivery continu
   // After the reset it continues from the oldest the agent still had (ring of 4: 9..12).
   assert.deepEqual(sink.seqs, [0, 1, 2, 9, 10, 11, 12]);
 });
+
+test("a broker restart mid-run: the subscriber catches up from the agent's buffer, in order, no reset", async () => {
+  const { eng, relay } = await engineWithRelay("w-restart");
+  const sink = new Collect();
+  const sub = await startKvSubscriber({ nc, subject: relay.subject, sink });
+  cleanups.push(() => sub.close());
+  for (let i = 0; i < 5; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
+  await until(() => sink.seqs.length === 5);
+  await nats.restart();
+  // Batches published while the broker is away or the subscription is not yet back.
+  for (let i = 5; i < 10; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
+  await until(() => relay.nextSeq === 10);
+  // Once both ends are back, the next batch reveals any gap and replay fills it.
+  const end = Date.now() + 10_000;
+  let i = 10;
+  while (sink.seqs.length < i && Date.now() < end) {
+    await eng.publish(FakeKvEngine.batch(i, null, [i]));
+    i++;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  await until(() => sink.seqs.length === i);
+  assert.deepEqual(
+    sink.seqs,
+    Array.from({ length: i }, (_, k) => k),
+  );
+  assert.deepEqual(sink.resets, []);
+});
