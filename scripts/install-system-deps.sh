@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Debian packages the tests and benchmarks use: a real etcd, a real nats-server, nginx (bench only).
+# Debian packages the tests and benchmarks use: a real etcd, a real nats-server, nginx (bench only),
+# redis-server (kvd L4).
 set -euo pipefail
 need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)  # kvd L4 tests (test/kvd/remote.test.ts)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   SUDO=""

@@ -258,7 +258,13 @@ export class TieredStore {
     const id = chunkId(ns, key);
     let any = this.l2.remove(id);
     if (this.disk?.delete(id)) any = true;
-    if (this.remote) await this.remote.delete(id).catch(() => this.remoteErrors++);
+    if (this.remote) {
+      try {
+        if (await this.remote.delete(id)) any = true;
+      } catch {
+        this.remoteErrors++;
+      }
+    }
     return any;
   }
 

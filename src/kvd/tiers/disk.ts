@@ -206,7 +206,9 @@ export class DiskTier {
       const fh = await open(tmp, "w", 0o600);
       try {
         await fh.writev([header, ...payload]);
-        await fh.sync();
+        // fdatasync: the data and the size (needed to read it back) reach the disk; mtime
+        // and other metadata need not.
+        await fh.datasync();
       } finally {
         await fh.close();
       }

@@ -34,8 +34,8 @@ export class RedisTier implements RemoteTier {
     return (await this.redis.exists(this.k(id))) === 1;
   }
 
-  async delete(id: string): Promise<void> {
-    await this.redis.del(this.k(id));
+  async delete(id: string): Promise<boolean> {
+    return (await this.redis.del(this.k(id))) > 0;
   }
 
   async close(): Promise<void> {

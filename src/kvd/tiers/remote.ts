@@ -10,7 +10,8 @@ export interface RemoteTier {
   put(id: string, data: Buffer, ttlMs: number): Promise<void>;
   get(id: string): Promise<Buffer | null>;
   has(id: string): Promise<boolean>;
-  delete(id: string): Promise<void>;
+  /** True when a value was removed. */
+  delete(id: string): Promise<boolean>;
   close(): Promise<void>;
 }
 
