@@ -104,21 +104,23 @@ export interface LoadOptions {
   streamMaxTokens: number;
   wholeMaxTokens: number;
   apiKey?: string;
-  /** Counts to add to (default: fresh ones). */
-  counts?: LoadCounts;
+  /** Counts to add to (default: fresh ones); a function picks them per request (e.g. per phase). */
+  counts?: LoadCounts | (() => LoadCounts);
   /** Optional per-request classifier hook (e.g. to attribute outcomes to a phase). */
   onOutcome?: (ok: boolean, streamed: boolean) => void;
 }
 
 /** Runs `concurrency` closed-loop clients until `stop()`; returns the counts. */
 export async function runLoad(o: LoadOptions): Promise<LoadCounts> {
-  const c = o.counts ?? newCounts();
+  const fixed = typeof o.counts === "object" ? o.counts : newCounts();
+  const countsNow = typeof o.counts === "function" ? o.counts : () => fixed;
   const client = new OpenAI({ baseURL: `${o.baseUrl}/v1`, apiKey: o.apiKey ?? "none", maxRetries: 0 });
   const headers: Record<string, string> = o.apiKey ? { authorization: `Bearer ${o.apiKey}` } : {};
   let seq = 0;
   const loop = async (lane: number): Promise<void> => {
     for (let i = 0; !o.stop(); i++) {
       const n = seq++;
+      const c = countsNow();
       const streamed = (lane + i) % 2 === 0;
       const messages = [{ role: "user" as const, content: `reliability request ${n}` }];
       c.sent++;
@@ -165,7 +167,7 @@ export async function runLoad(o: LoadOptions): Promise<LoadCounts> {
     }
   };
   await Promise.all(Array.from({ length: o.concurrency }, (_, i) => loop(i)));
-  return c;
+  return countsNow();
 }
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
