@@ -65,7 +65,6 @@ class FastHistogram {
 export class SimMetrics implements SchedulerObserver {
   readonly registry = new Registry();
   private readonly promptTokens: Counter;
-  private readonly generationTokens: Counter;
   private readonly prefixQueries: Counter;
   private readonly prefixHits: Counter;
   private readonly bySource: { compute: Counter; hit: Counter; external: Counter };
@@ -122,7 +121,7 @@ export class SimMetrics implements SchedulerObserver {
       new Counter({ name, help, labelNames, registers: [r] });
     this.promptTokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
     const self = this;
-    this.generationTokens = new Counter({
+    new Counter({
       name: "vllm:generation_tokens_total",
       help: "Number of generation tokens processed.",
       registers: [r],

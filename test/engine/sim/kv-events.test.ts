@@ -181,7 +181,9 @@ for (const encoding of ["array", "map"] as const) {
       assert.ok(removed.length > 0);
       for (const h of removed) assert.ok(storedHashes.has(String(h)), `removed ${h} was stored before`);
       // Sequence numbers are consecutive from 0.
-      col.batches.forEach((b, i) => assert.equal(b.seq, BigInt(i)));
+      col.batches.forEach((b, i) => {
+        assert.equal(b.seq, BigInt(i));
+      });
     });
 
     it("replay returns the buffered batches from the requested seq, then END (-1)", async () => {
@@ -210,9 +212,10 @@ for (const encoding of ["array", "map"] as const) {
         const total = col.batches.length;
         const all = await ask(0);
         assert.ok(all.seqs.length >= total);
-        all.seqs.forEach((s, i) => assert.equal(s, BigInt(i)));
+        for (const [i, s] of all.seqs.entries()) assert.equal(s, BigInt(i));
         // Replayed payloads are byte-identical to what was published live.
-        col.batches.forEach((b, i) => assert.ok(b.payload.equals(all.payloads[i]), `batch ${i}`));
+        for (const [i, b] of col.batches.entries())
+          assert.ok(b.payload.equals(all.payloads[i]), `batch ${i}`);
         const tail = await ask(total - 2);
         assert.deepEqual(tail.seqs.slice(0, 2), [BigInt(total - 2), BigInt(total - 1)]);
         const none = await ask(1_000_000);
