@@ -123,6 +123,42 @@ async function throughput(
   r.secs += (performance.now() - t0) / 1000;
 }
 
+/** Per-chunk path: big SSE streams from a stand-in engine; bytes/s and transport chunks/s. */
+async function chunkPhase(
+  exec: RequestExecutor,
+  w: WorkerState,
+): Promise<{ mbps: number; chunksPerS: number }> {
+  let bytes = 0;
+  let chunks = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: 4 }, async () => {
+      for (let r = 0; r < 3; r++) {
+        const up = await exec.send(w, "chat", { stream: true }, { signal: sig() });
+        for await (const c of up.body) {
+          bytes += c.length;
+          chunks++;
+        }
+      }
+    }),
+  );
+  const secs = (performance.now() - t0) / 1000;
+  return { mbps: bytes / secs / 1e6, chunksPerS: chunks / secs };
+}
+
+async function startLineProc(args: string[]): Promise<[ChildProcess, string]> {
+  const child = spawn(process.execPath, ["--import", "tsx", ...args], {
+    stdio: ["ignore", "pipe", "inherit"],
+    env: process.env,
+  });
+  const rl = createInterface({ input: child.stdout! });
+  const first = await new Promise<string>((resolve, reject) => {
+    rl.once("line", resolve);
+    child.once("exit", (c) => reject(new Error(`${args[0]} exited ${c}`)));
+  });
+  return [child, first];
+}
+
 async function startAgentProc(natsUrl: string, engineUrl: string, workerId: string): Promise<ChildProcess> {
   const child = spawn(
     process.execPath,
@@ -178,6 +214,23 @@ async function main(): Promise<void> {
       await throughput(h, http, w, SECONDS / 2);
       await throughput(n, natsExec, w, SECONDS / 2);
     }
+    // Per-chunk phase: 4 concurrent streams × 3 requests of 20k SSE events (~2 MB each).
+    const [chunkEngine, chunkUrl] = await startLineProc(["bench/nats/chunk-engine.ts", "20000"]);
+    const [chunkAgent] = await startLineProc([
+      "bench/nats/agent-proc.ts",
+      nats.url,
+      chunkUrl,
+      MODEL,
+      "chunky",
+    ]);
+    const cw: WorkerState = {
+      ...w,
+      record: { ...record, id: "chunky", url: chunkUrl, natsSubject: requestSubject(MODEL, "chunky") },
+    };
+    const ch = await chunkPhase(http, cw);
+    const cn = await chunkPhase(natsExec, cw);
+    chunkAgent.kill("SIGTERM");
+    chunkEngine.kill("SIGTERM");
     const f = (x: number) => x.toFixed(2).padStart(8);
     console.log(
       "plane  | non-stream p50  p99 ms | first chunk p50  p99 ms | last chunk p50  p99 ms | req/s   | SSE events/s",
@@ -193,6 +246,11 @@ async function main(): Promise<void> {
       `added latency (nats − http): non-stream p50 ${d(h.ns, n.ns, 50)} ms, p99 ${d(h.ns, n.ns, 99)} ms; ` +
         `first chunk p50 ${d(h.ttfc, n.ttfc, 50)} ms, p99 ${d(h.ttfc, n.ttfc, 99)} ms; ` +
         `last chunk p50 ${d(h.e2e, n.e2e, 50)} ms`,
+    );
+    console.log(
+      `per-chunk path (4 × 2 MB SSE streams from a stand-in engine): http ${ch.mbps.toFixed(0)} MB/s ` +
+        `(${ch.chunksPerS.toFixed(0)} chunks/s), nats ${cn.mbps.toFixed(0)} MB/s (${cn.chunksPerS.toFixed(0)} chunks/s), ` +
+        `ratio ${(cn.mbps / ch.mbps).toFixed(2)}×`,
     );
     console.log(
       `throughput ratio (nats / http) at ${CONC} streams: requests ${(n.done / n.secs / (h.done / h.secs)).toFixed(2)}×, ` +
