@@ -250,8 +250,7 @@ async function handleCompletion(
       if (phase === "decode") {
         deps.kvHost.setSalt(requestId, r.salt);
         const pulled = await connector.pullForDecode(info, pullAbort.signal);
-        if (gone) return;
-        deps.kvHost.importBlocks(requestId, pulled.tokenIds);
+        if (!gone) deps.kvHost.importBlocks(requestId, pulled.tokenIds);
       } else {
         responder.beforeEnd = async () => {
           const held = deps.kvHost.holdBlocks(requestId);
@@ -263,10 +262,12 @@ async function handleCompletion(
     }
   } catch (err) {
     engine.scheduler.dropImport(requestId);
+    deps.kvHost.setSalt(requestId, null);
     return sendError(res, err, requestId);
   }
   if (gone) {
     engine.scheduler.dropImport(requestId);
+    deps.kvHost.setSalt(requestId, null);
     return;
   }
 
