@@ -39,7 +39,7 @@ export class SimEngine {
         waiting: () => this.scheduler.waiting.length,
         kvUsage: () => this.pool.usage(),
       },
-      { blockSize: cfg.blockSize, numGpuBlocks: cfg.numGpuBlocks },
+      { blockSize: cfg.blockSize, numGpuBlocks: cfg.numGpuBlocks, prefixCaching: cfg.enablePrefixCaching },
     );
     this.scheduler = new Scheduler(
       this.pool,

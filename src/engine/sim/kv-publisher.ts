@@ -41,12 +41,22 @@ export class KvEventPublisher {
     this.topic = Buffer.from(cfg.topic);
   }
 
-  async start(endpoint: string, replayEndpoint: string | null): Promise<void> {
+  /**
+   * Binds both sockets; returns the endpoints actually bound (ZMQ's `tcp://host:*` picks a
+   * free port, which `lastEndpoint` then names).
+   */
+  async start(
+    endpoint: string,
+    replayEndpoint: string | null,
+  ): Promise<{ pub: string; replay: string | null }> {
     await this.pub.bind(endpoint);
+    let replay: string | null = null;
     if (this.replay && replayEndpoint) {
       await this.replay.bind(replayEndpoint);
+      replay = this.replay.lastEndpoint ?? replayEndpoint;
       void this.serveReplay(this.replay);
     }
+    return { pub: this.pub.lastEndpoint ?? endpoint, replay };
   }
 
   /** Publishes one step's events as one batch. */

@@ -83,7 +83,7 @@ export class SimMetrics implements SchedulerObserver {
     modelName: string,
     engine: string,
     gauges: EngineGauges,
-    cache: { blockSize: number; numGpuBlocks: number },
+    cache: { blockSize: number; numGpuBlocks: number; prefixCaching?: boolean },
   ) {
     const r = this.registry;
     const labels = { model_name: modelName, engine };
@@ -112,7 +112,7 @@ export class SimMetrics implements SchedulerObserver {
       {
         block_size: String(cache.blockSize),
         num_gpu_blocks: String(cache.numGpuBlocks),
-        enable_prefix_caching: "True",
+        enable_prefix_caching: cache.prefixCaching === false ? "False" : "True",
         cache_dtype: "auto",
       },
       1,

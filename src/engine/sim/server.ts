@@ -77,10 +77,10 @@ export async function startWithConfig(
     const endpoint = offsetEndpointPort(ev.endpoint, cfg.dpRank);
     const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, cfg.dpRank) : null;
     publisher = new KvEventPublisher(ev, cfg.kvEventsEncoding, cfg.dpRank, log);
-    await publisher.start(endpoint, replay);
+    const bound = await publisher.start(endpoint, replay);
     engine.publisher = publisher;
-    kvEndpoint = connectable(endpoint, advertisedHost);
-    replayEndpoint = replay ? connectable(replay, advertisedHost) : null;
+    kvEndpoint = connectable(bound.pub, advertisedHost);
+    replayEndpoint = bound.replay ? connectable(bound.replay, advertisedHost) : null;
   }
 
   let connector: SimConnector | null = null;

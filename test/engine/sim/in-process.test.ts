@@ -1,0 +1,58 @@
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import { Unpackr } from "msgpackr";
+import { Subscriber } from "zeromq";
+import { type SimHandle, startSimEngine } from "../../../src/engine/sim/server.ts";
+
+process.env.INFERA_LOG_LEVEL ??= "warn";
+
+describe("startSimEngine (in-process) with ZMQ-chosen event ports", () => {
+  let sim: SimHandle;
+
+  before(async () => {
+    sim = await startSimEngine({
+      model: "inproc",
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEvents: { endpoint: "tcp://127.0.0.1:*", replay_endpoint: "tcp://127.0.0.1:*", topic: "" },
+    });
+  });
+  after(async () => {
+    await sim?.close();
+  });
+
+  it("reports the bound endpoints and publishes on them", async () => {
+    assert.match(sim.kvEndpoint ?? "", /^tcp:\/\/127\.0\.0\.1:\d+$/);
+    assert.match(sim.replayEndpoint ?? "", /^tcp:\/\/127\.0\.0\.1:\d+$/);
+    assert.notEqual(sim.kvEndpoint, sim.replayEndpoint);
+    const sub = new Subscriber();
+    sub.connect(sim.kvEndpoint!);
+    sub.subscribe();
+    await new Promise((r) => setTimeout(r, 200));
+    try {
+      const r = await fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "inproc",
+          prompt: Array.from({ length: 40 }, (_, i) => i + 1),
+          max_tokens: 1,
+        }),
+      });
+      assert.equal(r.status, 200);
+      const [topic, seq, payload] = await sub.receive();
+      assert.equal(topic.length, 0);
+      assert.equal(seq.readBigUInt64BE(0), 0n);
+      const batch = new Unpackr({ int64AsType: "bigint" }).unpack(payload) as unknown[];
+      const ev = (batch[1] as unknown[][])[0];
+      assert.equal(ev[0], "BlockStored");
+      assert.deepEqual(
+        ev[3],
+        Array.from({ length: 32 }, (_, i) => i + 1),
+      );
+    } finally {
+      sub.close();
+    }
+  });
+});
