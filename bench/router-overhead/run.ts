@@ -1,0 +1,343 @@
+/**
+ * Router overhead: the same closed-loop load against
+ *   (a) a sim directly, (b) through `infera server`, (c) through nginx proxy_pass,
+ *   (d) through a bare node:http + undici proxy (the Node.js floor, for reference),
+ * non-streamed and streamed, in one run. Prints throughput and latency percentiles, the
+ * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
+ *
+ *   node --import tsx bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
+ *
+ * The server and nginx run as child processes (nginx: one worker process, upstream
+ * keepalive), so the load generator here (undici) does not share their event loop. Rounds
+ * interleave a/b/c so that drift on a shared machine hits all three alike.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { Pool } from "undici";
+import { freePort } from "../../test/helpers/ports.ts";
+
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+const args = new Map<string, string>();
+for (let i = 2; i < process.argv.length; i += 2)
+  args.set(process.argv[i]!.replace(/^--/, ""), process.argv[i + 1]!);
+const REQUESTS = Number(args.get("requests") ?? 2000);
+const CONCURRENCY = Number(args.get("concurrency") ?? 16);
+const ROUNDS = Number(args.get("rounds") ?? 2);
+const LATENCY_REQUESTS = Number(args.get("latency-requests") ?? 400);
+const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
+const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
+
+const children: ChildProcess[] = [];
+function start(cmd: string, argv: string[], env: Record<string, string> = {}): ChildProcess {
+  const p = spawn(cmd, argv, {
+    cwd: ROOT,
+    stdio: ["ignore", "ignore", "pipe"],
+    env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...env },
+  });
+  let err = "";
+  p.stderr?.on("data", (d) => {
+    err = (err + d).slice(-4000);
+  });
+  p.on("exit", (code, sig) => {
+    if (!stopping) console.error(`${cmd} ${argv.slice(0, 2).join(" ")} exited (${sig ?? code}): ${err}`);
+  });
+  children.push(p);
+  return p;
+}
+let stopping = false;
+function stopAll(): void {
+  stopping = true;
+  for (const c of children) if (c.exitCode === null) c.kill("SIGTERM");
+}
+process.on("exit", () => {
+  for (const c of children) if (c.exitCode === null) c.kill("SIGKILL");
+});
+
+async function waitHttp(url: string, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    try {
+      const r = await fetch(url);
+      await r.text();
+      if (r.ok) return;
+    } catch {
+      // not yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${url} did not come up`);
+}
+
+function nginxConf(dir: string, port: number, upstreamPort: number): string {
+  return `worker_processes 1;
+daemon off;
+pid ${dir}/nginx.pid;
+error_log ${dir}/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path ${dir}/body;
+  proxy_temp_path ${dir}/proxy;
+  fastcgi_temp_path ${dir}/fastcgi;
+  uwsgi_temp_path ${dir}/uwsgi;
+  scgi_temp_path ${dir}/scgi;
+  upstream sim { server 127.0.0.1:${upstreamPort}; keepalive 128; }
+  server {
+    listen 127.0.0.1:${port};
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+`;
+}
+
+/**
+ * (d) A bare node:http + undici proxy (no validation, routing, metrics): the floor for any
+ * Node.js gateway on this machine, to tell Node's own cost from infera's.
+ */
+const BARE_PROXY = `
+import http from "node:http";
+import { Pool } from ${JSON.stringify(fileURLToPath(new URL("../../node_modules/undici/index.js", import.meta.url)))};
+const [port, upstream] = process.argv.slice(2);
+const pool = new Pool(upstream, { connections: 256 });
+http.createServer((req, res) => {
+  const chunks = [];
+  req.on("data", (c) => chunks.push(c));
+  req.on("end", async () => {
+    try {
+      const r = await pool.request({ path: req.url, method: req.method, headers: { "content-type": "application/json" }, body: req.method === "POST" ? Buffer.concat(chunks) : undefined });
+      res.writeHead(r.statusCode, { "content-type": r.headers["content-type"] ?? "application/json" });
+      r.body.on("data", (c) => res.write(c));
+      r.body.on("end", () => res.end());
+      r.body.on("error", () => res.destroy());
+    } catch { res.destroy(); }
+  });
+}).listen(Number(port), "127.0.0.1");
+`;
+
+interface RunResult {
+  latencies: number[];
+  seconds: number;
+  errors: number;
+}
+
+const body = (stream: boolean, i: number) =>
+  JSON.stringify({
+    model: "sim-model",
+    messages: [{ role: "user", content: `Benchmark request ${i % 64}: say something short.` }],
+    max_tokens: MAX_TOKENS,
+    stream,
+  });
+
+async function load(url: string, stream: boolean, requests: number, concurrency: number): Promise<RunResult> {
+  const pool = new Pool(url, { connections: concurrency, pipelining: 1 });
+  const latencies: number[] = [];
+  let errors = 0;
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < requests) {
+        const i = next++;
+        const s = performance.now();
+        try {
+          const res = await pool.request({
+            path: "/v1/chat/completions",
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body: body(stream, i),
+          });
+          for await (const _ of res.body) {
+            // drain
+          }
+          if (res.statusCode !== 200) errors++;
+          else latencies.push(performance.now() - s);
+        } catch {
+          errors++;
+        }
+      }
+    }),
+  );
+  const seconds = (performance.now() - t0) / 1000;
+  await pool.close();
+  return { latencies, seconds, errors };
+}
+
+const pct = (sorted: number[], p: number) =>
+  sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+
+/** CPU seconds (user + system) used so far by a process and its children (nginx's worker). */
+function cpuSeconds(pid: number): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    let ticks = Number(f[11]) + Number(f[12]);
+    const kids = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim();
+    let sub = 0;
+    for (const k of kids ? kids.split(" ") : []) sub += cpuSeconds(Number(k));
+    ticks /= 100;
+    return ticks + sub;
+  } catch {
+    return 0;
+  }
+}
+
+interface Agg {
+  latencies: number[];
+  seconds: number;
+  count: number;
+  errors: number;
+  lowConc: number[];
+  /** CPU seconds the proxy process (or the sim, for a) spent during the concurrent runs. */
+  cpu: number;
+}
+
+async function main(): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), "infera-bench-ro-"));
+  try {
+    const [simPort, serverPort, nginxPort] = [await freePort(), await freePort(), await freePort()];
+    const simProc = start(process.execPath, [
+      "bin/infera-sim.js",
+      "serve",
+      "sim-model",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(simPort),
+      "--speed",
+      "10000",
+      "--max-num-seqs",
+      "256",
+    ]);
+    const simUrl = `http://127.0.0.1:${simPort}`;
+    await waitHttp(`${simUrl}/health`);
+    const serverProc = start(process.execPath, [
+      "bin/infera.js",
+      "server",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(serverPort),
+      "--worker",
+      simUrl,
+      "--scrape-interval",
+      "0",
+    ]);
+    const serverUrl = `http://127.0.0.1:${serverPort}`;
+    await waitHttp(`${serverUrl}/ready`);
+    writeFileSync(join(dir, "nginx.conf"), nginxConf(dir, nginxPort, simPort));
+    const nginxProc = start(NGINX, ["-c", join(dir, "nginx.conf"), "-p", dir]);
+    const nginxUrl = `http://127.0.0.1:${nginxPort}`;
+    await waitHttp(`${nginxUrl}/health`);
+
+    const loadStart = loadavg()[0]!.toFixed(1);
+    const barePort = await freePort();
+    writeFileSync(join(dir, "bare-proxy.mjs"), BARE_PROXY);
+    const bareProc = start(process.execPath, [join(dir, "bare-proxy.mjs"), String(barePort), simUrl]);
+    const bareUrl = `http://127.0.0.1:${barePort}`;
+    await waitHttp(`${bareUrl}/health`);
+    const targets = {
+      a_direct: simUrl,
+      b_infera: serverUrl,
+      c_nginx: nginxUrl,
+      d_bare_node: bareUrl,
+    } as const;
+    type Key = keyof typeof targets;
+    const pids: Record<Key, number> = {
+      a_direct: simProc.pid!,
+      b_infera: serverProc.pid!,
+      c_nginx: nginxProc.pid!,
+      d_bare_node: bareProc.pid!,
+    };
+    const results: Record<string, Record<Key, Agg>> = {};
+    for (const stream of [false, true]) {
+      const mode = stream ? "streamed" : "non-streamed";
+      const agg = {} as Record<Key, Agg>;
+      for (const k of Object.keys(targets) as Key[]) {
+        agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0 };
+        await load(targets[k], stream, 200, CONCURRENCY); // warm-up (JIT, pools)
+      }
+      for (let r = 0; r < ROUNDS; r++) {
+        for (const k of Object.keys(targets) as Key[]) {
+          const cpuPid = pids[k];
+          const cpu0 = cpuSeconds(cpuPid);
+          const res = await load(targets[k], stream, REQUESTS, CONCURRENCY);
+          agg[k].cpu += cpuSeconds(cpuPid) - cpu0;
+          agg[k].latencies.push(...res.latencies);
+          agg[k].seconds += res.seconds;
+          agg[k].count += res.latencies.length;
+          agg[k].errors += res.errors;
+          // Concurrency 1: the added latency of one hop, without queueing.
+          const low = await load(targets[k], stream, LATENCY_REQUESTS, 1);
+          agg[k].lowConc.push(...low.latencies);
+        }
+      }
+      results[mode] = agg;
+    }
+
+    const load1 = loadavg()[0]!.toFixed(1);
+    const out = (l: string) => console.log(l);
+    out(`machine: ${cpus().length} cores, load average ${loadStart} at start, ${load1} at end`);
+    out(
+      `router-overhead: ${REQUESTS} req × ${ROUNDS} rounds per target at concurrency ${CONCURRENCY} (+${LATENCY_REQUESTS} × ${ROUNDS} at concurrency 1), max_tokens ${MAX_TOKENS}, sim --speed 10000`,
+    );
+    for (const [mode, agg] of Object.entries(results)) {
+      const stat = (k: Key) => {
+        const s = [...agg[k].latencies].sort((x, y) => x - y);
+        const l = [...agg[k].lowConc].sort((x, y) => x - y);
+        return {
+          rps: agg[k].count / agg[k].seconds,
+          p50: pct(s, 50),
+          p99: pct(s, 99),
+          l50: pct(l, 50),
+          l99: pct(l, 99),
+          errors: agg[k].errors,
+          cpuUs: (agg[k].cpu / Math.max(1, agg[k].count)) * 1e6,
+        };
+      };
+      const a = stat("a_direct");
+      const b = stat("b_infera");
+      const c = stat("c_nginx");
+      const d = stat("d_bare_node");
+      out(`\n${mode}`);
+      out("| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | errors |");
+      out("|---|---|---|---|---|---|---|---|");
+      for (const [name, s] of [
+        ["a sim direct", a],
+        ["b infera server", b],
+        ["c nginx", c],
+        ["d bare node:http+undici proxy", d],
+      ] as const) {
+        out(
+          `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.errors} |`,
+        );
+      }
+      out(
+        `added latency at c=1 (b−a): p50 ${(b.l50 - a.l50).toFixed(3)} ms, p99 ${(b.l99 - a.l99).toFixed(3)} ms;  nginx (c−a): p50 ${(c.l50 - a.l50).toFixed(3)} ms, p99 ${(c.l99 - a.l99).toFixed(3)} ms`,
+      );
+      out(
+        `added latency at c=${CONCURRENCY} (b−a): p50 ${(b.p50 - a.p50).toFixed(3)} ms, p99 ${(b.p99 - a.p99).toFixed(3)} ms`,
+      );
+      out(
+        `throughput ratios: b/a ${(b.rps / a.rps).toFixed(2)}, b/c ${(b.rps / c.rps).toFixed(2)}, b/d ${(b.rps / d.rps).toFixed(2)}`,
+      );
+      out(
+        `proxy CPU per request: infera ${b.cpuUs.toFixed(0)} µs, nginx ${c.cpuUs.toFixed(0)} µs → one core sustains ≈ ${(1e6 / b.cpuUs).toFixed(0)} vs ${(1e6 / c.cpuUs).toFixed(0)} req/s (ratio ${(c.cpuUs / b.cpuUs).toFixed(2)}); bare Node proxy ${d.cpuUs.toFixed(0)} µs`,
+      );
+    }
+  } finally {
+    stopAll();
+    await new Promise((r) => setTimeout(r, 300));
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+await main();
