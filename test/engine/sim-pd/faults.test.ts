@@ -126,6 +126,6 @@ test("mooncake: a transfer P never serves times out on D with 504; P drops a req
   );
   assert.equal(dr.status, 504);
   assertOpenAIError(dr.json);
-  assert.ok(Date.now() - t0 < 3000);
+  assert.ok(Date.now() - t0 < 15_000, "the configured 400 ms pull timeout, not the 30 s default");
   assert.equal(await running(d), 0);
 });

@@ -71,6 +71,6 @@ describe("prefill faults", () => {
     const t0 = Date.now();
     const e = await apiError(ask(c, "slow-p", 5, 60));
     assert.ok(e.status === 502 || e.status === 504, `status ${e.status}`);
-    assert.ok(Date.now() - t0 < 5000);
+    assert.ok(Date.now() - t0 < 20_000, "the 300 ms prefill timeout, not the P finishing");
   });
 });
