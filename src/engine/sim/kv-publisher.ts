@@ -25,7 +25,9 @@ export class KvEventPublisher {
   private readonly packr = new Packr({ useRecords: false, variableMapSize: true });
   private readonly topic: Buffer;
   private seq = 0n;
-  private readonly buffer: { seq: Buffer; payload: Buffer }[] = [];
+  /** Ring of the last buffer_steps batches for replay; `ringStart` is the oldest. */
+  private readonly ring: { seq: Buffer; payload: Buffer }[] = [];
+  private ringStart = 0;
   private readonly queue: Buffer[][] = [];
   private sending = false;
   private closed = false;
@@ -66,8 +68,12 @@ export class KvEventPublisher {
     const payload = this.packr.pack(batch);
     const seq = Buffer.allocUnsafe(8);
     seq.writeBigUInt64BE(this.seq++);
-    this.buffer.push({ seq, payload });
-    if (this.buffer.length > this.cfg.buffer_steps) this.buffer.shift();
+    const entry = { seq, payload };
+    if (this.ring.length < this.cfg.buffer_steps) this.ring.push(entry);
+    else if (this.ring.length > 0) {
+      this.ring[this.ringStart] = entry;
+      this.ringStart = (this.ringStart + 1) % this.ring.length;
+    }
     this.queue.push([this.topic, seq, payload]);
     if (!this.sending) void this.drain();
   }
@@ -141,7 +147,8 @@ export class KvEventPublisher {
           continue;
         }
         const start = startBuf.readBigUInt64BE(0);
-        for (const b of this.buffer.slice()) {
+        const buffered = [...this.ring.slice(this.ringStart), ...this.ring.slice(0, this.ringStart)];
+        for (const b of buffered) {
           if (b.seq.readBigUInt64BE(0) >= start) await sock.send([id, "", b.seq, b.payload]);
         }
         await sock.send([id, "", END_SEQ, ""]);

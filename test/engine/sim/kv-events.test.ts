@@ -243,3 +243,32 @@ for (const encoding of ["array", "map"] as const) {
     });
   });
 }
+
+describe("sim KV replay buffer keeps only the last buffer_steps batches", () => {
+  let sim: SimProcess;
+  before(async () => {
+    sim = await startSim({ args: ["--speed", "100"], kvEvents: { buffer_steps: 3 } });
+  });
+  after(async () => {
+    await sim?.stop();
+  });
+
+  it("replay from 0 returns the newest 3 batches in order, then END", async () => {
+    for (let i = 0; i < 5; i++) await complete(sim, range(40000 + i * 100, 20));
+    const dealer = new Dealer();
+    dealer.connect(sim.replayEndpoint);
+    try {
+      await dealer.send(["", Buffer.alloc(8)]);
+      const seqs: bigint[] = [];
+      for (;;) {
+        const frames = await dealer.receive();
+        const seq = frames[1].readBigInt64BE(0);
+        if (seq === -1n) break;
+        seqs.push(seq);
+      }
+      assert.deepEqual(seqs, [2n, 3n, 4n]);
+    } finally {
+      dealer.close();
+    }
+  });
+});
