@@ -206,7 +206,13 @@ export class DisaggRouter implements ModelRouter {
     } finally {
       pSlot.release();
     }
-    return this.decode(req, exec, signal, dSlot, proto.decodeBody(input, params), headers);
+    try {
+      return await this.decode(req, exec, signal, dSlot, proto.decodeBody(input, params), headers);
+    } catch (err) {
+      // D will never pull what P holds: free it now where the protocol can.
+      proto.releasePrefill?.(input, params).catch(() => {});
+      throw err;
+    }
   }
 
   private async decode(

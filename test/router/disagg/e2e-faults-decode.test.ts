@@ -46,6 +46,19 @@ describe("decode faults", () => {
     );
   });
 
+  test("moriio, D dead after P: the router notifies P, which frees its blocks at once", async (t) => {
+    // P's own hold timeout stays at the 120 s default, so only the notify can free them quickly.
+    const c = await cluster(t, { kind: "moriio" });
+    await c.decodes[0].sim.stop();
+    const e = await apiError(ask(c, "d-dead-moriio"));
+    assert.equal(e.status, 502);
+    await waitFor(
+      async () => (await metric(c.prefills[0].sim, "vllm:kv_cache_usage_perc")) === 0,
+      5000,
+      "P to free its blocks",
+    );
+  });
+
   test("a D slower than decodeTimeoutMs: 504", async (t) => {
     const c = await cluster(t, {
       kind: "atom",

@@ -7,6 +7,7 @@
  */
 import { randomBytes } from "node:crypto";
 import type { WorkerRecord } from "../../../discovery/types.ts";
+import { sendMoriioNotify } from "../moriio-notify.ts";
 import { connectorHost, prefillOnlyBody, type SerialProtocol, withKvParams } from "./types.ts";
 
 /** A worker's MoRIIO address as it registers it: `host:IP,handshake:P,notify:P`. */
@@ -40,6 +41,13 @@ export const moriioProtocol: SerialProtocol = {
       remote_host: null,
       remote_port: null,
     }),
+  async releasePrefill({ prefill, requestId }, p) {
+    const host = typeof p.remote_host === "string" ? p.remote_host : connectorHost(prefill);
+    const port =
+      typeof p.remote_notify_port === "number" ? p.remote_notify_port : prefill.connector.notifyPort;
+    const id = typeof p.remote_request_id === "string" ? p.remote_request_id : requestId;
+    if (port) await sendMoriioNotify(host, port, id);
+  },
   decodeBody: ({ body, prefill }, p) =>
     withKvParams(body, {
       do_remote_prefill: true,

@@ -35,6 +35,11 @@ export interface SerialProtocol extends ProtocolBase {
   prefillBody(input: PdInput): Record<string, unknown>;
   /** D's body from P's answer's top-level `kv_transfer_params`. */
   decodeBody(input: PdInput, prefillParams: Readonly<Record<string, unknown>>): Record<string, unknown>;
+  /**
+   * Best effort: tells P to free what it holds for D when D will never pull it, where the
+   * protocol has a way to (MoRIIO's notify). Others rely on P's own hold timeout.
+   */
+  releasePrefill?(input: PdInput, prefillParams: Readonly<Record<string, unknown>>): Promise<void>;
 }
 
 export interface ConcurrentProtocol extends ProtocolBase {
