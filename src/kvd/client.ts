@@ -49,6 +49,7 @@ export class KvdClient {
   private nextId = 1;
   private readonly pending = new Map<number, { resolve: (f: Frame) => void; reject: (e: Error) => void }>();
   private closedErr: Error | null = null;
+  private readonly sinks = new Map<number, Buffer>();
 
   private constructor(
     private readonly sock: net.Socket,
@@ -57,7 +58,11 @@ export class KvdClient {
     maxFrameBytes: number,
     leftover: Buffer,
   ) {
-    const decoder = new FrameDecoder(maxFrameBytes, true);
+    // getCopyInto: the response's bytes are received straight into the caller's buffer.
+    const decoder = new FrameDecoder(maxFrameBytes, true, (_op, _meta, len, id) => {
+      const dest = this.sinks.get(id);
+      return dest && len <= dest.length ? { buf: dest.subarray(0, len), token: id } : null;
+    });
     const onData = (chunk: Buffer) => {
       let frames: Frame[];
       try {
@@ -130,12 +135,20 @@ export class KvdClient {
   }
 
   /** Sends one request frame; resolves with the response (rejects on an error frame). */
-  async request(op: number, meta: object, data?: Buffer | Buffer[]): Promise<Frame> {
+  async request(op: number, meta: object, data?: Buffer | Buffer[], into?: Buffer): Promise<Frame> {
     if (this.closedErr) throw this.closedErr;
     const id = this.nextId++ >>> 0;
+    if (into) this.sinks.set(id, into);
     const p = new Promise<Frame>((resolve, reject) => this.pending.set(id, { resolve, reject }));
+    this.sock.cork();
     for (const part of encodeFrame(op, 0, id, meta, data)) this.sock.write(part);
-    const f = await p;
+    this.sock.uncork();
+    let f: Frame;
+    try {
+      f = await p;
+    } finally {
+      if (into) this.sinks.delete(id);
+    }
     if (f.flags & FLAG_ERROR) {
       const err = (f.meta.error ?? {}) as { message?: string; code?: string };
       throw new KvdRequestError(Number(f.meta.status ?? 500), err.code ?? null, err.message ?? "kvd error");
@@ -212,6 +225,18 @@ export class KvdClient {
       off += it.size;
       return b;
     });
+  }
+
+  /**
+   * GET over the socket into a caller-owned buffer (like recv_into): no allocation per call.
+   * Resolves with the chunk's size, or null on a miss. `dest` must be large enough.
+   */
+  async getCopyInto(key: string, dest: Buffer, ns?: string): Promise<number | null> {
+    const f = await this.request(Op.GET, { ns, keys: [key], copy: true }, undefined, dest);
+    const it = (f.meta.items as { found: boolean; size: number }[])[0];
+    if (!it?.found) return null;
+    if (f.sinkToken === undefined) f.data.copy(dest, 0, 0, it.size);
+    return it.size;
   }
 
   async release(leases: number[]): Promise<number> {

@@ -8,7 +8,7 @@ import { BadRequestError, InferaError } from "../protocol/errors.ts";
 import { Op } from "./protocol.ts";
 import type { Reservation, TieredStore } from "./store.ts";
 import type { L2Entry } from "./tiers/ram-arena.ts";
-import type { Retention } from "./types.ts";
+import { chunkId, type Retention } from "./types.ts";
 
 export interface ConnState {
   /** Set by HELLO: the connection may only touch this namespace. */
@@ -58,7 +58,7 @@ function parse<T>(schema: z.ZodType<T>, meta: unknown): T {
 }
 
 /** The namespace a request addresses, enforcing the one bound at HELLO. */
-function nsOf(st: ConnState, requested: string | undefined): string {
+export function nsOf(st: ConnState, requested: string | undefined): string {
   const n = requested ?? st.namespace;
   if (!n)
     throw new BadRequestError("no namespace: send HELLO with one or pass ns", "ns", "namespace_required");
@@ -79,15 +79,53 @@ function optsOf(
   return { retention: it.retention ?? d.retention, ttlMs: it.ttl_ms ?? d.ttl_ms };
 }
 
+/**
+ * Decode-time hook for a single-item PUT: reserves the arena space up front so the frame's
+ * bytes are received straight into it (see DataSink). Anything unusual returns null and
+ * takes the ordinary path, which also produces the proper error.
+ */
+export function putSink(
+  store: TieredStore,
+  st: ConnState,
+  op: number,
+  meta: Record<string, unknown>,
+  dataLen: number,
+  _id?: number,
+): { buf: Buffer; token: number } | null {
+  if (op !== Op.PUT || dataLen < 64 * 1024) return null;
+  const m = schemas.put.safeParse(meta);
+  if (!m.success || m.data.items.length !== 1 || m.data.items[0]!.size !== dataLen) return null;
+  let n: string;
+  try {
+    n = nsOf(st, m.data.ns);
+  } catch {
+    return null;
+  }
+  const it = m.data.items[0]!;
+  if (store.l2.live(chunkId(n, it.key))) return null;
+  const r = store.reserve(n, it.key, dataLen, optsOf(it, m.data));
+  if (!r) return null;
+  const token = st.nextHandle++;
+  st.reservations.set(token, r);
+  return { buf: store.l2.arena.buf.subarray(r.ext.offset, r.ext.offset + dataLen), token };
+}
+
 export async function handle(
   store: TieredStore,
   st: ConnState,
   op: number,
   meta: Record<string, unknown>,
   data: Buffer,
+  sinkToken?: number,
 ): Promise<Reply> {
   switch (op) {
     case Op.PUT: {
+      if (sinkToken !== undefined) {
+        // The bytes were received into the reservation putSink made; commit it.
+        const r = st.reservations.get(sinkToken);
+        st.reservations.delete(sinkToken);
+        return { meta: { stored: [r ? store.commit(r) : false] } };
+      }
       const m = parse(schemas.put, meta);
       const n = nsOf(st, m.ns);
       const total = m.items.reduce((s, i) => s + i.size, 0);

@@ -45,6 +45,8 @@ export interface Frame {
   id: number;
   meta: Record<string, unknown>;
   data: Buffer;
+  /** Set when the data section was received into a DataSink destination. */
+  sinkToken?: number;
 }
 
 /** A framing violation: the connection that sent it is closed (the daemon keeps running). */
@@ -80,34 +82,55 @@ export function frameLength(buf: Buffer): number {
 }
 
 /**
- * Incremental decoder. Bytes arrive in arbitrary pieces; a frame's data section is gathered
- * into one Buffer of exactly its size, allocated when the header arrives, so a 16 MiB PUT is
- * copied once from the socket's chunks and never re-concatenated.
+ * Where a frame's data section should be written, chosen once its meta is known. The daemon
+ * uses it to receive a PUT's bytes straight into an arena reservation (one copy, socket →
+ * arena) instead of into a temporary Buffer first.
+ */
+export type DataSink = (
+  op: number,
+  meta: Record<string, unknown>,
+  dataLen: number,
+  id: number,
+) => { buf: Buffer; token: number } | null;
+
+interface Partial_ {
+  op: number;
+  flags: number;
+  id: number;
+  metaLen: number;
+  dataLen: number;
+  /** Meta bytes while gathering them. */
+  metaBuf: Buffer;
+  meta: Record<string, unknown> | null;
+  data: Buffer | null;
+  token?: number;
+  filled: number;
+}
+
+/**
+ * Incremental decoder. Bytes arrive in arbitrary pieces. The meta section is gathered and
+ * parsed first; the data section is then copied into one Buffer of exactly its size (or the
+ * sink's destination), so a 16 MiB PUT is copied once from the socket's chunks and never
+ * re-concatenated.
  */
 export class FrameDecoder {
   private head: Buffer = Buffer.alloc(0);
-  private cur: {
-    op: number;
-    flags: number;
-    id: number;
-    metaLen: number;
-    body: Buffer;
-    filled: number;
-  } | null = null;
+  private cur: Partial_ | null = null;
 
   constructor(
     private readonly maxData: number,
     private readonly expectResponses = false,
+    private readonly sink?: DataSink,
   ) {}
 
   /** Feeds bytes; returns the frames completed by them. Throws ProtocolError on violations. */
   push(chunk: Buffer): Frame[] {
     const out: Frame[] = [];
     let off = 0;
-    while (off < chunk.length) {
+    for (;;) {
       if (!this.cur) {
-        const need = HEADER_BYTES - this.head.length;
-        const take = Math.min(need, chunk.length - off);
+        if (off >= chunk.length) break;
+        const take = Math.min(HEADER_BYTES - this.head.length, chunk.length - off);
         this.head =
           this.head.length === 0 && take === HEADER_BYTES
             ? chunk.subarray(off, off + take)
@@ -118,19 +141,33 @@ export class FrameDecoder {
         this.head = Buffer.alloc(0);
       }
       const cur = this.cur;
-      const take = Math.min(cur.body.length - cur.filled, chunk.length - off);
-      chunk.copy(cur.body, cur.filled, off, off + take);
+      if (cur.meta === null) {
+        const take = Math.min(cur.metaLen - cur.filled, chunk.length - off);
+        chunk.copy(cur.metaBuf, cur.filled, off, off + take);
+        cur.filled += take;
+        off += take;
+        if (cur.filled < cur.metaLen) break;
+        cur.meta = parseMeta(cur.metaBuf);
+        cur.filled = 0;
+        const sunk = this.sink && cur.dataLen > 0 ? this.sink(cur.op, cur.meta, cur.dataLen, cur.id) : null;
+        if (sunk && sunk.buf.length === cur.dataLen) {
+          cur.data = sunk.buf;
+          cur.token = sunk.token;
+        } else cur.data = Buffer.allocUnsafe(cur.dataLen);
+      }
+      const data = cur.data!;
+      const take = Math.min(cur.dataLen - cur.filled, chunk.length - off);
+      if (take > 0) chunk.copy(data, cur.filled, off, off + take);
       cur.filled += take;
       off += take;
-      if (cur.filled === cur.body.length) {
-        out.push(this.finishFrame(cur));
-        this.cur = null;
-      }
+      if (cur.filled < cur.dataLen) break;
+      out.push({ op: cur.op, flags: cur.flags, id: cur.id, meta: cur.meta, data, sinkToken: cur.token });
+      this.cur = null;
     }
     return out;
   }
 
-  private startFrame(h: Buffer) {
+  private startFrame(h: Buffer): Partial_ {
     if (h.readUInt32LE(0) !== MAGIC) throw new ProtocolError("bad magic");
     const op = h.readUInt8(4);
     const flags = h.readUInt8(5);
@@ -143,25 +180,29 @@ export class FrameDecoder {
     if (metaLen > MAX_META_BYTES)
       throw new ProtocolError(`meta of ${metaLen} bytes exceeds ${MAX_META_BYTES}`);
     if (dataLen > this.maxData) throw new ProtocolError(`data of ${dataLen} bytes exceeds ${this.maxData}`);
-    return { op, flags, id, metaLen, body: Buffer.allocUnsafe(metaLen + dataLen), filled: 0 };
-  }
-
-  private finishFrame(cur: { op: number; flags: number; id: number; metaLen: number; body: Buffer }): Frame {
-    let meta: unknown;
-    try {
-      meta = cur.metaLen === 0 ? {} : JSON.parse(cur.body.toString("utf8", 0, cur.metaLen));
-    } catch {
-      throw new ProtocolError("meta is not valid JSON");
-    }
-    if (meta === null || typeof meta !== "object" || Array.isArray(meta)) {
-      throw new ProtocolError("meta must be a JSON object");
-    }
     return {
-      op: cur.op,
-      flags: cur.flags,
-      id: cur.id,
-      meta: meta as Record<string, unknown>,
-      data: cur.body.subarray(cur.metaLen),
+      op,
+      flags,
+      id,
+      metaLen,
+      dataLen,
+      metaBuf: Buffer.allocUnsafe(metaLen),
+      meta: null,
+      data: null,
+      filled: 0,
     };
   }
+}
+
+function parseMeta(b: Buffer): Record<string, unknown> {
+  let meta: unknown;
+  try {
+    meta = b.length === 0 ? {} : JSON.parse(b.toString("utf8"));
+  } catch {
+    throw new ProtocolError("meta is not valid JSON");
+  }
+  if (meta === null || typeof meta !== "object" || Array.isArray(meta)) {
+    throw new ProtocolError("meta must be a JSON object");
+  }
+  return meta as Record<string, unknown>;
 }

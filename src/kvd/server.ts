@@ -8,7 +8,7 @@ import type net from "node:net";
 import { z } from "zod";
 import { InferaError, toInferaError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
-import { type ConnState, handle, type Reply, releaseConn } from "./handlers.ts";
+import { type ConnState, handle, putSink, type Reply, releaseConn } from "./handlers.ts";
 import { sendWithFds } from "./native/fdpass.ts";
 import {
   encodeFrame,
@@ -45,7 +45,9 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     reservations: new Map(),
     nextHandle: 1,
   };
-  const decoder = new FrameDecoder(ctx.maxFrameBytes);
+  const decoder = new FrameDecoder(ctx.maxFrameBytes, false, (op, meta, len) =>
+    closed ? null : putSink(store, st, op, meta, len),
+  );
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
   ctx.onClientCount(1);
@@ -67,10 +69,13 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
         return;
       }
       let ok = true;
+      // Corked, the header, meta and data parts leave in one writev.
+      sock.cork();
       for (let i = 0; i < parts.length; i++) {
         const last = i === parts.length - 1;
         ok = sock.write(parts[i]!, last ? () => after?.() : undefined);
       }
+      sock.uncork();
       // Backpressure: the next request is not processed until the socket drained.
       if (ok) resolve();
       else {
@@ -108,7 +113,10 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     if (f.op === Op.HELLO) return hello(f);
     let reply: Reply;
     try {
-      reply = f.op === Op.STATS ? { meta: ctx.stats() } : await handle(store, st, f.op, f.meta, f.data);
+      reply =
+        f.op === Op.STATS
+          ? { meta: ctx.stats() }
+          : await handle(store, st, f.op, f.meta, f.data, f.sinkToken);
     } catch (err) {
       if (err instanceof ProtocolError) throw err;
       const e = toInferaError(err);
