@@ -46,6 +46,7 @@ const VALUE_FLAGS = new Set([
   "api-key",
   "kv-hold-timeout-ms",
   "stream-interval",
+  "kv-events-framing",
 ]);
 
 /** vLLM flags that take a value and that the sim accepts without modelling them. */
@@ -228,6 +229,8 @@ export function parseSimArgs(argv: readonly string[]): ParsedArgs {
   const encoding = values.get("kv-events-encoding") ?? "array";
   if (encoding !== "array" && encoding !== "map") throw new Error("--kv-events-encoding must be array|map");
 
+  const framing = values.get("kv-events-framing") ?? "seq";
+  if (framing !== "seq" && framing !== "atom") throw new Error("--kv-events-framing must be seq|atom");
   const int = (flag: string, dflt: number, min = 1): number => {
     const v = values.get(flag);
     return v === undefined ? dflt : toInt(flag, v, min);
@@ -251,6 +254,7 @@ export function parseSimArgs(argv: readonly string[]): ParsedArgs {
     connector: (connectorFlag as ConnectorKind | undefined) ?? derived.connector ?? "none",
     kvEvents: kvEventsRaw === undefined ? null : parseKvEventsConfig(kvEventsRaw),
     kvEventsEncoding: encoding as KvEventsEncoding,
+    kvEventsFraming: framing,
     kvTransferConfig,
     tokenizerDir: values.get("tokenizer"),
     speed,
@@ -283,6 +287,7 @@ A simulated vLLM-compatible engine (OpenAI API, /metrics, KV events, PD connecto
   --connector nixl|mooncake|moriio|sglang|atom
   --kv-events-config JSON       vLLM's KV events config (zmq publisher, endpoint, replay_endpoint, topic, buffer_steps, hwm)
   --kv-events-encoding array|map  event layout: positional arrays (default) or maps with "type"
+  --kv-events-framing seq|atom  [topic, seq, payload] (vLLM/SGLang, default) or ATOM's [payload] / [topic, payload]
   --kv-transfer-config JSON     vLLM's KV transfer config (kv_connector, kv_role, kv_connector_extra_config)
   --tokenizer DIR               HF model dir (tokenizer.json + tokenizer_config.json); default o200k BPE
   --speed X                     simulated time runs X times faster (1)

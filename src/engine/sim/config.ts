@@ -13,6 +13,8 @@ export interface KvEventsConfig {
 }
 
 export type KvEventsEncoding = "array" | "map";
+/** Frame layout: vLLM/SGLang `[topic, seq, payload]`, or ATOM's `[payload]` / `[topic, payload]`. */
+export type KvEventsFraming = "seq" | "atom";
 
 /** Everything the simulated engine needs; produced by the CLI parser or given programmatically. */
 export interface SimConfig {
@@ -29,6 +31,7 @@ export interface SimConfig {
   connector: ConnectorKind;
   kvEvents: KvEventsConfig | null;
   kvEventsEncoding: KvEventsEncoding;
+  kvEventsFraming: KvEventsFraming;
   kvTransferConfig: Record<string, unknown>;
   tokenizerDir?: string;
   speed: number;

@@ -1,7 +1,7 @@
 import { Packr } from "msgpackr";
 import { Publisher, Router } from "zeromq";
 import type { Logger } from "../../util/log.ts";
-import type { KvEventsConfig, KvEventsEncoding } from "./config.ts";
+import type { KvEventsConfig, KvEventsEncoding, KvEventsFraming } from "./config.ts";
 import type { KvEvent } from "./kv-events.ts";
 
 /**
@@ -35,11 +35,12 @@ export class KvEventPublisher {
   constructor(
     private readonly cfg: KvEventsConfig,
     private readonly encoding: KvEventsEncoding,
+    private readonly framing: KvEventsFraming,
     private readonly dpRank: number,
     private readonly log: Logger,
   ) {
     this.pub = new Publisher({ sendHighWaterMark: cfg.hwm, linger: 0 });
-    this.replay = cfg.replay_endpoint ? new Router({ linger: 0 }) : null;
+    this.replay = cfg.replay_endpoint && framing === "seq" ? new Router({ linger: 0 }) : null;
     this.topic = Buffer.from(cfg.topic);
   }
 
@@ -74,7 +75,8 @@ export class KvEventPublisher {
       this.ring[this.ringStart] = entry;
       this.ringStart = (this.ringStart + 1) % this.ring.length;
     }
-    this.queue.push([this.topic, seq, payload]);
+    if (this.framing === "atom") this.queue.push(this.topic.length > 0 ? [this.topic, payload] : [payload]);
+    else this.queue.push([this.topic, seq, payload]);
     if (!this.sending) void this.drain();
   }
 

@@ -76,7 +76,7 @@ export async function startWithConfig(
     const ev = cfg.kvEvents;
     const endpoint = offsetEndpointPort(ev.endpoint, cfg.dpRank);
     const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, cfg.dpRank) : null;
-    publisher = new KvEventPublisher(ev, cfg.kvEventsEncoding, cfg.dpRank, log);
+    publisher = new KvEventPublisher(ev, cfg.kvEventsEncoding, cfg.kvEventsFraming, cfg.dpRank, log);
     const bound = await publisher.start(endpoint, replay);
     engine.publisher = publisher;
     kvEndpoint = connectable(bound.pub, advertisedHost);

@@ -56,3 +56,45 @@ describe("startSimEngine (in-process) with ZMQ-chosen event ports", () => {
     }
   });
 });
+
+describe("ATOM event framing (--kv-events-framing atom)", () => {
+  let sim: SimHandle;
+  before(async () => {
+    sim = await startSimEngine({
+      model: "atom-like",
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEventsFraming: "atom",
+      kvEvents: { endpoint: "tcp://127.0.0.1:*", replay_endpoint: "tcp://127.0.0.1:*", topic: "" },
+    });
+  });
+  after(async () => {
+    await sim?.close();
+  });
+
+  it("sends one frame [payload] without a sequence frame, and no replay socket", async () => {
+    assert.equal(sim.replayEndpoint, null);
+    const sub = new Subscriber();
+    sub.connect(sim.kvEndpoint!);
+    sub.subscribe();
+    await new Promise((r) => setTimeout(r, 200));
+    try {
+      await fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "atom-like",
+          prompt: Array.from({ length: 20 }, (_, i) => i + 7),
+          max_tokens: 1,
+        }),
+      }).then((r) => r.json());
+      const frames = await sub.receive();
+      assert.equal(frames.length, 1);
+      const batch = new Unpackr({ int64AsType: "bigint" }).unpack(frames[0]) as unknown[];
+      assert.equal((batch[1] as unknown[][])[0][0], "BlockStored");
+    } finally {
+      sub.close();
+    }
+  });
+});
