@@ -46,6 +46,8 @@ export class NatsRequestExecutor implements RequestExecutor {
   private readonly log: Logger;
   private readonly sweeper: NodeJS.Timeout;
   private readonly enc = new TextEncoder();
+  /** Between a disconnect and the reconnect: publishes would only be buffered (and maybe lost). */
+  private down = false;
 
   constructor(private readonly opts: NatsExecutorOptions) {
     this.nc = opts.nc;
@@ -105,6 +107,13 @@ export class NatsRequestExecutor implements RequestExecutor {
       );
       return stream.head;
     }
+    if (this.down) {
+      // Fail now (the router retries or answers at once) instead of buffering the request
+      // until the reconnect, where it may be lost and only time out `acceptTimeoutMs` later,
+      // charging a healthy worker's breaker after the plane is back.
+      stream.unreachable("connect", "NATS connection is down (reconnecting)");
+      return stream.head;
+    }
     opts.signal.addEventListener("abort", onAbort, { once: true });
     try {
       stream.sub = this.nc.subscribe(inbox, { callback: (err, msg) => stream.onMsg(err, msg) });
@@ -153,7 +162,10 @@ export class NatsRequestExecutor implements RequestExecutor {
   private async watchConnection(): Promise<void> {
     try {
       for await (const st of this.nc.status()) {
-        if (st.type !== "disconnect" || this.active.size === 0) continue;
+        if (st.type === "reconnect") this.down = false;
+        if (st.type !== "disconnect") continue;
+        this.down = true;
+        if (this.active.size === 0) continue;
         this.log.warn({ inFlight: this.active.size }, "nats disconnected; failing in-flight streams");
         for (const s of [...this.active]) {
           s.unreachable("reset", "NATS connection lost mid-request");
