@@ -12,7 +12,7 @@ import { Etcd3 } from "etcd3";
 import { type InferaServer, startServer } from "../../src/server/index.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { type LaunchedWorker, launchWorker, waitUntil } from "./fleet.ts";
-import { type LoadCounts, newCounts, runLoad, sleep } from "./load.ts";
+import { failures, newCounts, runLoad, sleep } from "./load.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
@@ -29,8 +29,6 @@ after(async () => {
   await etcd?.dispose();
   fileDone(import.meta.url);
 });
-
-const failures = (c: LoadCounts) => c.lost + c.streamErrorsClean + c.streamErrorsDirty;
 
 async function registeredIds(endpoint: string, prefix: string): Promise<string[]> {
   const raw = new Etcd3({ hosts: endpoint });

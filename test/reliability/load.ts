@@ -106,8 +106,8 @@ export interface LoadOptions {
   apiKey?: string;
   /** Counts to add to (default: fresh ones); a function picks them per request (e.g. per phase). */
   counts?: LoadCounts | (() => LoadCounts);
-  /** Optional per-request classifier hook (e.g. to attribute outcomes to a phase). */
-  onOutcome?: (ok: boolean, streamed: boolean) => void;
+  /** Picks the counts per request from its start and end times (performance.now()); wins over counts. */
+  bucket?: (startedAt: number, endedAt: number) => LoadCounts;
 }
 
 /** Runs `concurrency` closed-loop clients until `stop()`; returns the counts. */
@@ -117,53 +117,61 @@ export async function runLoad(o: LoadOptions): Promise<LoadCounts> {
   const client = new OpenAI({ baseURL: `${o.baseUrl}/v1`, apiKey: o.apiKey ?? "none", maxRetries: 0 });
   const headers: Record<string, string> = o.apiKey ? { authorization: `Bearer ${o.apiKey}` } : {};
   let seq = 0;
+  const one = async (c: LoadCounts, n: number, streamed: boolean): Promise<void> => {
+    const messages = [{ role: "user" as const, content: `reliability request ${n}` }];
+    c.sent++;
+    if (streamed) {
+      const r = await streamChat(
+        o.baseUrl,
+        { model: o.model, messages, max_tokens: o.streamMaxTokens },
+        headers,
+      );
+      if (r.status === 200 && r.error === null && r.sawDone && r.thrown === null) {
+        c.ok++;
+      } else if (r.status !== 200 || r.chunks === 0) {
+        c.lost++;
+        note(c, `stream lost: status ${r.status} ${r.thrown ?? r.error?.message ?? ""}`);
+      } else if (r.error && r.sawDone && r.thrown === null) {
+        c.streamErrorsClean++;
+      } else {
+        c.streamErrorsDirty++;
+        note(c, `stream cut: ${r.chunks} chunks, error=${!!r.error}, done=${r.sawDone}, ${r.thrown ?? ""}`);
+      }
+      return;
+    }
+    try {
+      const res = await client.chat.completions.create({
+        model: o.model,
+        messages,
+        max_tokens: o.wholeMaxTokens,
+      });
+      if (res.choices.length > 0) c.ok++;
+      else {
+        c.lost++;
+        note(c, "empty choices");
+      }
+    } catch (err) {
+      c.lost++;
+      note(c, `non-streamed: ${(err as Error).message}`);
+    }
+  };
   const loop = async (lane: number): Promise<void> => {
     for (let i = 0; !o.stop(); i++) {
-      const n = seq++;
-      const c = countsNow();
-      const streamed = (lane + i) % 2 === 0;
-      const messages = [{ role: "user" as const, content: `reliability request ${n}` }];
-      c.sent++;
-      if (streamed) {
-        const r = await streamChat(
-          o.baseUrl,
-          { model: o.model, messages, max_tokens: o.streamMaxTokens },
-          headers,
-        );
-        if (r.status === 200 && r.error === null && r.sawDone && r.thrown === null) {
-          c.ok++;
-          o.onOutcome?.(true, true);
-          continue;
-        }
-        o.onOutcome?.(false, true);
-        if (r.status !== 200 || r.chunks === 0) {
-          c.lost++;
-          note(c, `stream lost: status ${r.status} ${r.thrown ?? r.error?.message ?? ""}`);
-        } else if (r.error && r.sawDone && r.thrown === null) {
-          c.streamErrorsClean++;
-        } else {
-          c.streamErrorsDirty++;
-          note(c, `stream cut: ${r.chunks} chunks, error=${!!r.error}, done=${r.sawDone}, ${r.thrown ?? ""}`);
-        }
-      } else {
-        try {
-          const res = await client.chat.completions.create({
-            model: o.model,
-            messages,
-            max_tokens: o.wholeMaxTokens,
-          });
-          if (res.choices.length > 0) c.ok++;
-          else {
-            c.lost++;
-            note(c, "empty choices");
-          }
-          o.onOutcome?.(res.choices.length > 0, false);
-        } catch (err) {
-          c.lost++;
-          o.onOutcome?.(false, false);
-          note(c, `non-streamed: ${(err as Error).message}`);
-        }
+      const startedAt = performance.now();
+      if (!o.bucket) {
+        await one(countsNow(), seq++, (lane + i) % 2 === 0);
+        continue;
       }
+      // Counted once the request has ended, so the bucket can look at both times.
+      const mine = newCounts();
+      await one(mine, seq++, (lane + i) % 2 === 0);
+      const c = o.bucket(startedAt, performance.now());
+      c.sent += mine.sent;
+      c.ok += mine.ok;
+      c.lost += mine.lost;
+      c.streamErrorsClean += mine.streamErrorsClean;
+      c.streamErrorsDirty += mine.streamErrorsDirty;
+      for (const smp of mine.samples) note(c, smp);
     }
   };
   await Promise.all(Array.from({ length: o.concurrency }, (_, i) => loop(i)));
@@ -180,3 +188,6 @@ export function metricSum(text: string, name: string): number {
   }
   return total;
 }
+
+/** Every request that did not end well, whatever the way. */
+export const failures = (c: LoadCounts): number => c.lost + c.streamErrorsClean + c.streamErrorsDirty;
