@@ -211,7 +211,7 @@ function streamErrorEvent(): string {
  * full) reading pauses until `res` drains. Node stream bodies are pumped with events (no
  * promise per chunk); any other AsyncIterable with for-await.
  */
-async function pump(
+export async function pump(
   body: AsyncIterable<Uint8Array>,
   res: ServerResponse | null,
   onChunk: (c: Uint8Array) => boolean,

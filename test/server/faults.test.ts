@@ -61,6 +61,36 @@ describe("client aborts reach the sim", () => {
   });
 });
 
+describe("worker 4xx answers", () => {
+  let c: Cluster;
+  after(async () => {
+    await c?.close();
+  });
+
+  it("pass through unchanged (streamed or not) and never open the breaker", async () => {
+    c = await startCluster(1, { simArgs: ["--speed", "100", "--max-model-len", "1024"] });
+    for (const stream of [false, true, false, true]) {
+      const res = await fetch(`${c.server.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "sim-model",
+          messages: [{ role: "user", content: "x" }],
+          max_tokens: 5000,
+          stream,
+        }),
+      });
+      assert.equal(res.status, 400);
+      const body = (await res.json()) as { error: { code: string } };
+      assert.equal(body.error.code, "context_length_exceeded");
+    }
+    const w = c.server.workers.get("sim-0")!;
+    assert.equal(w.available, true);
+    assert.equal(w.consecutiveFailures, 0);
+    assert.equal(w.inFlight, 0);
+  });
+});
+
 describe("a sim killed mid-test", () => {
   let c: Cluster;
   after(async () => {
