@@ -57,3 +57,27 @@ describe("arena allocator", () => {
     assert.ok(a.alloc(40 * MiB), "a buddy allocator would have used 32 MiB for the first chunk");
   });
 });
+
+describe("AIS probe", () => {
+  it("reports off, with a reason, when the hipFile library is absent or not requested", async () => {
+    const { probeAis } = await import("../../src/kvd/ais.ts");
+    const off = probeAis(false);
+    assert.equal(off.active, false);
+    assert.match(off.reason, /INFERA_KVD_AIS/);
+    const on = probeAis(true);
+    assert.equal(on.requested, true);
+    assert.equal(on.active, false, "never claims GPU-direct I/O");
+    if (!on.available) assert.match(on.reason, /hipFile library not found/);
+  });
+});
+
+describe("size parsing", () => {
+  it("accepts binary suffixes and rejects junk", async () => {
+    const { parseSize } = await import("../../src/kvd/size.ts");
+    assert.equal(parseSize("64MiB"), 64 * MiB);
+    assert.equal(parseSize("1GiB"), 1024 * MiB);
+    assert.equal(parseSize("512k"), 512 * 1024);
+    assert.equal(parseSize("4096"), 4096);
+    assert.throws(() => parseSize("12 parsecs"));
+  });
+});

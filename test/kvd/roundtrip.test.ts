@@ -42,6 +42,10 @@ describe("kvd round trip", () => {
   it("zero-copy PUT (ALLOC/COMMIT) and batch GET, copy path, EXISTS, LOOKUP, DELETE", async () => {
     const items = ["z1", "z2", "z3"].map((key) => ({ key, data: bytesFor(key, 256 * 1024) }));
     assert.deepEqual(await c.putArena(items), [true, true, true]);
+    const dest = Buffer.alloc(300 * 1024);
+    assert.equal(await c.getCopyInto("z2", dest), 256 * 1024);
+    assert.ok(dest.subarray(0, 256 * 1024).equals(items[1]!.data), "received into the caller's buffer");
+    assert.equal(await c.getCopyInto("nope", dest), null);
     const copies = await c.getCopy(["z1", "nope", "z3"]);
     assert.ok(copies[0]!.equals(items[0]!.data));
     assert.equal(copies[1], null);
@@ -87,6 +91,43 @@ describe("kvd round trip", () => {
     } finally {
       t.close();
     }
+  });
+
+  it("--socket-group makes the socket 0660 and owned by that group", async (t) => {
+    const { readFileSync } = await import("node:fs");
+    const line = readFileSync("/etc/group", "utf8")
+      .split("\n")
+      .find((l) => l.startsWith("daemon:"));
+    if (!line || process.getuid?.() !== 0) {
+      t.skip("needs root and a 'daemon' group to chown to");
+      return;
+    }
+    const gid = Number(line.split(":")[2]);
+    const d = tempDir();
+    const k = await startTestKvd(d.dir, { socketGroup: "daemon", diskDir: undefined });
+    try {
+      const st = statSync(k.socketPath!);
+      assert.equal(st.mode & 0o777, 0o660);
+      assert.equal(st.gid, gid);
+    } finally {
+      await k.close();
+      d.cleanup();
+    }
+  });
+
+  it("STATS reports bytes, hits and hit rates per tier, and clients", async () => {
+    const st = (await c.stats()) as {
+      clients: number;
+      lookups: number;
+      tiers: { l2: { bytes: number; hits: number; hit_rate: number }; l3: { bytes: number; hits: number } };
+      ais: { active: boolean; reason: string };
+    };
+    assert.ok(st.clients >= 1);
+    assert.ok(st.tiers.l2.bytes > 0 && st.tiers.l3.bytes > 0);
+    assert.ok(st.tiers.l2.hits > 0);
+    assert.ok(st.tiers.l2.hit_rate > 0 && st.tiers.l2.hit_rate <= 1);
+    assert.equal(st.ais.active, false);
+    assert.match(st.ais.reason, /INFERA_KVD_AIS|hipFile/);
   });
 
   it("exports Prometheus metrics", async () => {
