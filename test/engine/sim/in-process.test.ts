@@ -98,3 +98,29 @@ describe("ATOM event framing (--kv-events-framing atom)", () => {
     }
   });
 });
+
+describe("--api-key", () => {
+  let sim: SimHandle;
+  before(async () => {
+    sim = await startSimEngine({
+      model: "keyed",
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEvents: null,
+      apiKey: "k1",
+    });
+  });
+  after(async () => {
+    await sim?.close();
+  });
+
+  it("requires the bearer token on /v1 routes only", async () => {
+    const no = await fetch(`${sim.url}/v1/models`);
+    assert.equal(no.status, 401);
+    assert.equal(((await no.json()) as { error: { type: string } }).error.type, "authentication_error");
+    const yes = await fetch(`${sim.url}/v1/models`, { headers: { authorization: "Bearer k1" } });
+    assert.equal(yes.status, 200);
+    assert.equal((await fetch(`${sim.url}/health`)).status, 200);
+  });
+});
