@@ -310,3 +310,94 @@ describe("streaming pump backpressure", () => {
     await assert.rejects(done, /reset/);
   });
 });
+
+describe("AutoRouter and RoutingRequest", () => {
+  const rec = (id: string, role: "mixed" | "prefill" | "decode") =>
+    completeRecord({ id, url: `http://127.0.0.1:1/${id}`, model: "m", servedModelNames: ["m"], role });
+
+  it("picks mixed until prefill and decode workers exist (with a factory), re-deciding on changes", async () => {
+    const { AutoRouter } = await import("../../src/router/auto.ts");
+    const memory = new MemoryDiscovery([rec("a", "mixed")]);
+    const ws = new WorkerSet(memory, { logger });
+    ws.attach();
+    let built = 0;
+    const factory = () => {
+      built++;
+      return { kind: "disagg" as const, handle: async () => Promise.reject(new Error("unused")) };
+    };
+    const auto = new AutoRouter({ workers: ws, policy: "round-robin", logger, disaggFactory: factory });
+    assert.equal(auto.routerFor("m").kind, "mixed");
+    memory.put(rec("p", "prefill"));
+    assert.equal(auto.routerFor("m").kind, "mixed", "prefill alone is not enough");
+    memory.put(rec("d", "decode"));
+    assert.equal(auto.routerFor("m").kind, "disagg");
+    assert.equal(auto.routerFor("m").kind, "disagg");
+    assert.equal(built, 1, "the router is cached until membership changes");
+    memory.remove("d");
+    assert.equal(auto.routerFor("m").kind, "mixed");
+    const noFactory = new AutoRouter({ workers: ws, policy: "round-robin", logger });
+    memory.put(rec("d", "decode"));
+    assert.equal(noFactory.routerFor("m").kind, "mixed");
+    const forced = new AutoRouter({
+      workers: ws,
+      policy: "round-robin",
+      logger,
+      mode: "mixed",
+      disaggFactory: factory,
+    });
+    assert.equal(forced.routerFor("m").kind, "mixed");
+    assert.throws(() => auto.routerFor("nope"), /does not exist/);
+    assert.throws(
+      () => new AutoRouter({ workers: ws, policy: "no-such-policy", logger }),
+      /unknown routing policy/,
+    );
+    assert.throws(
+      () => new AutoRouter({ workers: ws, policy: "round-robin", logger, mode: "disagg" }),
+      /disagg/,
+    );
+    auto.close();
+  });
+
+  it("prompt tokens: templated chat, completion strings and token arrays, computed once", async () => {
+    const { ServerRoutingRequest } = await import("../../src/server/routing-request.ts");
+    const { getDefaultTokenizer } = await import("../../src/kv/tokenizer.ts");
+    const tok = getDefaultTokenizer();
+    const messages = [
+      { role: "system", content: "You are terse." },
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "Hi " },
+          { type: "text", text: "there" },
+        ],
+      },
+    ];
+    const chat = new ServerRoutingRequest("r", "m", "chat", { messages }, false, undefined, tok);
+    assert.deepEqual(chat.promptTokens(), tok.encode(tok.applyChatTemplate(messages)));
+    assert.equal(chat.promptTokens(), chat.promptTokens(), "memoised");
+    assert.match(chat.promptText(), /Hi there/);
+    const str = new ServerRoutingRequest("r", "m", "completion", { prompt: "Once upon" }, false, "salt", tok);
+    assert.deepEqual(str.promptTokens(), tok.encode("Once upon"));
+    assert.equal(str.cacheSalt, "salt");
+    const ids = new ServerRoutingRequest(
+      "r",
+      "m",
+      "completion",
+      { prompt: [5, 6, 7] },
+      false,
+      undefined,
+      tok,
+    );
+    assert.deepEqual(ids.promptTokens(), [5, 6, 7]);
+    const batch = new ServerRoutingRequest(
+      "r",
+      "m",
+      "completion",
+      { prompt: [[1, 2], [3]] },
+      false,
+      undefined,
+      tok,
+    );
+    assert.deepEqual(batch.promptTokens(), [1, 2]);
+  });
+});
