@@ -4,12 +4,15 @@
  * The workers file holds partial records with role and connector (host/ports), as an
  * operator would write it.
  */
+
+import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
-import OpenAI from "openai";
+import OpenAI, { APIError } from "openai";
 import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
 import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.ts";
 import { freePort } from "../../helpers/ports.ts";
@@ -265,4 +268,31 @@ export async function waitFor(pred: () => Promise<boolean>, ms = 5000, what = "c
 /** A long-ish prompt unique per `tag` (so prefix caches do not hide recomputation). */
 export function longPrompt(tag: string, repeat = 10): string {
   return `[${tag}] ${"Disaggregated serving moves the prompt's KV from the prefill worker to the decode worker. ".repeat(repeat)}`;
+}
+
+/** A cluster that lives for one test (stopped in its `after`, so the machine is not crowded). */
+export async function clusterFor(t: TestContext, o: PdClusterOptions): Promise<PdCluster> {
+  const c = await startPdCluster(o);
+  t.after(() => c.close());
+  return c;
+}
+
+/** A short chat request with a long, tagged prompt. */
+export function ask(c: PdCluster, tag: string, maxTokens = 5, repeat = 10) {
+  return c.client.chat.completions.create({
+    model: MODEL,
+    messages: [{ role: "user", content: longPrompt(tag, repeat) }],
+    max_tokens: maxTokens,
+  });
+}
+
+/** The APIError a request must fail with. */
+export async function apiError(p: Promise<unknown>): Promise<APIError> {
+  try {
+    await p;
+  } catch (err) {
+    assert.ok(err instanceof APIError, String(err));
+    return err;
+  }
+  assert.fail("expected an error answer");
 }
