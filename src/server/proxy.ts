@@ -7,9 +7,10 @@ import { isUtf8 } from "node:buffer";
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Tokenizer } from "../kv/tokenizer.ts";
-import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
+import { InvalidJsonError, TimeoutError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
+import { connectionFailureKind } from "../router/errors.ts";
 import { isReadable } from "../router/mixed.ts";
 import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import type { Logger } from "../util/log.ts";
@@ -129,7 +130,7 @@ async function relayWhole(
     });
   } catch (err) {
     up.abort();
-    throw err;
+    throw bodyFailure(err);
   }
   if (signal.aborted) return null;
   const buf = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
@@ -194,6 +195,15 @@ async function relayStream(
   if (tail && tail.length > 0) res.write(tail);
   res.end();
   return filter?.usage ?? null;
+}
+
+/** A worker's answer that broke off after its headers, as the typed error the client gets. */
+function bodyFailure(err: unknown): unknown {
+  const code = (err as { code?: unknown })?.code;
+  if (code === "UND_ERR_BODY_TIMEOUT")
+    return new TimeoutError("The worker stopped sending its answer in time.");
+  if (connectionFailureKind(err)) return new UpstreamError("The worker dropped the connection mid-answer.");
+  return err;
 }
 
 const STREAM_ERROR = new UpstreamError(
