@@ -1,0 +1,212 @@
+/**
+ * Slow workers: a tiny raw HTTP worker that never answers ("stall-head") and one that sends
+ * its headers (and one SSE event) then stalls ("stall-body"), behind `infera server` run as
+ * its own process with 1 s upstream timeouts. The per-request (headers) timeout answers 504;
+ * the idle (body) timeout ends a stream with an error event and [DONE] and a non-streamed
+ * answer with 504. Three waves of 200 concurrent stalled requests: the server's RSS stays
+ * bounded and nothing stays in flight.
+ */
+import assert from "node:assert/strict";
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo, Socket } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { freePort } from "../helpers/ports.ts";
+import { waitUntil } from "./fleet.ts";
+import { streamChat } from "./load.ts";
+import { fileDone, fileStarted, record } from "./summary.ts";
+
+fileStarted(import.meta.url);
+const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
+const TIMEOUT_MS = 1000;
+
+const sockets = new Set<Socket>();
+const fakes: Server[] = [];
+let server: ChildProcess | undefined;
+const dir = mkdtempSync(join(tmpdir(), "infera-slow-"));
+after(async () => {
+  server?.kill("SIGKILL");
+  for (const s of sockets) s.destroy();
+  await Promise.all(fakes.map((f) => new Promise((r) => f.close(r))));
+  rmSync(dir, { recursive: true, force: true });
+  fileDone(import.meta.url);
+});
+
+/** A worker that answers /health and /v1/models, and stalls every completion. */
+async function fakeWorker(mode: "stall-head" | "stall-body"): Promise<string> {
+  const srv = createServer((req, res) => {
+    if (req.method === "GET") {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ object: "list", data: [{ id: mode, object: "model" }] }));
+      return;
+    }
+    req.resume();
+    if (mode === "stall-body") {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write(
+        `data: ${JSON.stringify({ object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "x" } }] })}\n\n`,
+      );
+    }
+    // …and then nothing, ever.
+  });
+  srv.on("connection", (s: Socket) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  });
+  fakes.push(srv);
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  return `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
+}
+
+function rssKiB(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return m ? Number(m[1]) : 0;
+}
+
+async function post(base: string, body: unknown): Promise<{ status: number; json: unknown; ms: number }> {
+  const t0 = performance.now();
+  const res = await fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const text = await res.text();
+  let json: unknown = null;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    // not JSON
+  }
+  return { status: res.status, json, ms: performance.now() - t0 };
+}
+
+const isOpenAiError = (j: unknown): boolean => {
+  const e = (j as { error?: Record<string, unknown> } | null)?.error;
+  return !!e && typeof e.message === "string" && typeof e.type === "string" && "param" in e && "code" in e;
+};
+
+test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, async () => {
+  const headUrl = await fakeWorker("stall-head");
+  const bodyUrl = await fakeWorker("stall-body");
+  const rec = (id: string, url: string) => ({
+    id,
+    url,
+    model: id,
+    servedModelNames: [id],
+    engine: "vllm",
+    role: "mixed",
+  });
+  const port = await freePort();
+  const cfg = join(dir, "server.json");
+  writeFileSync(
+    cfg,
+    JSON.stringify({
+      host: "127.0.0.1",
+      port,
+      scrapeIntervalMs: 0,
+      discovery: { kind: "static", records: [rec("stall-head", headUrl), rec("stall-body", bodyUrl)] },
+      upstream: { headersTimeoutMs: TIMEOUT_MS, bodyTimeoutMs: TIMEOUT_MS },
+    }),
+  );
+  server = spawn(process.execPath, [INFERA, "server", "--config", cfg], {
+    stdio: ["ignore", "ignore", "pipe"],
+    env: { ...process.env, INFERA_LOG_LEVEL: "silent" },
+  });
+  let err = "";
+  server.stderr?.on("data", (d: Buffer) => {
+    err = (err + d.toString()).slice(-4000);
+  });
+  const base = `http://127.0.0.1:${port}`;
+  await waitUntil(
+    async () => {
+      try {
+        return (await fetch(`${base}/ready`)).status === 200;
+      } catch {
+        return false;
+      }
+    },
+    20_000,
+    "server ready",
+    50,
+  ).catch((e) => {
+    throw new Error(`${(e as Error).message}: ${err}`);
+  });
+  const pid = server.pid!;
+  const msg = [{ role: "user", content: "hello" }];
+
+  // Per-request (headers) timeout, streamed or not: 504 in OpenAI's shape.
+  const head = await post(base, { model: "stall-head", messages: msg });
+  const headStream = await post(base, { model: "stall-head", messages: msg, stream: true });
+  // Idle (body) timeout: a non-streamed answer whose body never ends → 504 too.
+  const body = await post(base, { model: "stall-body", messages: msg });
+  // …and a stream that stalls after its first event ends with an error event and [DONE].
+  const t0 = performance.now();
+  const stream = await streamChat(base, { model: "stall-body", messages: msg });
+  const streamMs = performance.now() - t0;
+
+  // Memory: 3 waves of 200 concurrent stalled requests (half per worker, half streamed).
+  const baseline = rssKiB(pid);
+  let peak = baseline;
+  const sampler = setInterval(() => {
+    peak = Math.max(peak, rssKiB(pid));
+  }, 50);
+  const wavePeaks: number[] = [];
+  let waveBad = 0;
+  for (let w = 0; w < 3; w++) {
+    const outs = await Promise.all(
+      Array.from({ length: 200 }, (_, i) => {
+        const model = i % 2 === 0 ? "stall-head" : "stall-body";
+        if (i % 4 < 2) return post(base, { model, messages: msg }).then((r) => r.status === 504);
+        return streamChat(base, { model, messages: msg }).then((r) =>
+          model === "stall-head" ? r.status === 504 : r.status === 200 && r.error !== null && r.sawDone,
+        );
+      }),
+    );
+    waveBad += outs.filter((ok) => !ok).length;
+    wavePeaks.push(peak);
+  }
+  clearInterval(sampler);
+  const workers = (await (await fetch(`${base}/v1/workers`)).json()) as {
+    data: Array<{ id: string; state: { inFlight: number } }>;
+  };
+  const inFlight = workers.data.reduce((n, w) => n + w.state.inFlight, 0);
+  const growthMiB = (peak - baseline) / 1024;
+
+  const timeoutsOk =
+    head.status === 504 &&
+    isOpenAiError(head.json) &&
+    headStream.status === 504 &&
+    body.status === 504 &&
+    isOpenAiError(body.json) &&
+    stream.status === 200 &&
+    stream.error !== null &&
+    stream.sawDone;
+  const figure =
+    `headers timeout → ${head.status} in ${head.ms.toFixed(0)} ms (stream: ${headStream.status}); ` +
+    `idle timeout → non-streamed ${body.status} in ${body.ms.toFixed(0)} ms, stream error event + [DONE]=${stream.sawDone} ` +
+    `in ${streamMs.toFixed(0)} ms; 600 stalled requests: ${waveBad} wrong answers, RSS ${(baseline / 1024).toFixed(0)} → peak ` +
+    `${(peak / 1024).toFixed(0)} MiB (+${growthMiB.toFixed(0)}; per wave ${wavePeaks.map((p) => (p / 1024).toFixed(0)).join("/")}), in flight after ${inFlight}`;
+  const pass = timeoutsOk && waveBad === 0 && growthMiB <= 64 && inFlight === 0;
+  record(
+    import.meta.url,
+    "slow worker (stalls)",
+    figure,
+    `504 / error event within ~${TIMEOUT_MS} ms, RSS growth ≤ 64 MiB, 0 in flight after`,
+    pass,
+  );
+  assert.equal(head.status, 504, JSON.stringify(head.json));
+  assert.ok(isOpenAiError(head.json));
+  assert.ok(head.ms < TIMEOUT_MS + 1500, `headers timeout took ${head.ms} ms`);
+  assert.equal(headStream.status, 504);
+  assert.equal(body.status, 504, JSON.stringify(body.json));
+  assert.ok(isOpenAiError(body.json));
+  assert.equal(stream.status, 200);
+  assert.ok(stream.error && stream.sawDone, "the stalled stream ended with an error event and [DONE]");
+  assert.equal(waveBad, 0);
+  assert.ok(growthMiB <= 64, `RSS grew ${growthMiB} MiB`);
+  assert.equal(inFlight, 0);
+});
