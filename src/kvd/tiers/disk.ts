@@ -21,6 +21,7 @@ import { chunkId, type StoredClass } from "../types.ts";
 
 const FILE_MAGIC = 0x4344564b; // "KVDC"
 const FILE_VERSION = 1;
+const WRITE_CONCURRENCY = 4;
 const FIXED = 4 + 2 + 2 + 4 + 8 + 4 + 8 + 8 + 2 + 2; // up to the namespace bytes
 
 export interface DiskEntry {
@@ -101,6 +102,8 @@ export class DiskTier {
   private readonly pending = new Map<string, { cancelled: boolean }>();
   private usedBytes = 0;
   private tmpSeq = 0;
+  private writing = 0;
+  private readonly waiters: (() => void)[] = [];
   evictions: Record<StoredClass, number> = { short: 0, long: 0 };
   /** Files found corrupt (on scan or read) and deleted. */
   corrupt = 0;
@@ -201,6 +204,7 @@ export class DiskTier {
     this.usedBytes += size;
     const tmp = join(this.dir, `.tmp-${process.pid}-${++this.tmpSeq}-${randomBytes(4).toString("hex")}`);
     const dest = this.pathFor(ns, key);
+    await this.slot();
     try {
       const header = encodeHeader(ns, key, cls, payload, expiresAt);
       const fh = await open(tmp, "w", 0o600);
@@ -228,7 +232,27 @@ export class DiskTier {
       return false;
     } finally {
       this.pending.delete(id);
+      this.unslot();
     }
+  }
+
+  /**
+   * At most WRITE_CONCURRENCY files are being written at once: enough to keep a device
+   * queue busy while one write waits in fdatasync, without a storm of PUTs opening
+   * hundreds of files and interleaving their fsyncs.
+   */
+  private async slot(): Promise<void> {
+    if (this.writing < WRITE_CONCURRENCY) {
+      this.writing++;
+      return;
+    }
+    await new Promise<void>((resolve) => this.waiters.push(resolve));
+  }
+
+  private unslot(): void {
+    const next = this.waiters.shift();
+    if (next) next();
+    else this.writing--;
   }
 
   /** Reads and verifies a chunk. Corrupt or expired files are deleted and read as a miss. */
