@@ -147,6 +147,13 @@ async function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: n
     connector: info,
     blockSize: 16,
     maxModelLen: 8192,
+    // startSim enables the sim's ZMQ KV events; kv-aware routing of P uses them.
+    kvEvents: {
+      endpoint: sim.kvEndpoint,
+      replayEndpoint: sim.replayEndpoint,
+      topic: "kv-events",
+      framing: "seq",
+    },
   };
   return { sim, role, record };
 }
