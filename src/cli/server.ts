@@ -121,6 +121,12 @@ export function registerServer(program: Command): void {
       const { startServer } = await import("../server/app.ts");
       const config = resolveServerConfig(flagsToConfig(flags), flags.config);
       const server = await startServer(config);
+      if (config.discovery.kind === "memory") {
+        // Nothing outside this process can add to an in-memory registry.
+        process.stderr.write(
+          "note: --discovery memory starts empty here; use --worker/--workers-file (static), --discovery etcd, or `infera up`\n",
+        );
+      }
       process.stdout.write(`infera server listening on ${server.url}\n`);
       let stopping = false;
       const stop = () => {
