@@ -195,9 +195,7 @@ export async function startServer(
       socket.destroy();
       return;
     }
-    const status =
-      err.code === "HPE_HEADER_OVERFLOW" ? "431 Request Header Fields Too Large" : "400 Bad Request";
-    socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+    socket.end(clientErrorResponse(err.code));
   });
   await new Promise<void>((resolve, reject) => {
     httpServer.once("error", reject);
@@ -254,6 +252,28 @@ export async function startServer(
     httpServer,
     close,
   };
+}
+
+/**
+ * The raw answer to a request Node's HTTP parser refused (bad framing, bad headers, header
+ * overflow, request timeout): still an OpenAI-shaped JSON error, so clients parse every error
+ * the same way.
+ */
+function clientErrorResponse(code: string | undefined): string {
+  const safeCode = /^[A-Z0-9_]{1,64}$/.test(code ?? "") ? code : "parse error";
+  const [status, reason, err] =
+    code === "HPE_HEADER_OVERFLOW"
+      ? [431, "Request Header Fields Too Large", "request_header_fields_too_large"]
+      : code === "ERR_HTTP_REQUEST_TIMEOUT"
+        ? [408, "Request Timeout", "request_timeout"]
+        : [400, "Bad Request", "malformed_request"];
+  const message =
+    status === 408 ? "The request was not received in time." : `Malformed HTTP request (${safeCode}).`;
+  const body = JSON.stringify(new InferaError(status, message, { code: err }).toJSON());
+  return (
+    `HTTP/1.1 ${status} ${reason}\r\nconnection: close\r\ncontent-type: application/json\r\n` +
+    `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+  );
 }
 
 const KNOWN = new Set([
