@@ -249,7 +249,13 @@ async function handleCompletion(
       connector.validate?.(info, phase);
       if (phase === "decode") {
         deps.kvHost.setSalt(requestId, r.salt);
-        const pulled = await connector.pullForDecode(info, pullAbort.signal);
+        engine.pendingPulls++;
+        let pulled: Awaited<ReturnType<SimConnector["pullForDecode"]>>;
+        try {
+          pulled = await connector.pullForDecode(info, pullAbort.signal);
+        } finally {
+          engine.pendingPulls--;
+        }
         if (!gone) deps.kvHost.importBlocks(requestId, pulled.tokenIds);
       } else {
         responder.beforeEnd = async () => {

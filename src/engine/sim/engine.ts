@@ -21,6 +21,8 @@ export class SimEngine {
   /** Simulated seconds elapsed in steps. */
   simSeconds = 0;
   steps = 0;
+  /** Decode-side requests waiting for their KV pull (vLLM counts them as waiting). */
+  pendingPulls = 0;
   private plan: StepPlan | null = null;
   private timer: NodeJS.Timeout | null = null;
   private stepEndMs = 0;
@@ -36,7 +38,7 @@ export class SimEngine {
       String(cfg.dpRank),
       {
         running: () => this.scheduler.running.length,
-        waiting: () => this.scheduler.waiting.length,
+        waiting: () => this.scheduler.waiting.length + this.pendingPulls,
         kvUsage: () => this.pool.usage(),
       },
       { blockSize: cfg.blockSize, numGpuBlocks: cfg.numGpuBlocks, prefixCaching: cfg.enablePrefixCaching },
