@@ -106,12 +106,16 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
     });
     // The socket file is created by bind(): a tight umask makes it 0600 from its first
     // instant, so there is no window in which another user could connect.
+    // Node binds a pipe synchronously inside listen(), so the umask is restored before any
+    // other code of this process runs.
     const old = process.umask(0o177);
+    let listening: Promise<void>;
     try {
-      await listen(srv, cfg.socketPath);
+      listening = listen(srv, cfg.socketPath);
     } finally {
       process.umask(old);
     }
+    await listening;
     if (cfg.socketGroup) {
       chownSync(cfg.socketPath, process.getuid?.() ?? 0, resolveGid(cfg.socketGroup));
       chmodSync(cfg.socketPath, 0o660);

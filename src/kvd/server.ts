@@ -104,6 +104,8 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     };
     const frame = Buffer.concat(encodeFrame(Op.HELLO, FLAG_RESPONSE, f.id, meta));
     if (wantFd) {
+      // The fd-carrying reply bypasses `net`'s write queue: let earlier replies leave first.
+      if (sock.writableLength > 0) await new Promise((r) => sock.once("drain", r));
       await sendWithFds(sock, frame, [store.l2.arena.fd]);
       st.arena = true;
     } else await write([frame]);
