@@ -203,7 +203,8 @@ async function handleCompletion(
       servedModelNames: cfg.servedModelNames,
       maxModelLen: cfg.maxModelLen,
     });
-    const blocksNeeded = Math.ceil((r.prompts[0].length + 1) / cfg.blockSize);
+    const longest = Math.max(...r.prompts.map((p) => p.length));
+    const blocksNeeded = Math.ceil((longest + 1) / cfg.blockSize);
     if (blocksNeeded > cfg.numGpuBlocks) {
       throw new InferaError(
         400,
@@ -310,7 +311,8 @@ async function handleCompletion(
         salt: r.salt,
         output: new OutputText(deps.vocab, rng, r.stop),
         sink: responder,
-        holdOnFinish: phase === "prefill",
+        // PD moves one sequence's KV: the first prompt's.
+        holdOnFinish: phase === "prefill" && index === 0,
         arrivalMs,
       });
       responder.addSeq(seq);
