@@ -107,7 +107,10 @@ export class OutputText {
   appendLast(): boolean {
     const piece = this.vocab.pieces[this.lastPiece];
     if (this.stop.length === 0) {
+      // Without stop strings the delta is just the pieces: no slicing of `text` (a rope that
+      // slicing would flatten on every token).
       this.text += piece;
+      this.unsent += piece;
       return false;
     }
     const searchFrom = Math.max(0, this.text.length - this.holdBack);
@@ -126,8 +129,15 @@ export class OutputText {
     return false;
   }
 
+  private unsent = "";
+
   /** Text not yet sent; with `final`, everything left. */
   takeDelta(final: boolean): string {
+    if (this.stop.length === 0) {
+      const d = this.unsent;
+      this.unsent = "";
+      return d;
+    }
     const end =
       final || this.stopped ? this.text.length : Math.max(this.emitted, this.text.length - this.holdBack);
     if (end <= this.emitted) return "";

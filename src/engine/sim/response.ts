@@ -34,6 +34,20 @@ export interface Usage {
   prompt_tokens_details: { cached_tokens: number };
 }
 
+/** Responders with output queued this tick; one nextTick writes them all. */
+const dirty: RequestResponder[] = [];
+
+function flushDirty(): void {
+  const list = dirty.splice(0);
+  for (const r of list) {
+    try {
+      r.flush();
+    } catch {
+      // A socket that failed mid-write is closing; its 'close' handler aborts the request.
+    }
+  }
+}
+
 export class RequestResponder implements SeqSink {
   readonly seqs: Sequence[] = [];
   private remaining = 0;
@@ -110,10 +124,11 @@ export class RequestResponder implements SeqSink {
   private queueFlush(): void {
     if (this.flushQueued) return;
     this.flushQueued = true;
-    process.nextTick(this.flush);
+    dirty.push(this);
+    if (dirty.length === 1) process.nextTick(flushDirty);
   }
 
-  private readonly flush = (): void => {
+  readonly flush = (): void => {
     this.flushQueued = false;
     if (this.ended) return;
     if (this.pendingTokens >= this.meta.streamInterval) {
