@@ -12,6 +12,10 @@ export interface ApproxTreeOptions {
   chunkChars?: number;
   /** Nodes kept per worker before the least recently used are evicted. Default 100_000. */
   maxNodesPerWorker?: number;
+  /** Nodes not touched for this long no longer match (0 = never expire). Default 0. */
+  maxAgeMs?: number;
+  /** Clock (tests). */
+  now?: () => number;
 }
 
 const TWO20 = 1048576;
@@ -19,14 +23,18 @@ const TWO20 = 1048576;
 export class ApproxPrefixTree {
   readonly chunkChars: number;
   readonly maxNodesPerWorker: number;
+  readonly maxAgeMs: number;
+  private readonly now: () => number;
   /** node key → workers that hold it. */
   private readonly nodes = new Map<number, Set<string>>();
-  /** worker → its node keys, least recently used first (Map keeps insertion order). */
-  private readonly perWorker = new Map<string, Map<number, true>>();
+  /** worker → its node keys with their last touch time, least recently used first (Map order). */
+  private readonly perWorker = new Map<string, Map<number, number>>();
 
   constructor(opts: ApproxTreeOptions = {}) {
     this.chunkChars = opts.chunkChars ?? 64;
     this.maxNodesPerWorker = opts.maxNodesPerWorker ?? 100_000;
+    this.maxAgeMs = opts.maxAgeMs ?? 0;
+    this.now = opts.now ?? Date.now;
   }
 
   /** Node keys along the text's path: two chained 32-bit hashes folded into one 52-bit number. */
@@ -54,6 +62,7 @@ export class ApproxPrefixTree {
     }
     // Touch leaf-first so the root ends up most recent: eviction then trims old branches' tails
     // before the prefixes they share.
+    const now = this.now();
     for (let i = path.length - 1; i >= 0; i--) {
       const k = path[i];
       if (mine.has(k)) mine.delete(k);
@@ -65,7 +74,7 @@ export class ApproxPrefixTree {
         }
         holders.add(workerId);
       }
-      mine.set(k, true);
+      mine.set(k, now);
     }
     while (mine.size > this.maxNodesPerWorker) {
       const oldest = mine.keys().next().value as number;
@@ -78,6 +87,7 @@ export class ApproxPrefixTree {
   match(text: string, workerIds: readonly string[]): Int32Array {
     const out = new Int32Array(workerIds.length);
     const path = this.path(text);
+    const oldest = this.maxAgeMs > 0 ? this.now() - this.maxAgeMs : Number.NEGATIVE_INFINITY;
     let active = 0;
     const alive = new Uint8Array(workerIds.length);
     for (let i = 0; i < workerIds.length; i++)
@@ -90,7 +100,8 @@ export class ApproxPrefixTree {
       const matched = Math.min(text.length, (c + 1) * this.chunkChars);
       for (let i = 0; i < workerIds.length; i++) {
         if (!alive[i]) continue;
-        if (holders?.has(workerIds[i])) out[i] = matched;
+        if (holders?.has(workerIds[i]) && this.perWorker.get(workerIds[i])!.get(path[c])! >= oldest)
+          out[i] = matched;
         else {
           alive[i] = 0;
           active--;

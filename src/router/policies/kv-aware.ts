@@ -5,20 +5,43 @@
  * according to the KvIndex built from the engines' KV events):
  *
  *   cost_w = overlapWeight  × (P_w − O_w)                    blocks this request must prefill
- *          + prefillWeight  × pendingPrefillTokens_w / bs_w  the server's prefill backlog on w
+ *          + prefillWeight  × backlog_w / bs_w               the server's prefill backlog on w
  *          + decodeWeight   × active_w                       requests decoding on w
  *          + waitingWeight  × waiting_w                      the engine's queue (from /metrics)
+ *          + pressureWeight × (P_w − O_w) × held_w / max held  new blocks on a fuller cache evict more
  *
- * Temperature 0 picks the argmin (ties → smallest worker id), so two server replicas fed the
+ * backlog_w estimates the tokens still to prefill on w. The server's `pendingPrefillTokens` counts
+ * whole prompts of requests not yet past their first token, but a backlog of prefix hits is quick
+ * to clear and must not push the next hit elsewhere. So the policy keeps, per worker, the
+ * (prompt, uncached) sizes of what it sent there in order, drops the oldest while their prompts
+ * add up to more than `pendingPrefillTokens` (first tokens come roughly in order), and counts the
+ * uncached tokens of the rest (plus any pending it cannot account for, in full).
+ *
+ * Temperature 0 picks the argmin (ties → the worker holding fewest blocks, then the smallest
+ * id), so two server replicas fed the
  * same events pick the same worker; a temperature > 0 samples softmax(−normalised cost / T)
  * with a generator seeded by the request id. SGLang's imbalance guard comes first: when
  * max − min load > balanceAbsThreshold and max > min × balanceRelThreshold, the least-loaded
  * worker wins (hot-spotting on a shared system prompt). Workers without KV events get their
  * overlap from an approximate prefix tree of what this server routed (as approx-prefix).
  *
- * Options: overlapWeight (1), prefillWeight (1), decodeWeight (2), waitingWeight (4),
+ * KV events trail routing by the prefill time: a burst of requests sharing a new document would
+ * all see "cached nowhere" and scatter. So for `recentRoutingMs` (default 3000) after routing a
+ * prompt, this server also counts it as cached on the worker it chose (max of the two overlaps).
+ * The events alone decide after that, so evictions are seen. With recentRoutingMs=0 the choice
+ * depends on the events and loads only: replicas fed the same events then choose identically.
+ *
+ * Units are blocks of prefill. A decoding neighbour slows a prefill step far less than a block
+ * of prefill does (≈ 50 µs vs 250 µs per step in vLLM-like timing), hence decodeWeight < 1; a
+ * waiting request holds ours back by its whole prefill.
+ *
+ * held_w is the blocks the index says w holds: without the pressure term a new document whose
+ * first block happens to be cached somewhere (a shared system line) lands there and evicts.
+ *
+ * Options: overlapWeight (1), prefillWeight (1), decodeWeight (0.5), waitingWeight (4),
+ * pressureWeight (0.1),
  * temperature (0), balanceAbsThreshold (16), balanceRelThreshold (1.5), chunkChars (64),
- * maxNodesPerWorker (100000), metricsRegistry (a prom-client Registry).
+ * maxNodesPerWorker (100000), recentRoutingMs (3000), metricsRegistry (a prom-client Registry).
  */
 import { Counter, Histogram, Registry } from "prom-client";
 import { ApproxPrefixTree } from "../../kv/approx-tree.ts";
@@ -32,6 +55,7 @@ export interface KvAwareWeights {
   prefillWeight: number;
   decodeWeight: number;
   waitingWeight: number;
+  pressureWeight: number;
   temperature: number;
   balanceAbsThreshold: number;
   balanceRelThreshold: number;
@@ -55,8 +79,9 @@ function readWeights(o: Readonly<Record<string, unknown>>): KvAwareWeights {
   return {
     overlapWeight: numOption(o, "overlapWeight", 1),
     prefillWeight: numOption(o, "prefillWeight", 1),
-    decodeWeight: numOption(o, "decodeWeight", 2),
+    decodeWeight: numOption(o, "decodeWeight", 0.5),
     waitingWeight: numOption(o, "waitingWeight", 4),
+    pressureWeight: numOption(o, "pressureWeight", 0.1),
     temperature: numOption(o, "temperature", 0),
     balanceAbsThreshold: numOption(o, "balanceAbsThreshold", 16),
     balanceRelThreshold: numOption(o, "balanceRelThreshold", 1.5),
@@ -75,6 +100,15 @@ export const createKvAware: PolicyFactory = (ctx) => {
     chunkChars: numOption(ctx.options, "chunkChars", 64),
     maxNodesPerWorker: numOption(ctx.options, "maxNodesPerWorker", 100_000),
   });
+  const recentMs = numOption(ctx.options, "recentRoutingMs", 3000);
+  const recent =
+    recentMs > 0
+      ? new ApproxPrefixTree({
+          chunkChars: numOption(ctx.options, "chunkChars", 64),
+          maxNodesPerWorker: 20_000,
+          maxAgeMs: recentMs,
+        })
+      : null;
   const reg = ctx.options.metricsRegistry instanceof Registry ? ctx.options.metricsRegistry : null;
   const decisionsCounter = reg
     ? new Counter({
@@ -93,6 +127,23 @@ export const createKvAware: PolicyFactory = (ctx) => {
       })
     : null;
   const stats: KvAwareStats = { decisions: {}, overlapBlocks: 0, promptBlocks: 0 };
+  /** Per worker, in routing order: prompt and uncached tokens of requests maybe still in prefill. */
+  const ledgers = new Map<
+    string,
+    { prompt: number[]; uncached: number[]; sumPrompt: number; sumUncached: number }
+  >();
+  /** The last selection's sizes, handed to onRouted (select and onRouted run back to back). */
+  let lastSel: { requestId: string; prompt: number; uncached: number } | null = null;
+
+  function backlogOf(id: string, pending: number): number {
+    const l = ledgers.get(id);
+    if (!l) return pending;
+    while (l.prompt.length > 0 && l.sumPrompt > pending) {
+      l.sumPrompt -= l.prompt.shift()!;
+      l.sumUncached -= l.uncached.shift()!;
+    }
+    return l.sumUncached + Math.max(0, pending - l.sumPrompt);
+  }
 
   function blockSizeOf(c: WorkerState): number {
     return index?.blockSizeOf(c.record.id) ?? (c.record.blockSize > 0 ? c.record.blockSize : 16);
@@ -108,34 +159,58 @@ export const createKvAware: PolicyFactory = (ctx) => {
     const promptBlocks = new Array<number>(n);
     const bs = new Array<number>(n);
     let approx: Int32Array | null = null;
+    const text = recent || overlaps.includes(-1) ? req.promptText() : "";
+    const fresh = recent ? recent.match(text, ids) : null;
     for (let i = 0; i < n; i++) {
       bs[i] = blockSizeOf(candidates[i]);
       promptBlocks[i] = Math.floor(tokens.length / bs[i]);
+      const toBlocks = (chars: number) =>
+        text.length > 0 ? Math.floor((promptBlocks[i] * Math.min(chars, text.length)) / text.length) : 0;
       if (overlaps[i] < 0) {
         // No KV events from this worker: estimate from what this server sent it.
-        const text = req.promptText();
         approx ??= tree.match(text, ids);
-        overlaps[i] = text.length > 0 ? Math.floor((promptBlocks[i] * approx[i]) / text.length) : 0;
+        overlaps[i] = toBlocks(approx[i]);
       }
+      if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
     }
     const costs = new Array<number>(n);
+    const held = ids.map(heldBlocks);
+    const maxHeld = Math.max(1, ...held);
     for (let i = 0; i < n; i++) {
       const c = candidates[i];
       const e = c.engineLoad;
       const active = Math.max(c.inFlight, e?.running ?? 0);
+      const backlog = backlogOf(ids[i], c.pendingPrefillTokens);
       costs[i] =
         w.overlapWeight * (promptBlocks[i] - overlaps[i]) +
-        (w.prefillWeight * c.pendingPrefillTokens) / bs[i] +
+        (w.prefillWeight * backlog) / bs[i] +
         w.decodeWeight * active +
-        w.waitingWeight * (e?.waiting ?? 0);
+        w.waitingWeight * (e?.waiting ?? 0) +
+        (w.pressureWeight * (promptBlocks[i] - overlaps[i]) * held[i]) / maxHeld;
     }
     return { ids, overlaps, costs, promptBlocks };
   }
 
+  /** Blocks a worker holds (events) or is believed to hold (fallback tree): its cache pressure. */
+  function heldBlocks(id: string): number {
+    return index?.hasWorker(id) ? index.blockCount(id) : tree.size(id);
+  }
+
   function pick(req: RoutingRequest, ids: string[], costs: number[]): number {
+    // Ties (typically a prefix cached nowhere, on idle workers) go to the emptiest cache, so new
+    // prefixes spread out instead of evicting each other on one worker; then to the smallest id.
     let best = 0;
-    for (let i = 1; i < costs.length; i++)
-      if (costs[i] < costs[best] || (costs[i] === costs[best] && ids[i] < ids[best])) best = i;
+    let bestHeld = -1;
+    for (let i = 1; i < costs.length; i++) {
+      if (costs[i] > costs[best]) continue;
+      if (costs[i] === costs[best]) {
+        if (bestHeld < 0) bestHeld = heldBlocks(ids[best]);
+        const held = heldBlocks(ids[i]);
+        if (held > bestHeld || (held === bestHeld && ids[i] > ids[best])) continue;
+        bestHeld = held;
+      } else bestHeld = -1;
+      best = i;
+    }
     if (w.temperature <= 0 || costs.length < 2) return best;
     // Softmax over costs normalised to [0, 1], in id order so every replica samples alike.
     let min = Number.POSITIVE_INFINITY;
@@ -185,6 +260,12 @@ export const createKvAware: PolicyFactory = (ctx) => {
         reason = overlaps[i] > 0 ? "overlap" : "load";
       }
       record(reason, overlaps[i], promptBlocks[i]);
+      const promptLen = req.promptTokens().length;
+      lastSel = {
+        requestId: req.requestId,
+        prompt: promptLen,
+        uncached: Math.max(0, promptLen - overlaps[i] * blockSizeOf(candidates[i])),
+      };
       ctx.logger.debug(
         {
           requestId: req.requestId,
@@ -193,17 +274,35 @@ export const createKvAware: PolicyFactory = (ctx) => {
           overlapBlocks: overlaps[i],
           promptBlocks: promptBlocks[i],
           cost: costs[i],
+          candidates: ctx.logger.isLevelEnabled("trace")
+            ? ids.map((id, k) => `${id}:${overlaps[k]}/${costs[k].toFixed(1)}`).join(" ")
+            : undefined,
         },
         "kv-aware decision",
       );
       return { worker: candidates[i], overlapBlocks: overlaps[i], reason };
     },
     onRouted(req, worker) {
-      // The fallback tree is only needed for workers that publish no KV events.
+      const id = worker.record.id;
+      const sel = lastSel?.requestId === req.requestId ? lastSel : null;
+      const prompt = sel?.prompt ?? req.promptTokens().length;
+      let l = ledgers.get(id);
+      if (!l) {
+        l = { prompt: [], uncached: [], sumPrompt: 0, sumUncached: 0 };
+        ledgers.set(id, l);
+      }
+      l.prompt.push(prompt);
+      l.uncached.push(sel?.uncached ?? prompt);
+      l.sumPrompt += prompt;
+      l.sumUncached += sel?.uncached ?? prompt;
+      recent?.insert(req.promptText(), worker.record.id);
+      // The long-lived fallback tree is only needed for workers that publish no KV events.
       if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
     },
     onWorkerRemoved(id) {
       tree.removeWorker(id);
+      recent?.removeWorker(id);
+      ledgers.delete(id);
     },
   };
   return policy;

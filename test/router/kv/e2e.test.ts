@@ -83,7 +83,14 @@ before(async () => {
   );
   disc = new MemoryDiscovery(ids.map((id, i) => record(id, sims[i])));
   server = await startServer(
-    { host: "127.0.0.1", port: 0, policy: "kv-aware", scrapeIntervalMs: 0 },
+    // recentRoutingMs 0: choices from the KV events alone, so the BlockRemoved effect is exact.
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "kv-aware",
+      scrapeIntervalMs: 0,
+      policyOptions: { recentRoutingMs: 0 },
+    },
     { discovery: disc, extensions: { kvIngestFactory: createServerKvIngest }, logger },
   );
   const handle = server.kvIngest as ServerKvIngestHandle;

@@ -199,3 +199,23 @@ test("approximate tree evicts least recently used nodes per worker, keeping shar
   t.removeWorker("w");
   assert.deepEqual([...t.match("aaaaffffgggg", ["w"])], [0]);
 });
+
+test("kv-aware counts what it routed in the last recentRoutingMs as cached (events trail routing)", async () => {
+  const index = new KvIndex();
+  const ws = [worker("a"), worker("b"), worker("c")];
+  for (const w of ws) index.addWorker(w.record.id, BS);
+  index.apply("a", storedFor(tok.encode("unrelated text ".repeat(50)), 1)); // a holds more blocks
+  const p = kvPolicy(index, { recentRoutingMs: 150 });
+  const r1 = request(`${doc} first`);
+  const s1 = p.select(r1, ws);
+  assert.equal(s1.worker.record.id, "b", "a new prefix goes to an emptiest cache");
+  p.onRouted!(r1, s1.worker);
+  ws[1].inFlight = 1;
+  const s2 = p.select(request(`${doc} second`), ws);
+  assert.equal(s2.worker.record.id, "b", "no event yet, but b was just sent this document");
+  assert.ok(s2.overlapBlocks! > 50);
+  await new Promise((r) => setTimeout(r, 200));
+  const s3 = p.select(request(`${doc} third`), ws);
+  assert.equal(s3.overlapBlocks, 0, "after the window only the events count");
+  assert.equal(s3.worker.record.id, "c");
+});

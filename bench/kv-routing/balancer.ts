@@ -1,0 +1,39 @@
+/**
+ * A minimal round-robin HTTP load balancer in front of several `infera server` replicas, as a
+ * production deployment would have: each request (and so each turn of a conversation) may land
+ * on a different replica. Streams both ways; no buffering.
+ */
+import { createServer, request, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+
+export async function startBalancer(
+  targets: readonly string[],
+): Promise<{ url: string; close(): Promise<void> }> {
+  let next = 0;
+  const srv: Server = createServer((req, res) => {
+    const target = new URL(targets[next++ % targets.length]);
+    const up = request(
+      { host: target.hostname, port: target.port, path: req.url, method: req.method, headers: req.headers },
+      (ur) => {
+        res.writeHead(ur.statusCode ?? 502, ur.headers);
+        ur.pipe(res);
+      },
+    );
+    up.on("error", () => {
+      if (!res.headersSent) res.writeHead(502);
+      res.end();
+    });
+    req.pipe(up);
+  });
+  srv.keepAliveTimeout = 10_000;
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  const { port } = srv.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: () =>
+      new Promise<void>((r) => {
+        srv.closeAllConnections();
+        srv.close(() => r());
+      }),
+  };
+}
