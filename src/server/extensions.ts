@@ -4,11 +4,12 @@
  */
 import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
+import { createServerKvIngest } from "../kv/server-ingest.ts";
 import type { Tokenizer } from "../kv/tokenizer.ts";
 import { createDisaggRouter } from "../router/disagg/index.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
-import { createNatsExecutor } from "../transport/nats/server-plug.ts";
+import { createNatsExecutor, selectKvIngestFactory } from "../transport/nats/server-plug.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
 
@@ -53,4 +54,6 @@ export interface ServerExtensions {
 export const builtinExtensions: ServerExtensions = {
   disaggRouterFactory: createDisaggRouter,
   executors: { nats: createNatsExecutor },
+  // --event-plane nats → the NATS relays; otherwise each engine's ZMQ events (src/kv/server-ingest.ts).
+  kvIngestFactory: selectKvIngestFactory(createServerKvIngest),
 };
