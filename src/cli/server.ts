@@ -26,6 +26,19 @@ function parseOptionPairs(pairs: string[] | undefined): Record<string, unknown> 
   return out;
 }
 
+/** The kv-aware weight flags, folded into the policy options (a --policy-option of the same key wins). */
+function kvPolicyFlags(
+  f: ServerFlags,
+  opts: Record<string, unknown> | undefined,
+): Record<string, unknown> | undefined {
+  const kv: Record<string, unknown> = {};
+  if (f.kvOverlapWeight !== undefined) kv.overlapWeight = Number(f.kvOverlapWeight);
+  if (f.kvTemperature !== undefined) kv.temperature = Number(f.kvTemperature);
+  if (f.kvBalanceAbs !== undefined) kv.balanceAbsThreshold = Number(f.kvBalanceAbs);
+  if (f.kvBalanceRel !== undefined) kv.balanceRelThreshold = Number(f.kvBalanceRel);
+  return Object.keys(kv).length === 0 ? opts : { ...kv, ...opts };
+}
+
 interface ServerFlags extends NatsCliValues {
   host?: string;
   port?: string;
@@ -42,6 +55,10 @@ interface ServerFlags extends NatsCliValues {
   etcdKey?: string;
   policy?: string;
   policyOption?: string[];
+  kvOverlapWeight?: string;
+  kvTemperature?: string;
+  kvBalanceAbs?: string;
+  kvBalanceRel?: string;
   router?: string;
   apiKey?: string[];
   maxBodySize?: string;
@@ -57,7 +74,7 @@ export function flagsToConfig(f: ServerFlags): ServerConfigInput {
     host: f.host,
     port: f.port === undefined ? undefined : Number(f.port),
     policy: f.policy,
-    policyOptions: parseOptionPairs(f.policyOption),
+    policyOptions: kvPolicyFlags(f, parseOptionPairs(f.policyOption)),
     router: f.router as ServerConfigInput["router"],
     apiKeys: f.apiKey,
     maxBodyBytes: f.maxBodySize === undefined ? undefined : parseSize(f.maxBodySize),
@@ -107,8 +124,15 @@ export function registerServer(program: Command): void {
     .option("--etcd-ca <file>", "CA certificate (PEM) for TLS to etcd")
     .option("--etcd-cert <file>", "client certificate (PEM) for mutual TLS to etcd")
     .option("--etcd-key <file>", "client key (PEM) for mutual TLS to etcd")
-    .option("--policy <name>", "routing policy: round-robin | kv-aware (default round-robin)")
+    .option("--policy <name>", "routing policy: round-robin | kv-aware | approx-prefix (default round-robin)")
     .option("--policy-option <key=value>", "policy option (repeatable), e.g. overlapWeight=1", collect)
+    .option("--kv-overlap-weight <w>", "kv-aware: weight of prompt blocks not cached on a worker (default 1)")
+    .option("--kv-temperature <t>", "kv-aware: softmax temperature; 0 = deterministic argmin (default 0)")
+    .option(
+      "--kv-balance-abs <n>",
+      "kv-aware/approx-prefix: imbalance when max-min load exceeds n (default 16)",
+    )
+    .option("--kv-balance-rel <r>", "kv-aware/approx-prefix: ... and max > min × r (default 1.5)")
     .option("--router <mode>", "auto | mixed | disagg (default auto)")
     .option("--api-key <key>", "accepted API key (repeatable; env INFERA_API_KEYS, comma-separated)", collect)
     .option("--max-body-size <bytes>", "largest request body accepted, e.g. 4MiB (default 4MiB)")
