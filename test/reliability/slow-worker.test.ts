@@ -200,7 +200,7 @@ test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, a
   );
   assert.equal(head.status, 504, JSON.stringify(head.json));
   assert.ok(isOpenAiError(head.json));
-  assert.ok(head.ms < TIMEOUT_MS + 1500, `headers timeout took ${head.ms} ms`);
+  assert.ok(head.ms < TIMEOUT_MS + 3000, `headers timeout took ${head.ms} ms`);
   assert.equal(headStream.status, 504);
   assert.equal(body.status, 504, JSON.stringify(body.json));
   assert.ok(isOpenAiError(body.json));

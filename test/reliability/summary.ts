@@ -73,13 +73,37 @@ export function readLines(id = runId()): Line[] {
   return out;
 }
 
-/** Fixed-width text table. */
-export function renderTable(figures: FigureRecord[], missing: string[]): string {
+/** Splits text into lines of at most `width` characters, at "; " or spaces where possible. */
+function wrap(text: string, width: number): string[] {
+  const out: string[] = [];
+  let rest = text;
+  while (rest.length > width) {
+    let cut = rest.lastIndexOf("; ", width);
+    if (cut > width / 2) cut += 1;
+    else cut = rest.lastIndexOf(" ", width);
+    if (cut <= 0) cut = width;
+    out.push(rest.slice(0, cut).trimEnd());
+    rest = rest.slice(cut).trimStart();
+  }
+  out.push(rest);
+  return out;
+}
+
+/** Fixed-width text table; long figures wrap onto continuation lines. */
+export function renderTable(figures: FigureRecord[], missing: string[], figureWidth = 88): string {
   const rows = figures.map((f) => [f.pass ? "PASS" : "FAIL", f.item, f.figure, f.goal]);
   for (const m of missing) rows.push(["FAIL", m, "no figure (the file crashed or timed out)", "-"]);
   const head = ["", "item", "figure", "goal"];
-  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+  const cells = rows.map((r) => [[r[0]!], [r[1]!], wrap(r[2]!, figureWidth), wrap(r[3]!, 40)]);
+  const widths = head.map((h, i) =>
+    Math.max(h.length, ...cells.map((c) => Math.max(...c[i]!.map((l) => l.length)))),
+  );
   const fmt = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join(" | ");
   const sep = widths.map((w) => "-".repeat(w)).join("-+-");
-  return [fmt(head), sep, ...rows.map(fmt)].join("\n");
+  const lines = [fmt(head), sep];
+  for (const c of cells) {
+    const height = Math.max(...c.map((col) => col.length));
+    for (let k = 0; k < height; k++) lines.push(fmt(c.map((col) => col[k] ?? "")));
+  }
+  return lines.join("\n");
 }
