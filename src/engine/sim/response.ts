@@ -117,7 +117,7 @@ export class RequestResponder implements SeqSink {
       this.start();
       this.out += `${this.head}${seq.index}${this.mid}${JSON.stringify(text)}${close},"logprobs":null,"finish_reason":"${reason}","stop_reason":null}]}\n\n`;
     }
-    if (--this.remaining === 0) void this.complete();
+    if (--this.remaining === 0) this.completeSafely();
     else this.queueFlush();
   }
 
@@ -194,6 +194,14 @@ export class RequestResponder implements SeqSink {
       total_tokens: prompt + completion,
       prompt_tokens_details: { cached_tokens: cached },
     };
+  }
+
+  /** No input may crash the process: a failure while answering closes this one response. */
+  private completeSafely(): void {
+    this.complete().catch(() => {
+      this.ended = true;
+      this.res.destroy();
+    });
   }
 
   private async complete(): Promise<void> {
