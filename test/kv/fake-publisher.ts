@@ -44,6 +44,12 @@ export class FakePublisher {
     return seq;
   }
 
+  /** ATOM framing: no sequence frame, `[topic, payload]` (or `[payload]` with an empty topic). */
+  async publishAtom(events: unknown[]): Promise<void> {
+    const payload = packr.pack([Date.now() / 1000, events]);
+    await this.pub.send(this.topic ? [this.topic, payload] : [payload]);
+  }
+
   async sendRaw(frames: (Buffer | string)[]): Promise<void> {
     await this.pub.send(frames);
   }

@@ -114,3 +114,15 @@ test("without a replay socket a gap resets; malformed frames are counted, not fa
   assert.equal(index.hasWorker("w1"), false);
   assert.equal(ingest.tracks("w1"), false);
 });
+
+test("ATOM framing ([topic, payload], no seq, no replay socket) feeds the index", async () => {
+  const { pub, disc, index, ingest, rec } = await setup(false);
+  disc.put({ ...rec, engine: "atom", kvEvents: { ...rec.kvEvents!, framing: "atom" } });
+  await ingest.synced();
+  await new Promise((r) => setTimeout(r, 300));
+  const p = toks(12, 3000);
+  await pub.publishAtom([storedEv([1, 2, 3], null, p, BS)]);
+  await waitFor(() => index.overlaps(p, ["w1"])[0] === 3, 3000, "atom batch applied");
+  await pub.publishAtom([["BlockTransferred", [3], "GPU", "CPU", 0]]);
+  await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "transfer out of GPU applied");
+});

@@ -76,9 +76,15 @@ async function direct(s: SimProcess, doc: string, q: string, salt?: string): Pro
 
 before(async () => {
   // 120 blocks per sim: 1,920 tokens, so two more ~900-token documents force eviction.
+  // w-b publishes newer vLLM's map-encoded events, the others positional arrays.
   sims = await Promise.all(
-    ids.map(() =>
-      startSim({ args: ["--block-size", String(BS), "--num-gpu-blocks", "120", "--speed", "20"] }),
+    ids.map((id) =>
+      startSim({
+        args: [
+          ...["--block-size", String(BS), "--num-gpu-blocks", "120", "--speed", "20"],
+          ...(id === "w-b" ? ["--kv-events-encoding", "map"] : []),
+        ],
+      }),
     ),
   );
   disc = new MemoryDiscovery(ids.map((id, i) => record(id, sims[i])));
