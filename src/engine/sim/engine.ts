@@ -24,6 +24,8 @@ export class SimEngine {
   /** Decode-side requests waiting for their KV pull (vLLM counts them as waiting). */
   pendingPulls = 0;
   private plan: StepPlan | null = null;
+  /** The plan whose tokens are being applied (for recovery if that throws). */
+  private completing: StepPlan | null = null;
   private timer: NodeJS.Timeout | null = null;
   private stepEndMs = 0;
   private closed = false;
@@ -96,13 +98,29 @@ export class SimEngine {
   }
 
   private readonly onTimer = (): void => {
+    try {
+      this.runSteps();
+    } catch (err) {
+      // A bug in a step must not take the worker down: fail the sequences involved, carry on.
+      this.log.error({ err }, "scheduler step failed");
+      const plan = this.completing ?? this.plan;
+      this.plan = null;
+      this.completing = null;
+      for (const c of plan?.chunks ?? []) this.scheduler.abort(c.seq);
+      if (!this.timer && this.scheduler.hasWork) this.timer = setTimeout(this.onTimer, 10);
+    }
+  };
+
+  private runSteps(): void {
     this.timer = null;
     const t0 = performance.now();
     for (;;) {
       if (this.plan) {
         const plan = this.plan;
         this.plan = null;
+        this.completing = plan;
         this.scheduler.complete(plan);
+        this.completing = null;
       }
       if (this.closed) return;
       this.plan = this.scheduler.schedule();
@@ -127,7 +145,7 @@ export class SimEngine {
         return;
       }
     }
-  };
+  }
 
   /** Running or waiting sequences of one request id (for PD bookkeeping). */
   findRequest(requestId: string): Sequence[] {
