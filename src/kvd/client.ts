@@ -17,6 +17,8 @@ export interface KvdClientOptions {
   /** Map the shared arena (Unix socket only). Default true. */
   arena?: boolean;
   maxFrameBytes?: number;
+  /** How long the fd-passing handshake may take (default 5 s). */
+  handshakeTimeoutMs?: number;
 }
 
 export interface PutItem {
@@ -94,7 +96,7 @@ export class KvdClient {
     const helloFrame = Buffer.concat(encodeFrame(Op.HELLO, 0, 0, helloMeta));
     const dec = new FrameDecoder(maxFrame, true);
     if (o.socketPath && helloMeta.arena) {
-      const hs = await connectWithFds(o.socketPath, helloFrame, frameLength);
+      const hs = await connectWithFds(o.socketPath, helloFrame, frameLength, o.handshakeTimeoutMs);
       const n = frameLength(hs.bytes);
       const [reply] = dec.push(hs.bytes.subarray(0, n));
       if (!reply?.meta.arena || hs.fds.length !== 1) {

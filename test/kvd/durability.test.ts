@@ -68,8 +68,17 @@ describe("kvd L3 durability", () => {
     let child = await spawnKvd(args, sock);
     const written: string[] = [];
     let stop = false;
+    const errors: string[] = [];
     const writers = Array.from({ length: 3 }, async (_, w) => {
-      const c = await KvdClient.connect({ socketPath: sock, namespace: "storm" });
+      const c = await KvdClient.connect({
+        socketPath: sock,
+        namespace: "storm",
+        handshakeTimeoutMs: 20000,
+      }).catch((e: Error) => {
+        errors.push(`writer ${w} connect: ${e.message}`);
+        return null;
+      });
+      if (!c) return;
       for (let i = 0; !stop; i++) {
         const key = `w${w}-${i}`;
         // Sizes vary so that crashes land at different points of different files.
@@ -95,7 +104,7 @@ describe("kvd L3 durability", () => {
     stop = true;
     await waitExit(child);
     await Promise.all(writers);
-    assert.ok(written.length >= 10, `storm wrote ${written.length} chunks`);
+    assert.ok(written.length >= 10, `storm wrote ${written.length} chunks; ${errors.join("; ")}`);
 
     child = await spawnKvd(args, sock);
     const c = await KvdClient.connect({ socketPath: sock, namespace: "storm" });

@@ -130,8 +130,10 @@ describe("kvd round trip", () => {
     assert.match(st.ais.reason, /INFERA_KVD_AIS|hipFile/);
   });
 
-  it("exports Prometheus metrics", async () => {
-    const k2 = await startTestKvd(tempDir().dir, { metricsPort: 0, diskDir: undefined });
+  it("exports Prometheus metrics", async (t) => {
+    const d2 = tempDir();
+    const k2 = await startTestKvd(d2.dir, { metricsPort: 0, diskDir: undefined });
+    t.after(() => d2.cleanup());
     try {
       const m = await (await fetch(`http://127.0.0.1:${k2.metricsPort}/metrics`)).text();
       assert.match(m, /kvd_tier_bytes\{tier="l2"\} 0/);
