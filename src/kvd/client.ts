@@ -271,10 +271,13 @@ export class KvdClient {
     return (await this.request(Op.STATS, {})).meta;
   }
 
-  close(): void {
+  /**
+   * Closes the connection (the daemon releases this client's leases). The arena mapping is
+   * kept unless `unmap` is true, because Buffers returned by get() alias it and touching an
+   * unmapped page is a SIGSEGV; pass true once no such Buffer is in use.
+   */
+  close(unmap = false): void {
     this.fail(new Error("client closed"));
-    // Views of the mapping may still be held by the caller; the fd is closed, the mapping
-    // is released at process exit.
-    this.arena?.close(false);
+    this.arena?.close(unmap);
   }
 }
