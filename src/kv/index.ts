@@ -70,6 +70,8 @@ export class KvIndex {
     ignored: 0,
   };
   private scratch = new Uint32Array(1024);
+  /** Told of every kv-aware routing decision (the server hangs its metrics here). */
+  decisionObserver?: (reason: string, overlapBlocks: number, promptBlocks: number) => void;
 
   /** Starts tracking a worker (idempotent); `blockSize` from its record until events say otherwise. */
   addWorker(id: string, blockSize: number, expectedBlocks = 0): void {

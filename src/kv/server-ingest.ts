@@ -4,6 +4,8 @@
  * AutoRouter hands to every model's policy as `PolicyContext.kvIndex` (worker ids are unique
  * across models, so one index serves them all). Other policies get no ingestion.
  */
+
+import { Counter, Histogram } from "prom-client";
 import type { KvIngestFactory, KvIngest as ServerKvIngest } from "../server/extensions.ts";
 import { KvIngest } from "./ingest.ts";
 
@@ -25,6 +27,28 @@ export const createServerKvIngest: KvIngestFactory = (ctx): ServerKvIngestHandle
     registry: ctx.registry,
     replayTimeoutMs: Number.isFinite(replay) && replay > 0 ? replay : undefined,
   });
+  const decisions = new Counter({
+    name: "infera_kv_routing_decisions_total",
+    help: "kv-aware routing decisions by reason (overlap, load, load-balance)",
+    labelNames: ["reason"],
+    registers: [ctx.registry],
+  });
+  const overlap = new Histogram({
+    name: "infera_kv_routing_overlap_ratio",
+    help: "Cached fraction of the prompt (index view) on the worker kv-aware chose",
+    buckets: [0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1],
+    registers: [ctx.registry],
+  });
+  const overlapBlocks = new Counter({
+    name: "infera_kv_routing_overlap_blocks_total",
+    help: "Cached prompt blocks (index view) on the workers kv-aware chose",
+    registers: [ctx.registry],
+  });
+  ingest.index.decisionObserver = (reason, cached, blocks) => {
+    decisions.inc({ reason });
+    overlapBlocks.inc(cached);
+    overlap.observe(blocks > 0 ? cached / blocks : 0);
+  };
   ingest.start();
   return { ingest, indexFor: () => ingest.index, close: () => ingest.close() };
 };

@@ -41,9 +41,9 @@
  * Options: overlapWeight (1), prefillWeight (1), decodeWeight (0.5), waitingWeight (4),
  * pressureWeight (0.1),
  * temperature (0), balanceAbsThreshold (16), balanceRelThreshold (1.5), chunkChars (64),
- * maxNodesPerWorker (100000), recentRoutingMs (3000), metricsRegistry (a prom-client Registry).
+ * maxNodesPerWorker (100000), recentRoutingMs (3000). Each decision is logged (debug) and counted
+ * in `stats` and through the index's `decisionObserver` (the server's /metrics).
  */
-import { Counter, Histogram, Registry } from "prom-client";
 import { ApproxPrefixTree } from "../../kv/approx-tree.ts";
 import { hashString } from "../../kv/hash.ts";
 import { KvIndex } from "../../kv/index.ts";
@@ -109,23 +109,6 @@ export const createKvAware: PolicyFactory = (ctx) => {
           maxAgeMs: recentMs,
         })
       : null;
-  const reg = ctx.options.metricsRegistry instanceof Registry ? ctx.options.metricsRegistry : null;
-  const decisionsCounter = reg
-    ? new Counter({
-        name: "infera_kv_routing_decisions_total",
-        help: "kv-aware routing decisions by reason",
-        labelNames: ["reason"],
-        registers: [reg],
-      })
-    : null;
-  const overlapHist = reg
-    ? new Histogram({
-        name: "infera_kv_routing_overlap_ratio",
-        help: "Cached fraction of the prompt on the worker kv-aware chose",
-        buckets: [0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1],
-        registers: [reg],
-      })
-    : null;
   const stats: KvAwareStats = { decisions: {}, overlapBlocks: 0, promptBlocks: 0 };
   /** Per worker, in routing order: prompt and uncached tokens of requests maybe still in prefill. */
   const ledgers = new Map<
@@ -235,8 +218,7 @@ export const createKvAware: PolicyFactory = (ctx) => {
     stats.decisions[reason] = (stats.decisions[reason] ?? 0) + 1;
     stats.overlapBlocks += overlap;
     stats.promptBlocks += blocks;
-    decisionsCounter?.inc({ reason });
-    overlapHist?.observe(blocks > 0 ? overlap / blocks : 0);
+    index?.decisionObserver?.(reason, overlap, blocks);
   }
 
   const policy: KvAwarePolicy = {

@@ -123,6 +123,9 @@ test("through infera server: a request goes to the worker holding its prefix, an
   });
   const cached = res.usage?.prompt_tokens_details?.cached_tokens ?? 0;
   assert.ok(cached >= want * BS, `expected a prefix hit on w-c, cached_tokens=${cached}`);
+  const metrics = await (await fetch(`${server.url}/metrics`)).text();
+  assert.match(metrics, /infera_kv_routing_decisions_total\{reason="overlap"\} 1/);
+  assert.match(metrics, /infera_kv_events_total\{type="BlockStored"\} [1-9]/);
 
   // Push docs[0] out of w-c's 120-block pool with other documents: BlockRemoved events follow.
   const removedBefore = index.counters.removed;
