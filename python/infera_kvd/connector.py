@@ -83,6 +83,10 @@ class ReqMeta:
     load_chunks: int = 0  # chunks to load from kvd (0 = none)
     store: bool = False
     retention: str = "long"
+    # Full chunks whose KV exists once this step ran (computed or loaded); chunks in
+    # [load_chunks, store_until) are saved. A prompt prefilled over several steps (chunked
+    # prefill) only has the chunks of its first step saved in this version.
+    store_until: int = 0
 
 
 @dataclass
@@ -162,17 +166,21 @@ class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
 
     def build_connector_meta(self, scheduler_output: Any) -> InferaKvdConnectorMetadata:
         meta = InferaKvdConnectorMetadata()
+        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         for new_req in getattr(scheduler_output, "scheduled_new_reqs", []) or []:
             rid = new_req.req_id
             retention = self._retention.get(rid, "long")
+            tokens = list(new_req.prompt_token_ids)
+            done = int(getattr(new_req, "num_computed_tokens", 0) or 0) + int(scheduled.get(rid, len(tokens)))
             meta.requests.append(
                 ReqMeta(
                     req_id=rid,
-                    token_ids=list(new_req.prompt_token_ids),
+                    token_ids=tokens,
                     block_ids=_block_ids(new_req.block_ids),
                     load_chunks=self._need_load.pop(rid, 0),
                     store=retention != "none",
                     retention=retention,
+                    store_until=min(len(tokens), done) // self.chunk_tokens,
                 )
             )
         self._need_load.clear()
@@ -226,9 +234,12 @@ class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         for req in md.requests:
             if not req.store:
                 continue
-            keys = chunk_keys(req.token_ids, self.chunk_tokens)
+            keys = chunk_keys(req.token_ids, self.chunk_tokens)[: req.store_until]
             items: List[PutItem] = []
+            first = req.load_chunks  # loaded chunks are in kvd already
             for i, k in enumerate(keys):
+                if i < first:
+                    continue
                 blocks = self._chunk_blocks(req, i)
                 if len(blocks) * self.block_size < self.chunk_tokens:
                     break
@@ -240,7 +251,7 @@ class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
             elif items:
                 self.client.put(items)
             if layer_name == next(iter(self._kv_caches), layer_name):
-                self._saved.extend((f"{k}/r{self.rank}", req.retention) for k in keys[: len(items)])
+                self._saved.extend((f"{k}/r{self.rank}", req.retention) for k in keys[first : first + len(items)])
 
     def wait_for_save(self) -> None:
         if not self._saved:

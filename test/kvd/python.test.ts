@@ -67,7 +67,9 @@ describe("python client (stdlib) against the real daemon", () => {
       store: true,
       retention: "short",
       blocks: [0, 1, 2, 3, 4, 5, 6],
+      store_until: 3,
     });
+    assert.equal(out.store_until_partial, 1, "only chunks computed in this step are saved");
     assert.equal(out.none_store, false);
     assert.deepEqual(out.request_finished, [false, null]);
     assert.deepEqual(out.get_finished, [null, null]);

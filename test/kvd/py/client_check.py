@@ -54,10 +54,19 @@ conn.client.put([PutItem(f"{k}/r0", b"\x01", retention="short") for k in keys[:2
 out["matched_after"] = conn.get_num_new_matched_tokens(req, 0)[0]
 out["matched_after_computed"] = conn.get_num_new_matched_tokens(req, 16)[0]
 conn.update_state_after_alloc(req, None, out["matched_after"])
-so = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="r1", prompt_token_ids=tokens, block_ids=([0, 1, 2, 3, 4, 5, 6],))])
+so = SimpleNamespace(
+    scheduled_new_reqs=[SimpleNamespace(req_id="r1", prompt_token_ids=tokens, block_ids=([0, 1, 2, 3, 4, 5, 6],), num_computed_tokens=0)],
+    num_scheduled_tokens={"r1": 100},
+)
 md = conn.build_connector_meta(so)
 r = md.requests[0]
-out["meta"] = {"load_chunks": r.load_chunks, "store": r.store, "retention": r.retention, "blocks": r.block_ids}
+out["meta"] = {"load_chunks": r.load_chunks, "store": r.store, "retention": r.retention, "blocks": r.block_ids, "store_until": r.store_until}
+# Chunked prefill: only 40 of 100 tokens scheduled this step -> one full chunk has KV.
+so2 = SimpleNamespace(
+    scheduled_new_reqs=[SimpleNamespace(req_id="r3", prompt_token_ids=tokens, block_ids=[0, 1, 2], num_computed_tokens=0)],
+    num_scheduled_tokens={"r3": 40},
+)
+out["store_until_partial"] = conn.build_connector_meta(so2).requests[0].store_until
 req_none = SimpleNamespace(request_id="r2", prompt_token_ids=tokens, kv_transfer_params={"infera_retention": "none"})
 conn.get_num_new_matched_tokens(req_none, 0)
 md2 = conn.build_connector_meta(SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="r2", prompt_token_ids=tokens, block_ids=[0])]))
