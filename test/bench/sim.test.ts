@@ -41,7 +41,9 @@ describe("infera bench against a spawned sim", () => {
       assert.equal(x.completion_tokens, 12);
       assert.ok((x.prompt_tokens ?? 0) >= 50, `prompt tokens ${x.prompt_tokens}`);
       assert.ok((x.ttft_ms ?? 0) > 0 && (x.ttft_ms ?? 0) <= (x.e2e_ms ?? 0));
-      assert.ok(x.chunks >= 2 && x.itl_ms.length === x.chunks - 1);
+      // The engine may merge tokens a slow reader has not taken yet into one event (as vLLM does),
+      // so only the relation between chunks and gaps is fixed.
+      assert.ok(x.chunks >= 1 && x.itl_ms.length === x.chunks - 1);
     }
     assert.equal(r.summary.tokens.completion, 24 * 12);
     assert.ok(r.summary.throughput.output_tokens_per_s > 0);
