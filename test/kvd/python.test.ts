@@ -78,6 +78,27 @@ describe("python client (stdlib) against the real daemon", () => {
     assert.ok(st.tiers.l2.chunks >= 4);
   });
 
+  it("the connector's worker side saves every layer and another worker loads it into its own blocks", async (t) => {
+    const probe = await runPython(["-c", "import numpy"]);
+    if (probe.code !== 0) {
+      t.skip("numpy not installed (the test's torch stand-in needs it)");
+      return;
+    }
+    const r = await runPython([
+      join(ROOT, "test/kvd/py/worker_check.py"),
+      kvd.socketPath!,
+      join(ROOT, "python"),
+    ]);
+    assert.equal(r.code, 0, r.stderr);
+    const out = JSON.parse(r.stdout.trim().split("\n").pop()!);
+    assert.equal(out.matched_cold, 0);
+    assert.equal(out.matched_warm, 96, "3 chunks of 32 tokens (the last prompt token is always computed)");
+    assert.equal(out.load_chunks, 3);
+    assert.equal(out.loaded_equal, true, "KV bytes arrived in worker B's blocks, other blocks untouched");
+    assert.equal(out.none_matched_after, 0, "infera_retention none saved nothing");
+    assert.ok(out.stats_l2_chunks >= 9, "3 chunks × 2 layers + 3 markers");
+  });
+
   it("the connector module imports without vLLM", async () => {
     const r = await runPython([
       "-c",
