@@ -4,7 +4,8 @@
  * issue, to keep CI time bounded: already 6 × the 2 s lease TTL, so every lease is given
  * up on the client side and must be re-granted), then restarted. Goals: 0 failed requests
  * before, during and after the outage (the server keeps serving its last known set), and both
- * workers registered again after it.
+ * workers registered again after it. INFERA_RELIABILITY_ETCD_OUTAGE_S=60 runs the issue's full
+ * 60 s outage.
  */
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
@@ -41,7 +42,7 @@ async function registeredIds(endpoint: string, prefix: string): Promise<string[]
 }
 
 test(`etcd stopped ${OUTAGE_S} s under load: 0 failed, workers re-register`, {
-  timeout: 60_000,
+  timeout: (OUTAGE_S + 45) * 1000,
 }, async () => {
   etcd = await startEtcd();
   const e = etcd;
@@ -103,7 +104,7 @@ test(`etcd stopped ${OUTAGE_S} s under load: 0 failed, workers re-register`, {
   };
   const serverSees = s.workers.size;
   const figure =
-    `outage ${OUTAGE_S} s (issue: 60 s; shortened for CI): failed ${f.before}/${phases.before.sent} before, ` +
+    `outage ${OUTAGE_S} s${OUTAGE_S < 60 ? " (issue: 60 s; shortened for CI)" : ""}: failed ${f.before}/${phases.before.sent} before, ` +
     `${f.during}/${phases.during.sent} during, ${f.after}/${phases.after.sent} after; ` +
     `re-registered ${ids.length}/2 (checked ${reregisteredS.toFixed(1)} s after restart, past the TTL); server sees ${serverSees}`;
   const pass =
