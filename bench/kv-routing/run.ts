@@ -5,7 +5,7 @@
  * to force eviction. One run, side by side.
  *
  *   node --import tsx bench/kv-routing/run.ts [--speed 0.5] [--blocks 320] [--replicas 2] [--quick]
- *     [--policies round-robin,kv-aware]
+ *     [--policies round-robin,kv-aware] [--policy-option recentRoutingMs=3000 ...]
  *
  * Goals (issue 5): kv-aware TTFT p50 ≤ 0.5× round-robin; hit rate ≥ 95% of the trace's
  * reachable reuse; better than approx-prefix.
@@ -71,6 +71,8 @@ async function startServer(
       policy,
       "--scrape-interval",
       "250",
+      // --policy-option key=value given to this script passes through to the servers.
+      ...args.flatMap((a, i) => (args[i - 1] === "--policy-option" ? ["--policy-option", a] : [])),
     ],
     {
       cwd: ROOT,
@@ -152,7 +154,7 @@ function groupHit(r: BenchResult, prefix: string): number {
 async function decisionsOf(url: string): Promise<string> {
   const text = await (await fetch(`${url}/metrics`)).text();
   const out: string[] = [];
-  for (const m of text.matchAll(/^infera_\w*decisions_total\{([^}]*)\} (\d+)/gm)) {
+  for (const m of text.matchAll(/^infera_routing_decisions_total\{([^}]*)\} (\d+)/gm)) {
     const reason = /reason="([^"]*)"/.exec(m[1])?.[1];
     if (reason) out.push(`${reason}=${m[2]}`);
   }

@@ -25,11 +25,11 @@
  * worker wins (hot-spotting on a shared system prompt). Workers without KV events get their
  * overlap from an approximate prefix tree of what this server routed (as approx-prefix).
  *
- * KV events trail routing by the prefill time: a burst of requests sharing a new document would
- * all see "cached nowhere" and scatter. So for `recentRoutingMs` (default 3000) after routing a
- * prompt, this server also counts it as cached on the worker it chose (max of the two overlaps).
- * The events alone decide after that, so evictions are seen. With recentRoutingMs=0 the choice
- * depends on the events and loads only: replicas fed the same events then choose identically.
+ * KV events trail routing by the prefill time: a burst of requests sharing a new document may
+ * all see "cached nowhere" and scatter. With `recentRoutingMs` > 0, for that long after routing a
+ * prompt this server also counts it as cached on the worker it chose (max of the two overlaps);
+ * the events alone decide after that, so evictions are seen. Off by default (0): the choice then
+ * depends on the events and loads only, so replicas fed the same events choose identically.
  *
  * Units are blocks of prefill. A decoding neighbour slows a prefill step far less than a block
  * of prefill does (≈ 50 µs vs 250 µs per step in vLLM-like timing), hence decodeWeight < 1; a
@@ -41,7 +41,7 @@
  * Options: overlapWeight (1), prefillWeight (1), decodeWeight (0.5), waitingWeight (4),
  * pressureWeight (0.1),
  * temperature (0), balanceAbsThreshold (16), balanceRelThreshold (1.5), chunkChars (64),
- * maxNodesPerWorker (100000), recentRoutingMs (3000). Each decision is logged (debug) and counted
+ * maxNodesPerWorker (100000), recentRoutingMs (0). Each decision is logged (debug) and counted
  * in `stats` and through the index's `decisionObserver` (the server's /metrics).
  */
 import { ApproxPrefixTree } from "../../kv/approx-tree.ts";
@@ -100,7 +100,7 @@ export const createKvAware: PolicyFactory = (ctx) => {
     chunkChars: numOption(ctx.options, "chunkChars", 64),
     maxNodesPerWorker: numOption(ctx.options, "maxNodesPerWorker", 100_000),
   });
-  const recentMs = numOption(ctx.options, "recentRoutingMs", 3000);
+  const recentMs = numOption(ctx.options, "recentRoutingMs", 0);
   const recent =
     recentMs > 0
       ? new ApproxPrefixTree({
