@@ -11,7 +11,12 @@ Layout in kvd: namespace ``<model>@tp<size>``; a prompt is cut into chunks of
 sha256 chained over the token ids of chunks 0..i, so equal prefixes share keys. Each layer
 of a chunk is stored under ``<chunk>/r<rank>/<layer>``; after all layers of a chunk are
 saved the worker writes a 1-byte marker ``<chunk>/r<rank>``. The scheduler's LOOKUP runs
-on the markers, so it never promises tokens whose layers were not all written.
+on the markers, so it never promises tokens whose layers were not all written; it then checks
+every layer key of those chunks in one EXISTS batch (the layer names come from a
+``layout/r<rank>`` record each worker writes in register_kv_caches) and soft-pins them for
+30 s, so a layer evicted after its marker is not promised, and what is promised stays in RAM
+until the worker loads it (a pin holds L2 only: a chunk that lives only on L3 can still be
+dropped by disk pressure in that window, and the worker then logs the miss).
 
 Retention comes from the request: ``kv_transfer_params["infera_retention"]`` is ``none``
 (nothing of the request is stored; a cached prefix may still be loaded), ``short`` or
@@ -24,6 +29,7 @@ import-checked and its scheduler-side logic unit-tested.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import struct
@@ -56,6 +62,8 @@ except Exception:  # vLLM absent (or a version without the v1 API)
 
 RETENTIONS = ("none", "short", "long")
 DEFAULT_CHUNK_TOKENS = 256
+# Soft pin on the chunks a scheduler decision promised, until the worker has loaded them.
+PIN_TTL_MS = 30_000
 
 
 def retention_of(request: Any) -> str:
@@ -126,6 +134,7 @@ class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         self.client = client or KvdClient(socket_path=socket_path, namespace=self.namespace)
         # scheduler-side state
         self._retention: Dict[str, str] = {}
+        self._layouts: Optional[List[List[str]]] = None
         self._need_load: Dict[str, int] = {}
         # worker-side state
         self._kv_caches: Dict[str, Any] = {}
@@ -156,8 +165,41 @@ class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
             return 0, False
         # Every rank must hold the chunk for it to count.
         stored = min(self.client.lookup(mk) for mk in self._marker_keys(keys))
+        stored = self._verify_and_pin(keys[:stored])
         matched = stored * self.chunk_tokens - num_computed_tokens
         return (matched if matched > 0 else 0), False
+
+    def _layer_names(self) -> Optional[List[List[str]]]:
+        """Each rank's layer names, from the layout record its worker wrote at start-up."""
+        if self._layouts is None:
+            found = self.client.get_copy([f"layout/r{r}" for r in range(self.tp_size)])
+            if all(found):
+                self._layouts = [json.loads(b) for b in found if b is not None]
+        return self._layouts
+
+    def _verify_and_pin(self, keys: List[str]) -> int:
+        """
+        Markers only say that all layers were written. A layer chunk may have been evicted
+        since (it is older than its marker in LRU order), so check every layer key in one
+        EXISTS batch and soft-pin what will be loaded for PIN_TTL_MS, so that it is still in
+        RAM when the worker's GET comes. Returns the number of leading chunks fully present.
+        """
+        layouts = self._layer_names()
+        if not keys or not layouts:
+            return len(keys)
+        per_chunk = [[f"{k}/r{r}/{layer}" for r, names in enumerate(layouts) for layer in names] for k in keys]
+        flat = [x for group in per_chunk for x in group]
+        present = self.client.exists(flat)
+        n = 0
+        pos = 0
+        for group in per_chunk:
+            if not all(present[pos : pos + len(group)]):
+                break
+            pos += len(group)
+            n += 1
+        if n:
+            self.client.pin(flat[:pos], ttl_ms=PIN_TTL_MS)
+        return n
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
@@ -194,6 +236,8 @@ class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
     # -- worker side ---------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         self._kv_caches = dict(kv_caches)
+        # Tells the scheduler side which layer keys make up a chunk (see _verify_and_pin).
+        self.client.put([PutItem(f"layout/r{self.rank}", json.dumps(list(self._kv_caches)).encode(), retention="long")])
 
     def _chunk_blocks(self, meta: ReqMeta, i: int) -> List[int]:
         per = self.chunk_tokens // self.block_size

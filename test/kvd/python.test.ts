@@ -97,6 +97,7 @@ describe("python client (stdlib) against the real daemon", () => {
     assert.equal(out.loaded_equal, true, "KV bytes arrived in worker B's blocks, other blocks untouched");
     assert.equal(out.none_matched_after, 0, "infera_retention none saved nothing");
     assert.ok(out.stats_l2_chunks >= 9, "3 chunks × 2 layers + 3 markers");
+    assert.equal(out.matched_after_layer_loss, 32, "only the chunk before the missing layer counts");
   });
 
   it("the connector module imports without vLLM", async () => {

@@ -90,4 +90,9 @@ for n in layers:
 worker_a.wait_for_save()
 out["none_matched_after"] = sched.get_num_new_matched_tokens(req3, 0)[0]
 out["stats_l2_chunks"] = sched.client.stats()["tiers"]["l2"]["chunks"]
+
+# A layer chunk evicted while its marker survives: the scheduler must not promise it.
+keys = __import__("infera_kvd.connector", fromlist=["chunk_keys"]).chunk_keys(tokens[:99], 32)
+sched.client.delete([f"{keys[1]}/r0/{layers[1]}"])
+out["matched_after_layer_loss"] = sched.get_num_new_matched_tokens(req2, 0)[0]
 print(json.dumps(out))
