@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import type { KvdConfig } from "../kvd/types.ts";
 
 interface KvdFlags {
   socket?: string;
@@ -41,16 +42,17 @@ export function registerKvd(program: Command): void {
     .option("--metrics-host <host>", "metrics bind address", "127.0.0.1")
     .option("--ephemeral", "daemon-level ephemeral mode: RAM only, never writes disk or remote")
     .option("--max-frame-bytes <size>", "largest data section one frame may carry", "256MiB")
-    .action(async (f: KvdFlags) => {
+    .action(async (f: KvdFlags, cmd: Command) => {
       const [{ startKvd }, { parseSize }, { createLogger }] = await Promise.all([
         import("../kvd/daemon.ts"),
         import("../kvd/size.ts"),
         import("../util/log.ts"),
       ]);
       const log = createLogger("kvd");
-      if (!f.socket && !f.tcp) throw new Error("infera kvd needs --socket PATH and/or --tcp HOST:PORT");
-      const d = await startKvd(
-        {
+      if (!f.socket && !f.tcp) cmd.error("error: infera kvd needs --socket PATH and/or --tcp HOST:PORT");
+      let cfg: KvdConfig;
+      try {
+        cfg = {
           socketPath: f.socket,
           tcp: f.tcp ? parseHostPort(f.tcp) : undefined,
           ramBytes: parseSize(f.ramBytes),
@@ -62,9 +64,17 @@ export function registerKvd(program: Command): void {
           metricsHost: f.metricsHost,
           ephemeral: f.ephemeral,
           maxFrameBytes: parseSize(f.maxFrameBytes),
-        },
-        log,
-      );
+        };
+      } catch (e) {
+        cmd.error(`error: ${(e as Error).message}`);
+      }
+      let d: Awaited<ReturnType<typeof startKvd>>;
+      try {
+        d = await startKvd(cfg, log);
+      } catch (e) {
+        log.fatal({ err: String(e) }, "kvd failed to start");
+        process.exit(1);
+      }
       let stopping = false;
       const stop = (sig: string) => {
         if (stopping) return;
