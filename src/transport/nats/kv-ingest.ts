@@ -6,10 +6,11 @@
  */
 import type { NatsConnection } from "@nats-io/transport-node";
 import { Registry } from "prom-client";
-import type { DiscoveryEvent, DiscoveryWatcher, WorkerRecord } from "../../discovery/types.ts";
+import type { DiscoveryWatcher, WorkerRecord } from "../../discovery/types.ts";
 import { decodeBatch, isDecodeError } from "../../kv/events.ts";
 import { KvIndex } from "../../kv/index.ts";
 import { KvIngestMetrics } from "../../kv/metrics.ts";
+import { WorkerFeeds } from "../../kv/worker-feeds.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { NatsKvSubscriber } from "./kv-subscriber.ts";
 import { kvSubject } from "./subjects.ts";
@@ -30,72 +31,55 @@ export function workerKvSubject(rec: Pick<WorkerRecord, "model" | "id">): string
   return kvSubject(rec.model, rec.id);
 }
 
+interface NatsFeed {
+  sub: NatsKvSubscriber;
+  started: Promise<void>;
+}
+
 export class NatsKvIngest {
   readonly index: KvIndex;
   readonly metrics: KvIngestMetrics;
   private readonly logger: Logger;
-  private readonly subs = new Map<string, { key: string; sub: NatsKvSubscriber; started: Promise<void> }>();
-  private unsubscribe: (() => void) | null = null;
+  private readonly feeds: WorkerFeeds<NatsFeed>;
 
   constructor(private readonly opts: NatsKvIngestOptions) {
     this.index = opts.index ?? new KvIndex();
     this.logger = opts.logger ?? createLogger("kv-ingest-nats");
     this.metrics = new KvIngestMetrics(opts.registry ?? new Registry());
+    this.feeds = new WorkerFeeds({
+      watcher: opts.watcher,
+      model: opts.model,
+      keyOf: (rec) => (rec.kvEvents ? `${workerKvSubject(rec)}|${rec.blockSize}` : null),
+      open: (rec) => this.open(rec),
+      close: (feed) => feed.sub.close(),
+      removeWorker: (id) => this.index.removeWorker(id),
+      count: (n) => this.metrics.workers.set(n),
+    });
   }
 
   start(): void {
-    if (this.unsubscribe) return;
-    this.unsubscribe = this.opts.watcher.onChange((ev) => this.onChange(ev));
-    this.reconcile();
+    this.feeds.start();
   }
 
   /** Resolves when every current subscriber has applied its start-up replay. */
   async synced(): Promise<void> {
-    await Promise.all([...this.subs.values()].map((s) => s.started));
+    await Promise.all(this.feeds.all().map((f) => f.started));
   }
 
   tracks(workerId: string): boolean {
-    return this.subs.has(workerId);
+    return this.feeds.has(workerId);
   }
 
   subscriber(workerId: string): NatsKvSubscriber | undefined {
-    return this.subs.get(workerId)?.sub;
+    return this.feeds.get(workerId)?.sub;
   }
 
   async close(): Promise<void> {
-    this.unsubscribe?.();
-    this.unsubscribe = null;
-    for (const s of this.subs.values()) s.sub.close();
-    this.subs.clear();
-    this.metrics.workers.set(0);
+    await this.feeds.close();
   }
 
-  private onChange(ev: DiscoveryEvent): void {
-    if (ev.type === "put") this.upsert(ev.worker);
-    else if (ev.type === "delete") this.drop(ev.id);
-    else if (ev.type === "restored") this.reconcile();
-  }
-
-  private reconcile(): void {
-    const live = new Set<string>();
-    for (const rec of this.opts.watcher.workers()) {
-      live.add(rec.id);
-      this.upsert(rec);
-    }
-    for (const id of [...this.subs.keys()]) if (!live.has(id)) this.drop(id);
-  }
-
-  private upsert(rec: WorkerRecord): void {
-    if (this.opts.model && rec.model !== this.opts.model) return;
-    if (!rec.kvEvents) {
-      if (this.subs.has(rec.id)) this.drop(rec.id);
-      return;
-    }
+  private open(rec: WorkerRecord): NatsFeed {
     const subject = workerKvSubject(rec);
-    const key = `${subject}|${rec.blockSize}`;
-    const cur = this.subs.get(rec.id);
-    if (cur && cur.key === key) return;
-    if (cur) this.drop(rec.id);
     const { index, metrics } = this;
     const workerId = rec.id;
     const blockSize = rec.blockSize;
@@ -125,18 +109,8 @@ export class NatsKvIngest {
     const started = sub.start().catch((err: Error) => {
       this.logger.warn({ worker: workerId, err: err.message }, "kv events over NATS: start failed");
     });
-    this.subs.set(workerId, { key, sub, started });
-    this.metrics.workers.set(this.subs.size);
     this.logger.info({ worker: workerId, subject }, "kv events: subscribed over NATS");
-  }
-
-  private drop(id: string): void {
-    const cur = this.subs.get(id);
-    this.index.removeWorker(id);
-    if (!cur) return;
-    this.subs.delete(id);
-    this.metrics.workers.set(this.subs.size);
-    cur.sub.close();
+    return { sub, started };
   }
 }
 
