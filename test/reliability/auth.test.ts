@@ -14,7 +14,7 @@ import { after, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { freePort } from "../helpers/ports.ts";
-import { waitUntil } from "./fleet.ts";
+import { waitFor200 } from "../helpers/wait.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
@@ -98,19 +98,11 @@ test("auth: every API/admin path refuses missing and wrong keys; constant-time; 
   server.stdout?.on("data", keep);
   server.stderr?.on("data", keep);
   const base = `http://127.0.0.1:${port}`;
-  await waitUntil(
-    async () => {
-      try {
-        return (await fetch(`${base}/ready`)).status === 200;
-      } catch {
-        return false;
-      }
-    },
-    20_000,
-    "server ready",
-    50,
-  ).catch((e) => {
-    throw new Error(`${(e as Error).message}: ${logs}`);
+  await waitFor200(`${base}/ready`, {
+    timeoutMs: 20_000,
+    what: "server ready",
+    stepMs: 50,
+    output: () => logs,
   });
 
   const chatBody = JSON.stringify({

@@ -12,7 +12,8 @@ import { after, test } from "node:test";
 import { Etcd3 } from "etcd3";
 import { type InferaServer, startServer } from "../../src/server/index.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
-import { type LaunchedWorker, launchWorker, waitUntil } from "./fleet.ts";
+import { waitUntil } from "../helpers/wait.ts";
+import { type LaunchedWorker, launchWorker } from "./fleet.ts";
 import { failures, newCounts, runLoad, sleep } from "./load.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 

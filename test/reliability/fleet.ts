@@ -90,16 +90,3 @@ export async function launchWorker(o: LaunchOptions): Promise<LaunchedWorker> {
     },
   };
 }
-
-export async function waitUntil(
-  cond: () => boolean | Promise<boolean>,
-  timeoutMs: number,
-  what: string,
-  stepMs = 10,
-): Promise<void> {
-  const t0 = Date.now();
-  while (!(await cond())) {
-    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, stepMs));
-  }
-}

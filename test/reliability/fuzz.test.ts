@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url";
 import { Pool } from "undici";
 import { parseChatRequest, parseCompletionRequest } from "../../src/protocol/openai.ts";
 import { freePort } from "../helpers/ports.ts";
-import { waitUntil } from "./fleet.ts";
+import { waitFor200 } from "../helpers/wait.ts";
 import {
   badFraming,
   CHAT,
@@ -180,19 +180,11 @@ test("fuzz: ≥ 10,000 bad requests → 0 crashes, every answer a 4xx in OpenAI'
     stderr = (stderr + d.toString()).slice(-8000);
   });
   const base = `http://127.0.0.1:${port}`;
-  await waitUntil(
-    async () => {
-      try {
-        return (await fetch(`${base}/ready`)).status === 200;
-      } catch {
-        return false;
-      }
-    },
-    20_000,
-    "server ready",
-    50,
-  ).catch((e) => {
-    throw new Error(`${(e as Error).message}: ${stderr}`);
+  await waitFor200(`${base}/ready`, {
+    timeoutMs: 20_000,
+    what: "server ready",
+    stepMs: 50,
+    output: () => stderr,
   });
 
   const r = rng(SEED);

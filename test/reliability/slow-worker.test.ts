@@ -16,7 +16,7 @@ import { join } from "node:path";
 import { after, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { freePort } from "../helpers/ports.ts";
-import { waitUntil } from "./fleet.ts";
+import { waitFor200 } from "../helpers/wait.ts";
 import { streamChat } from "./load.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 
@@ -121,19 +121,11 @@ test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, a
     err = (err + d.toString()).slice(-4000);
   });
   const base = `http://127.0.0.1:${port}`;
-  await waitUntil(
-    async () => {
-      try {
-        return (await fetch(`${base}/ready`)).status === 200;
-      } catch {
-        return false;
-      }
-    },
-    20_000,
-    "server ready",
-    50,
-  ).catch((e) => {
-    throw new Error(`${(e as Error).message}: ${err}`);
+  await waitFor200(`${base}/ready`, {
+    timeoutMs: 20_000,
+    what: "server ready",
+    stepMs: 50,
+    output: () => err,
   });
   const pid = server.pid!;
   const msg = [{ role: "user", content: "hello" }];

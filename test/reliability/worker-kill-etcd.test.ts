@@ -9,7 +9,8 @@ import { after, test } from "node:test";
 import OpenAI from "openai";
 import { type InferaServer, startServer } from "../../src/server/index.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
-import { type LaunchedWorker, launchWorker, waitUntil } from "./fleet.ts";
+import { waitUntil } from "../helpers/wait.ts";
+import { type LaunchedWorker, launchWorker } from "./fleet.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
