@@ -12,21 +12,14 @@ import OpenAI from "openai";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { freePort } from "../helpers/ports.ts";
+import { waitUntil } from "../helpers/wait.ts";
 
 const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 const PREFIX = "/pd";
 
-async function waitFor(
-  cond: () => boolean | Promise<boolean>,
-  timeoutMs: number,
-  what: string,
-): Promise<void> {
-  const t0 = Date.now();
-  while (!(await cond())) {
-    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
+/** Polls every 25 ms. */
+const waitFor = (cond: () => boolean | Promise<boolean>, timeoutMs: number, what: string) =>
+  waitUntil(cond, timeoutMs, what, 25);
 
 describe("PD pairs launched by infera engine sim, routed by infera server over etcd", () => {
   let etcd: EtcdHandle;

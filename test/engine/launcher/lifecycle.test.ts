@@ -10,6 +10,7 @@ import { fileURLToPath } from "node:url";
 import { EtcdWatcher } from "../../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../../helpers/etcd.ts";
 import { freePort } from "../../helpers/ports.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 
 const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url));
 
@@ -20,18 +21,6 @@ interface Launched {
   port: number;
   exited: Promise<number | null>;
   stderr: () => string;
-}
-
-async function waitFor(
-  cond: () => boolean | Promise<boolean>,
-  timeoutMs: number,
-  what: string,
-): Promise<void> {
-  const t0 = Date.now();
-  while (!(await cond())) {
-    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
 }
 
 async function healthy(port: number): Promise<boolean> {
@@ -135,9 +124,9 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   it("registers within 1 s of health with the engine's facts, and SIGTERM removes it at once", async () => {
     const w = await watcher("/lc1");
     const l = await launch("/lc1", "sim-a");
-    await waitFor(() => healthy(l.port), 30_000, `engine health (${l.stderr()})`);
+    await waitUntil(() => healthy(l.port), 30_000, `engine health (${l.stderr()})`);
     const healthyAt = Date.now();
-    await waitFor(() => has(w, "sim-a"), 1000, "record after health");
+    await waitUntil(() => has(w, "sim-a"), 1000, "record after health");
     assert.ok(Date.now() - healthyAt <= 1000);
     const rec = w.workers().find((r) => r.id === "sim-a");
     assert.equal(rec?.url, `http://127.0.0.1:${l.port}`);
@@ -150,7 +139,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
 
     const t0 = Date.now();
     l.proc.kill("SIGTERM");
-    await waitFor(() => !has(w, "sim-a"), 1000, "record removed on SIGTERM");
+    await waitUntil(() => !has(w, "sim-a"), 1000, "record removed on SIGTERM");
     assert.ok(Date.now() - t0 < 1000);
     assert.equal(await l.exited, 0, `launcher exits with the engine's status (${l.stderr()})`);
     assert.equal(await healthy(l.port), false, "engine stopped");
@@ -159,7 +148,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   it("an engine that dies takes its record with it at once; the launcher exits with its status", async () => {
     const w = await watcher("/lc2");
     const l = await launch("/lc2", "sim-b");
-    await waitFor(() => has(w, "sim-b"), 30_000, `record (${l.stderr()})`);
+    await waitUntil(() => has(w, "sim-b"), 30_000, `record (${l.stderr()})`);
     const enginePid = Number(
       execFileSync("ps", ["-o", "pid=", "--ppid", String(l.proc.pid)])
         .toString()
@@ -168,7 +157,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     assert.ok(enginePid > 0);
     const t0 = Date.now();
     process.kill(enginePid, "SIGKILL");
-    await waitFor(() => !has(w, "sim-b"), 1000, "record removed after engine death");
+    await waitUntil(() => !has(w, "sim-b"), 1000, "record removed after engine death");
     assert.ok(Date.now() - t0 < 1000);
     assert.equal(await l.exited, 128 + 9);
   });
@@ -176,11 +165,11 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   it("kill -9 of the launcher: the record expires within the lease TTL", async () => {
     const w = await watcher("/lc3");
     const l = await launch("/lc3", "sim-c");
-    await waitFor(() => has(w, "sim-c"), 30_000, `record (${l.stderr()})`);
+    await waitUntil(() => has(w, "sim-c"), 30_000, `record (${l.stderr()})`);
     const enginePid = await l.enginePid();
     const t0 = Date.now();
     l.proc.kill("SIGKILL");
-    await waitFor(() => !has(w, "sim-c"), 4000, "record expiry");
+    await waitUntil(() => !has(w, "sim-c"), 4000, "record expiry");
     // TTL 2 s plus etcd's lease-expiry tick.
     assert.ok(Date.now() - t0 <= 3500, `expired after ${Date.now() - t0} ms`);
     process.kill(enginePid, "SIGKILL"); // the orphaned engine
@@ -201,7 +190,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   it("an engine that stops answering /health is deregistered, and registered again when it recovers", async () => {
     const w = await watcher("/lc5");
     const l = await launch("/lc5", "sim-e", ["--health-interval", "0.3"]);
-    await waitFor(() => has(w, "sim-e"), 30_000, `record (${l.stderr()})`);
+    await waitUntil(() => has(w, "sim-e"), 30_000, `record (${l.stderr()})`);
     const enginePid = Number(
       execFileSync("ps", ["-o", "pid=", "--ppid", String(l.proc.pid)])
         .toString()
@@ -209,11 +198,11 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     );
     process.kill(enginePid, "SIGSTOP");
     try {
-      await waitFor(() => !has(w, "sim-e"), 10_000, "deregistration of a hung engine");
+      await waitUntil(() => !has(w, "sim-e"), 10_000, "deregistration of a hung engine");
     } finally {
       process.kill(enginePid, "SIGCONT");
     }
-    await waitFor(() => has(w, "sim-e"), 5000, "re-registration after recovery");
+    await waitUntil(() => has(w, "sim-e"), 5000, "re-registration after recovery");
     l.proc.kill("SIGTERM");
     assert.equal(await l.exited, 0);
   });
@@ -221,7 +210,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   it("--discovery none runs the engine without registering; --dry-run prints JSON and exits 0", async () => {
     const w = await watcher("/lc4");
     const l = await launch("/lc4", "sim-d", ["--discovery", "none"]);
-    await waitFor(() => healthy(l.port), 30_000, "engine health");
+    await waitUntil(() => healthy(l.port), 30_000, "engine health");
     await new Promise((r) => setTimeout(r, 300));
     assert.equal(has(w, "sim-d"), false);
     l.proc.kill("SIGINT");
