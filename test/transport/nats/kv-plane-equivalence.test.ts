@@ -13,7 +13,8 @@ import { NatsKvIngest } from "../../../src/transport/nats/kv-ingest.ts";
 import { type NatsKvRelay, startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
-import { type SimProcess, startSim } from "../../helpers/sim.ts";
+import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 const MODEL = "kv-model";
@@ -101,13 +102,7 @@ function states(): WorkerState[] {
     .map((record) => ({ record, inFlight: 0, pendingPrefillTokens: 0, available: true }));
 }
 
-async function until(cond: () => boolean, ms = 8000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error("timed out waiting");
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
+const until = (cond: () => boolean, ms = 8000) => waitUntil(cond, ms, "condition", 25);
 
 test("kv-aware picks the same worker whether events come over ZMQ or the NATS relay", async () => {
   // Doc 0 is cached on w-a, doc 1 on w-b, doc 2 on both (w-b twice: nothing changes the cache).

@@ -8,6 +8,7 @@ import { type KvBatchSink, startKvSubscriber } from "../../../src/transport/nats
 import { readKvSeq } from "../../../src/transport/nats/kv-wire.ts";
 import { kvReplaySubject } from "../../../src/transport/nats/subjects.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 import { FakeKvEngine, seqBuf } from "./fake-kv-engine.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
@@ -39,13 +40,7 @@ class Collect implements KvBatchSink {
   }
 }
 
-async function until(cond: () => boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error("timed out waiting");
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
+const until = (cond: () => boolean, ms = 5000) => waitUntil(cond, ms, "condition", 10);
 
 async function engineWithRelay(name: string, bufferBatches?: number) {
   const eng = new FakeKvEngine();

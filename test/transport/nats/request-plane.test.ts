@@ -13,6 +13,7 @@ import { connectNats } from "../../../src/transport/nats/connection.ts";
 import { requestSubject } from "../../../src/transport/nats/subjects.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 const MODEL = "sim.model/v1";
@@ -175,13 +176,7 @@ async function running(): Promise<number> {
   return parseMetric(await sim.metrics(), "vllm:num_requests_running") ?? Number.NaN;
 }
 
-async function until(cond: () => Promise<boolean> | boolean, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error("timed out waiting");
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
+const until = (cond: () => Promise<boolean> | boolean, ms = 5000) => waitUntil(cond, ms, "condition", 25);
 
 test("client abort mid-stream cancels the engine request", async () => {
   const ac = new AbortController();

@@ -5,9 +5,14 @@ import { NixlSimConnector } from "./nixl.ts";
 import { SglangSimConnector } from "./sglang.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./types.ts";
 
-/** Creates the connector for `opts.kind`, or null for mixed workers without one. */
+/**
+ * Creates the connector for `opts.kind`, or null for workers without one. A mixed worker keeps
+ * its Nixl connector: vLLM launches both halves with `kv_role: "kv_both"` and each request's
+ * `kv_transfer_params` decide whether it acts as P or D, so the sim must do the same.
+ */
 export function createSimConnector(opts: SimConnectorOptions, host: SimKvHost): SimConnector | null {
-  if (opts.kind === "none" || opts.role === "mixed") return null;
+  if (opts.kind === "none") return null;
+  if (opts.role === "mixed" && opts.kind !== "nixl") return null;
   switch (opts.kind) {
     case "nixl":
       return new NixlSimConnector(opts, host);

@@ -21,7 +21,8 @@ export class NixlSimConnector extends SideChannelConnector {
   }
 
   async start(): Promise<void> {
-    if (this.opts.role !== "prefill") return;
+    // kv_both (role mixed) workers may serve prefills too, so they listen like P.
+    if (this.opts.role === "decode") return;
     const base = configNumber(this.opts, ["side_channel_port"], ["VLLM_NIXL_SIDE_CHANNEL_PORT"], 5600);
     await this.channel.listen(base === 0 ? 0 : base + this.host.dpRank, this.bindHost);
     this.started = true;
