@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { freePort } from "./ports.ts";
 
 /** A simulated engine running as a child process (`node bin/infera-sim.js serve ...`). */
@@ -117,6 +118,36 @@ export async function startSim(opts: StartSimOptions = {}): Promise<SimProcess> 
       if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
     },
     output: () => out,
+  };
+}
+
+/**
+ * The discovery record of a sim publishing KV events (seq framing, replay endpoint, topic
+ * "kv-events") as a mixed worker, the way the KV routing tests register one.
+ */
+export function simWorkerRecord(
+  sim: SimProcess,
+  o: { id: string; model: string; maxModelLen: number; blockSize?: number },
+): WorkerRecord {
+  return {
+    id: o.id,
+    model: o.model,
+    servedModelNames: [o.model],
+    engine: "sim",
+    role: "mixed",
+    url: sim.url,
+    connector: { kind: "none" },
+    blockSize: o.blockSize ?? 16,
+    kvEvents: {
+      endpoint: sim.kvEndpoint,
+      replayEndpoint: sim.replayEndpoint,
+      topic: "kv-events",
+      framing: "seq",
+    },
+    dpSize: 1,
+    tpSize: 1,
+    maxModelLen: o.maxModelLen,
+    startedAt: new Date().toISOString(),
   };
 }
 

@@ -15,7 +15,7 @@ import { policies } from "../../../src/router/policies/index.ts";
 import type { WorkerState } from "../../../src/router/types.ts";
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { createLogger } from "../../../src/util/log.ts";
-import { type SimProcess, startSim } from "../../helpers/sim.ts";
+import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 import { waitFor } from "../../kv/fake-publisher.ts";
 
 const BS = 16;
@@ -30,26 +30,7 @@ let server: InferaServer;
 let index: KvIndex;
 
 function record(id: string, s: SimProcess): WorkerRecord {
-  return {
-    id,
-    model: MODEL,
-    servedModelNames: [MODEL],
-    engine: "sim",
-    role: "mixed",
-    url: s.url,
-    connector: { kind: "none" },
-    blockSize: BS,
-    kvEvents: {
-      endpoint: s.kvEndpoint,
-      replayEndpoint: s.replayEndpoint,
-      topic: "kv-events",
-      framing: "seq",
-    },
-    dpSize: 1,
-    tpSize: 1,
-    maxModelLen: 32768,
-    startedAt: new Date().toISOString(),
-  };
+  return simWorkerRecord(s, { id, model: MODEL, maxModelLen: 32768, blockSize: BS });
 }
 
 const docs = ["alpha", "bravo", "charlie", "delta"].map((w) =>

@@ -29,26 +29,7 @@ let zmqIngest: KvIngest;
 let natsIngest: NatsKvIngest;
 
 function record(id: string, sim: SimProcess): WorkerRecord {
-  return {
-    id,
-    model: MODEL,
-    servedModelNames: [MODEL],
-    engine: "sim",
-    role: "mixed",
-    url: sim.url,
-    connector: { kind: "none" },
-    blockSize: 16,
-    kvEvents: {
-      endpoint: sim.kvEndpoint,
-      replayEndpoint: sim.replayEndpoint,
-      topic: "kv-events",
-      framing: "seq",
-    },
-    dpSize: 1,
-    tpSize: 1,
-    maxModelLen: 8192,
-    startedAt: new Date().toISOString(),
-  };
+  return simWorkerRecord(sim, { id, model: MODEL, maxModelLen: 8192 });
 }
 
 before(async () => {

@@ -18,7 +18,7 @@ import { selectKvIngestFactory } from "../../../src/transport/nats/server-plug.t
 import { kvSubject, requestSubject } from "../../../src/transport/nats/subjects.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { freePort } from "../../helpers/ports.ts";
-import { type SimProcess, startSim } from "../../helpers/sim.ts";
+import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url));
@@ -242,24 +242,7 @@ test("infera server --policy kv-aware --event-plane nats routes by the KV events
     cleanups.push(() => agent.close());
     agents.push(agent);
     const rec: WorkerRecord = {
-      id,
-      model: MODEL,
-      servedModelNames: [MODEL],
-      engine: "sim",
-      role: "mixed",
-      url: sim.url,
-      connector: { kind: "none" },
-      blockSize: 16,
-      kvEvents: {
-        endpoint: sim.kvEndpoint,
-        replayEndpoint: sim.replayEndpoint,
-        topic: "kv-events",
-        framing: "seq",
-      },
-      dpSize: 1,
-      tpSize: 1,
-      maxModelLen: 8192,
-      startedAt: new Date().toISOString(),
+      ...simWorkerRecord(sim, { id, model: MODEL, maxModelLen: 8192 }),
       natsSubject: agent.subject,
     };
     recs.push(rec);
