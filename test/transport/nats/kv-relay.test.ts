@@ -3,7 +3,7 @@ import { after, before, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { decodeMessage, isDecodeError } from "../../../src/kv/events.ts";
 import { connectNats } from "../../../src/transport/nats/connection.ts";
-import { startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
+import { type NatsKvRelay, startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
 import { type KvBatchSink, startKvSubscriber } from "../../../src/transport/nats/kv-subscriber.ts";
 import { readKvSeq } from "../../../src/transport/nats/kv-wire.ts";
 import { kvReplaySubject } from "../../../src/transport/nats/subjects.ts";
@@ -59,6 +59,26 @@ async function engineWithRelay(name: string, bufferBatches?: number) {
   return { eng, relay };
 }
 
+/**
+ * A lossy hop between the relay and a subscriber on `subject`: forwards the live messages
+ * `pass` lets through, and passes replay requests through to the agent.
+ */
+async function lossyHop(relay: NatsKvRelay, subject: string, pass: (data: Uint8Array) => boolean) {
+  const fwd = nc.subscribe(relay.subject, {
+    callback: (_e, msg) => {
+      if (pass(msg.data)) nc.publish(subject, msg.data);
+    },
+  });
+  const fwdReplay = nc.subscribe(kvReplaySubject(subject), {
+    callback: (_e, msg) => nc.publish(relay.replaySubject, msg.data, { reply: msg.reply }),
+  });
+  cleanups.push(() => {
+    fwd.unsubscribe();
+    fwdReplay.unsubscribe();
+  });
+  await nc.flush();
+}
+
 test("relayed batches are byte-identical with seq intact; ZMQ drops are recovered from the engine's replay", async () => {
   const { eng, relay } = await engineWithRelay("w-bytes");
   const sink = new Collect();
@@ -88,23 +108,10 @@ test("a late subscriber replays the agent's history; a gap between agent and ser
   const { eng, relay } = await engineWithRelay("w-gap");
   for (let i = 0; i < 20; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
   await until(() => relay.nextSeq === 20);
-  // A lossy hop between the relay and the subscriber: forwards live messages except some,
-  // and passes replay requests through to the agent.
+  // A lossy hop between the relay and the subscriber loses some live messages.
   const lossySubject = "test.lossy.kv";
   const drop = new Set([22, 23, 27]);
-  const fwd = nc.subscribe(relay.subject, {
-    callback: (_e, msg) => {
-      if (!drop.has(readKvSeq(msg.data)!)) nc.publish(lossySubject, msg.data);
-    },
-  });
-  const fwdReplay = nc.subscribe(kvReplaySubject(lossySubject), {
-    callback: (_e, msg) => nc.publish(relay.replaySubject, msg.data, { reply: msg.reply }),
-  });
-  cleanups.push(() => {
-    fwd.unsubscribe();
-    fwdReplay.unsubscribe();
-  });
-  await nc.flush();
+  await lossyHop(relay, lossySubject, (data) => !drop.has(readKvSeq(data)!));
   const sink = new Collect();
   const sub = await startKvSubscriber({ nc, subject: lossySubject, sink });
   cleanups.push(() => sub.close());
@@ -129,19 +136,7 @@ test("history the agent no longer holds resets the worker, then delivery continu
   const { eng, relay } = await engineWithRelay("w-reset", 4);
   const lossySubject = "test.lossy2.kv";
   let dropping = false;
-  const fwd = nc.subscribe(relay.subject, {
-    callback: (_e, msg) => {
-      if (!dropping) nc.publish(lossySubject, msg.data);
-    },
-  });
-  const fwdReplay = nc.subscribe(kvReplaySubject(lossySubject), {
-    callback: (_e, msg) => nc.publish(relay.replaySubject, msg.data, { reply: msg.reply }),
-  });
-  cleanups.push(() => {
-    fwd.unsubscribe();
-    fwdReplay.unsubscribe();
-  });
-  await nc.flush();
+  await lossyHop(relay, lossySubject, () => !dropping);
   const sink = new Collect();
   const sub = await startKvSubscriber({ nc, subject: lossySubject, sink });
   cleanups.push(() => sub.close());
