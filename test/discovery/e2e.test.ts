@@ -11,6 +11,7 @@ import { fileURLToPath } from "node:url";
 import { Etcd3 } from "etcd3";
 import OpenAI from "openai";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
+import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitUntil } from "../helpers/wait.ts";
 
@@ -106,14 +107,7 @@ describe("engine launcher + server over etcd (end to end)", () => {
       "sim-model",
       "--served-model-name",
       "e2e-model",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(enginePort),
-      "--kv-events-port",
-      String(await freePort()),
-      "--kv-events-replay-port",
-      String(await freePort()),
+      ...(await engineListenArgs(enginePort)),
       "--discovery",
       "etcd",
       "--etcd-endpoints",

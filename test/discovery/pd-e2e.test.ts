@@ -11,6 +11,7 @@ import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
+import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitUntil } from "../helpers/wait.ts";
 
@@ -97,14 +98,7 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
         role,
         "--connector",
         kind,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        String(await freePort()),
-        "--kv-events-port",
-        String(await freePort()),
-        "--kv-events-replay-port",
-        String(await freePort()),
+        ...(await engineListenArgs(await freePort())),
         "--bootstrap-port",
         String(await freePort()),
         "--side-channel-port",

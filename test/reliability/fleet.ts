@@ -4,6 +4,7 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
 
 const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
@@ -41,14 +42,7 @@ export async function launchWorker(o: LaunchOptions): Promise<LaunchedWorker> {
     "sim-model",
     "--worker-id",
     o.id,
-    "--host",
-    "127.0.0.1",
-    "--port",
-    String(port),
-    "--kv-events-port",
-    String(await freePort()),
-    "--kv-events-replay-port",
-    String(await freePort()),
+    ...(await engineListenArgs(port)),
     "--etcd-endpoints",
     o.etcd,
     "--etcd-prefix",

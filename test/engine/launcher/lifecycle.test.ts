@@ -9,6 +9,7 @@ import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { EtcdWatcher } from "../../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../../helpers/etcd.ts";
+import { engineListenArgs } from "../../helpers/launcher.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { waitUntil } from "../../helpers/wait.ts";
 
@@ -70,14 +71,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
       "sim-model",
       "--worker-id",
       id,
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
-      "--kv-events-port",
-      String(await freePort()),
-      "--kv-events-replay-port",
-      String(await freePort()),
+      ...(await engineListenArgs(port)),
       "--etcd-endpoints",
       etcd.endpoint,
       "--etcd-prefix",

@@ -16,6 +16,7 @@ import { startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
 import { startKvSubscriber } from "../../../src/transport/nats/kv-subscriber.ts";
 import { selectKvIngestFactory } from "../../../src/transport/nats/server-plug.ts";
 import { kvSubject, requestSubject } from "../../../src/transport/nats/subjects.ts";
+import { engineListenArgs } from "../../helpers/launcher.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
@@ -168,14 +169,7 @@ test("infera engine sim --nats-url runs the agent and the KV relay beside the en
       MODEL,
       "--worker-id",
       "launched.1",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
-      "--kv-events-port",
-      String(await freePort()),
-      "--kv-events-replay-port",
-      String(await freePort()),
+      ...(await engineListenArgs(port)),
       "--discovery",
       "none",
       "--nats-url",
