@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { KvdClient } from "../../src/kvd/client.ts";
 import { chunkId } from "../../src/kvd/types.ts";
-import { bytesFor, spawnKvd, startTestKvd, tempDir, waitExit } from "./helpers.ts";
+import { bytesFor, chunkFilesOnDisk, spawnKvd, startTestKvd, tempDir, waitExit } from "./helpers.ts";
 
 describe("kvd L3 durability", () => {
   const tmp = tempDir();
@@ -93,10 +93,7 @@ describe("kvd L3 durability", () => {
       c.close();
     });
     // Kill once chunks are landing on disk (writes in flight at that moment are the point).
-    const countFiles = () =>
-      readdirSync(join(dir, "disk"))
-        .filter((n) => /^[0-9a-f]{2}$/.test(n))
-        .reduce((s, d) => s + readdirSync(join(dir, "disk", d)).length, 0);
+    const countFiles = () => chunkFilesOnDisk(join(dir, "disk"));
     const deadline = Date.now() + 20000;
     while (countFiles() < 10 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     await new Promise((r) => setTimeout(r, 300));

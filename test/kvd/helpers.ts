@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -9,6 +9,13 @@ import type { KvdConfig } from "../../src/kvd/types.ts";
 import { createLogger } from "../../src/util/log.ts";
 
 export const MiB = 1024 * 1024;
+
+/** How many chunk files the disk tier under `diskDir` holds (files in its two-hex-digit shard folders). */
+export function chunkFilesOnDisk(diskDir: string): number {
+  return readdirSync(diskDir)
+    .filter((n) => /^[0-9a-f]{2}$/.test(n))
+    .reduce((s, d) => s + readdirSync(join(diskDir, d)).length, 0);
+}
 
 export function tempDir(prefix = "kvd-test-"): { dir: string; cleanup: () => void } {
   const dir = mkdtempSync(join(tmpdir(), prefix));

@@ -6,11 +6,11 @@
  * Chunks only in L2 (RAM) when the process died are gone by design; only what is served counts.
  */
 import assert from "node:assert/strict";
-import { mkdirSync, readdirSync } from "node:fs";
+import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, test } from "node:test";
 import { KvdClient } from "../../src/kvd/client.ts";
-import { bytesFor, spawnKvd, tempDir, waitExit } from "../kvd/helpers.ts";
+import { bytesFor, chunkFilesOnDisk, spawnKvd, tempDir, waitExit } from "../kvd/helpers.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
@@ -51,10 +51,7 @@ test("kvd kill -9 during a write storm: no corrupt chunk served after restart", 
     }
     c.close();
   });
-  const filesOnDisk = () =>
-    readdirSync(disk)
-      .filter((n) => /^[0-9a-f]{2}$/.test(n))
-      .reduce((s, d) => s + readdirSync(join(disk, d)).length, 0);
+  const filesOnDisk = () => chunkFilesOnDisk(disk);
   const deadline = Date.now() + 20_000;
   while (filesOnDisk() < 40 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
   await new Promise((r) => setTimeout(r, 300));
