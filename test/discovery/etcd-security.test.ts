@@ -11,23 +11,12 @@ import { EtcdRegistrar, EtcdWatcher } from "../../src/discovery/etcd.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { type EtcdHandle, etcdctl, makeTlsFiles, startEtcd } from "../helpers/etcd.ts";
 import { freePort } from "../helpers/ports.ts";
+import { mixedRecord } from "../helpers/records.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 
-const rec = (id: string): WorkerRecord => ({
-  id,
-  model: "m",
-  servedModelNames: ["m"],
-  engine: "sim",
-  role: "mixed",
-  url: "http://127.0.0.1:1",
-  connector: { kind: "none" },
-  blockSize: 16,
-  dpSize: 1,
-  tpSize: 1,
-  maxModelLen: 1024,
-  startedAt: new Date().toISOString(),
-});
+const rec = (id: string): WorkerRecord =>
+  mixedRecord({ id, model: "m", url: "http://127.0.0.1:1", maxModelLen: 1024 });
 
 async function waitFor(cond: () => boolean, timeoutMs: number, what: string): Promise<void> {
   const t0 = Date.now();

@@ -5,24 +5,12 @@ import { EtcdRegistrar, EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { parseEndpoints, workersPrefix } from "../../src/discovery/etcd-client.ts";
 import type { DiscoveryEvent, WorkerRecord } from "../../src/discovery/types.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
+import { mixedRecord } from "../helpers/records.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 
 function record(id: string, model = "m1"): WorkerRecord {
-  return {
-    id,
-    model,
-    servedModelNames: [model],
-    engine: "sim",
-    role: "mixed",
-    url: `http://127.0.0.1:9/${id}`,
-    connector: { kind: "none" },
-    blockSize: 16,
-    dpSize: 1,
-    tpSize: 1,
-    maxModelLen: 4096,
-    startedAt: new Date().toISOString(),
-  };
+  return mixedRecord({ id, model, url: `http://127.0.0.1:9/${id}` });
 }
 
 async function waitFor(cond: () => boolean, timeoutMs: number, what: string): Promise<number> {

@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { freePort } from "./ports.ts";
+import { mixedRecord } from "./records.ts";
 
 /** A simulated engine running as a child process (`node bin/infera-sim.js serve ...`). */
 export interface SimProcess {
@@ -129,14 +130,10 @@ export function simWorkerRecord(
   sim: SimProcess,
   o: { id: string; model: string; maxModelLen: number; blockSize?: number },
 ): WorkerRecord {
-  return {
+  return mixedRecord({
     id: o.id,
     model: o.model,
-    servedModelNames: [o.model],
-    engine: "sim",
-    role: "mixed",
     url: sim.url,
-    connector: { kind: "none" },
     blockSize: o.blockSize ?? 16,
     kvEvents: {
       endpoint: sim.kvEndpoint,
@@ -144,11 +141,8 @@ export function simWorkerRecord(
       topic: "kv-events",
       framing: "seq",
     },
-    dpSize: 1,
-    tpSize: 1,
     maxModelLen: o.maxModelLen,
-    startedAt: new Date().toISOString(),
-  };
+  });
 }
 
 /**

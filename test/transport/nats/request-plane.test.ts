@@ -12,6 +12,7 @@ import { NatsRequestExecutor } from "../../../src/transport/nats/client.ts";
 import { connectNats } from "../../../src/transport/nats/connection.ts";
 import { requestSubject } from "../../../src/transport/nats/subjects.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
+import { mixedRecord } from "../../helpers/records.ts";
 import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 import { waitUntil } from "../../helpers/wait.ts";
 
@@ -28,19 +29,7 @@ const hexec = new HttpExecutor();
 let worker: WorkerState;
 
 function state(rec: Partial<WorkerRecord> & { id: string; url: string }): WorkerState {
-  const record: WorkerRecord = {
-    model: MODEL,
-    servedModelNames: [MODEL],
-    engine: "sim",
-    role: "mixed",
-    connector: { kind: "none" },
-    blockSize: 16,
-    dpSize: 1,
-    tpSize: 1,
-    maxModelLen: 4096,
-    startedAt: new Date().toISOString(),
-    ...rec,
-  };
+  const record: WorkerRecord = mixedRecord({ model: MODEL, ...rec });
   return { record, inFlight: 0, pendingPrefillTokens: 0, available: true };
 }
 

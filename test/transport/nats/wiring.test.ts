@@ -19,6 +19,7 @@ import { kvSubject, requestSubject } from "../../../src/transport/nats/subjects.
 import { engineListenArgs } from "../../helpers/launcher.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { freePort } from "../../helpers/ports.ts";
+import { mixedRecord } from "../../helpers/records.ts";
 import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
@@ -61,22 +62,13 @@ test("infera server over --request-plane nats serves the openai client through t
     workerId: "w1",
   });
   cleanups.push(() => agent.close());
-  const rec: WorkerRecord = {
+  const rec: WorkerRecord = mixedRecord({
     id: "w1",
     model: MODEL,
-    servedModelNames: [MODEL],
-    engine: "sim",
-    role: "mixed",
     // Unreachable on purpose: only the NATS subject can serve this worker.
     url: "http://127.0.0.1:9",
-    connector: { kind: "none" },
-    blockSize: 16,
-    dpSize: 1,
-    tpSize: 1,
-    maxModelLen: 4096,
-    startedAt: new Date().toISOString(),
     natsSubject: agent.subject,
-  };
+  });
   // A second worker whose agent is gone: its requests must fail over to w1 (the HTTP retry path).
   const ghost: WorkerRecord = { ...rec, id: "w0-ghost", natsSubject: requestSubject(MODEL, "w0-ghost") };
   const discovery = new MemoryDiscovery([rec, ghost]);
@@ -116,20 +108,7 @@ test("infera server over --request-plane nats serves the openai client through t
 test("on the nats plane, a worker without natsSubject is still served (over HTTP)", async () => {
   const sim: SimProcess = await startSim({ model: MODEL });
   cleanups.push(() => sim.stop());
-  const rec: WorkerRecord = {
-    id: "http-only",
-    model: MODEL,
-    servedModelNames: [MODEL],
-    engine: "sim",
-    role: "mixed",
-    url: sim.url,
-    connector: { kind: "none" },
-    blockSize: 16,
-    dpSize: 1,
-    tpSize: 1,
-    maxModelLen: 4096,
-    startedAt: new Date().toISOString(),
-  };
+  const rec: WorkerRecord = mixedRecord({ id: "http-only", model: MODEL, url: sim.url });
   const server: InferaServer = await startServer(
     { port: 0, scrapeIntervalMs: 0, nats: { url: nats.url, token: "tok-1" } },
     { discovery: new MemoryDiscovery([rec]) },
