@@ -55,6 +55,29 @@ function makeTls(dir: string): TlsFiles {
   const certFile = join(dir, "server.pem");
   const ext = join(dir, "ext.cnf");
   const q = { stdio: "ignore" as const };
+  /** Signs a CSR with the test CA (2 days, SHA-256). */
+  const sign = (req: string, out: string, extra: string[] = []) =>
+    execFileSync(
+      "openssl",
+      [
+        "x509",
+        "-req",
+        "-in",
+        req,
+        "-CA",
+        caFile,
+        "-CAkey",
+        caKey,
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-sha256",
+        ...extra,
+        "-out",
+        out,
+      ],
+      q,
+    );
   execFileSync("openssl", ["genrsa", "-out", caKey, "2048"], q);
   execFileSync(
     "openssl",
@@ -77,28 +100,7 @@ function makeTls(dir: string): TlsFiles {
   execFileSync("openssl", ["genrsa", "-out", keyFile, "2048"], q);
   execFileSync("openssl", ["req", "-new", "-key", keyFile, "-subj", "/CN=127.0.0.1", "-out", csr], q);
   writeFileSync(ext, "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
-  execFileSync(
-    "openssl",
-    [
-      "x509",
-      "-req",
-      "-in",
-      csr,
-      "-CA",
-      caFile,
-      "-CAkey",
-      caKey,
-      "-CAcreateserial",
-      "-days",
-      "2",
-      "-sha256",
-      "-extfile",
-      ext,
-      "-out",
-      certFile,
-    ],
-    q,
-  );
+  sign(csr, certFile, ["-extfile", ext]);
   const clientKeyFile = join(dir, "client.key");
   const clientCsr = join(dir, "client.csr");
   const clientCertFile = join(dir, "client.pem");
@@ -108,26 +110,7 @@ function makeTls(dir: string): TlsFiles {
     ["req", "-new", "-key", clientKeyFile, "-subj", "/CN=infera-client", "-out", clientCsr],
     q,
   );
-  execFileSync(
-    "openssl",
-    [
-      "x509",
-      "-req",
-      "-in",
-      clientCsr,
-      "-CA",
-      caFile,
-      "-CAkey",
-      caKey,
-      "-CAcreateserial",
-      "-days",
-      "2",
-      "-sha256",
-      "-out",
-      clientCertFile,
-    ],
-    q,
-  );
+  sign(clientCsr, clientCertFile);
   return { caFile, certFile, keyFile, clientCertFile, clientKeyFile };
 }
 
