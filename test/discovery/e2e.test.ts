@@ -5,17 +5,17 @@
  * and after it the worker is registered again.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync } from "node:child_process";
 import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { Etcd3 } from "etcd3";
 import OpenAI from "openai";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
+import { spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitUntil } from "../helpers/wait.ts";
 
-const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 const SIM = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
 
 /** Polls every 25 ms. */
@@ -23,18 +23,13 @@ const waitFor = (cond: () => boolean | Promise<boolean>, timeoutMs: number, what
   waitUntil(cond, timeoutMs, what, 25);
 
 function run(args: string[]): { proc: ChildProcess; log: () => string } {
-  const proc = spawn(process.execPath, [INFERA, ...args], {
+  const { proc, output } = spawnInfera(args, {
+    logLevel: "warn",
     detached: true,
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
+    stdout: true,
+    keepChars: 8000,
   });
-  let out = "";
-  const keep = (d: Buffer) => {
-    out = (out + d.toString()).slice(-8000);
-  };
-  proc.stdout?.on("data", keep);
-  proc.stderr?.on("data", keep);
-  return { proc, log: () => out };
+  return { proc, log: output };
 }
 
 async function metric(base: string, name: string): Promise<number | undefined> {

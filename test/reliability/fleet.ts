@@ -2,12 +2,10 @@
  * Real `infera engine sim` launchers (each in its own process group, so a kill -9 of the
  * group takes the launcher and its engine down together) registering in a real etcd.
  */
-import { type ChildProcess, spawn } from "node:child_process";
-import { fileURLToPath } from "node:url";
+import type { ChildProcess } from "node:child_process";
+import { spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
-
-const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 
 export interface LaunchedWorker {
   id: string;
@@ -35,7 +33,6 @@ export interface LaunchOptions {
 export async function launchWorker(o: LaunchOptions): Promise<LaunchedWorker> {
   const port = await freePort();
   const args = [
-    INFERA,
     "engine",
     "sim",
     "--model",
@@ -53,17 +50,13 @@ export async function launchWorker(o: LaunchOptions): Promise<LaunchedWorker> {
     "--",
     ...(o.engineArgs ?? ["--speed", "1", "--seed", "1"]),
   ];
-  const proc = spawn(process.execPath, args, {
+  const { proc, output } = spawnInfera(args, {
+    logLevel: "warn",
+    env: o.env,
     detached: true,
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...o.env },
+    stdout: true,
+    keepChars: 8000,
   });
-  let out = "";
-  const keep = (d: Buffer) => {
-    out = (out + d.toString()).slice(-8000);
-  };
-  proc.stdout?.on("data", keep);
-  proc.stderr?.on("data", keep);
   const exited = new Promise<void>((resolve) => {
     if (proc.exitCode !== null) resolve();
     else proc.once("exit", () => resolve());
@@ -74,7 +67,7 @@ export async function launchWorker(o: LaunchOptions): Promise<LaunchedWorker> {
     port,
     url: `http://127.0.0.1:${port}`,
     exited,
-    output: () => out,
+    output,
     killGroup() {
       try {
         process.kill(-(proc.pid as number), "SIGKILL");

@@ -6,16 +6,16 @@
  * error shape, and no bad request reaches the worker.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { type AddressInfo, connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
-import { fileURLToPath } from "node:url";
 import { Pool } from "undici";
 import { parseChatRequest, parseCompletionRequest } from "../../src/protocol/openai.ts";
+import { spawnInfera } from "../helpers/infera.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitFor200 } from "../helpers/wait.ts";
 import {
@@ -33,7 +33,6 @@ import {
 import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
-const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 const LIMIT = 64 * 1024;
 const SEED = Number(process.env.INFERA_FUZZ_SEED ?? 20261202);
 
@@ -171,20 +170,15 @@ test("fuzz: ≥ 10,000 bad requests → 0 crashes, every answer a 4xx in OpenAI'
       },
     }),
   );
-  server = spawn(process.execPath, [INFERA, "server", "--config", cfg], {
-    stdio: ["ignore", "ignore", "pipe"],
-    env: { ...process.env, INFERA_LOG_LEVEL: "error" },
-  });
-  let stderr = "";
-  server.stderr?.on("data", (d: Buffer) => {
-    stderr = (stderr + d.toString()).slice(-8000);
-  });
+  const spawned = spawnInfera(["server", "--config", cfg], { logLevel: "error", keepChars: 8000 });
+  server = spawned.proc;
+  const stderr = spawned.output;
   const base = `http://127.0.0.1:${port}`;
   await waitFor200(`${base}/ready`, {
     timeoutMs: 20_000,
     what: "server ready",
     stepMs: 50,
-    output: () => stderr,
+    output: stderr,
   });
 
   const r = rng(SEED);
@@ -261,7 +255,7 @@ test("fuzz: ≥ 10,000 bad requests → 0 crashes, every answer a 4xx in OpenAI'
     pass,
   );
   assert.ok(regenerated < cases.length / 10, `generator made ${regenerated} valid cases`);
-  assert.ok(alive, `server died: ${stderr}`);
+  assert.ok(alive, `server died: ${stderr()}`);
   assert.ok(answers.length >= 10_000);
   assert.equal(not4xx, 0, bad.join("\n"));
   assert.equal(notShaped, 0, bad.join("\n"));

@@ -7,21 +7,20 @@
  * bounded and nothing stays in flight.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
-import { fileURLToPath } from "node:url";
+import { spawnInfera } from "../helpers/infera.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitFor200 } from "../helpers/wait.ts";
 import { streamChat } from "./load.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
-const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 const TIMEOUT_MS = 1000;
 
 const sockets = new Set<Socket>();
@@ -112,20 +111,14 @@ test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, a
       upstream: { headersTimeoutMs: TIMEOUT_MS, bodyTimeoutMs: TIMEOUT_MS },
     }),
   );
-  server = spawn(process.execPath, [INFERA, "server", "--config", cfg], {
-    stdio: ["ignore", "ignore", "pipe"],
-    env: { ...process.env, INFERA_LOG_LEVEL: "silent" },
-  });
-  let err = "";
-  server.stderr?.on("data", (d: Buffer) => {
-    err = (err + d.toString()).slice(-4000);
-  });
+  const spawned = spawnInfera(["server", "--config", cfg], { logLevel: "silent", keepChars: 4000 });
+  server = spawned.proc;
   const base = `http://127.0.0.1:${port}`;
   await waitFor200(`${base}/ready`, {
     timeoutMs: 20_000,
     what: "server ready",
     stepMs: 50,
-    output: () => err,
+    output: spawned.output,
   });
   const pid = server.pid!;
   const msg = [{ role: "user", content: "hello" }];

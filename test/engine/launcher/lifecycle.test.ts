@@ -4,16 +4,14 @@
  * lease TTL when the launcher itself is killed with -9.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync } from "node:child_process";
 import { after, before, describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { EtcdWatcher } from "../../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../../helpers/etcd.ts";
+import { INFERA_BIN, spawnInfera } from "../../helpers/infera.ts";
 import { engineListenArgs } from "../../helpers/launcher.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { waitUntil } from "../../helpers/wait.ts";
-
-const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url));
 
 interface Launched {
   proc: ChildProcess;
@@ -64,7 +62,6 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
   async function launch(prefix: string, id: string, extra: string[] = []): Promise<Launched> {
     const port = await freePort();
     const args = [
-      INFERA,
       "engine",
       "sim",
       "--model",
@@ -81,15 +78,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
       ...extra,
     ];
     // Own process group, so the engine it starts can be cleaned up after a kill -9.
-    const proc = spawn(process.execPath, args, {
-      detached: true,
-      stdio: ["ignore", "ignore", "pipe"],
-      env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
-    });
-    let err = "";
-    proc.stderr?.on("data", (d: Buffer) => {
-      err = (err + d.toString()).slice(-8000);
-    });
+    const { proc, output } = spawnInfera(args, { logLevel: "warn", detached: true, keepChars: 8000 });
     const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
     // Found while the launcher is alive (after a kill -9 the engine is re-parented).
     const pidFound = (async () => {
@@ -108,7 +97,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
       throw new Error("engine pid not found");
     })();
     pidFound.catch(() => undefined);
-    const l = { proc, port, exited, stderr: () => err, enginePid: () => pidFound };
+    const l = { proc, port, exited, stderr: output, enginePid: () => pidFound };
     launched.push(l);
     return l;
   }
@@ -211,7 +200,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     assert.equal(await l.exited, 0);
 
     const out = execFileSync(process.execPath, [
-      INFERA,
+      INFERA_BIN,
       "engine",
       "vllm",
       "--model",
@@ -239,7 +228,7 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     try {
       execFileSync(
         process.execPath,
-        [INFERA, "engine", "vllm", "--model", "m", "--role", "decode", "--connector", "sglang"],
+        [INFERA_BIN, "engine", "vllm", "--model", "m", "--role", "decode", "--connector", "sglang"],
         {
           stdio: ["ignore", "pipe", "pipe"],
         },

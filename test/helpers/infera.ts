@@ -1,0 +1,36 @@
+/** `bin/infera.js` run as a child process the way the process-level tests run it. */
+import { type ChildProcess, spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+
+export const INFERA_BIN = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
+
+export interface SpawnInferaOptions {
+  /** INFERA_LOG_LEVEL for the child. */
+  logLevel: string;
+  /** More environment (after INFERA_LOG_LEVEL, so it may override it). */
+  env?: Record<string, string>;
+  /** Own process group, so a kill of -pid takes the children it starts too. */
+  detached?: boolean;
+  /** Capture stdout as well as stderr (stdout is ignored otherwise). */
+  stdout?: boolean;
+  /** Keep only the last this many characters of output (all of it when absent). */
+  keepChars?: number;
+}
+
+export function spawnInfera(
+  args: string[],
+  o: SpawnInferaOptions,
+): { proc: ChildProcess; output: () => string } {
+  const proc = spawn(process.execPath, [INFERA_BIN, ...args], {
+    detached: o.detached,
+    stdio: ["ignore", o.stdout ? "pipe" : "ignore", "pipe"],
+    env: { ...process.env, INFERA_LOG_LEVEL: o.logLevel, ...o.env },
+  });
+  let out = "";
+  const keep = (d: Buffer) => {
+    out = o.keepChars === undefined ? out + d.toString() : (out + d.toString()).slice(-o.keepChars);
+  };
+  proc.stdout?.on("data", keep);
+  proc.stderr?.on("data", keep);
+  return { proc, output: () => out };
+}
