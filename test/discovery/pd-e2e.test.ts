@@ -11,6 +11,7 @@ import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
+import { spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitUntil } from "../helpers/wait.ts";
@@ -28,17 +29,15 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
   let serverBase = "";
   const procs: ChildProcess[] = [];
   const pids: number[] = [];
-  let serverLog = "";
+  let serverLog = () => "";
 
   before(async () => {
     etcd = await startEtcd();
     watcher = new EtcdWatcher({ endpoints: [etcd.endpoint], prefix: PREFIX });
     await watcher.start();
     const port = await freePort();
-    const server = spawn(
-      process.execPath,
+    const { proc: server, output } = spawnInfera(
       [
-        INFERA,
         "server",
         "--host",
         "127.0.0.1",
@@ -53,18 +52,9 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
         "--scrape-interval",
         "0",
       ],
-      {
-        detached: true,
-        stdio: ["ignore", "pipe", "pipe"],
-        env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
-      },
+      { logLevel: "warn", detached: true, stdout: true, keepChars: 6000 },
     );
-    server.stdout?.on("data", (d: Buffer) => {
-      serverLog = (serverLog + d.toString()).slice(-6000);
-    });
-    server.stderr?.on("data", (d: Buffer) => {
-      serverLog = (serverLog + d.toString()).slice(-6000);
-    });
+    serverLog = output;
     procs.push(server);
     serverBase = `http://127.0.0.1:${port}`;
   });
@@ -182,7 +172,7 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
           .reduce((a, l) => a + Number(l.split(" ").pop()), 0);
         assert.ok(external > 0, `decode worker got KV from prefill (external tokens ${external})`);
       } catch (err) {
-        throw new Error(`${(err as Error).message}\n--- server ---\n${serverLog}`);
+        throw new Error(`${(err as Error).message}\n--- server ---\n${serverLog()}`);
       }
       p.kill("SIGTERM");
       d.kill("SIGTERM");
