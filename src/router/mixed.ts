@@ -100,54 +100,73 @@ export function isReadable(b: AsyncIterable<Uint8Array>): b is Readable {
 
 /** Wraps an answer so the worker's in-flight count drops exactly once, however it ends. */
 export function trackRelease(up: UpstreamResponse, w: LiveWorker, prefill: number): UpstreamResponse {
-  let released = false;
-  let prefillPending = prefill > 0;
-  const firstByte = () => {
-    if (prefillPending) {
-      prefillPending = false;
-      w.pendingPrefillTokens -= prefill;
+  return new TrackedUpstream(up, w, prefill);
+}
+
+/**
+ * An answer whose worker's in-flight count drops exactly once, however it ends. A class with
+ * prototype methods: per-request closures each cost a `__name` defineProperty under tsx.
+ */
+class TrackedUpstream implements UpstreamResponse {
+  readonly status: number;
+  readonly headers: Record<string, string>;
+  readonly body: AsyncIterable<Uint8Array>;
+  private released = false;
+  private prefillPending: boolean;
+  /** Bound once, for the body's 'close' listener (assigned, not a class field: no keepNames wrap). */
+  private readonly releaseFn: () => void;
+
+  constructor(
+    private readonly up: UpstreamResponse,
+    private readonly w: LiveWorker,
+    private readonly prefill: number,
+  ) {
+    this.status = up.status;
+    this.headers = up.headers;
+    this.prefillPending = prefill > 0;
+    this.releaseFn = () => this.release();
+    const src = up.body;
+    if (!this.prefillPending && isReadable(src)) {
+      // Node stream body (the HTTP executor's): hand it through unwrapped, so the server can
+      // pump it with events instead of a promise per chunk; 'close' follows end, error or destroy.
+      src.once("close", this.releaseFn);
+      this.body = src;
+    } else {
+      this.body = this.wrap(src);
     }
-  };
-  const release = () => {
-    if (released) return;
-    released = true;
-    firstByte();
-    w.inFlight--;
-  };
-  const src = up.body;
-  if (!prefillPending && isReadable(src)) {
-    // Node stream body (the HTTP executor's): hand it through unwrapped, so the server can
-    // pump it with events instead of a promise per chunk; 'close' follows end, error or destroy.
-    src.once("close", release);
-    return {
-      status: up.status,
-      headers: up.headers,
-      body: src,
-      json: () => up.json().finally(release),
-      abort: () => {
-        up.abort();
-        release();
-      },
-    };
   }
-  async function* body(): AsyncGenerator<Uint8Array> {
+
+  private async *wrap(src: AsyncIterable<Uint8Array>): AsyncGenerator<Uint8Array> {
     try {
       for await (const chunk of src) {
-        if (prefillPending) firstByte();
+        if (this.prefillPending) this.firstByte();
         yield chunk;
       }
     } finally {
-      release();
+      this.release();
     }
   }
-  return {
-    status: up.status,
-    headers: up.headers,
-    body: body(),
-    json: () => up.json().finally(release),
-    abort: () => {
-      up.abort();
-      release();
-    },
-  };
+
+  private firstByte(): void {
+    if (this.prefillPending) {
+      this.prefillPending = false;
+      this.w.pendingPrefillTokens -= this.prefill;
+    }
+  }
+
+  private release(): void {
+    if (this.released) return;
+    this.released = true;
+    this.firstByte();
+    this.w.inFlight--;
+  }
+
+  json(): Promise<unknown> {
+    return this.up.json().finally(this.releaseFn);
+  }
+
+  abort(): void {
+    this.up.abort();
+    this.release();
+  }
 }

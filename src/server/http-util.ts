@@ -14,38 +14,70 @@ export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
   if (declared !== undefined && Number(declared) > limit) {
     return Promise.reject(new PayloadTooLargeError(limit));
   }
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let done = false;
-    const finish = (err: Error | null, buf?: Buffer) => {
-      if (done) return;
-      done = true;
-      req.off("data", onData);
-      req.off("end", onEnd);
-      req.off("error", onError);
-      req.off("close", onClose);
-      if (err) reject(err);
-      else resolve(buf!);
+  return new Promise((resolve, reject) => new BodyReader(req, limit, resolve, reject).start());
+}
+
+/**
+ * One body being read. A class with prototype methods rather than per-request closures: the
+ * tsx-transpiled closures each cost a `__name` defineProperty call on the hot path.
+ */
+class BodyReader {
+  private readonly chunks: Buffer[] = [];
+  private size = 0;
+  private done = false;
+  // Assigned in the constructor (not as class fields) so that tsx's keepNames leaves them unwrapped.
+  private readonly onData: (c: Buffer) => void;
+  private readonly onEnd: () => void;
+  private readonly onError: () => void;
+  private readonly onClose: () => void;
+
+  constructor(
+    private readonly req: IncomingMessage,
+    private readonly limit: number,
+    private readonly resolve: (b: Buffer) => void,
+    private readonly reject: (e: Error) => void,
+  ) {
+    this.onData = (c) => this.data(c);
+    this.onEnd = () => this.end();
+    this.onError = () => this.finish(new BodyAbortedError("request body aborted"));
+    this.onClose = () => {
+      if (!this.req.complete) this.finish(new BodyAbortedError("request body aborted"));
     };
-    const onData = (c: Buffer) => {
-      size += c.length;
-      if (size > limit) {
-        finish(new PayloadTooLargeError(limit));
-        return;
-      }
-      chunks.push(c);
-    };
-    const onEnd = () => finish(null, chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
-    const onError = () => finish(new BodyAbortedError("request body aborted"));
-    const onClose = () => {
-      if (!req.complete) finish(new BodyAbortedError("request body aborted"));
-    };
-    req.on("data", onData);
-    req.on("end", onEnd);
-    req.on("error", onError);
-    req.on("close", onClose);
-  });
+  }
+
+  start(): void {
+    const req = this.req;
+    req.on("data", this.onData);
+    req.on("end", this.onEnd);
+    req.on("error", this.onError);
+    req.on("close", this.onClose);
+  }
+
+  private data(c: Buffer): void {
+    this.size += c.length;
+    if (this.size > this.limit) {
+      this.finish(new PayloadTooLargeError(this.limit));
+      return;
+    }
+    this.chunks.push(c);
+  }
+
+  private end(): void {
+    const chunks = this.chunks;
+    this.finish(null, chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, this.size));
+  }
+
+  private finish(err: Error | null, buf?: Buffer): void {
+    if (this.done) return;
+    this.done = true;
+    const req = this.req;
+    req.off("data", this.onData);
+    req.off("end", this.onEnd);
+    req.off("error", this.onError);
+    req.off("close", this.onClose);
+    if (err) this.reject(err);
+    else this.resolve(buf!);
+  }
 }
 
 export function sendJson(

@@ -147,8 +147,42 @@ export class ServerMetrics {
     return m;
   }
 
+  /** Label children keyed by their joined label values: one Map lookup instead of prom-client's label hashing. */
+  private readonly children = new Map<string, { inc(v?: number): void; observe(v: number): void }>();
+
+  private child(
+    metric: Counter<string> | Histogram<string>,
+    key: string,
+    labels: () => string[],
+  ): { inc(v?: number): void; observe(v: number): void } {
+    let c = this.children.get(key);
+    if (!c) {
+      c = metric.labels(...labels()) as unknown as { inc(v?: number): void; observe(v: number): void };
+      this.children.set(key, c);
+    }
+    return c;
+  }
+
+  /** `requests.inc({model, endpoint, status})` through a cached child. */
+  countRequest(model: string, endpoint: string, status: number): void {
+    this.child(this.requests, `r\0${model}\0${endpoint}\0${status}`, () => [
+      model,
+      endpoint,
+      String(status),
+    ]).inc();
+  }
+
+  /** `e2e.observe({model, endpoint}, seconds)` through a cached child. */
+  observeE2e(model: string, endpoint: string, seconds: number): void {
+    this.child(this.e2e, `e\0${model}\0${endpoint}`, () => [model, endpoint]).observe(seconds);
+  }
+
   onDecision = (_model: string, policy: string, router: string, sel: Selection): void => {
-    this.decisions.inc({ policy, reason: sel.reason, router });
+    this.child(this.decisions, `d\0${policy}\0${sel.reason}\0${router}`, () => [
+      policy,
+      sel.reason,
+      router,
+    ]).inc();
   };
 
   onRetry = (model: string, reason: string): void => {

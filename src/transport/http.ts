@@ -4,7 +4,7 @@
  * another). Connection failures before any response byte become `WorkerUnreachableError`,
  * which the MixedRouter retries on another worker.
  */
-import { Pool } from "undici";
+import { type Dispatcher, Pool } from "undici";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
 import { connectionFailureKind, WorkerUnreachableError } from "../router/errors.ts";
 import type {
@@ -26,6 +26,18 @@ export interface HttpExecutorOptions {
 }
 
 const PATHS: Record<EndpointKind, string> = { chat: "/v1/chat/completions", completion: "/v1/completions" };
+
+/**
+ * The client's own bytes of a body the server parsed and forwards unchanged, so the hot path
+ * skips a JSON.stringify. Keyed by the parsed object: a router that builds a new body (PD)
+ * naturally falls back to serialising it.
+ */
+const rawBodies = new WeakMap<object, Buffer>();
+
+/** Marks `raw` as the exact serialisation of `body` (the caller must not mutate `body` after). */
+export function setRawBody(body: object, raw: Buffer): void {
+  rawBodies.set(body, raw);
+}
 
 export class HttpExecutor implements RequestExecutor {
   private readonly pools = new Map<string, Pool>();
@@ -54,35 +66,29 @@ export class HttpExecutor implements RequestExecutor {
     opts: SendOptions,
   ): Promise<UpstreamResponse> {
     const url = worker.record.url;
-    const headers: Record<string, string> = { "content-type": "application/json", ...opts.headers };
+    const headers: Record<string, string> =
+      opts.headers === undefined
+        ? { "content-type": "application/json" }
+        : { "content-type": "application/json", ...opts.headers };
     let res: Awaited<ReturnType<Pool["request"]>>;
     try {
       res = await this.pool(url).request({
         path: PATHS[endpoint],
         method: "POST",
         headers,
-        body: JSON.stringify(body),
+        body: rawBodies.get(body) ?? JSON.stringify(body),
         signal: opts.signal,
         headersTimeout: opts.timeoutMs,
       });
     } catch (err) {
       throw classify(err, url);
     }
-    const resBody = res.body;
     const outHeaders: Record<string, string> = {};
     for (const k in res.headers) {
       const v = res.headers[k];
       if (v !== undefined) outHeaders[k] = Array.isArray(v) ? v.join(", ") : v;
     }
-    return {
-      status: res.statusCode,
-      headers: outHeaders,
-      body: resBody,
-      json: () => resBody.json(),
-      abort: () => {
-        if (!resBody.destroyed) resBody.destroy();
-      },
-    };
+    return new UndiciUpstream(res.statusCode, outHeaders, res.body);
   }
 
   /** Drops the pool of a worker that left the fleet. */
@@ -97,6 +103,26 @@ export class HttpExecutor implements RequestExecutor {
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.destroy().catch(() => {})));
+  }
+}
+
+/**
+ * A worker's answer. A class rather than an object of closures: prototype methods cost nothing
+ * per request, where tsx's keepNames wraps every per-request closure in a defineProperty call.
+ */
+class UndiciUpstream implements UpstreamResponse {
+  constructor(
+    readonly status: number,
+    readonly headers: Record<string, string>,
+    readonly body: Dispatcher.ResponseData["body"],
+  ) {}
+
+  json(): Promise<unknown> {
+    return this.body.json();
+  }
+
+  abort(): void {
+    if (!this.body.destroyed) this.body.destroy();
   }
 }
 
