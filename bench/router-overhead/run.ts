@@ -190,6 +190,26 @@ function cpuSeconds(pid: number): number {
   }
 }
 
+/** Read and write syscalls so far of a process and its children (nginx's worker), from /proc/<pid>/io. */
+function syscalls(pid: number): [number, number] {
+  try {
+    const io = readFileSync(`/proc/${pid}/io`, "utf8");
+    const out: [number, number] = [
+      Number(/syscr: (\d+)/.exec(io)?.[1] ?? 0),
+      Number(/syscw: (\d+)/.exec(io)?.[1] ?? 0),
+    ];
+    const kids = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim();
+    for (const k of kids ? kids.split(" ") : []) {
+      const [r, w] = syscalls(Number(k));
+      out[0] += r;
+      out[1] += w;
+    }
+    return out;
+  } catch {
+    return [0, 0];
+  }
+}
+
 interface Agg {
   latencies: number[];
   seconds: number;
@@ -198,6 +218,9 @@ interface Agg {
   lowConc: number[];
   /** CPU seconds the proxy process (or the sim, for a) spent during the concurrent runs. */
   cpu: number;
+  /** Read / write syscalls of that process during the concurrent runs. */
+  reads: number;
+  writes: number;
 }
 
 async function main(): Promise<void> {
@@ -262,15 +285,19 @@ async function main(): Promise<void> {
       const mode = stream ? "streamed" : "non-streamed";
       const agg = {} as Record<Key, Agg>;
       for (const k of Object.keys(targets) as Key[]) {
-        agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0 };
+        agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, reads: 0, writes: 0 };
         await load(targets[k], stream, 200, CONCURRENCY); // warm-up (JIT, pools)
       }
       for (let r = 0; r < ROUNDS; r++) {
         for (const k of Object.keys(targets) as Key[]) {
           const cpuPid = pids[k];
           const cpu0 = cpuSeconds(cpuPid);
+          const io0 = syscalls(cpuPid);
           const res = await load(targets[k], stream, REQUESTS, CONCURRENCY);
           agg[k].cpu += cpuSeconds(cpuPid) - cpu0;
+          const io1 = syscalls(cpuPid);
+          agg[k].reads += io1[0] - io0[0];
+          agg[k].writes += io1[1] - io0[1];
           agg[k].latencies.push(...res.latencies);
           agg[k].seconds += res.seconds;
           agg[k].count += res.latencies.length;
@@ -301,6 +328,7 @@ async function main(): Promise<void> {
           l99: pct(l, 99),
           errors: agg[k].errors,
           cpuUs: (agg[k].cpu / Math.max(1, agg[k].count)) * 1e6,
+          sys: `${(agg[k].reads / Math.max(1, agg[k].count)).toFixed(2)} / ${(agg[k].writes / Math.max(1, agg[k].count)).toFixed(2)}`,
         };
       };
       const a = stat("a_direct");
@@ -308,8 +336,10 @@ async function main(): Promise<void> {
       const c = stat("c_nginx");
       const d = stat("d_bare_node");
       out(`\n${mode}`);
-      out("| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | errors |");
-      out("|---|---|---|---|---|---|---|---|");
+      out(
+        "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | read/write syscalls per req | errors |",
+      );
+      out("|---|---|---|---|---|---|---|---|---|");
       for (const [name, s] of [
         ["a sim direct", a],
         ["b infera server", b],
@@ -317,7 +347,7 @@ async function main(): Promise<void> {
         ["d bare node:http+undici proxy", d],
       ] as const) {
         out(
-          `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.errors} |`,
+          `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.sys} | ${s.errors} |`,
         );
       }
       out(
