@@ -167,30 +167,6 @@ export class FrameDecoder {
     return out;
   }
 
-  /**
-   * The part of the current frame's sink destination not yet filled, or null when the next
-   * bytes are not sink data. A reader may read the socket straight into it, then call
-   * advanceSink with the byte count instead of push.
-   */
-  sinkRemainder(): Buffer | null {
-    const cur = this.cur;
-    if (!cur || cur.meta === null || cur.token === undefined || cur.filled >= cur.dataLen) return null;
-    return cur.data!.subarray(cur.filled, cur.dataLen);
-  }
-
-  /** Accounts for `n` bytes written into sinkRemainder(); returns the frame if they completed it. */
-  advanceSink(n: number): Frame[] {
-    const cur = this.cur;
-    if (!cur || cur.meta === null || cur.token === undefined || cur.filled + n > cur.dataLen)
-      throw new ProtocolError("no sink destination for these bytes");
-    cur.filled += n;
-    if (cur.filled < cur.dataLen) return [];
-    this.cur = null;
-    return [
-      { op: cur.op, flags: cur.flags, id: cur.id, meta: cur.meta, data: cur.data!, sinkToken: cur.token },
-    ];
-  }
-
   private startFrame(h: Buffer): Partial_ {
     if (h.readUInt32LE(0) !== MAGIC) throw new ProtocolError("bad magic");
     const op = h.readUInt8(4);

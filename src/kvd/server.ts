@@ -8,7 +8,6 @@ import type net from "node:net";
 import { z } from "zod";
 import { InferaError, toInferaError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
-import { readIntoBuffers } from "./direct-read.ts";
 import { type ConnState, handle, putSink, type Reply, releaseConn } from "./handlers.ts";
 import { sendWithFds } from "./native/fdpass.ts";
 import {
@@ -30,9 +29,6 @@ export interface ServeContext {
   stats: () => Record<string, unknown>;
   onClientCount: (delta: number) => void;
 }
-
-/** Staging read size: what libuv reads per call on the ordinary path. */
-const READ_BYTES = 64 * 1024;
 
 const helloSchema = z.object({
   namespace: z.string().min(1).max(256).optional(),
@@ -135,7 +131,15 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     await write(encodeFrame(f.op, FLAG_RESPONSE, f.id, reply.meta, reply.data), reply.afterWrite);
   };
 
-  const onFrames = (frames: Frame[]) => {
+  sock.on("data", (chunk: Buffer) => {
+    if (closed) return;
+    let frames: Frame[];
+    try {
+      frames = decoder.push(chunk);
+    } catch (e) {
+      close(e instanceof ProtocolError ? e.message : "undecodable frame");
+      return;
+    }
     for (const f of frames) {
       chain = chain.then(() =>
         closed
@@ -145,42 +149,7 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
             ),
       );
     }
-  };
-  const onChunk = (chunk: Buffer) => {
-    if (closed) return;
-    let frames: Frame[];
-    try {
-      frames = decoder.push(chunk);
-    } catch (e) {
-      close(e instanceof ProtocolError ? e.message : "undecodable frame");
-      return;
-    }
-    onFrames(frames);
-  };
-
-  // Reads land in one reused staging buffer, or, while a sunk PUT's data is arriving, straight
-  // in the rest of its arena reservation (the decoder copied from the staging buffer before).
-  const staging = Buffer.allocUnsafe(READ_BYTES);
-  const direct = readIntoBuffers(
-    sock,
-    () => (closed ? null : decoder.sinkRemainder()) ?? staging,
-    (n, buf) => {
-      if (closed) return;
-      if (buf === staging) onChunk(staging.subarray(0, n));
-      else {
-        // Runs inside Node's read callback: nothing may throw out of it.
-        let frames: Frame[];
-        try {
-          frames = decoder.advanceSink(n);
-        } catch (e) {
-          close(e instanceof ProtocolError ? e.message : "undecodable frame");
-          return;
-        }
-        onFrames(frames);
-      }
-    },
-  );
-  if (!direct) sock.on("data", onChunk);
+  });
   sock.on("error", () => close());
   sock.on("close", () => close());
 }
