@@ -30,15 +30,34 @@ export interface Backoff {
 }
 const DEFAULT_BACKOFF: Backoff = { initialMs: 100, maxMs: 2000 };
 
+/** Background retry delays do not keep the process alive; start-up waits (`refSleep`) must. */
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
+const refSleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 function errText(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
+/** etcd3's auth failures (bad credentials, missing permission): retrying cannot fix them. */
+function isAuthError(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const name = err.constructor?.name ?? err.name;
+  return (
+    /Authentication|PermissionDenied|Unauthenticated/i.test(name) ||
+    /permission denied|authentication failed|invalid auth token|user name is empty/i.test(err.message)
+  );
+}
+
 export interface EtcdWatcherOptions extends EtcdOptions {
-  /** start() rejects when the first list has not succeeded by then. Default 10 s. */
+  /** start() rejects (or, with startDegraded, resolves degraded) when the first list has not succeeded by then. Default 10 s (3 s with startDegraded). */
   startTimeoutMs?: number;
+  /**
+   * When etcd cannot be reached by the start deadline, resolve start() anyway with an empty,
+   * degraded set and keep retrying in the background (`restored` follows the first list), so
+   * a server comes up, answers /health and reports not-ready instead of exiting. Auth and
+   * permission errors still reject: they are misconfiguration, not an outage.
+   */
+  startDegraded?: boolean;
   backoff?: Backoff;
   logger?: Logger;
   /** Pass a client to share one connection (tests, benchmarks); it is not closed by close(). */
@@ -70,7 +89,8 @@ export class EtcdWatcher implements DiscoveryWatcher {
   }
 
   async start(): Promise<void> {
-    const deadline = Date.now() + (this.opts.startTimeoutMs ?? 10_000);
+    const degradedStart = this.opts.startDegraded === true;
+    const deadline = Date.now() + (this.opts.startTimeoutMs ?? (degradedStart ? 3000 : 10_000));
     let delay = this.backoff.initialMs;
     for (;;) {
       try {
@@ -79,11 +99,22 @@ export class EtcdWatcher implements DiscoveryWatcher {
       } catch (err) {
         if (this.closed) return;
         if (Date.now() + delay > deadline) {
+          if (degradedStart && !isAuthError(err)) {
+            this.degraded = true;
+            const reason = errText(err);
+            this.log.warn(
+              { reason, endpoints: this.opts.endpoints },
+              "etcd unreachable at start; starting with no workers and retrying in the background",
+            );
+            this.emit({ type: "degraded", reason });
+            void this.resync();
+            return;
+          }
           throw new Error(
             `etcd discovery: could not list ${this.keyPrefix} from ${this.opts.endpoints.join(",")}: ${errText(err)}`,
           );
         }
-        await sleep(delay);
+        await refSleep(delay);
         delay = Math.min(delay * 2, this.backoff.maxMs);
       }
     }
@@ -355,7 +386,7 @@ export class EtcdRegistrar implements DiscoveryRegistrar {
 /**
  * The `etcd` line of the discovery factory: endpoints from `etcdEndpoints` (each may be a
  * comma list; default INFERA_ETCD or 127.0.0.1:2379), auth/TLS from `options`
- * (`username`, `password`, `caFile`, `certFile`, `keyFile`, `startTimeoutMs`).
+ * (`username`, `password`, `caFile`, `certFile`, `keyFile`, `startTimeoutMs`, `startDegraded`).
  */
 export function createEtcdWatcherFromConfig(c: DiscoveryConfig, logger: Logger): EtcdWatcher {
   const o = c.options ?? {};
@@ -371,6 +402,8 @@ export function createEtcdWatcherFromConfig(c: DiscoveryConfig, logger: Logger):
     certFile: str("certFile"),
     keyFile: str("keyFile"),
     startTimeoutMs: typeof o.startTimeoutMs === "number" ? o.startTimeoutMs : undefined,
+    // A server starts degraded rather than exiting while etcd is down (config `startDegraded: false` to fail fast).
+    startDegraded: o.startDegraded !== false,
     logger,
   });
 }

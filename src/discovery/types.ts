@@ -70,6 +70,8 @@ export interface DiscoveryWatcher {
   workers(): readonly WorkerRecord[];
   /** Subscribe to changes; returns an unsubscribe function. */
   onChange(listener: (ev: DiscoveryEvent) => void): () => void;
+  /** True while the backend is unreachable and the last known (possibly empty) set is served. */
+  isDegraded?(): boolean;
   close(): Promise<void>;
 }
 

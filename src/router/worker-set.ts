@@ -114,6 +114,8 @@ export class WorkerSet {
   /** Subscribes to discovery, then loads its current set (the watcher must be started). */
   attach(): void {
     this.unsubscribe = this.discovery.onChange((ev) => this.onDiscovery(ev));
+    // A backend may have started degraded (etcd down at start-up) before we subscribed.
+    this.degraded = this.discovery.isDegraded?.() ?? false;
     for (const rec of this.discovery.workers()) this.upsert(rec);
   }
 
