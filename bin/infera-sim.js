@@ -1,8 +1,16 @@
 #!/usr/bin/env node
 // The simulated engine as a stand-alone executable that takes vLLM's command line
 // (`infera-sim serve MODEL --port 8000 ...`), so a launcher can start it in vLLM's place.
-import { register } from "tsx/esm/api";
+// Runs dist/ when it matches the sources, else the sources through tsx (see bin/infera.js).
+import { chooseEntry } from "../scripts/dist-stamp.mjs";
 
-register();
-const { simMain } = await import("../src/engine/sim/main.ts");
+let simMain;
+if (chooseEntry() === "dist") {
+  process.setSourceMapsEnabled(true);
+  ({ simMain } = await import("../dist/infera-sim.js"));
+} else {
+  const { register } = await import("tsx/esm/api");
+  register();
+  ({ simMain } = await import("../src/engine/sim/main.ts"));
+}
 await simMain(process.argv.slice(2));

@@ -17,6 +17,7 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Pool } from "undici";
+import { chooseEntry } from "../../scripts/dist-stamp.mjs";
 import { freePort } from "../../test/helpers/ports.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
@@ -256,6 +257,28 @@ async function main(): Promise<void> {
     ]);
     const serverUrl = `http://127.0.0.1:${serverPort}`;
     await waitHttp(`${serverUrl}/ready`);
+    // The same server run from the TypeScript sources through tsx (b runs dist/ when it is
+    // built and current, see bin/infera.js), so the compiled build's effect is measured side by side.
+    const tsxPort = await freePort();
+    const tsxProc = start(
+      process.execPath,
+      [
+        "bin/infera.js",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        String(tsxPort),
+        "--worker",
+        simUrl,
+        "--scrape-interval",
+        "0",
+      ],
+      { INFERA_DIST: "0" },
+    );
+    const tsxUrl = `http://127.0.0.1:${tsxPort}`;
+    await waitHttp(`${tsxUrl}/ready`);
+    const serverFrom = chooseEntry();
     writeFileSync(join(dir, "nginx.conf"), nginxConf(dir, nginxPort, simPort));
     const nginxProc = start(NGINX, ["-c", join(dir, "nginx.conf"), "-p", dir]);
     const nginxUrl = `http://127.0.0.1:${nginxPort}`;
@@ -272,6 +295,7 @@ async function main(): Promise<void> {
       b_infera: serverUrl,
       c_nginx: nginxUrl,
       d_bare_node: bareUrl,
+      e_infera_tsx: tsxUrl,
     } as const;
     type Key = keyof typeof targets;
     const pids: Record<Key, number> = {
@@ -279,6 +303,7 @@ async function main(): Promise<void> {
       b_infera: serverProc.pid!,
       c_nginx: nginxProc.pid!,
       d_bare_node: bareProc.pid!,
+      e_infera_tsx: tsxProc.pid!,
     };
     const results: Record<string, Record<Key, Agg>> = {};
     for (const stream of [false, true]) {
@@ -335,6 +360,7 @@ async function main(): Promise<void> {
       const b = stat("b_infera");
       const c = stat("c_nginx");
       const d = stat("d_bare_node");
+      const e = stat("e_infera_tsx");
       out(`\n${mode}`);
       out(
         "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | read/write syscalls per req | errors |",
@@ -342,9 +368,10 @@ async function main(): Promise<void> {
       out("|---|---|---|---|---|---|---|---|---|");
       for (const [name, s] of [
         ["a sim direct", a],
-        ["b infera server", b],
+        [`b infera server (${serverFrom === "dist" ? "dist/" : "src via tsx"})`, b],
         ["c nginx", c],
         ["d bare node:http+undici proxy", d],
+        ["e infera server, src via tsx", e],
       ] as const) {
         out(
           `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.sys} | ${s.errors} |`,
@@ -358,6 +385,9 @@ async function main(): Promise<void> {
       );
       out(
         `throughput ratios: b/a ${(b.rps / a.rps).toFixed(2)}, b/c ${(b.rps / c.rps).toFixed(2)}, b/d ${(b.rps / d.rps).toFixed(2)}`,
+      );
+      out(
+        `infera CPU per request, b (${serverFrom}) vs e (src via tsx): ${b.cpuUs.toFixed(0)} vs ${e.cpuUs.toFixed(0)} µs (b/e ${(b.cpuUs / e.cpuUs).toFixed(2)}); throughput b/e ${(b.rps / e.rps).toFixed(2)}, e/c ${(e.rps / c.rps).toFixed(2)}`,
       );
       out(
         `proxy CPU per request: infera ${b.cpuUs.toFixed(0)} µs, nginx ${c.cpuUs.toFixed(0)} µs → one core sustains ≈ ${(1e6 / b.cpuUs).toFixed(0)} vs ${(1e6 / c.cpuUs).toFixed(0)} req/s (ratio ${(c.cpuUs / b.cpuUs).toFixed(2)}); bare Node proxy ${d.cpuUs.toFixed(0)} µs`,

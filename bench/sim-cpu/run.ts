@@ -1,20 +1,26 @@
 /**
  * CPU cost of one simulated engine under load: STREAMS concurrent streamed chat requests at
- * --speed 1 (real time), closed loop. Reads the child's utime+stime from /proc/<pid>/stat
- * over a steady-state window, and the generated tokens from its /metrics.
+ * --speed 1 (real time), closed loop. Reads the child's utime and stime from /proc/<pid>/stat
+ * and its read/write syscalls from /proc/<pid>/io over a steady-state window, and the
+ * generated tokens from its /metrics.
  *
- * Side by side in the same run, with the same load generator:
- *   floor   a minimal Node HTTP server writing one SSE event per stream per ITL tick
- *           (floor-server.mjs): what any Node implementation pays for these writes here;
- *   sim     `infera-sim` with defaults (one event per token, as vLLM's --stream-interval 1);
- *   sim/4   `infera-sim --stream-interval 4`.
+ * Rows, side by side in the same run, with the same load generator (--rows picks some):
+ *   floor     a minimal Node HTTP server writing one SSE event per stream per ITL tick
+ *             (floor-server.mjs): what any Node implementation pays for these writes here;
+ *   sim       `infera-sim` with defaults (one event per token, as vLLM's --stream-interval 1);
+ *   compiled  the same sim bundled to plain JS by esbuild (no tsx loader): what a build buys;
+ *   sim4      `infera-sim --stream-interval 4`.
  *
  *   node --import tsx bench/sim-cpu/run.ts [--streams 64] [--seconds 15] [--max-tokens 256]
+ *     [--rows floor,sim,compiled,sim4]
+ *
+ * INFERA_SIM_CPU_PROF=FILE writes a V8 CPU profile of the (first) sim row (see main.ts).
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { copyFileSync, mkdirSync, readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
+import { build } from "esbuild";
 import { freePort } from "../../test/helpers/ports.ts";
 import { parseMetric, startSim } from "../../test/helpers/sim.ts";
 
@@ -22,17 +28,34 @@ function arg(name: string, dflt: number): number {
   const i = process.argv.indexOf(`--${name}`);
   return i >= 0 ? Number(process.argv[i + 1]) : dflt;
 }
+const rowsArg = process.argv.indexOf("--rows");
+const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,compiled,sim4").split(",");
 
 const STREAMS = arg("streams", 64);
 const SECONDS = arg("seconds", 15);
 const WARMUP = arg("warmup", 3);
 const MAX_TOKENS = arg("max-tokens", 256);
 const CLK_TCK = 100;
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
-function cpuSeconds(pid: number): number {
+interface ProcSample {
+  utime: number;
+  stime: number;
+  syscr: number;
+  syscw: number;
+}
+
+function sample(pid: number): ProcSample {
   const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(fields[11]) + Number(fields[12])) / CLK_TCK; // utime + stime
+  const io = readFileSync(`/proc/${pid}/io`, "utf8");
+  const num = (key: string): number => Number(new RegExp(`^${key}: (\\d+)`, "m").exec(io)?.[1] ?? 0);
+  return {
+    utime: Number(fields[11]) / CLK_TCK,
+    stime: Number(fields[12]) / CLK_TCK,
+    syscr: num("syscr"),
+    syscw: num("syscw"),
+  };
 }
 
 const prompts = Array.from({ length: 16 }, (_, i) =>
@@ -40,7 +63,10 @@ const prompts = Array.from({ length: 16 }, (_, i) =>
 );
 
 interface Window {
-  cpu: number;
+  utime: number;
+  stime: number;
+  syscr: number;
+  syscw: number;
   wall: number;
   events: number;
   requests: number;
@@ -91,15 +117,36 @@ async function load(
   await hooks.start?.();
   measuring = true;
   const t0 = performance.now();
-  const c0 = cpuSeconds(pid);
+  const s0 = sample(pid);
   await new Promise((r) => setTimeout(r, SECONDS * 1000));
-  const cpu = cpuSeconds(pid) - c0;
+  const s1 = sample(pid);
   const wall = (performance.now() - t0) / 1000;
   measuring = false;
   await hooks.end?.();
   stop = true;
   await Promise.allSettled(clients);
-  return { cpu, wall, events, requests, errors };
+  return {
+    utime: s1.utime - s0.utime,
+    stime: s1.stime - s0.stime,
+    syscr: s1.syscr - s0.syscr,
+    syscw: s1.syscw - s0.syscw,
+    wall,
+    events,
+    requests,
+    errors,
+  };
+}
+
+async function waitHealthy(url: string): Promise<void> {
+  for (let i = 0; i < 400; i++) {
+    try {
+      if ((await fetch(`${url}/health`)).ok) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${url} did not become healthy`);
 }
 
 async function runFloor(itlMs: number): Promise<Window> {
@@ -109,22 +156,28 @@ async function runFloor(itlMs: number): Promise<Window> {
     stdio: "inherit",
   });
   const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 100; i++) {
-    try {
-      if ((await fetch(`${url}/health`)).ok) break;
-    } catch {
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  }
   try {
+    await waitHealthy(url);
     return await load(url, child.pid!, "sim-model");
   } finally {
     child.kill("SIGKILL");
   }
 }
 
-async function runSim(extra: string[]): Promise<Window & { tokens: number; itlMs: number }> {
-  const sim = await startSim({ args: ["--speed", "1", "--max-model-len", "8192", ...extra] });
+interface SimWindow extends Window {
+  tokens: number;
+  itlMs: number;
+}
+
+interface SimLike {
+  url: string;
+  pid: number;
+  model: string;
+  metrics(): Promise<string>;
+  stop(): Promise<void>;
+}
+
+async function measureSim(sim: SimLike): Promise<SimWindow> {
   try {
     let m0 = "";
     let m1 = "";
@@ -145,28 +198,118 @@ async function runSim(extra: string[]): Promise<Window & { tokens: number; itlMs
   }
 }
 
-const pct = (w: Window): string => `${((w.cpu / w.wall) * 100).toFixed(1)} %`;
+const SIM_ARGS = ["--speed", "1", "--max-model-len", "8192"];
+let profiled = false;
+/** The profile env var goes to the first sim row only (one profile per run). */
+function profEnv(): Record<string, string> {
+  const f = process.env.INFERA_SIM_CPU_PROF;
+  if (!f || profiled) return { INFERA_SIM_CPU_PROF: "" };
+  profiled = true;
+  return { INFERA_SIM_CPU_PROF: f };
+}
 
-const sim = await runSim([]);
-const floor = await runFloor(sim.itlMs);
-const sim4 = await runSim(["--stream-interval", "4"]);
+async function runSim(extra: string[]): Promise<SimWindow> {
+  return measureSim(await startSim({ args: [...SIM_ARGS, ...extra], env: profEnv() }));
+}
 
+/**
+ * The sim as plain JS: src/engine/sim/main.ts bundled by esbuild (packages stay external, so
+ * the bundle sits under node_modules/.cache where they resolve), run without the tsx loader.
+ * Built here rather than taken from dist/ so the row always measures the current source.
+ */
+async function runCompiled(): Promise<SimWindow> {
+  const dir = `${ROOT}node_modules/.cache/infera-sim-bench`;
+  mkdirSync(`${dir}/profiles`, { recursive: true });
+  // profile.ts finds its default profile next to itself (import.meta.url).
+  copyFileSync(`${ROOT}src/engine/sim/profiles/default.json`, `${dir}/profiles/default.json`);
+  const outfile = `${dir}/infera-sim.mjs`;
+  await build({
+    stdin: {
+      contents: `import { simMain } from "./src/engine/sim/main.ts";\nawait simMain(process.argv.slice(2));\n`,
+      resolveDir: ROOT,
+      loader: "ts",
+    },
+    bundle: true,
+    platform: "node",
+    format: "esm",
+    target: "node20",
+    packages: "external",
+    outfile,
+    logLevel: "warning",
+  });
+  const port = await freePort();
+  const child = spawn(
+    process.execPath,
+    [outfile, "serve", "sim-model", "--port", String(port), "--host", "127.0.0.1", ...SIM_ARGS],
+    {
+      cwd: ROOT,
+      env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...profEnv() },
+      stdio: ["ignore", "inherit", "inherit"],
+    },
+  );
+  const exited = new Promise<void>((r) => child.once("exit", () => r()));
+  const url = `http://127.0.0.1:${port}`;
+  await waitHealthy(url);
+  return measureSim({
+    url,
+    pid: child.pid!,
+    model: "sim-model",
+    metrics: async () => (await fetch(`${url}/metrics`)).text(),
+    stop: async () => {
+      child.kill("SIGTERM");
+      const t = setTimeout(() => child.kill("SIGKILL"), 5000);
+      await exited;
+      clearTimeout(t);
+    },
+  });
+}
+
+const results: [string, Window, number][] = [];
+let itlMs = 5;
+let simTokPerS = 0;
+for (const row of ROWS) {
+  if (row === "sim") {
+    const w = await runSim([]);
+    itlMs = w.itlMs;
+    simTokPerS = w.tokens / w.wall;
+    results.push(["sim (per token, tsx)", w, w.tokens]);
+  } else if (row === "compiled") {
+    const w = await runCompiled();
+    results.push(["sim compiled (esbuild)", w, w.tokens]);
+  } else if (row === "sim4") {
+    const w = await runSim(["--stream-interval", "4"]);
+    results.push(["sim --stream-interval 4", w, w.tokens]);
+  } else if (row === "floor") {
+    // The floor ticks at the sim's measured ITL when the sim ran first, else at 4.8 ms.
+    const w = await runFloor(results.length > 0 ? itlMs : 4.8);
+    results.push(["floor (plain Node SSE)", w, w.events]);
+  } else throw new Error(`unknown row ${row}`);
+}
+
+const pctOf = (sec: number, w: Window): string => `${((sec / w.wall) * 100).toFixed(1)} %`;
 console.log(
   `sim-cpu: ${STREAMS} concurrent streams, --speed 1, max_tokens ${MAX_TOKENS}, ${SECONDS} s windows`,
 );
+if (simTokPerS > 0)
+  console.log(`  sim tokens/s            ${simTokPerS.toFixed(0)} (mean ITL ${itlMs.toFixed(2)} ms)`);
 console.log(
-  `  sim tokens/s          ${(sim.tokens / sim.wall).toFixed(0)} (mean ITL ${sim.itlMs.toFixed(2)} ms)`,
+  `  ${"row".padEnd(24)} ${"CPU".padStart(7)} ${"user".padStart(7)} ${"sys".padStart(7)}  us/token (user+sys)   writes/token reads/token  events requests errors`,
 );
-for (const [name, w, tokens] of [
-  ["floor (plain Node SSE)", floor, floor.events],
-  ["sim (per token)", sim, sim.tokens],
-  ["sim --stream-interval 4", sim4, sim4.tokens],
-] as const) {
+for (const [name, w, tokens] of results) {
+  const per = (x: number): string => ((x / Math.max(1, tokens)) * 1e6).toFixed(1);
   console.log(
-    `  ${name.padEnd(24)} CPU ${pct(w).padStart(7)} of one core   ${((w.cpu / Math.max(1, tokens)) * 1e6).toFixed(1).padStart(6)} us/token   ${w.events} events, ${w.requests} requests, ${w.errors} errors`,
+    `  ${name.padEnd(24)} ${pctOf(w.utime + w.stime, w).padStart(7)} ${pctOf(w.utime, w).padStart(7)} ${pctOf(w.stime, w).padStart(7)}  ${per(w.utime + w.stime).padStart(6)} (${per(w.utime)}+${per(w.stime)})`.padEnd(
+      74,
+    ) +
+      `${(w.syscw / Math.max(1, tokens)).toFixed(2).padStart(8)} ${(w.syscr / Math.max(1, tokens)).toFixed(2).padStart(10)}  ${w.events} ${w.requests} ${w.errors}`,
   );
 }
-console.log(`  ratio sim / floor        ${(sim.cpu / sim.wall / (floor.cpu / floor.wall)).toFixed(2)}x`);
+const floorRow = results.find(([n]) => n.startsWith("floor"));
+const simRow = results.find(([n]) => n.startsWith("sim (per"));
+if (floorRow && simRow) {
+  const r = (w: Window): number => (w.utime + w.stime) / w.wall;
+  console.log(`  ratio sim / floor        ${(r(simRow[1]) / r(floorRow[1])).toFixed(2)}x`);
+}
 console.log(
   `  goal: sim <= 10 % of one core; machine load average ${loadavg()
     .map((x) => x.toFixed(1))

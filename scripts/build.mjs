@@ -1,0 +1,52 @@
+// Compiles src/ to dist/ with esbuild (one ESM bundle per entry, shared chunks, node_modules
+// external, source maps), so bin/*.js can run plain JavaScript instead of transforming the
+// TypeScript through tsx at every start (and paying tsx's per-closure `__name` calls at run time).
+// Run by `npm run build` and by npm's `prepare` (so `npm ci` builds it). dist/ is git-ignored.
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
+import { pathToFileURL } from "node:url";
+import { build } from "esbuild";
+import { DIST, ROOT, STAMP, sourceFingerprint } from "./dist-stamp.mjs";
+
+const SRC = join(ROOT, "src");
+// Taken before compiling: an edit made during the build leaves a stamp that no longer matches.
+const sources = sourceFingerprint();
+
+/**
+ * Every chunk lands directly in dist/, so a module's own `import.meta.url` (used for paths next
+ * to the sources: bin/infera-sim.js, the sim's profiles, createRequire) is rewritten to the URL
+ * of its source file, computed from the chunk's location: dist/ → ../src/<file>.
+ */
+const sourceUrls = {
+  name: "source-import-meta-url",
+  setup(b) {
+    b.onLoad({ filter: /\.ts$/ }, (args) => {
+      let text = readFileSync(args.path, "utf8");
+      if (text.includes("import.meta.url")) {
+        const rel = relative(DIST, args.path).split("\\").join("/");
+        text = text.replaceAll("import.meta.url", `new URL(${JSON.stringify(rel)}, import.meta.url).href`);
+      }
+      return { contents: text, loader: "ts" };
+    });
+  },
+};
+
+rmSync(DIST, { recursive: true, force: true });
+mkdirSync(DIST, { recursive: true });
+const started = Date.now();
+await build({
+  entryPoints: { infera: join(SRC, "cli/main.ts"), "infera-sim": join(SRC, "engine/sim/main.ts") },
+  outdir: DIST,
+  bundle: true,
+  splitting: true,
+  format: "esm",
+  platform: "node",
+  target: "node20",
+  packages: "external",
+  sourcemap: "linked",
+  chunkNames: "chunk-[hash]",
+  logLevel: "warning",
+  plugins: [sourceUrls],
+});
+writeFileSync(STAMP, `${JSON.stringify({ sources, builtAt: new Date().toISOString() })}\n`);
+process.stdout.write(`dist/ built in ${Date.now() - started} ms (${pathToFileURL(DIST).href})\n`);
