@@ -120,6 +120,8 @@ interface Row {
   memcpy: number;
 }
 
+let readPaths: { daemon: unknown; client: unknown } | null = null;
+
 async function arenaBench(): Promise<Row[]> {
   const sock = join(root, "kvd.sock");
   const daemon = await startDaemon(sock);
@@ -191,6 +193,9 @@ async function arenaBench(): Promise<Row[]> {
       });
       await c.delete(keys);
     }
+    // Which read path carried the bytes (direct into reservations / caller buffers, or the
+    // 'data' fallback): a figure is only meaningful with its path.
+    readPaths = { daemon: (await c.stats()).socket_reads, client: c.readStats };
   } finally {
     c.close();
     daemon.kill("SIGTERM");
@@ -262,6 +267,7 @@ for (const r of rows) {
       `; vs raw+copy: GET ${pct(r.getSocket / r.rawCopy)}, PUT ${pct(r.putSocket / r.rawCopy)}`,
   );
 }
+console.log(`read paths: ${JSON.stringify(readPaths)}`);
 const lw = d.l3Write / d.ddWrite;
 const lr = d.l3Read / d.ddRead;
 console.log(

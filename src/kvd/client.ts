@@ -8,6 +8,7 @@ import net from "node:net";
 import { type ArenaMapping, mapArena } from "./arena.ts";
 import { connectWithFds } from "./native/fdpass.ts";
 import { encodeFrame, FLAG_ERROR, type Frame, FrameDecoder, frameLength, Op } from "./protocol.ts";
+import { newSocketReadStats, readFrames, type SocketReadStats } from "./socket-reader.ts";
 import type { Retention, TierName } from "./types.ts";
 
 export interface KvdClientOptions {
@@ -19,6 +20,11 @@ export interface KvdClientOptions {
   maxFrameBytes?: number;
   /** How long the fd-passing handshake may take (default 5 s). */
   handshakeTimeoutMs?: number;
+  /**
+   * Read a getCopyInto answer's bytes from the socket straight into the caller's buffer
+   * (default true; falls back by itself where Node's internals differ, see socket-reader.ts).
+   */
+  directRead?: boolean;
 }
 
 export interface PutItem {
@@ -52,27 +58,22 @@ export class KvdClient {
   private readonly pending = new Map<number, { resolve: (f: Frame) => void; reject: (e: Error) => void }>();
   private closedErr: Error | null = null;
   private readonly sinks = new Map<number, Buffer>();
+  private helloMeta: Record<string, unknown> = {};
+  private readonly reads: SocketReadStats = newSocketReadStats();
 
   private constructor(
     private readonly sock: net.Socket,
     readonly arena: ArenaMapping | null,
-    readonly hello: Record<string, unknown>,
     maxFrameBytes: number,
     leftover: Buffer,
+    directRead: boolean,
   ) {
     // getCopyInto: the response's bytes are received straight into the caller's buffer.
     const decoder = new FrameDecoder(maxFrameBytes, true, (_op, _meta, len, id) => {
       const dest = this.sinks.get(id);
       return dest && len <= dest.length ? { buf: dest.subarray(0, len), token: id } : null;
     });
-    const onData = (chunk: Buffer) => {
-      let frames: Frame[];
-      try {
-        frames = decoder.push(chunk);
-      } catch (e) {
-        this.fail(e as Error);
-        return;
-      }
+    const onFrames = (frames: Frame[]) => {
       for (const f of frames) {
         const p = this.pending.get(f.id);
         if (!p) continue;
@@ -80,10 +81,34 @@ export class KvdClient {
         p.resolve(f);
       }
     };
-    if (leftover.length > 0) onData(leftover);
-    sock.on("data", onData);
+    if (leftover.length > 0) {
+      try {
+        onFrames(decoder.push(leftover));
+      } catch (e) {
+        this.fail(e as Error);
+      }
+    }
+    // Installed before the loop reads anything: the socket was created in this same tick.
+    readFrames(sock, {
+      decoder,
+      stats: this.reads,
+      direct: directRead,
+      closed: () => this.closedErr !== null,
+      onFrames,
+      onViolation: (why) => this.fail(new Error(`kvd sent an undecodable frame: ${why}`)),
+    });
     sock.on("error", (e) => this.fail(e));
     sock.on("close", () => this.fail(new Error("kvd connection closed")));
+  }
+
+  /** The daemon's HELLO reply. */
+  get hello(): Readonly<Record<string, unknown>> {
+    return this.helloMeta;
+  }
+
+  /** How this connection's reads were done (tests check the direct path was taken). */
+  get readStats(): Readonly<SocketReadStats> {
+    return { ...this.reads };
   }
 
   static async connect(o: KvdClientOptions): Promise<KvdClient> {
@@ -93,39 +118,27 @@ export class KvdClient {
       arena: o.arena !== false && !!o.socketPath,
       client: "infera-node",
     };
-    const helloFrame = Buffer.concat(encodeFrame(Op.HELLO, 0, 0, helloMeta));
-    const dec = new FrameDecoder(maxFrame, true);
+    const direct = o.directRead !== false;
     if (o.socketPath && helloMeta.arena) {
+      const helloFrame = Buffer.concat(encodeFrame(Op.HELLO, 0, 0, helloMeta));
       const hs = await connectWithFds(o.socketPath, helloFrame, frameLength, o.handshakeTimeoutMs);
       const n = frameLength(hs.bytes);
-      const [reply] = dec.push(hs.bytes.subarray(0, n));
+      const [reply] = new FrameDecoder(maxFrame, true).push(hs.bytes.subarray(0, n));
       if (!reply?.meta.arena || hs.fds.length !== 1) {
         hs.sock.destroy();
         throw new Error("kvd did not pass the arena fd");
       }
       const arena = mapArena(hs.fds[0]!, Number(reply.meta.arena_bytes));
-      return new KvdClient(hs.sock, arena, reply.meta, maxFrame, hs.bytes.subarray(n));
+      const c = new KvdClient(hs.sock, arena, maxFrame, hs.bytes.subarray(n), direct);
+      c.helloMeta = reply.meta;
+      return c;
     }
+    // No fd to receive: HELLO is an ordinary request on the client's own read path.
     const sock = o.socketPath ? net.connect(o.socketPath) : net.connect(o.tcp!.port, o.tcp!.host);
     if (!o.socketPath) sock.setNoDelay(true);
-    const bytes = await new Promise<Buffer>((resolve, reject) => {
-      let acc = Buffer.alloc(0);
-      const onData = (b: Buffer) => {
-        acc = Buffer.concat([acc, b]);
-        const n = frameLength(acc);
-        if (n >= 0 && acc.length >= n) {
-          sock.off("data", onData);
-          sock.off("error", reject);
-          resolve(acc);
-        }
-      };
-      sock.on("data", onData);
-      sock.once("error", reject);
-      sock.write(helloFrame);
-    });
-    const n = frameLength(bytes);
-    const [reply] = dec.push(bytes.subarray(0, n));
-    return new KvdClient(sock, null, reply!.meta, maxFrame, bytes.subarray(n));
+    const c = new KvdClient(sock, null, maxFrame, Buffer.alloc(0), direct);
+    c.helloMeta = (await c.request(Op.HELLO, helloMeta)).meta;
+    return c;
   }
 
   private fail(e: Error): void {

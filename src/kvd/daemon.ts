@@ -7,6 +7,7 @@ import { type AisStatus, probeAis } from "./ais.ts";
 import { type ArenaMapping, createArena } from "./arena.ts";
 import { createKvdMetrics } from "./metrics.ts";
 import { serveConnection } from "./server.ts";
+import { newSocketReadStats } from "./socket-reader.ts";
 import { TieredStore } from "./store.ts";
 import { DiskTier } from "./tiers/disk.ts";
 import { openRemote, type RemoteTier } from "./tiers/remote.ts";
@@ -81,12 +82,25 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
   const store = new TieredStore({ arena, disk, remote, ephemeral: cfg.ephemeral, log });
 
   let clients = 0;
-  const stats = () => ({ ...store.stats(), clients, ais });
+  const reads = newSocketReadStats();
+  const stats = () => ({
+    ...store.stats(),
+    clients,
+    ais,
+    socket_reads: {
+      direct_connections: reads.directConnections,
+      data_event_connections: reads.dataEventConnections,
+      into_reservation_bytes: reads.intoSinkBytes,
+      copied_bytes: reads.copiedBytes,
+    },
+  });
   const ctx = {
     store,
     log,
     maxFrameBytes,
     stats,
+    directRead: cfg.directRead ?? process.env.INFERA_KVD_DIRECT_READ !== "0",
+    reads,
     onClientCount: (d: number) => {
       clients += d;
     },

@@ -36,6 +36,8 @@ export const Op = {
 export type OpCode = (typeof Op)[keyof typeof Op];
 const OP_CODES = new Set<number>(Object.values(Op));
 
+const EMPTY = Buffer.alloc(0);
+
 export const FLAG_RESPONSE = 0x1;
 export const FLAG_ERROR = 0x2;
 
@@ -111,10 +113,11 @@ interface Partial_ {
  * Incremental decoder. Bytes arrive in arbitrary pieces. The meta section is gathered and
  * parsed first; the data section is then copied into one Buffer of exactly its size (or the
  * sink's destination), so a 16 MiB PUT is copied once from the socket's chunks and never
- * re-concatenated.
+ * re-concatenated. A reader may instead have the data section read straight into the sink's
+ * destination (sinkRemainder / advanceSink), skipping that copy too.
  */
 export class FrameDecoder {
-  private head: Buffer = Buffer.alloc(0);
+  private head: Buffer = EMPTY;
   private cur: Partial_ | null = null;
 
   constructor(
@@ -123,7 +126,11 @@ export class FrameDecoder {
     private readonly sink?: DataSink,
   ) {}
 
-  /** Feeds bytes; returns the frames completed by them. Throws ProtocolError on violations. */
+  /**
+   * Feeds bytes; returns the frames completed by them. Throws ProtocolError on violations.
+   * Keeps no reference to `chunk` once it returns (whatever it needs later is copied), so the
+   * caller may reuse the buffer for the next read: the daemon's direct read path does.
+   */
   push(chunk: Buffer): Frame[] {
     const out: Frame[] = [];
     let off = 0;
@@ -131,14 +138,19 @@ export class FrameDecoder {
       if (!this.cur) {
         if (off >= chunk.length) break;
         const take = Math.min(HEADER_BYTES - this.head.length, chunk.length - off);
-        this.head =
-          this.head.length === 0 && take === HEADER_BYTES
-            ? chunk.subarray(off, off + take)
-            : Buffer.concat([this.head, chunk.subarray(off, off + take)]);
-        off += take;
-        if (this.head.length < HEADER_BYTES) break;
-        this.cur = this.startFrame(this.head);
-        this.head = Buffer.alloc(0);
+        if (this.head.length === 0 && take === HEADER_BYTES) {
+          // A whole header in this chunk: parsed in place, never stored.
+          this.cur = this.startFrame(chunk.subarray(off, off + take));
+          off += take;
+        } else {
+          // A split header is gathered in a copy (Buffer.concat allocates).
+          this.head = Buffer.concat([this.head, chunk.subarray(off, off + take)]);
+          off += take;
+          if (this.head.length < HEADER_BYTES) break;
+          const h = this.head;
+          this.head = EMPTY;
+          this.cur = this.startFrame(h);
+        }
       }
       const cur = this.cur;
       if (cur.meta === null) {
@@ -165,6 +177,30 @@ export class FrameDecoder {
       this.cur = null;
     }
     return out;
+  }
+
+  /**
+   * The part of the current frame's sink destination not yet filled, or null when the next
+   * bytes are not sink data. A reader may read the socket straight into it and then report
+   * the byte count with advanceSink instead of calling push.
+   */
+  sinkRemainder(): Buffer | null {
+    const cur = this.cur;
+    if (!cur || cur.meta === null || cur.token === undefined || cur.filled >= cur.dataLen) return null;
+    return cur.data!.subarray(cur.filled, cur.dataLen);
+  }
+
+  /** Accounts for `n` bytes written into sinkRemainder(); returns the frame if they completed it. */
+  advanceSink(n: number): Frame[] {
+    const cur = this.cur;
+    if (!cur || cur.meta === null || cur.token === undefined || n <= 0 || cur.filled + n > cur.dataLen)
+      throw new ProtocolError("no sink destination for these bytes");
+    cur.filled += n;
+    if (cur.filled < cur.dataLen) return [];
+    this.cur = null;
+    return [
+      { op: cur.op, flags: cur.flags, id: cur.id, meta: cur.meta, data: cur.data!, sinkToken: cur.token },
+    ];
   }
 
   private startFrame(h: Buffer): Partial_ {

@@ -20,6 +20,7 @@ import {
   PROTOCOL_VERSION,
   ProtocolError,
 } from "./protocol.ts";
+import { readFrames, type SocketReadStats } from "./socket-reader.ts";
 import type { TieredStore } from "./store.ts";
 
 export interface ServeContext {
@@ -28,6 +29,9 @@ export interface ServeContext {
   maxFrameBytes: number;
   stats: () => Record<string, unknown>;
   onClientCount: (delta: number) => void;
+  /** Read sunk PUT data straight into the arena reservation (socket-reader.ts). */
+  directRead: boolean;
+  reads: SocketReadStats;
 }
 
 const helloSchema = z.object({
@@ -131,24 +135,23 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     await write(encodeFrame(f.op, FLAG_RESPONSE, f.id, reply.meta, reply.data), reply.afterWrite);
   };
 
-  sock.on("data", (chunk: Buffer) => {
-    if (closed) return;
-    let frames: Frame[];
-    try {
-      frames = decoder.push(chunk);
-    } catch (e) {
-      close(e instanceof ProtocolError ? e.message : "undecodable frame");
-      return;
-    }
-    for (const f of frames) {
-      chain = chain.then(() =>
-        closed
-          ? undefined
-          : process1(f).catch((e) =>
-              close(e instanceof ProtocolError ? e.message : `request failed: ${String(e)}`),
-            ),
-      );
-    }
+  readFrames(sock, {
+    decoder,
+    stats: ctx.reads,
+    direct: ctx.directRead,
+    closed: () => closed,
+    onViolation: close,
+    onFrames: (frames) => {
+      for (const f of frames) {
+        chain = chain.then(() =>
+          closed
+            ? undefined
+            : process1(f).catch((e) =>
+                close(e instanceof ProtocolError ? e.message : `request failed: ${String(e)}`),
+              ),
+        );
+      }
+    },
   });
   sock.on("error", () => close());
   sock.on("close", () => close());

@@ -34,6 +34,12 @@ export interface KvdConfig {
   sweepMs?: number;
   /** Enable the AIS (hipFile GPU-direct) probe; default from INFERA_KVD_AIS. */
   ais?: boolean;
+  /**
+   * Read a large PUT's data from the socket straight into its arena reservation (default
+   * true; INFERA_KVD_DIRECT_READ=0 turns it off). Falls back by itself where Node's
+   * internals differ; STATS `socket_reads` says which path connections took.
+   */
+  directRead?: boolean;
 }
 
 export function chunkId(ns: string, key: string): string {
