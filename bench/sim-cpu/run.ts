@@ -7,20 +7,21 @@
  * Rows, side by side in the same run, with the same load generator (--rows picks some):
  *   floor     a minimal Node HTTP server writing one SSE event per stream per ITL tick
  *             (floor-server.mjs): what any Node implementation pays for these writes here;
- *   sim       `infera-sim` with defaults (one event per token, as vLLM's --stream-interval 1);
- *   compiled  the same sim bundled to plain JS by esbuild (no tsx loader): what a build buys;
+ *   sim       `infera-sim` with defaults (one event per token, as vLLM's --stream-interval 1),
+ *             compiled (dist/, built first when stale);
+ *   tsx       the same sim run from the TypeScript sources through tsx: what the build buys;
  *   sim4      `infera-sim --stream-interval 4`.
  *
  *   node --import tsx bench/sim-cpu/run.ts [--streams 64] [--seconds 15] [--max-tokens 256]
- *     [--rows floor,sim,compiled,sim4]
+ *     [--rows floor,sim,tsx,sim4]
  *
  * INFERA_SIM_CPU_PROF=FILE writes a V8 CPU profile of the (first) sim row (see main.ts).
  */
-import { type ChildProcess, spawn } from "node:child_process";
-import { copyFileSync, mkdirSync, readFileSync } from "node:fs";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
-import { build } from "esbuild";
+import { chooseEntry } from "../../scripts/dist-stamp.mjs";
 import { freePort } from "../../test/helpers/ports.ts";
 import { parseMetric, startSim } from "../../test/helpers/sim.ts";
 
@@ -29,7 +30,7 @@ function arg(name: string, dflt: number): number {
   return i >= 0 ? Number(process.argv[i + 1]) : dflt;
 }
 const rowsArg = process.argv.indexOf("--rows");
-const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,compiled,sim4").split(",");
+const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,tsx,sim4").split(",");
 
 const STREAMS = arg("streams", 64);
 const SECONDS = arg("seconds", 15);
@@ -208,77 +209,38 @@ function profEnv(): Record<string, string> {
   return { INFERA_SIM_CPU_PROF: f };
 }
 
-async function runSim(extra: string[]): Promise<SimWindow> {
-  return measureSim(await startSim({ args: [...SIM_ARGS, ...extra], env: profEnv() }));
+async function runSim(extra: string[], env: Record<string, string>): Promise<SimWindow> {
+  return measureSim(await startSim({ args: [...SIM_ARGS, ...extra], env: { ...env, ...profEnv() } }));
 }
 
 /**
- * The sim as plain JS: src/engine/sim/main.ts bundled by esbuild (packages stay external, so
- * the bundle sits under node_modules/.cache where they resolve), run without the tsx loader.
- * Built here rather than taken from dist/ so the row always measures the current source.
+ * The sim rows run `bin/infera-sim.js`, which runs the compiled dist/ when it matches the
+ * sources (scripts/build.mjs). Built here first when stale, so "sim" always measures the current
+ * source as shipped (npm ci builds it); the "tsx" row forces the TypeScript sources through tsx.
  */
-async function runCompiled(): Promise<SimWindow> {
-  const dir = `${ROOT}node_modules/.cache/infera-sim-bench`;
-  mkdirSync(`${dir}/profiles`, { recursive: true });
-  // profile.ts finds its default profile next to itself (import.meta.url).
-  copyFileSync(`${ROOT}src/engine/sim/profiles/default.json`, `${dir}/profiles/default.json`);
-  const outfile = `${dir}/infera-sim.mjs`;
-  await build({
-    stdin: {
-      contents: `import { simMain } from "./src/engine/sim/main.ts";\nawait simMain(process.argv.slice(2));\n`,
-      resolveDir: ROOT,
-      loader: "ts",
-    },
-    bundle: true,
-    platform: "node",
-    format: "esm",
-    target: "node20",
-    packages: "external",
-    outfile,
-    logLevel: "warning",
-  });
-  const port = await freePort();
-  const child = spawn(
-    process.execPath,
-    [outfile, "serve", "sim-model", "--port", String(port), "--host", "127.0.0.1", ...SIM_ARGS],
-    {
-      cwd: ROOT,
-      env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...profEnv() },
-      stdio: ["ignore", "inherit", "inherit"],
-    },
-  );
-  const exited = new Promise<void>((r) => child.once("exit", () => r()));
-  const url = `http://127.0.0.1:${port}`;
-  await waitHealthy(url);
-  return measureSim({
-    url,
-    pid: child.pid!,
-    model: "sim-model",
-    metrics: async () => (await fetch(`${url}/metrics`)).text(),
-    stop: async () => {
-      child.kill("SIGTERM");
-      const t = setTimeout(() => child.kill("SIGKILL"), 5000);
-      await exited;
-      clearTimeout(t);
-    },
-  });
+function ensureDist(): "dist" | "src" {
+  if (chooseEntry() === "dist") return "dist";
+  const r = spawnSync(process.execPath, [`${ROOT}scripts/build.mjs`], { stdio: "inherit" });
+  if (r.status !== 0) throw new Error("scripts/build.mjs failed");
+  return chooseEntry();
 }
 
+const entry = ROWS.some((r) => r === "sim" || r === "sim4") ? ensureDist() : "src";
 const results: [string, Window, number][] = [];
 let itlMs = 5;
 let simTokPerS = 0;
 for (const row of ROWS) {
   if (row === "sim") {
-    const w = await runSim([]);
+    const w = await runSim([], { INFERA_DIST: "1" });
     itlMs = w.itlMs;
     simTokPerS = w.tokens / w.wall;
+    results.push([`sim (per token, ${entry})`, w, w.tokens]);
+  } else if (row === "tsx") {
+    const w = await runSim([], { INFERA_DIST: "0" });
     results.push(["sim (per token, tsx)", w, w.tokens]);
-  } else if (row === "compiled") {
-    const w = await runCompiled();
-    results.push(["sim compiled (esbuild)", w, w.tokens]);
   } else if (row === "sim4") {
-    const w = await runSim(["--stream-interval", "4"]);
-    results.push(["sim --stream-interval 4", w, w.tokens]);
+    const w = await runSim(["--stream-interval", "4"], { INFERA_DIST: "1" });
+    results.push([`sim --stream-interval 4`, w, w.tokens]);
   } else if (row === "floor") {
     // The floor ticks at the sim's measured ITL when the sim ran first, else at 4.8 ms.
     const w = await runFloor(results.length > 0 ? itlMs : 4.8);
@@ -305,7 +267,7 @@ for (const [name, w, tokens] of results) {
   );
 }
 const floorRow = results.find(([n]) => n.startsWith("floor"));
-const simRow = results.find(([n]) => n.startsWith("sim (per"));
+const simRow = results.find(([n]) => n === `sim (per token, ${entry})`);
 if (floorRow && simRow) {
   const r = (w: Window): number => (w.utime + w.stime) / w.wall;
   console.log(`  ratio sim / floor        ${(r(simRow[1]) / r(floorRow[1])).toFixed(2)}x`);

@@ -6,6 +6,7 @@
  */
 import type { Readable } from "node:stream";
 import { NoWorkerError } from "../protocol/errors.ts";
+import { PushBody } from "../transport/push-body.ts";
 import type { Logger } from "../util/log.ts";
 import { connectionFailureKind, WorkerUnreachableError } from "./errors.ts";
 import type {
@@ -126,9 +127,13 @@ class TrackedUpstream implements UpstreamResponse {
     this.prefillPending = prefill > 0;
     this.releaseFn = () => this.release();
     const src = up.body;
-    if (!this.prefillPending && isReadable(src)) {
-      // Node stream body (the HTTP executor's): hand it through unwrapped, so the server can
-      // pump it with events instead of a promise per chunk; 'close' follows end, error or destroy.
+    if (!this.prefillPending && src instanceof PushBody) {
+      // The HTTP executor's body: handed through unwrapped, so the server relays it with plain
+      // calls instead of a promise per chunk; onClose follows end, failure or destroy.
+      src.onClose(this.releaseFn);
+      this.body = src;
+    } else if (!this.prefillPending && isReadable(src)) {
+      // A Node stream body: likewise unwrapped, pumped with events; 'close' follows end, error or destroy.
       src.once("close", this.releaseFn);
       this.body = src;
     } else {

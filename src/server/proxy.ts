@@ -15,6 +15,7 @@ import { connectionFailureKind } from "../router/errors.ts";
 import { isReadable } from "../router/mixed.ts";
 import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import { setRawBody } from "../transport/http.ts";
+import { type BodySink, PushBody } from "../transport/push-body.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";
 import { BodyAbortedError, readBody, sendError } from "./http-util.ts";
@@ -253,11 +254,35 @@ export async function pump(
   res: ServerResponse | null,
   onChunk: (c: Uint8Array) => boolean,
 ): Promise<void> {
+  if (body instanceof PushBody) {
+    await new Promise<void>((resolve, reject) =>
+      body.attach(new SinkPump(body, res, onChunk, resolve, reject)),
+    );
+    return;
+  }
   if (!isReadable(body)) {
     for await (const c of body) if (!onChunk(c) && res) await drained(res);
     return;
   }
   await new Promise<void>((resolve, reject) => new EventPump(body, res, onChunk, resolve, reject).start());
+}
+
+/** Relays a PushBody (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */
+class SinkPump implements BodySink {
+  constructor(
+    private readonly body: PushBody,
+    private readonly res: ServerResponse | null,
+    private readonly onChunk: (c: Uint8Array) => boolean,
+    readonly onEnd: () => void,
+    readonly onError: (err: Error) => void,
+  ) {}
+
+  onData(chunk: Uint8Array): boolean {
+    if (this.onChunk(chunk) || !this.res) return true;
+    const body = this.body;
+    void drained(this.res).then(() => body.resume());
+    return false;
+  }
 }
 
 /** The event listeners of one pumped body (assigned in the constructor: no per-request `__name` under tsx). */

@@ -4,7 +4,7 @@
  * another). Connection failures before any response byte become `WorkerUnreachableError`,
  * which the MixedRouter retries on another worker.
  */
-import { type Dispatcher, Pool } from "undici";
+import { Pool } from "undici";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
 import { connectionFailureKind, WorkerUnreachableError } from "../router/errors.ts";
 import type {
@@ -14,6 +14,7 @@ import type {
   UpstreamResponse,
   WorkerState,
 } from "../router/types.ts";
+import { type BodySource, PushBody } from "./push-body.ts";
 
 export interface HttpExecutorOptions {
   /** Max open connections per worker. */
@@ -59,7 +60,7 @@ export class HttpExecutor implements RequestExecutor {
     return p;
   }
 
-  async send(
+  send(
     worker: WorkerState,
     endpoint: EndpointKind,
     body: Record<string, unknown>,
@@ -67,28 +68,21 @@ export class HttpExecutor implements RequestExecutor {
   ): Promise<UpstreamResponse> {
     const url = worker.record.url;
     const headers: Record<string, string> =
-      opts.headers === undefined
-        ? { "content-type": "application/json" }
-        : { "content-type": "application/json", ...opts.headers };
-    let res: Awaited<ReturnType<Pool["request"]>>;
-    try {
-      res = await this.pool(url).request({
-        path: PATHS[endpoint],
-        method: "POST",
-        headers,
-        body: rawBodies.get(body) ?? JSON.stringify(body),
-        signal: opts.signal,
-        headersTimeout: opts.timeoutMs,
-      });
-    } catch (err) {
-      throw classify(err, url);
-    }
-    const outHeaders: Record<string, string> = {};
-    for (const k in res.headers) {
-      const v = res.headers[k];
-      if (v !== undefined) outHeaders[k] = Array.isArray(v) ? v.join(", ") : v;
-    }
-    return new UndiciUpstream(res.statusCode, outHeaders, res.body);
+      opts.headers === undefined ? JSON_HEADERS : { "content-type": "application/json", ...opts.headers };
+    return new Promise<UpstreamResponse>((resolve, reject) => {
+      const handler = new UpstreamHandler(url, opts.signal, resolve, reject);
+      if (handler.settled) return;
+      this.pool(url).dispatch(
+        {
+          path: PATHS[endpoint],
+          method: "POST",
+          headers,
+          body: rawBodies.get(body) ?? JSON.stringify(body),
+          headersTimeout: opts.timeoutMs,
+        },
+        handler,
+      );
+    });
   }
 
   /** Drops the pool of a worker that left the fleet. */
@@ -106,15 +100,126 @@ export class HttpExecutor implements RequestExecutor {
   }
 }
 
+const JSON_HEADERS: Record<string, string> = Object.freeze({ "content-type": "application/json" }) as Record<
+  string,
+  string
+>;
+
 /**
- * A worker's answer. A class rather than an object of closures: prototype methods cost nothing
- * per request, where tsx's keepNames wraps every per-request closure in a defineProperty call.
+ * One request on undici's `dispatch` API: the answer's body is a `PushBody` fed straight from
+ * the parser's callbacks, instead of `request`'s body `Readable` (its stream machinery, an
+ * `AsyncResource` and a header-object parse per answer were a measurable share of the server's
+ * CPU per request). These are undici's core handler hooks; its newer controller-style hooks are
+ * adapted onto them by a wrapper object per request.
+ *
+ * The caller's signal aborts the request at any point until the body ends: before the headers
+ * `send` rejects with the abort reason, after them the body fails with it.
  */
-class UndiciUpstream implements UpstreamResponse {
+class UpstreamHandler implements BodySource {
+  settled = false;
+  private abortFn: ((err?: Error) => void) | null = null;
+  private resumeFn: (() => void) | null = null;
+  private body: PushBody | null = null;
+  private done = false;
+  /** An abort that came before undici handed over its abort function. */
+  private pendingAbort: Error | null = null;
+  private readonly onAbort: () => void;
+
+  constructor(
+    private readonly url: string,
+    private readonly signal: AbortSignal,
+    private readonly resolve: (up: UpstreamResponse) => void,
+    private readonly reject: (err: Error) => void,
+  ) {
+    this.onAbort = () => this.abort(signalReason(this.signal));
+    if (signal.aborted) {
+      this.settled = true;
+      this.done = true;
+      reject(signalReason(signal));
+      return;
+    }
+    signal.addEventListener("abort", this.onAbort, { once: true });
+  }
+
+  // --- undici's handler hooks ----------------------------------------------------------
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortFn = abort;
+    if (this.pendingAbort) abort(this.pendingAbort);
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[] | string[] | null, resume: () => void): boolean {
+    if (statusCode < 200) return true; // 1xx: the real answer follows
+    this.resumeFn = resume;
+    const headers: Record<string, string> = {};
+    if (rawHeaders) {
+      for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+        const k = rawHeaders[i]!.toString().toLowerCase();
+        const v = rawHeaders[i + 1]!.toString();
+        headers[k] = headers[k] === undefined ? v : `${headers[k]}, ${v}`;
+      }
+    }
+    const body = new PushBody(this);
+    this.body = body;
+    this.settled = true;
+    this.resolve(new DispatchedUpstream(statusCode, headers, body));
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    return this.body === null || this.body.push(chunk);
+  }
+
+  onComplete(): void {
+    this.finish();
+    this.body?.end();
+  }
+
+  onError(err: Error): void {
+    this.finish();
+    if (!this.settled) {
+      this.settled = true;
+      this.reject(classify(err, this.url));
+    } else this.body?.fail(err);
+  }
+
+  // --- BodySource -----------------------------------------------------------------------
+
+  pause(): void {
+    // undici pauses when onData returns false; nothing else to do.
+  }
+
+  resume(): void {
+    this.resumeFn?.();
+  }
+
+  abort(reason: Error): void {
+    if (this.done) return;
+    // Not handed to a connection yet: undici calls onConnect first, where it takes effect.
+    if (this.abortFn) this.abortFn(reason);
+    else this.pendingAbort = reason;
+  }
+
+  private finish(): void {
+    if (this.done) return;
+    this.done = true;
+    this.signal.removeEventListener("abort", this.onAbort);
+  }
+}
+
+function signalReason(signal: AbortSignal): Error {
+  const r: unknown = signal.reason;
+  return r instanceof Error
+    ? r
+    : Object.assign(new Error("This operation was aborted"), { name: "AbortError" });
+}
+
+/** A worker's answer (a class: prototype methods cost nothing per request). */
+class DispatchedUpstream implements UpstreamResponse {
   constructor(
     readonly status: number,
     readonly headers: Record<string, string>,
-    readonly body: Dispatcher.ResponseData["body"],
+    readonly body: PushBody,
   ) {}
 
   json(): Promise<unknown> {
@@ -122,7 +227,7 @@ class UndiciUpstream implements UpstreamResponse {
   }
 
   abort(): void {
-    if (!this.body.destroyed) this.body.destroy();
+    this.body.destroy();
   }
 }
 
