@@ -54,6 +54,10 @@ export interface Frame {
 /** A framing violation: the connection that sent it is closed (the daemon keeps running). */
 export class ProtocolError extends Error {}
 
+/**
+ * A frame as the Buffers to write: the header and meta together in the first (one
+ * allocation, and a frame without data is a single write), then the data parts as given.
+ */
 export function encodeFrame(
   op: number,
   flags: number,
@@ -61,19 +65,27 @@ export function encodeFrame(
   meta: object,
   data?: Buffer | Buffer[],
 ): Buffer[] {
-  const metaBuf = Buffer.from(JSON.stringify(meta), "utf8");
-  const parts = data === undefined ? [] : Array.isArray(data) ? data : [data];
+  if (data === undefined) return [encodeHead(op, flags, id, meta, 0)];
+  if (!Array.isArray(data)) return [encodeHead(op, flags, id, meta, data.length), data];
   let dataLen = 0;
-  for (const p of parts) dataLen += p.length;
-  const h = Buffer.allocUnsafe(HEADER_BYTES);
+  for (const p of data) dataLen += p.length;
+  return [encodeHead(op, flags, id, meta, dataLen), ...data];
+}
+
+/** Header and meta of a frame whose data section (sent separately) is `dataLen` bytes. */
+export function encodeHead(op: number, flags: number, id: number, meta: object, dataLen: number): Buffer {
+  const json = JSON.stringify(meta);
+  const metaLen = Buffer.byteLength(json, "utf8");
+  const h = Buffer.allocUnsafe(HEADER_BYTES + metaLen);
   h.writeUInt32LE(MAGIC, 0);
-  h.writeUInt8(op, 4);
-  h.writeUInt8(flags, 5);
+  h[4] = op;
+  h[5] = flags;
   h.writeUInt16LE(0, 6);
   h.writeUInt32LE(id >>> 0, 8);
-  h.writeUInt32LE(metaBuf.length, 12);
+  h.writeUInt32LE(metaLen, 12);
   h.writeUInt32LE(dataLen, 16);
-  return [h, metaBuf, ...parts];
+  h.write(json, HEADER_BYTES, metaLen, "utf8");
+  return h;
 }
 
 /** Total frame length if `buf` starts with a complete header, else -1. Throws on bad magic. */

@@ -8,7 +8,7 @@ import type net from "node:net";
 import { z } from "zod";
 import { InferaError, toInferaError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
-import { type ConnState, handle, putSink, type Reply, releaseConn } from "./handlers.ts";
+import { type ConnState, commitSunkPut, handle, putSink, type Reply, releaseConn } from "./handlers.ts";
 import { sendWithFds } from "./native/fdpass.ts";
 import {
   encodeFrame,
@@ -20,7 +20,7 @@ import {
   PROTOCOL_VERSION,
   ProtocolError,
 } from "./protocol.ts";
-import { readFrames, type SocketReadStats } from "./socket-reader.ts";
+import { readFrames, type SocketReadStats, widenSendBuffer } from "./socket-reader.ts";
 import type { TieredStore } from "./store.ts";
 
 export interface ServeContext {
@@ -55,6 +55,8 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
   ctx.onClientCount(1);
+  // Copy-path GET answers leave in fewer partial writes (see SEND_BUFFER_BYTES).
+  if (transport === "unix") widenSendBuffer(sock);
 
   const close = (why?: string) => {
     if (closed) return;
@@ -65,33 +67,45 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     ctx.onClientCount(-1);
   };
 
-  const write = (parts: Buffer[], after?: () => void): Promise<void> =>
+  /** Writes a frame's parts; false when the socket's buffer is full (wait for drainage). */
+  const send = (parts: Buffer[], after?: () => void): boolean => {
+    if (closed) {
+      after?.();
+      return true;
+    }
+    const cb = after ? () => after() : undefined;
+    // One part (header and meta, no data) is one plain write; more are corked into a writev.
+    if (parts.length === 1) return sock.write(parts[0]!, cb);
+    let ok = true;
+    sock.cork();
+    for (let i = 0; i < parts.length; i++)
+      ok = sock.write(parts[i]!, i === parts.length - 1 ? cb : undefined);
+    sock.uncork();
+    return ok;
+  };
+
+  const drained = (): Promise<void> =>
     new Promise((resolve) => {
-      if (closed) {
-        after?.();
+      if (closed) return resolve();
+      const done = () => {
+        sock.off("drain", done);
+        sock.off("close", done);
         resolve();
-        return;
-      }
-      let ok = true;
-      // Corked, the header, meta and data parts leave in one writev.
-      sock.cork();
-      for (let i = 0; i < parts.length; i++) {
-        const last = i === parts.length - 1;
-        ok = sock.write(parts[i]!, last ? () => after?.() : undefined);
-      }
-      sock.uncork();
-      // Backpressure: the next request is not processed until the socket drained.
-      if (ok) resolve();
-      else {
-        const done = () => {
-          sock.off("drain", done);
-          sock.off("close", done);
-          resolve();
-        };
-        sock.on("drain", done);
-        sock.on("close", done);
-      }
+      };
+      sock.on("drain", done);
+      sock.on("close", done);
     });
+
+  // Backpressure: the next request is not processed until the socket drained.
+  const write = async (parts: Buffer[], after?: () => void): Promise<void> => {
+    if (!send(parts, after)) await drained();
+  };
+
+  const errorFrame = (f: Frame, err: unknown): Buffer[] => {
+    const e = toInferaError(err);
+    if (!(err instanceof InferaError)) log.error({ err: String(err), op: f.op }, "kvd handler failed");
+    return encodeFrame(f.op, FLAG_RESPONSE | FLAG_ERROR, f.id, { error: e.toJSON().error, status: e.status });
+  };
 
   const hello = async (f: Frame): Promise<void> => {
     const m = helloSchema.safeParse(f.meta);
@@ -125,14 +139,47 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
           : await handle(store, st, f.op, f.meta, f.data, f.sinkToken);
     } catch (err) {
       if (err instanceof ProtocolError) throw err;
-      const e = toInferaError(err);
-      if (!(err instanceof InferaError)) log.error({ err: String(err), op: f.op }, "kvd handler failed");
-      await write(
-        encodeFrame(f.op, FLAG_RESPONSE | FLAG_ERROR, f.id, { error: e.toJSON().error, status: e.status }),
-      );
+      await write(errorFrame(f, err));
       return;
     }
     await write(encodeFrame(f.op, FLAG_RESPONSE, f.id, reply.meta, reply.data), reply.afterWrite);
+  };
+
+  /** Frames taken by `chain` and not yet answered (and drained). */
+  let queued = 0;
+  const enqueue = (f: Frame) => {
+    queued++;
+    chain = chain
+      .then(() =>
+        closed
+          ? undefined
+          : process1(f).catch((e) =>
+              close(e instanceof ProtocolError ? e.message : `request failed: ${String(e)}`),
+            ),
+      )
+      .then(() => {
+        queued--;
+      });
+  };
+
+  /**
+   * A PUT received into its reservation needs nothing asynchronous: committed and answered
+   * right here, in the read callback that completed it, with no promise per frame. Only when
+   * nothing is queued before it, so answers stay in request order; if the answer fills the
+   * socket's buffer, whatever comes next waits on the chain until it drained.
+   */
+  const putNow = (f: Frame) => {
+    let parts: Buffer[];
+    try {
+      parts = encodeFrame(f.op, FLAG_RESPONSE, f.id, commitSunkPut(store, st, f.sinkToken!).meta);
+    } catch (err) {
+      parts = errorFrame(f, err);
+    }
+    if (send(parts)) return;
+    queued++;
+    chain = chain.then(drained).then(() => {
+      queued--;
+    });
   };
 
   readFrames(sock, {
@@ -143,13 +190,9 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     onViolation: close,
     onFrames: (frames) => {
       for (const f of frames) {
-        chain = chain.then(() =>
-          closed
-            ? undefined
-            : process1(f).catch((e) =>
-                close(e instanceof ProtocolError ? e.message : `request failed: ${String(e)}`),
-              ),
-        );
+        if (closed) return;
+        if (queued === 0 && f.sinkToken !== undefined && f.op === Op.PUT) putNow(f);
+        else enqueue(f);
       }
     },
   });

@@ -13,6 +13,7 @@
  */
 import type net from "node:net";
 import { readIntoBuffers } from "./direct-read.ts";
+import { libc, SO_SNDBUF, SOL_SOCKET } from "./native/libc.ts";
 import { type Frame, type FrameDecoder, ProtocolError } from "./protocol.ts";
 
 export interface SocketReadStats {
@@ -92,4 +93,36 @@ export function readFrames(sock: net.Socket, src: FrameSource): "direct" | "data
     sock.on("data", feed);
   }
   return direct ? "direct" : "data";
+}
+
+/**
+ * The send buffer kvd asks for on its Unix sockets, daemon and Node client (INFERA_KVD_SNDBUF
+ * overrides, 0 leaves the OS default). On a Unix stream socket the sender's SO_SNDBUF bounds
+ * the bytes in flight (the receiver's SO_RCVBUF plays no part), so with the usual 208 KiB
+ * default a 1 MiB chunk crosses in ~6 partial writes and ~6 reads, each a wake-up of the other
+ * side and, on the read side, a JS callback; with a few MiB it is one write and one or two
+ * reads. The kernel caps the request at net.core.wmem_max (208 KiB unless raised), so on a
+ * stock kernel this changes nothing.
+ */
+export const SEND_BUFFER_BYTES = Number(process.env.INFERA_KVD_SNDBUF ?? 4 * 1024 * 1024);
+
+/**
+ * Asks for a `bytes` send buffer on a Unix socket; returns what the kernel granted (it
+ * doubles the request, capped by net.core.wmem_max), or -1 where it could not be set.
+ * Never throws: the socket works either way.
+ */
+export function widenSendBuffer(sock: net.Socket, bytes = SEND_BUFFER_BYTES): number {
+  if (!(bytes > 0) || process.platform !== "linux") return -1;
+  const fd = (sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
+  if (typeof fd !== "number" || fd < 0) return -1;
+  try {
+    const c = libc();
+    const v = Buffer.alloc(4);
+    v.writeInt32LE(Math.min(bytes, 0x3fffffff));
+    if (c.setsockopt(fd, SOL_SOCKET, SO_SNDBUF, v, 4) !== 0) return -1;
+    const len = [4];
+    return c.getsockopt(fd, SOL_SOCKET, SO_SNDBUF, v, len) === 0 ? v.readInt32LE(0) : -1;
+  } catch {
+    return -1;
+  }
 }

@@ -45,17 +45,21 @@ function usocket(): USocketModule {
  * second, long after the loop has finished closing the handle.
  */
 const retired = new Set<USocketLike>();
-function retire(u: USocketLike): void {
+/** Resolves once `u` is destroyed (its descriptor closed, its native reader gone). */
+function retire(u: USocketLike): Promise<void> {
   retired.add(u);
   // Stop its native reader now, so bytes meant for the `net` stream that takes over the
   // descriptor cannot be consumed by usocket in the meantime.
   u.removeAllListeners();
   u.on("error", () => {});
   (u as unknown as { _wrap?: { pause?: () => void } })._wrap?.pause?.();
-  setImmediate(() => {
-    u.destroy();
-    setTimeout(() => retired.delete(u), 1000).unref();
-  });
+  return new Promise((resolve) =>
+    setImmediate(() => {
+      u.destroy();
+      setTimeout(() => retired.delete(u), 1000).unref();
+      setImmediate(resolve);
+    }),
+  );
 }
 
 /** The OS descriptor under a connected Unix-socket net.Socket (libuv pipe handle). */
@@ -76,7 +80,7 @@ export function sendWithFds(sock: net.Socket, data: Buffer, fds: number[]): Prom
   return new Promise((resolve, reject) => {
     const u = new (usocket().USocket)({ fd: dupFd });
     u.on("error", (e) => {
-      retire(u);
+      void retire(u);
       reject(e ?? new Error("usocket error"));
     });
     // usocket never starts reading an adopted fd until asked, so it cannot steal the
@@ -85,7 +89,7 @@ export function sendWithFds(sock: net.Socket, data: Buffer, fds: number[]): Prom
       data,
       fds,
       callback: () => {
-        retire(u);
+        void retire(u);
         resolve();
       },
     });
@@ -125,7 +129,7 @@ export function connectWithFds(
       clearTimeout(timer);
       u.removeAllListeners();
       if (err) {
-        retire(u);
+        void retire(u);
         for (const fd of fds) libc().close(fd);
         reject(err);
         return;
@@ -133,13 +137,18 @@ export function connectWithFds(
       const c = libc();
       const fd = u.fd ?? -1;
       const dupFd = fd >= 0 ? c.dup(fd) : -1;
-      retire(u);
+      const gone = retire(u);
       if (dupFd < 0) {
         reject(new Error("could not dup the handshake socket"));
         return;
       }
-      const sock = new net.Socket({ fd: dupFd, readable: true, writable: true });
-      resolve({ sock, bytes: bytes ?? Buffer.alloc(0), fds });
+      // Handed over only once usocket's reader is gone: the caller's first request may be
+      // answered within microseconds (a sunk PUT is answered from the read callback), and an
+      // answer read by a usocket still winding down was lost, its request never resolved.
+      void gone.then(() => {
+        const sock = new net.Socket({ fd: dupFd, readable: true, writable: true });
+        resolve({ sock, bytes: bytes ?? Buffer.alloc(0), fds });
+      });
     };
     u.on("error", (e) => finish(e ?? new Error("usocket error")));
     u.on("close", () => finish(new Error("kvd closed the connection during the handshake")));

@@ -1,6 +1,6 @@
 /**
  * The handful of libc calls kvd needs that Node 20 does not expose: memfd_create, ftruncate,
- * mmap/munmap, fcntl(F_ADD_SEALS), dup, close, posix_fadvise.
+ * mmap/munmap, fcntl(F_ADD_SEALS), dup, close, posix_fadvise, and SO_SNDBUF on a Unix socket.
  *
  * Why koffi (an FFI) rather than a small N-API addon: koffi ships prebuilt binaries for
  * Node 20 on linux-x64/arm64, so there is no node-gyp/compiler step on install or in CI, and
@@ -22,6 +22,8 @@ interface Libc {
   dup: (fd: number) => number;
   close: (fd: number) => number;
   fadvise: (fd: number, off: number, len: number, advice: number) => number;
+  setsockopt: (fd: number, level: number, name: number, val: Buffer, len: number) => number;
+  getsockopt: (fd: number, level: number, name: number, val: Buffer, len: number[]) => number;
   errno: () => number;
 }
 
@@ -35,6 +37,8 @@ export const PROT_READ = 0x1;
 export const PROT_WRITE = 0x2;
 export const MAP_SHARED = 0x01;
 export const POSIX_FADV_DONTNEED = 4;
+export const SOL_SOCKET = 1;
+export const SO_SNDBUF = 7;
 
 let cached: Libc | null = null;
 
@@ -53,6 +57,12 @@ export function libc(): Libc {
     dup: lib.func("int dup(int fd)") as IntFn,
     close: lib.func("int close(int fd)") as IntFn,
     fadvise: lib.func("int posix_fadvise(int fd, int64_t off, int64_t len, int advice)") as IntFn,
+    setsockopt: lib.func(
+      "int setsockopt(int fd, int level, int name, const void *val, uint32_t len)",
+    ) as Libc["setsockopt"],
+    getsockopt: lib.func(
+      "int getsockopt(int fd, int level, int name, _Out_ void *val, _Inout_ uint32_t *len)",
+    ) as Libc["getsockopt"],
     errno: () => koffi.decode(errnoLoc(), "int") as number,
   };
   return cached;
