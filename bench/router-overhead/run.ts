@@ -27,7 +27,12 @@ for (let i = 2; i < process.argv.length; i += 2)
 const REQUESTS = Number(args.get("requests") ?? 2000);
 const CONCURRENCY = Number(args.get("concurrency") ?? 16);
 const ROUNDS = Number(args.get("rounds") ?? 2);
-const LATENCY_REQUESTS = Number(args.get("latency-requests") ?? 400);
+const LATENCY_REQUESTS = Number(args.get("latency-requests") ?? 1000);
+/**
+ * Requests per target before measuring: enough for V8 to finish optimising the Node targets'
+ * hot paths (its compiler threads count in the process's CPU), so the figures are steady-state.
+ */
+const WARMUP = Number(args.get("warmup") ?? 3000);
 const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
 
@@ -311,7 +316,7 @@ async function main(): Promise<void> {
       const agg = {} as Record<Key, Agg>;
       for (const k of Object.keys(targets) as Key[]) {
         agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, reads: 0, writes: 0 };
-        await load(targets[k], stream, 200, CONCURRENCY); // warm-up (JIT, pools)
+        await load(targets[k], stream, WARMUP, CONCURRENCY); // warm-up (JIT, pools)
       }
       for (let r = 0; r < ROUNDS; r++) {
         for (const k of Object.keys(targets) as Key[]) {
