@@ -24,6 +24,9 @@ export interface BodySink {
   onError(err: Error): void;
 }
 
+/** Chunks buffered before a reader attaches, past which the source is paused. */
+const UNREAD_CHUNKS = 16;
+
 const OPEN = 0;
 const ENDED = 1;
 const FAILED = 2;
@@ -52,7 +55,10 @@ export class PushBody implements AsyncIterable<Uint8Array> {
     if (this.sink === null) {
       if (this.queue === null) this.queue = [chunk];
       else this.queue.push(chunk);
-      return true;
+      // Nobody reading yet: hold the worker back rather than buffer a whole stream.
+      if (this.queue.length < UNREAD_CHUNKS) return true;
+      this.paused = true;
+      return false;
     }
     if (this.sink.onData(chunk)) return true;
     this.paused = true;
@@ -83,9 +89,13 @@ export class PushBody implements AsyncIterable<Uint8Array> {
     const queued = this.queue;
     if (queued !== null) {
       this.queue = null;
-      for (const c of queued) sink.onData(c);
+      let wantsMore = true;
+      for (const c of queued) wantsMore = sink.onData(c) && wantsMore;
       if (this.state === ENDED) sink.onEnd();
       else if (this.state === FAILED) sink.onError(this.error!);
+      // Held back while unread: go on, unless the sink is already full (it resumes on drain).
+      else if (!wantsMore) this.paused = true;
+      else this.resume();
     }
   }
 

@@ -205,6 +205,25 @@ describe("PushBody", () => {
     assert.equal(ended, true);
   });
 
+  it("an unread body pauses the source after 16 chunks; attaching a reader resumes it", () => {
+    const src = new RecordingSource();
+    const body = new PushBody(src);
+    let accepted = 0;
+    for (let i = 0; i < 16; i++) if (body.push(Buffer.from([i]))) accepted++;
+    assert.equal(accepted, 15);
+    const seen: number[] = [];
+    body.attach({
+      onData: (c) => {
+        seen.push(c[0]!);
+        return true;
+      },
+      onEnd: () => {},
+      onError: () => {},
+    });
+    assert.equal(seen.length, 16);
+    assert.deepEqual(src.log, ["resume"]);
+  });
+
   it("a sink returning false pauses the source; resume() resumes it once", () => {
     const src = new RecordingSource();
     const body = new PushBody(src);
