@@ -45,12 +45,9 @@ class HfDirTokenizer implements Tokenizer {
     this.eosTokenId = this.eos ? (this.tok.token_to_id(this.eos) ?? null) : null;
   }
 
-  /**
-   * Encodes without adding special tokens, as vLLM does for chat prompts (the template
-   * already wrote BOS); special-token strings in the text map to their ids.
-   */
-  encode(text: string): number[] {
-    return this.tok.encode(text, { add_special_tokens: false }).ids;
+  /** Special tokens (the post-processor's BOS) only when asked: see `addsSpecialTokens`. */
+  encode(text: string, addSpecialTokens = false): number[] {
+    return this.tok.encode(text, { add_special_tokens: addSpecialTokens }).ids;
   }
 
   decode(ids: readonly number[]): string {

@@ -19,12 +19,31 @@ export interface ChatMessageLike {
 export interface Tokenizer {
   /** Identifies the vocabulary (e.g. "o200k_base" or the model dir); logged and put in worker records. */
   readonly id: string;
-  encode(text: string): number[];
+  /**
+   * Token ids of `text`. `addSpecialTokens` adds what the tokenizer's post-processor adds (a
+   * BOS for Llama-style tokenizers), as HF's `add_special_tokens=True` does; special-token
+   * strings written in the text map to their ids either way. See `addsSpecialTokens`.
+   */
+  encode(text: string, addSpecialTokens?: boolean): number[];
   decode(ids: readonly number[]): string;
   /** Renders a chat into the prompt string the engine would tokenize (generation prompt appended). */
   applyChatTemplate(messages: readonly ChatMessageLike[]): string;
   /** Token id to use as end-of-sequence, when the vocabulary has one. */
   readonly eosTokenId: number | null;
+}
+
+/**
+ * Whether a prompt is tokenized with the tokenizer's special tokens, as vLLM does: a request's
+ * own `add_special_tokens` wins; else completions add them (a BOS) and chat does not (its
+ * template already wrote the BOS). The router and the sim both follow this, so the router's
+ * token ids, and so its block hashes, match the engine's.
+ */
+export function addsSpecialTokens(
+  kind: "chat" | "completion",
+  body: Readonly<Record<string, unknown>>,
+): boolean {
+  const v = body.add_special_tokens;
+  return typeof v === "boolean" ? v : kind === "completion";
 }
 
 export function messageText(content: ChatMessageLike["content"]): string {
@@ -45,6 +64,7 @@ export function renderChatML(messages: readonly ChatMessageLike[]): string {
 class GptTokenizer implements Tokenizer {
   readonly id = "o200k_base";
   readonly eosTokenId = 199999;
+  /** o200k_base has no post-processor (no BOS), so `addSpecialTokens` adds nothing. */
   encode(text: string): number[] {
     // Special-token strings are treated as plain text (the template markers are tokenised
     // as ordinary text on both sides, so the ids still agree).

@@ -1,5 +1,5 @@
 /** The server's RoutingRequest: prompt text and tokens are computed on first use only. */
-import type { ChatMessageLike, Tokenizer } from "../kv/tokenizer.ts";
+import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
 
 export class ServerRoutingRequest implements RoutingRequest {
@@ -31,7 +31,10 @@ export class ServerRoutingRequest implements RoutingRequest {
   promptTokens(): readonly number[] {
     if (this.tokens === undefined) {
       const p = this.endpoint === "completion" ? firstPrompt(this.body.prompt) : undefined;
-      this.tokens = p !== undefined && typeof p !== "string" ? p : this.tokenizer.encode(this.promptText());
+      this.tokens =
+        p !== undefined && typeof p !== "string"
+          ? p
+          : this.tokenizer.encode(this.promptText(), addsSpecialTokens(this.endpoint, this.body));
     }
     return this.tokens;
   }

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import type { Tokenizer } from "../../kv/tokenizer.ts";
+import { addsSpecialTokens, type Tokenizer } from "../../kv/tokenizer.ts";
 import {
   AuthenticationError,
   InferaError,
@@ -159,9 +159,12 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     const body = (await readBody(req)) as Record<string, unknown>;
     const tok = deps.tokenizer;
     let ids: number[];
+    // vLLM's /tokenize: add_special_tokens defaults as on the matching completion endpoint.
     if (Array.isArray(body.messages)) {
-      ids = tok.encode(tok.applyChatTemplate(body.messages as Parameters<Tokenizer["applyChatTemplate"]>[0]));
-    } else if (typeof body.prompt === "string") ids = tok.encode(body.prompt);
+      const messages = body.messages as Parameters<Tokenizer["applyChatTemplate"]>[0];
+      ids = tok.encode(tok.applyChatTemplate(messages), addsSpecialTokens("chat", body));
+    } else if (typeof body.prompt === "string")
+      ids = tok.encode(body.prompt, addsSpecialTokens("completion", body));
     else throw new InferaError(400, "'prompt' (string) or 'messages' is required", { param: "prompt" });
     return sendJson(res, 200, { count: ids.length, max_model_len: cfg.maxModelLen, tokens: ids });
   }

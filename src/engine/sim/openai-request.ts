@@ -1,4 +1,4 @@
-import { type ChatMessageLike, messageText, type Tokenizer } from "../../kv/tokenizer.ts";
+import { addsSpecialTokens, type ChatMessageLike, messageText, type Tokenizer } from "../../kv/tokenizer.ts";
 import { BadRequestError, ContextLengthError, ModelNotFoundError } from "../../protocol/errors.ts";
 
 /** An OpenAI chat or completions request, validated and tokenised. */
@@ -83,11 +83,11 @@ function isTokenArray(v: unknown): v is number[] {
   );
 }
 
-function parsePrompts(v: unknown, tok: Tokenizer): number[][] {
-  if (typeof v === "string") return [tok.encode(v)];
+function parsePrompts(v: unknown, tok: Tokenizer, special: boolean): number[][] {
+  if (typeof v === "string") return [tok.encode(v, special)];
   if (isTokenArray(v)) return [v.slice()];
   if (Array.isArray(v) && v.length > 0) {
-    if (v.every((p) => typeof p === "string")) return (v as string[]).map((p) => tok.encode(p));
+    if (v.every((p) => typeof p === "string")) return (v as string[]).map((p) => tok.encode(p, special));
     if (v.every(isTokenArray)) return (v as number[][]).map((p) => p.slice());
   }
   throw new BadRequestError(
@@ -117,14 +117,16 @@ export function parseSimRequest(
   const model = typeof body.model === "string" ? body.model : limits.servedModelNames[0];
   if (!limits.servedModelNames.includes(model)) throw new ModelNotFoundError(model);
 
+  if (body.add_special_tokens !== undefined && typeof body.add_special_tokens !== "boolean")
+    throw new BadRequestError("'add_special_tokens' must be a boolean", "add_special_tokens");
   let prompts: number[][];
   if (kind === "chat") {
     const messages = parseMessages(body.messages);
     for (const m of messages) messageText(m.content);
-    prompts = [tok.encode(tok.applyChatTemplate(messages))];
+    prompts = [tok.encode(tok.applyChatTemplate(messages), addsSpecialTokens(kind, body))];
   } else {
     if (body.prompt === undefined) throw new BadRequestError("'prompt' is required", "prompt");
-    prompts = parsePrompts(body.prompt, tok);
+    prompts = parsePrompts(body.prompt, tok, addsSpecialTokens(kind, body));
   }
   for (const k of [
     "temperature",
