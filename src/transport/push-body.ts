@@ -87,14 +87,15 @@ export class PushBody implements AsyncIterable<Uint8Array> {
     if (this.sink) throw new Error("a body has one consumer");
     this.sink = sink;
     const queued = this.queue;
-    if (queued !== null) {
-      this.queue = null;
-      let wantsMore = true;
-      for (const c of queued) wantsMore = sink.onData(c) && wantsMore;
-      if (this.state === ENDED) sink.onEnd();
-      else if (this.state === FAILED) sink.onError(this.error!);
+    this.queue = null;
+    let wantsMore = true;
+    if (queued !== null) for (const c of queued) wantsMore = sink.onData(c) && wantsMore;
+    // An end or failure that came before the reader (with or without chunks) is delivered now.
+    if (this.state === ENDED) sink.onEnd();
+    else if (this.state === FAILED) sink.onError(this.error!);
+    else if (queued !== null) {
       // Held back while unread: go on, unless the sink is already full (it resumes on drain).
-      else if (!wantsMore) this.paused = true;
+      if (!wantsMore) this.paused = true;
       else this.resume();
     }
   }

@@ -224,6 +224,15 @@ describe("PushBody", () => {
     assert.deepEqual(src.log, ["resume"]);
   });
 
+  it("an end or a failure that came before any chunk and any reader still reaches the reader", async () => {
+    const ended = new PushBody(new RecordingSource());
+    ended.end();
+    assert.deepEqual(await ended.bytes(), Buffer.alloc(0));
+    const failed = new PushBody(new RecordingSource());
+    failed.fail(new Error("reset before any byte"));
+    await assert.rejects(failed.bytes(), /reset before any byte/);
+  });
+
   it("a sink returning false pauses the source; resume() resumes it once", () => {
     const src = new RecordingSource();
     const body = new PushBody(src);
