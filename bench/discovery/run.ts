@@ -15,6 +15,7 @@ import { Etcd3, type Lease } from "etcd3";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { startEtcd } from "../../test/helpers/etcd.ts";
+import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 
 const arg = (name: string, dflt: number) => {
@@ -75,11 +76,7 @@ async function startServer(endpoint: string, prefix: string): Promise<{ proc: Ch
     process.execPath,
     [
       INFERA,
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
+      ...serverArgs(port),
       "--discovery",
       "etcd",
       "--etcd",

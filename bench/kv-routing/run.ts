@@ -18,6 +18,7 @@ import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import type { BenchResult } from "../../src/bench/schema.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { type SimProcess, startSim } from "../../test/helpers/sim.ts";
 import { startBalancer } from "./balancer.ts";
@@ -58,11 +59,7 @@ async function startServer(
     process.execPath,
     [
       join(ROOT, "bin/infera.js"),
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
+      ...serverArgs(port),
       "--discovery",
       "static",
       "--workers-file",

@@ -18,6 +18,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Pool } from "undici";
 import { chooseEntry } from "../../scripts/dist-stamp.mjs";
+import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
@@ -250,11 +251,7 @@ async function main(): Promise<void> {
     await waitHttp(`${simUrl}/health`);
     const serverProc = start(process.execPath, [
       "bin/infera.js",
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(serverPort),
+      ...serverArgs(serverPort),
       "--worker",
       simUrl,
       "--scrape-interval",
@@ -267,18 +264,7 @@ async function main(): Promise<void> {
     const tsxPort = await freePort();
     const tsxProc = start(
       process.execPath,
-      [
-        "bin/infera.js",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        String(tsxPort),
-        "--worker",
-        simUrl,
-        "--scrape-interval",
-        "0",
-      ],
+      ["bin/infera.js", ...serverArgs(tsxPort), "--worker", simUrl, "--scrape-interval", "0"],
       { INFERA_DIST: "0" },
     );
     const tsxUrl = `http://127.0.0.1:${tsxPort}`;

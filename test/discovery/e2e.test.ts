@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { Etcd3 } from "etcd3";
 import OpenAI from "openai";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
-import { spawnInfera } from "../helpers/infera.ts";
+import { serverArgs, spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitUntil } from "../helpers/wait.ts";
@@ -67,11 +67,7 @@ describe("engine launcher + server over etcd (end to end)", () => {
     etcd = await startEtcd();
     const serverPort = await freePort();
     server = run([
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(serverPort),
+      ...serverArgs(serverPort),
       "--discovery",
       "etcd",
       "--etcd",

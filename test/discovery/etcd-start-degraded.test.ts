@@ -9,7 +9,7 @@ import type { ChildProcess } from "node:child_process";
 import { after, describe, it } from "node:test";
 import { EtcdRegistrar, EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { type EtcdHandle, etcdctl, startEtcd } from "../helpers/etcd.ts";
-import { spawnInfera } from "../helpers/infera.ts";
+import { serverArgs, spawnInfera } from "../helpers/infera.ts";
 import { freePort } from "../helpers/ports.ts";
 import { mixedRecord } from "../helpers/records.ts";
 import { startSim } from "../helpers/sim.ts";
@@ -41,11 +41,7 @@ describe("etcd unreachable at start-up", () => {
     const base = `http://127.0.0.1:${port}`;
     const { proc, output } = spawnInfera(
       [
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        String(port),
+        ...serverArgs(port),
         "--discovery",
         "etcd",
         "--etcd",

@@ -11,10 +11,10 @@ import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
-import { spawnInfera } from "../helpers/infera.ts";
+import { serverArgs, spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
 import { freePort } from "../helpers/ports.ts";
-import { waitUntil } from "../helpers/wait.ts";
+import { waitFor200, waitUntil } from "../helpers/wait.ts";
 
 const INFERA = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 const PREFIX = "/pd";
@@ -38,11 +38,7 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
     const port = await freePort();
     const { proc: server, output } = spawnInfera(
       [
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        String(port),
+        ...serverArgs(port),
         "--discovery",
         "etcd",
         "--etcd",
@@ -57,6 +53,8 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
     serverLog = output;
     procs.push(server);
     serverBase = `http://127.0.0.1:${port}`;
+    // Listening before any test talks to it (a loaded machine can take seconds to start it).
+    await waitFor200(`${serverBase}/health`, { timeoutMs: 30_000, what: "infera server /health", output });
   });
 
   after(async () => {
@@ -138,15 +136,16 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
         recs.map((r) => r?.role),
         ["prefill", "decode"],
       );
+      // The server must see both halves before the request, or it routes the model mixed.
       await waitFor(
         async () => {
-          const body = (await (await fetch(`${serverBase}/v1/models`)).json()) as {
+          const body = (await (await fetch(`${serverBase}/v1/workers`)).json()) as {
             data: Array<{ id: string }>;
           };
-          return body.data.some((m) => m.id === model);
+          return ids.every((id) => body.data.some((w) => w.id === id));
         },
-        5000,
-        "server to list the model",
+        10_000,
+        "server to see the pair",
       );
       const client = new OpenAI({ baseURL: `${serverBase}/v1`, apiKey: "x", maxRetries: 0 });
       try {

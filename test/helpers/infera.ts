@@ -4,6 +4,11 @@ import { fileURLToPath } from "node:url";
 
 export const INFERA_BIN = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 
+/** `infera server` on loopback at `port`, followed by `rest`: the start of every server command line here. */
+export function serverArgs(port: number, ...rest: string[]): string[] {
+  return ["server", "--host", "127.0.0.1", "--port", String(port), ...rest];
+}
+
 export interface SpawnInferaOptions {
   /** INFERA_LOG_LEVEL for the child. */
   logLevel: string;

@@ -85,7 +85,9 @@ export async function startSim(opts: StartSimOptions = {}): Promise<SimProcess> 
   for (;;) {
     if (child.exitCode !== null) throw new Error(`infera-sim exited with ${child.exitCode}: ${out}`);
     try {
-      const r = await fetch(`${url}/health`);
+      // Per-attempt limit: a connection that is accepted but never answered (the port taken
+      // by another process in a freePort race) must not hang start-up past its deadline.
+      const r = await fetch(`${url}/health`, { signal: AbortSignal.timeout(2000) });
       if (r.ok) break;
     } catch {
       // not listening yet

@@ -26,7 +26,7 @@ export async function waitFor200(
   await waitUntil(
     async () => {
       try {
-        return (await fetch(url)).status === 200;
+        return (await fetch(url, { signal: AbortSignal.timeout(2000) })).status === 200;
       } catch {
         return false;
       }

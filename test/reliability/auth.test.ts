@@ -13,6 +13,7 @@ import type { AddressInfo } from "node:net";
 import { after, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
+import { serverArgs } from "../helpers/infera.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitFor200 } from "../helpers/wait.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
@@ -68,20 +69,7 @@ test("auth: every API/admin path refuses missing and wrong keys; constant-time; 
   const port = await freePort();
   server = spawn(
     process.execPath,
-    [
-      INFERA,
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
-      "--worker",
-      workerUrl,
-      "--api-key",
-      KEY_FLAG,
-      "--api-key",
-      KEY_2,
-    ],
+    [INFERA, ...serverArgs(port), "--worker", workerUrl, "--api-key", KEY_FLAG, "--api-key", KEY_2],
     {
       stdio: ["ignore", "pipe", "pipe"],
       env: {

@@ -15,6 +15,7 @@ import { fileURLToPath } from "node:url";
 import OpenAI, { APIError } from "openai";
 import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
 import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.ts";
+import { serverArgs } from "../../helpers/infera.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
@@ -173,11 +174,7 @@ export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
     process.execPath,
     [
       BIN,
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
+      ...serverArgs(port),
       "--discovery",
       "static",
       "--workers-file",
@@ -220,7 +217,7 @@ export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
       throw new Error(`infera server exited: ${out}`);
     }
     try {
-      const r = await fetch(`${url}/ready`);
+      const r = await fetch(`${url}/ready`, { signal: AbortSignal.timeout(2000) });
       if (r.ok) break;
     } catch {
       // not listening yet
