@@ -185,10 +185,6 @@ class UpstreamHandler implements BodySource {
 
   // --- BodySource -----------------------------------------------------------------------
 
-  pause(): void {
-    // undici pauses when onData returns false; nothing else to do.
-  }
-
   resume(): void {
     this.resumeFn?.();
   }

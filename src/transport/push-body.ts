@@ -8,9 +8,11 @@
  * Backpressure: a sink that returns false from `onData` pauses the source until `resume()`.
  */
 
-/** What the body asks of its transport. */
+/**
+ * What the body asks of its transport. There is no pause(): `push` returning false is the
+ * pause signal (undici stops reading when its onData hook returns false).
+ */
 export interface BodySource {
-  pause(): void;
   resume(): void;
   /** Stops the transfer (the consumer went away); the source then calls nothing more. */
   abort(reason: Error): void;

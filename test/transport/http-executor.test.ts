@@ -175,9 +175,6 @@ describe("HttpExecutor answers (dispatch + PushBody)", () => {
 describe("PushBody", () => {
   class RecordingSource implements BodySource {
     log: string[] = [];
-    pause(): void {
-      this.log.push("pause");
-    }
     resume(): void {
       this.log.push("resume");
     }
