@@ -100,13 +100,11 @@ export class EtcdWatcher implements DiscoveryWatcher {
         if (this.closed) return;
         if (Date.now() + delay > deadline) {
           if (degradedStart && !isAuthError(err)) {
-            this.degraded = true;
-            const reason = errText(err);
-            this.log.warn(
-              { reason, endpoints: this.opts.endpoints },
+            this.enterDegraded(
+              err,
+              { endpoints: this.opts.endpoints },
               "etcd unreachable at start; starting with no workers and retrying in the background",
             );
-            this.emit({ type: "degraded", reason });
             void this.resync();
             return;
           }
@@ -236,16 +234,21 @@ export class EtcdWatcher implements DiscoveryWatcher {
     if (this.closed || this.watcher !== w) return;
     this.watcher = null;
     void w.cancel().catch(() => undefined);
-    if (!this.degraded) {
-      this.degraded = true;
-      const reason = errText(err);
-      this.log.warn(
-        { reason, workers: this.byKey.size },
+    if (!this.degraded)
+      this.enterDegraded(
+        err,
+        { workers: this.byKey.size },
         "etcd discovery degraded; serving the last known set",
       );
-      this.emit({ type: "degraded", reason });
-    }
     void this.resync();
+  }
+
+  /** Marks the set degraded, logs why, and tells listeners (the `restored` event follows the next list). */
+  private enterDegraded(err: unknown, context: Record<string, unknown>, msg: string): void {
+    this.degraded = true;
+    const reason = errText(err);
+    this.log.warn({ reason, ...context }, msg);
+    this.emit({ type: "degraded", reason });
   }
 
   private async resync(): Promise<void> {
