@@ -53,6 +53,8 @@ export const chatCompletionRequestSchema = z
     ...common,
     messages: z.array(chatMessageSchema).min(1),
     max_completion_tokens: positiveInt,
+    logprobs: z.boolean().nullable().optional(),
+    top_logprobs: z.number().int().min(0).max(20).nullable().optional(),
   })
   .passthrough();
 
@@ -143,7 +145,16 @@ function fastChatOk(b: Obj): boolean {
     const c = m.content;
     if (c !== undefined && c !== null && typeof c !== "string") return false;
   }
-  return fastCommonOk(b) && optPosInt(b.max_completion_tokens);
+  return (
+    fastCommonOk(b) &&
+    optPosInt(b.max_completion_tokens) &&
+    optBool(b.logprobs) &&
+    (b.top_logprobs === undefined ||
+      b.top_logprobs === null ||
+      (Number.isInteger(b.top_logprobs) &&
+        (b.top_logprobs as number) >= 0 &&
+        (b.top_logprobs as number) <= 20))
+  );
 }
 
 function fastCompletionOk(b: Obj): boolean {

@@ -120,6 +120,36 @@ describe("server proxy through two sims (official openai client)", () => {
     );
   });
 
+  it("logprobs and echo reach the engine and come back, streamed and not", async () => {
+    const body = {
+      model: "sim-model",
+      messages: [{ role: "user" as const, content: "lp" }],
+      max_tokens: 4,
+      seed: 1,
+      logprobs: true,
+      top_logprobs: 2,
+    };
+    const whole = await c.client.chat.completions.create(body);
+    const content = whole.choices[0].logprobs?.content ?? [];
+    assert.equal(content.length, 4);
+    assert.equal(content[0].top_logprobs.length, 2);
+    const stream = await c.client.chat.completions.create({ ...body, stream: true });
+    const tokens: string[] = [];
+    for await (const chunk of stream)
+      tokens.push(...(chunk.choices[0]?.logprobs?.content ?? []).map((t) => t.token));
+    assert.deepEqual(
+      tokens,
+      content.map((t) => t.token),
+    );
+    const comp = await c.client.completions.create({
+      model: "sim-model",
+      prompt: "echo me",
+      max_tokens: 2,
+      echo: true,
+    });
+    assert.ok(comp.choices[0].text.startsWith("echo me"));
+  });
+
   it("unknown extra fields (vLLM extras) pass through", async () => {
     const res = await fetch(`${c.server.url}/v1/chat/completions`, {
       method: "POST",

@@ -209,6 +209,7 @@ describe("request validation fast path", () => {
       { include_usage: true },
       { include_usage: "y" },
       [1.5],
+      21,
     ];
     const messages: unknown[] = [
       [{ role: "user", content: "hi" }],
@@ -237,6 +238,7 @@ describe("request validation fast path", () => {
       "max_completion_tokens",
       "echo",
       "logprobs",
+      "top_logprobs",
     ];
     let seed = 12345;
     const rnd = (n: number) => {

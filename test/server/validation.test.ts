@@ -81,6 +81,8 @@ describe("bad input gets the right status and OpenAI error shape", () => {
       ["/v1/chat/completions", chat({ max_tokens: -1 }), "max_tokens"],
       ["/v1/chat/completions", chat({ temperature: 9 }), "temperature"],
       ["/v1/chat/completions", chat({ stream: "yes" }), "stream"],
+      ["/v1/chat/completions", chat({ logprobs: "yes" }), "logprobs"],
+      ["/v1/chat/completions", chat({ logprobs: true, top_logprobs: 21 }), "top_logprobs"],
       [
         "/v1/chat/completions",
         chat({ stream_options: { include_usage: "y" } }),

@@ -13,6 +13,7 @@ import type { Logger } from "../../util/log.ts";
 import type { SimConfig } from "./config.ts";
 import type { SimEngine } from "./engine.ts";
 import type { SimKvHostImpl } from "./kv-host.ts";
+import type { LogprobModel } from "./logprobs.ts";
 import { parseSimRequest } from "./openai-request.ts";
 import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
 import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
@@ -26,6 +27,7 @@ export interface ApiDeps {
   engine: SimEngine;
   tokenizer: Tokenizer;
   vocab: OutputVocab;
+  lpModel: LogprobModel;
   kvHost: SimKvHostImpl;
   /** Set once the connector has started (null for mixed workers). */
   connector: () => SimConnector | null;
@@ -205,6 +207,7 @@ async function handleCompletion(
     r = parseSimRequest(kind, raw, deps.tokenizer, {
       servedModelNames: cfg.servedModelNames,
       maxModelLen: cfg.maxModelLen,
+      maxLogprobs: cfg.maxLogprobs,
     });
     const longest = Math.max(...r.prompts.map((p) => p.length));
     const blocksNeeded = Math.ceil((longest + 1) / cfg.blockSize);
@@ -239,6 +242,9 @@ async function handleCompletion(
     numPrompts: r.prompts.length,
     n: phase === "prefill" ? 1 : r.n,
     streamInterval: cfg.streamInterval,
+    logprobs: r.logprobs,
+    echoTexts: r.echoTexts,
+    lpModel: r.logprobs !== null || r.echoTexts ? deps.lpModel : null,
   });
   res.on("close", () => {
     if (responder.finished) return;
@@ -312,7 +318,7 @@ async function handleCompletion(
         maxTokens,
         limitReason,
         salt: r.salt,
-        output: new OutputText(deps.vocab, rng, r.stop),
+        output: new OutputText(deps.vocab, rng, r.stop, r.logprobs !== null),
         sink: responder,
         // PD moves one sequence's KV: the first prompt's.
         holdOnFinish: phase === "prefill" && index === 0,

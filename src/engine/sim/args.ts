@@ -46,6 +46,7 @@ const VALUE_FLAGS = new Set([
   "api-key",
   "kv-hold-timeout-ms",
   "stream-interval",
+  "max-logprobs",
   "kv-events-framing",
 ]);
 
@@ -76,7 +77,6 @@ const IGNORED_VALUE_FLAGS = new Set([
   "uvicorn-log-level",
   "max-num-partial-prefills",
   "long-prefill-token-threshold",
-  "max-logprobs",
   "max-seq-len-to-capture",
   "scheduling-policy",
   "limit-mm-per-prompt",
@@ -267,6 +267,7 @@ export function parseSimArgs(argv: readonly string[]): ParsedArgs {
     apiKey: values.get("api-key") ?? process.env.VLLM_API_KEY,
     holdTimeoutMs: int("kv-hold-timeout-ms", 120000),
     streamInterval: int("stream-interval", 1),
+    maxLogprobs: int("max-logprobs", 20, 0),
   };
   return { config, help, ignored, unknown };
 }
@@ -296,5 +297,6 @@ A simulated vLLM-compatible engine (OpenAI API, /metrics, KV events, PD connecto
   -tp/--tensor-parallel-size, -dp/--data-parallel-size, --data-parallel-rank
   --api-key KEY                 require this bearer token on /v1 routes
   --stream-interval N           tokens per streamed event, as vLLM's flag (1)
+  --max-logprobs N              most logprob alternatives a request may ask for (20)
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
 Other vLLM flags are accepted and ignored.`;

@@ -47,6 +47,8 @@ export interface SimConfig {
   holdTimeoutMs: number;
   /** vLLM `--stream-interval`: tokens per streamed event (1 = every token). */
   streamInterval: number;
+  /** vLLM `--max-logprobs`: the most logprob alternatives a request may ask for. */
+  maxLogprobs: number;
 }
 
 export function defaultKvEventsConfig(): KvEventsConfig {

@@ -17,6 +17,10 @@ export interface SimRequest {
   salt: string | null;
   ignoreEos: boolean;
   kvTransferParams: Record<string, unknown> | null;
+  /** Alternatives per token when logprobs were asked for (chat `top_logprobs`, completions `logprobs`); else null. */
+  logprobs: number | null;
+  /** Completions `echo`: the prompt's text, per prompt, goes before each choice's text. */
+  echoTexts: string[] | null;
   body: Record<string, unknown>;
 }
 
@@ -99,6 +103,39 @@ function parsePrompts(v: unknown, tok: Tokenizer, special: boolean): number[][] 
 export interface ParseLimits {
   servedModelNames: readonly string[];
   maxModelLen: number;
+  /** vLLM's --max-logprobs: the most alternatives a request may ask for (20). */
+  maxLogprobs: number;
+}
+
+/** Chat: `logprobs: true` plus `top_logprobs` 0..max; completions: `logprobs` 0..max. vLLM's messages. */
+function parseLogprobs(kind: "chat" | "completion", body: Obj, max: number): number | null {
+  if (kind === "chat") {
+    const want = optBool(body, "logprobs");
+    const top = optInt(body, "top_logprobs", 0, Number.MAX_SAFE_INTEGER);
+    if (top !== null && top > 0 && !want)
+      throw new BadRequestError("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs");
+    if (!want) return null;
+    if ((top ?? 0) > max)
+      throw new BadRequestError(
+        `Requested top logprobs of ${top}, which is greater than max allowed logprobs of ${max}.`,
+        "top_logprobs",
+      );
+    return top ?? 0;
+  }
+  const k = optInt(body, "logprobs", 0, Number.MAX_SAFE_INTEGER);
+  if (k !== null && k > max)
+    throw new BadRequestError(
+      `Requested sample logprobs of ${k}, which is greater than max allowed logprobs of ${max}.`,
+      "logprobs",
+    );
+  return k;
+}
+
+/** The text `echo` puts before a choice: the prompt as sent, or its token ids decoded. */
+function echoTexts(prompt: unknown, ids: number[][], tok: Tokenizer): string[] {
+  if (typeof prompt === "string") return [prompt];
+  if (Array.isArray(prompt) && typeof prompt[0] === "string") return prompt as string[];
+  return ids.map((p) => tok.decode(p));
 }
 
 export function parseSimRequest(
@@ -162,6 +199,8 @@ export function parseSimRequest(
   if (ktp !== undefined && ktp !== null && (typeof ktp !== "object" || Array.isArray(ktp))) {
     throw new BadRequestError("'kv_transfer_params' must be an object", "kv_transfer_params");
   }
+  const logprobs = parseLogprobs(kind, body, limits.maxLogprobs);
+  const echo = kind === "completion" && optBool(body, "echo");
   for (const p of prompts) {
     if (p.length === 0)
       throw new BadRequestError("The prompt is empty", kind === "chat" ? "messages" : "prompt");
@@ -183,6 +222,8 @@ export function parseSimRequest(
     salt: typeof salt === "string" ? salt : null,
     ignoreEos: optBool(body, "ignore_eos"),
     kvTransferParams: (ktp as Obj | undefined) ?? null,
+    logprobs,
+    echoTexts: echo ? echoTexts(body.prompt, prompts, tok) : null,
     body,
   };
 }

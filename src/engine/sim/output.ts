@@ -84,12 +84,16 @@ export class OutputText {
   private emitted = 0;
   private readonly holdBack: number;
   stopped = false;
+  /** Vocabulary index of every token drawn, kept only when the request wants logprobs. */
+  readonly drawn: number[] | null;
 
   constructor(
     private readonly vocab: OutputVocab,
     private readonly rng: Rng,
     private readonly stop: readonly string[],
+    recordDrawn = false,
   ) {
+    this.drawn = recordDrawn ? [] : null;
     let longest = 0;
     for (const s of stop) longest = Math.max(longest, s.length);
     this.holdBack = longest > 0 ? longest - 1 : 0;
@@ -98,6 +102,7 @@ export class OutputText {
   nextToken(): number {
     const i = Math.floor(this.rng.next() * this.vocab.ids.length);
     this.lastPiece = i;
+    this.drawn?.push(i);
     return this.vocab.ids[i];
   }
 

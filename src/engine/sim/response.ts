@@ -1,5 +1,6 @@
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
+import { chatLogprobs, completionLogprobs, type LogprobModel, type TokenLogprob } from "./logprobs.ts";
 import type { FinishReason } from "./output.ts";
 import type { SeqSink, Sequence } from "./sequence.ts";
 
@@ -25,6 +26,12 @@ export interface ResponseMeta {
   n: number;
   /** Tokens per SSE event (vLLM --stream-interval); 1 = every token. */
   streamInterval: number;
+  /** Logprob alternatives per token, or null when the request asked for no logprobs. */
+  logprobs: number | null;
+  /** Completions `echo`: each prompt's text, put before its choices' text. */
+  echoTexts: string[] | null;
+  /** Needed when `logprobs` or `echo` is set. */
+  lpModel: LogprobModel | null;
 }
 
 export interface Usage {
@@ -65,6 +72,9 @@ export class RequestResponder implements SeqSink {
   private seqText: string[] = [];
   private pendingTokens = 0;
   private out = "";
+  /** Per choice, with logprobs: output tokens already reported, and the text offset reached. */
+  private lpSent: number[] = [];
+  private lpOffset: number[] = [];
   private flushQueued = false;
   private started = false;
   private direct: Socket | null = null;
@@ -113,9 +123,8 @@ export class RequestResponder implements SeqSink {
     if (this.meta.stream) {
       const text = this.seqText[seq.index] + seq.output.takeDelta(true);
       this.seqText[seq.index] = "";
-      const close = this.meta.kind === "chat" ? "}" : "";
       this.start();
-      this.out += `${this.head}${seq.index}${this.mid}${JSON.stringify(text)}${close},"logprobs":null,"finish_reason":"${reason}","stop_reason":null}]}\n\n`;
+      this.out += this.event(seq.index, text, reason);
     }
     if (--this.remaining === 0) this.completeSafely();
     else this.queueFlush();
@@ -137,7 +146,10 @@ export class RequestResponder implements SeqSink {
       for (let i = 0; i < this.seqText.length; i++) {
         const t = this.seqText[i];
         if (t.length === 0) continue;
-        this.out += `${this.head}${i}${this.mid}${JSON.stringify(t)}${this.tail}`;
+        this.out +=
+          this.meta.logprobs === null
+            ? `${this.head}${i}${this.mid}${JSON.stringify(t)}${this.tail}`
+            : this.event(i, t, null);
         this.seqText[i] = "";
       }
     }
@@ -167,7 +179,81 @@ export class RequestResponder implements SeqSink {
       for (const s of this.seqs) {
         this.out += `${this.head}${s.index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`;
       }
+    } else if (this.meta.echoTexts) {
+      // vLLM streams the echoed prompt first, as its own chunk per choice.
+      for (const s of this.seqs) {
+        const lp =
+          this.meta.logprobs === null ? "null" : JSON.stringify(this.completionLp(this.promptLp(s), 0));
+        this.out += `${this.head}${s.index}${this.mid}${JSON.stringify(this.echoText(s))},"logprobs":${lp},"finish_reason":null,"stop_reason":null}]}\n\n`;
+      }
     }
+  }
+
+  /** One choice's SSE event, with the logprobs of its tokens not yet reported. */
+  private event(i: number, text: string, finish: FinishReason | null): string {
+    const seq = this.seqs[i];
+    let lp = "null";
+    if (this.meta.logprobs !== null) {
+      const from = this.lpSent[i] ?? 0;
+      const entries = this.outputLp(seq, from);
+      this.lpSent[i] = from + entries.length;
+      const offset = this.lpOffset[i] ?? (this.meta.echoTexts ? this.echoText(seq).length : 0);
+      const obj = this.meta.kind === "chat" ? chatLogprobs(entries) : this.completionLp(entries, offset);
+      let end = offset;
+      for (const e of entries) end += e.token.length;
+      this.lpOffset[i] = end;
+      lp = JSON.stringify(obj);
+    }
+    const close = this.meta.kind === "chat" ? "}" : "";
+    const reason = finish === null ? "null" : `"${finish}"`;
+    const stopReason = finish === null && this.meta.kind === "chat" ? "" : `,"stop_reason":null`;
+    return `${this.head}${i}${this.mid}${JSON.stringify(text)}${close},"logprobs":${lp},"finish_reason":${reason}${stopReason}}]}\n\n`;
+  }
+
+  /** Logprobs of a sequence's output tokens from `from` on. */
+  private outputLp(seq: Sequence, from: number): TokenLogprob[] {
+    const drawn = seq.output.drawn;
+    const model = this.meta.lpModel;
+    if (!drawn || !model) return [];
+    const out: TokenLogprob[] = [];
+    for (let j = from; j < drawn.length; j++) {
+      const pos = seq.numPromptTokens + j;
+      out.push(model.drawnEntry(seq.tokens[pos - 1] ?? 0, drawn[j], pos, this.meta.logprobs ?? 0));
+    }
+    return out;
+  }
+
+  /** Under `echo`: the logprobs of the prompt tokens (the first has none). */
+  private promptLp(seq: Sequence): TokenLogprob[] {
+    const model = this.meta.lpModel;
+    if (!model) return [];
+    const out: TokenLogprob[] = [];
+    for (let pos = 0; pos < seq.numPromptTokens; pos++) {
+      const id = seq.tokens[pos];
+      out.push(
+        pos === 0
+          ? model.first(id)
+          : model.entry(seq.tokens[pos - 1], id, model.tokenText(id), pos, this.meta.logprobs ?? 0),
+      );
+    }
+    return out;
+  }
+
+  /** Completions list the sampled token among the alternatives even when 0 were asked for. */
+  private completionLp(entries: TokenLogprob[], offset: number): unknown {
+    return completionLogprobs(
+      entries.map((e) =>
+        e.logprob !== null && e.top.length === 0
+          ? { ...e, top: [{ token: e.token, logprob: e.logprob }] }
+          : e,
+      ),
+      offset,
+    );
+  }
+
+  private echoText(seq: Sequence): string {
+    const texts = this.meta.echoTexts;
+    return texts ? (texts[Math.floor(seq.index / this.meta.n)] ?? "") : "";
   }
 
   private useDirectWrites(): void {
@@ -236,25 +322,30 @@ export class RequestResponder implements SeqSink {
       this.start();
       // Pending choice text (other choices still mid-stream when the last one finished).
       for (let i = 0; i < this.seqText.length; i++) {
-        if (this.seqText[i].length > 0)
-          this.out += `${this.head}${i}${this.mid}${JSON.stringify(this.seqText[i])}${this.tail}`;
+        if (this.seqText[i].length > 0) this.out += this.event(i, this.seqText[i], null);
       }
       this.res.end(this.out + out);
       this.out = "";
     } else {
+      const wantLp = this.meta.logprobs !== null;
       const choices = this.seqs.map((s) =>
         this.meta.kind === "chat"
           ? {
               index: s.index,
               message: { role: "assistant", content: s.output.text, refusal: null, tool_calls: [] },
-              logprobs: null,
+              logprobs: wantLp ? chatLogprobs(this.outputLp(s, 0)) : null,
               finish_reason: s.finishReason,
               stop_reason: null,
             }
           : {
               index: s.index,
-              text: s.output.text,
-              logprobs: null,
+              text: this.echoText(s) + s.output.text,
+              logprobs: wantLp
+                ? this.completionLp(
+                    this.meta.echoTexts ? [...this.promptLp(s), ...this.outputLp(s, 0)] : this.outputLp(s, 0),
+                    0,
+                  )
+                : null,
               finish_reason: s.finishReason,
               stop_reason: null,
             },

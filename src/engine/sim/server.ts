@@ -8,6 +8,7 @@ import { offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./confi
 import { SimEngine } from "./engine.ts";
 import { SimKvHostImpl } from "./kv-host.ts";
 import { KvEventPublisher } from "./kv-publisher.ts";
+import { LogprobModel } from "./logprobs.ts";
 import { OutputVocab } from "./output.ts";
 import { createSimConnector } from "./pd/index.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts";
@@ -89,6 +90,7 @@ export async function startWithConfig(
     engine,
     tokenizer,
     vocab,
+    lpModel: new LogprobModel(vocab, tokenizer),
     kvHost,
     connector: () => connector,
     log,
