@@ -7,6 +7,7 @@
 import type { Readable } from "node:stream";
 import { NoWorkerError } from "../protocol/errors.ts";
 import { PushBody } from "../transport/push-body.ts";
+import type { AbortLike } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import { connectionFailureKind, WorkerUnreachableError } from "./errors.ts";
 import type {
@@ -45,7 +46,7 @@ export class MixedRouter implements ModelRouter {
 
   constructor(private readonly o: MixedRouterOptions) {}
 
-  async handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortSignal): Promise<UpstreamResponse> {
+  async handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortLike): Promise<UpstreamResponse> {
     const o = this.o;
     const headers = { "x-request-id": req.requestId };
     let tried: LiveWorker[] | null = null;

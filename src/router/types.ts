@@ -7,6 +7,7 @@
  * registry in ./policies/index.ts.
  */
 import type { WorkerRecord } from "../discovery/types.ts";
+import type { AbortLike } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 
 export type EndpointKind = "chat" | "completion";
@@ -88,7 +89,7 @@ export interface UpstreamResponse {
 }
 
 export interface SendOptions {
-  signal: AbortSignal;
+  signal: AbortLike;
   headers?: Record<string, string>;
   /** Per-phase timeout; the executor aborts and throws TimeoutError past it. */
   timeoutMs?: number;
@@ -107,7 +108,7 @@ export interface RequestExecutor {
 /** MixedRouter and DisaggRouter implement this; AutoRouter picks one per model. */
 export interface ModelRouter {
   readonly kind: "mixed" | "disagg";
-  handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortSignal): Promise<UpstreamResponse>;
+  handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortLike): Promise<UpstreamResponse>;
 }
 
 /** What AutoRouter gives the DisaggRouter factory for one model. */

@@ -16,6 +16,7 @@ import { isReadable } from "../router/mixed.ts";
 import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import { setRawBody } from "../transport/http.ts";
 import { type BodySink, PushBody } from "../transport/push-body.ts";
+import { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";
 import { BodyAbortedError, readBody, sendError } from "./http-util.ts";
@@ -50,7 +51,7 @@ export async function handleCompletion(
   const requestId = requestIdOf(req);
   const endpointLabel = endpoint === "chat" ? "chat" : "completions";
   let model = "";
-  let ac: AbortController | null = null;
+  let ac: RequestAbort | null = null;
   try {
     ctx.auth.check(req.headers);
     const raw = await readBody(req, ctx.maxBodyBytes);
@@ -84,20 +85,20 @@ export async function handleCompletion(
       typeof body.cache_salt === "string" ? body.cache_salt : undefined,
       ctx.tokenizer,
     );
-    const controller = new AbortController();
-    ac = controller;
+    const abort = new RequestAbort();
+    ac = abort;
     res.once("close", () => {
-      if (!res.writableFinished) controller.abort();
+      if (!res.writableFinished) abort.abort();
     });
     if (res.destroyed) return;
-    const up = await router.handle(rreq, ctx.executor, controller.signal);
-    if (controller.signal.aborted) {
+    const up = await router.handle(rreq, ctx.executor, abort);
+    if (abort.aborted) {
       up.abort();
-      throw controller.signal.reason;
+      throw abort.reason;
     }
     const usage = stream
-      ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, controller.signal)
-      : await relayWhole(res, up, requestId, controller.signal);
+      ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
+      : await relayWhole(res, up, requestId, abort);
     if (usage) {
       const mm = ctx.metrics.forModel(model);
       if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
@@ -106,7 +107,7 @@ export async function handleCompletion(
     ctx.metrics.countRequest(model, endpointLabel, up.status);
     ctx.metrics.observeE2e(model, endpointLabel, (performance.now() - started) / 1000);
   } catch (err) {
-    if (err instanceof BodyAbortedError || ac?.signal.aborted || res.destroyed) {
+    if (err instanceof BodyAbortedError || ac?.aborted || res.destroyed) {
       ctx.metrics.clientAborts.inc({ model });
       if (!res.destroyed) res.destroy();
       return;
@@ -135,7 +136,7 @@ async function relayWhole(
   res: ServerResponse,
   up: UpstreamResponse,
   requestId: string,
-  signal: AbortSignal,
+  signal: RequestAbort,
 ): Promise<Usage | null> {
   const chunks: Buffer[] = [];
   let size = 0;
@@ -168,7 +169,7 @@ async function relayStream(
   model: string,
   started: number,
   stripUsage: boolean,
-  signal: AbortSignal,
+  signal: RequestAbort,
 ): Promise<Usage | null> {
   res.writeHead(up.status, {
     "content-type": up.headers["content-type"] ?? "text/event-stream",

@@ -14,6 +14,7 @@ import type {
   UpstreamResponse,
   WorkerState,
 } from "../router/types.ts";
+import type { AbortLike } from "../util/abort.ts";
 import { type BodySource, PushBody } from "./push-body.ts";
 
 export interface HttpExecutorOptions {
@@ -127,7 +128,7 @@ class UpstreamHandler implements BodySource {
 
   constructor(
     private readonly url: string,
-    private readonly signal: AbortSignal,
+    private readonly signal: AbortLike,
     private readonly resolve: (up: UpstreamResponse) => void,
     private readonly reject: (err: Error) => void,
   ) {
@@ -203,7 +204,7 @@ class UpstreamHandler implements BodySource {
   }
 }
 
-function signalReason(signal: AbortSignal): Error {
+function signalReason(signal: AbortLike): Error {
   const r: unknown = signal.reason;
   return r instanceof Error
     ? r

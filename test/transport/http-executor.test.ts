@@ -11,6 +11,7 @@ import type { WorkerState } from "../../src/router/types.ts";
 import { pump } from "../../src/server/proxy.ts";
 import { HttpExecutor } from "../../src/transport/http.ts";
 import { type BodySource, PushBody } from "../../src/transport/push-body.ts";
+import { type AbortLike, RequestAbort } from "../../src/util/abort.ts";
 import { mixedRecord } from "../helpers/records.ts";
 import { waitUntil } from "../helpers/wait.ts";
 
@@ -36,7 +37,8 @@ after(async () => {
   await new Promise<void>((r) => server.close(() => r()));
 });
 
-const send = (signal = new AbortController().signal) => exec.send(worker, "chat", { model: "m" }, { signal });
+const send = (signal: AbortLike = new AbortController().signal) =>
+  exec.send(worker, "chat", { model: "m" }, { signal });
 
 describe("HttpExecutor answers (dispatch + PushBody)", () => {
   it("relays status, headers and every byte; json() parses a whole answer", async () => {
@@ -112,39 +114,58 @@ describe("HttpExecutor answers (dispatch + PushBody)", () => {
     assert.equal(received, total * chunk.length);
   });
 
-  it("an abort before the headers rejects send() and closes the worker's request", async () => {
-    let closed = false;
-    route = (_req, res) => {
-      res.once("close", () => {
-        closed = true;
-      });
-      // never answers
-    };
-    const ac = new AbortController();
-    const p = send(ac.signal);
-    await new Promise((r) => setTimeout(r, 50));
-    ac.abort();
-    await assert.rejects(p, (e: Error) => e.name === "AbortError");
-    await waitUntil(async () => closed, 5000, "worker saw the close");
-  });
+  const aborts: [string, () => { signal: AbortLike; abort(): void }][] = [
+    [
+      "AbortController",
+      () => {
+        const ac = new AbortController();
+        return { signal: ac.signal, abort: () => ac.abort() };
+      },
+    ],
+    // The server's per-request abort.
+    [
+      "RequestAbort",
+      () => {
+        const ra = new RequestAbort();
+        return { signal: ra, abort: () => ra.abort() };
+      },
+    ],
+  ];
+  for (const [kind, make] of aborts) {
+    it(`an abort before the headers rejects send() and closes the worker's request (${kind})`, async () => {
+      let closed = false;
+      route = (_req, res) => {
+        res.once("close", () => {
+          closed = true;
+        });
+        // never answers
+      };
+      const ac = make();
+      const p = send(ac.signal);
+      await new Promise((r) => setTimeout(r, 50));
+      ac.abort();
+      await assert.rejects(p, (e: Error) => e.name === "AbortError");
+      await waitUntil(async () => closed, 5000, "worker saw the close");
+    });
 
-  it("an abort after the headers fails the body and closes the worker's request", async () => {
-    let closed = false;
-    route = (_req, res) => {
-      res.once("close", () => {
-        closed = true;
-      });
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      res.write("data: 1\n\n");
-    };
-    const ac = new AbortController();
-    const up = await send(ac.signal);
-    const iter = up.body[Symbol.asyncIterator]();
-    assert.equal(Buffer.from((await iter.next()).value as Uint8Array).toString(), "data: 1\n\n");
-    ac.abort();
-    await assert.rejects(iter.next());
-    await waitUntil(async () => closed, 5000, "worker saw the close");
-  });
+    it(`an abort after the headers fails the body and closes the worker's request (${kind})`, async () => {
+      let closed = false;
+      route = (_req, res) => {
+        res.once("close", () => {
+          closed = true;
+        });
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        res.write("data: 1\n\n");
+      };
+      const ac = make();
+      const up = await send(ac.signal);
+      const iter = up.body[Symbol.asyncIterator]();
+      assert.equal(Buffer.from((await iter.next()).value as Uint8Array).toString(), "data: 1\n\n");
+      ac.abort();
+      await assert.rejects(iter.next());
+      await waitUntil(async () => closed, 5000, "worker saw the close");
+    });
+  }
 
   it("breaking out of for-await stops the transfer", async () => {
     let closed = false;

@@ -6,13 +6,14 @@
 import { request } from "undici";
 import type { WorkerRecord } from "../../discovery/types.ts";
 import { UpstreamError } from "../../protocol/errors.ts";
+import { type AbortLike, toAbortSignal } from "../../util/abort.ts";
 
 export class PeerInfoCache {
   private readonly cache = new Map<string, Promise<Record<string, unknown>>>();
 
   constructor(private readonly timeoutMs = 3000) {}
 
-  get(rec: WorkerRecord, url: string, signal: AbortSignal): Promise<Record<string, unknown>> {
+  get(rec: WorkerRecord, url: string, signal: AbortLike): Promise<Record<string, unknown>> {
     const key = `${rec.id}@${rec.startedAt}:${url}`;
     let p = this.cache.get(key);
     if (!p) {
@@ -27,11 +28,11 @@ export class PeerInfoCache {
     for (const k of this.cache.keys()) if (k.startsWith(`${workerId}@`)) this.cache.delete(k);
   }
 
-  private async fetch(url: string, signal: AbortSignal): Promise<Record<string, unknown>> {
+  private async fetch(url: string, signal: AbortLike): Promise<Record<string, unknown>> {
     try {
       const res = await request(url, {
         method: "GET",
-        signal: AbortSignal.any([signal, AbortSignal.timeout(this.timeoutMs)]),
+        signal: AbortSignal.any([toAbortSignal(signal), AbortSignal.timeout(this.timeoutMs)]),
         headersTimeout: this.timeoutMs,
         bodyTimeout: this.timeoutMs,
       });

@@ -14,6 +14,7 @@
  * frees the held blocks on its own hold timeout (or when D's aborted pull ends).
  */
 import { InferaError, NoWorkerError, TimeoutError, UpstreamError } from "../../protocol/errors.ts";
+import { type AbortLike, toAbortSignal } from "../../util/abort.ts";
 import type {
   DisaggFactoryContext,
   ModelRouter,
@@ -86,7 +87,7 @@ export class DisaggRouter implements ModelRouter {
     private readonly o: DisaggOptions,
   ) {}
 
-  async handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortSignal): Promise<UpstreamResponse> {
+  async handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortLike): Promise<UpstreamResponse> {
     const { ctx } = this;
     const excluded = new Set<WorkerState>();
     const failures: PrefillFailure[] = [];
@@ -148,7 +149,7 @@ export class DisaggRouter implements ModelRouter {
     proto: SerialProtocol | ConcurrentProtocol,
     p: WorkerState,
     d: WorkerState,
-    signal: AbortSignal,
+    signal: AbortLike,
   ): Promise<PdInput> {
     let peer: Record<string, unknown> | undefined;
     if (proto.peerInfo) {
@@ -169,7 +170,7 @@ export class DisaggRouter implements ModelRouter {
   private async serial(
     req: RoutingRequest,
     exec: RequestExecutor,
-    signal: AbortSignal,
+    signal: AbortLike,
     proto: SerialProtocol,
     pSlot: WorkerSlot,
     dSlot: WorkerSlot,
@@ -218,7 +219,7 @@ export class DisaggRouter implements ModelRouter {
   private async decode(
     req: RoutingRequest,
     exec: RequestExecutor,
-    signal: AbortSignal,
+    signal: AbortLike,
     dSlot: WorkerSlot,
     body: Record<string, unknown>,
     headers: Record<string, string>,
@@ -248,7 +249,7 @@ export class DisaggRouter implements ModelRouter {
   private async concurrent(
     req: RoutingRequest,
     exec: RequestExecutor,
-    signal: AbortSignal,
+    signal: AbortLike,
     proto: ConcurrentProtocol,
     pSlot: WorkerSlot,
     dSlot: WorkerSlot,
@@ -260,14 +261,14 @@ export class DisaggRouter implements ModelRouter {
     const pCtl = new AbortController();
     const dCtl = new AbortController();
     const prefill = exec.send(p, req.endpoint, bodies.prefill, {
-      signal: AbortSignal.any([signal, pCtl.signal]),
+      signal: AbortSignal.any([toAbortSignal(signal), pCtl.signal]),
       headers,
       timeoutMs: this.o.prefillTimeoutMs,
     });
     const decode = this.decode(
       req,
       exec,
-      AbortSignal.any([signal, dCtl.signal]),
+      AbortSignal.any([toAbortSignal(signal), dCtl.signal]),
       dSlot,
       bodies.decode,
       headers,
@@ -306,7 +307,7 @@ export class DisaggRouter implements ModelRouter {
   private async mixedOnDecode(
     req: RoutingRequest,
     exec: RequestExecutor,
-    signal: AbortSignal,
+    signal: AbortLike,
     d: WorkerState,
   ): Promise<UpstreamResponse> {
     this.ctx.logger.warn(

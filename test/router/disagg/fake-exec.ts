@@ -5,6 +5,7 @@ import type {
   UpstreamResponse,
   WorkerState,
 } from "../../../src/router/types.ts";
+import type { AbortLike } from "../../../src/util/abort.ts";
 
 export interface Call {
   worker: string;
@@ -30,7 +31,7 @@ export function jsonAnswer(status: number, obj: unknown, onAbort?: () => void): 
 }
 
 /** Resolves after `ms`, or rejects when the call's signal aborts first. */
-export function delay(ms: number, signal: AbortSignal): Promise<void> {
+export function delay(ms: number, signal: AbortLike): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal.aborted) return reject(signal.reason);
     const t = setTimeout(resolve, ms);
