@@ -159,7 +159,7 @@ export async function startServer(
             return;
           }
           case "/metrics":
-            metrics.registry.metrics().then(
+            metrics.text().then(
               (text) => {
                 res.writeHead(200, { "content-type": metrics.registry.contentType });
                 res.end(text);

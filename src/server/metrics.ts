@@ -3,9 +3,10 @@
  * computed at scrape time from the WorkerSet (collect callbacks), so the hot path only
  * touches counters and histograms.
  */
-import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { Counter, Gauge, type Histogram, Registry } from "prom-client";
 import type { Selection } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
+import { FastHistogramFamily } from "../util/fast-histogram.ts";
 
 const LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 const ITL_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5];
@@ -20,9 +21,10 @@ export interface ModelMetrics {
 export class ServerMetrics {
   readonly registry = new Registry();
   readonly requests: Counter<"model" | "endpoint" | "status">;
-  readonly ttft: Histogram<"model">;
-  readonly itl: Histogram<"model">;
-  readonly e2e: Histogram<"model" | "endpoint">;
+  // Observed per chunk or per request: FastHistograms, appended to the registry's text.
+  readonly ttft: FastHistogramFamily;
+  readonly itl: FastHistogramFamily;
+  readonly e2e: FastHistogramFamily;
   readonly promptTokens: Counter<"model">;
   readonly completionTokens: Counter<"model">;
   readonly decisions: Counter<"policy" | "reason" | "router">;
@@ -37,27 +39,24 @@ export class ServerMetrics {
       labelNames: ["model", "endpoint", "status"],
       registers,
     });
-    this.ttft = new Histogram({
-      name: "infera_time_to_first_token_seconds",
-      help: "Time from request arrival to the first streamed chunk",
-      labelNames: ["model"],
-      buckets: LATENCY_BUCKETS,
-      registers,
-    });
-    this.itl = new Histogram({
-      name: "infera_inter_token_latency_seconds",
-      help: "Gap between streamed chunks",
-      labelNames: ["model"],
-      buckets: ITL_BUCKETS,
-      registers,
-    });
-    this.e2e = new Histogram({
-      name: "infera_e2e_request_latency_seconds",
-      help: "Time from request arrival to the end of the answer",
-      labelNames: ["model", "endpoint"],
-      buckets: LATENCY_BUCKETS,
-      registers,
-    });
+    this.ttft = new FastHistogramFamily(
+      "infera_time_to_first_token_seconds",
+      "Time from request arrival to the first streamed chunk",
+      LATENCY_BUCKETS,
+      ["model"],
+    );
+    this.itl = new FastHistogramFamily(
+      "infera_inter_token_latency_seconds",
+      "Gap between streamed chunks",
+      ITL_BUCKETS,
+      ["model"],
+    );
+    this.e2e = new FastHistogramFamily(
+      "infera_e2e_request_latency_seconds",
+      "Time from request arrival to the end of the answer",
+      LATENCY_BUCKETS,
+      ["model", "endpoint"],
+    );
     this.promptTokens = new Counter({
       name: "infera_prompt_tokens_total",
       help: "Prompt tokens reported by workers' usage",
@@ -137,8 +136,8 @@ export class ServerMetrics {
     let m = this.perModel.get(model);
     if (!m) {
       m = {
-        ttft: this.ttft.labels(model),
-        itl: this.itl.labels(model),
+        ttft: this.ttft.child(model),
+        itl: this.itl.child(model),
         promptTokens: this.promptTokens.labels(model),
         completionTokens: this.completionTokens.labels(model),
       };
@@ -172,9 +171,14 @@ export class ServerMetrics {
     ]).inc();
   }
 
-  /** `e2e.observe({model, endpoint}, seconds)` through a cached child. */
+  /** `e2e.observe({model, endpoint}, seconds)`. */
   observeE2e(model: string, endpoint: string, seconds: number): void {
-    this.child(this.e2e, `e\0${model}\0${endpoint}`, () => [model, endpoint]).observe(seconds);
+    this.e2e.child(model, endpoint).observe(seconds);
+  }
+
+  /** Prometheus text: the registry (with any extension's metrics) and the fast histograms. */
+  async text(): Promise<string> {
+    return (await this.registry.metrics()) + this.ttft.text() + this.itl.text() + this.e2e.text();
   }
 
   onDecision = (_model: string, policy: string, router: string, sel: Selection): void => {

@@ -1,4 +1,5 @@
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { FastHistogramFamily } from "../../util/fast-histogram.ts";
 import type { FinishReason } from "./output.ts";
 import type { SchedulerObserver } from "./scheduler.ts";
 import type { Sequence } from "./sequence.ts";
@@ -22,43 +23,6 @@ const E2E_BUCKETS = [
 ];
 
 /**
- * A histogram observed on the per-token hot path: a bucket scan and two adds, no label
- * hashing. Rendered in Prometheus text by hand and appended to the registry's output.
- */
-class FastHistogram {
-  private readonly counts: Float64Array;
-  private sum = 0;
-  private count = 0;
-  constructor(
-    private readonly name: string,
-    private readonly help: string,
-    private readonly buckets: number[],
-    private readonly labels: string,
-  ) {
-    this.counts = new Float64Array(buckets.length);
-  }
-  observe(v: number): void {
-    const b = this.buckets;
-    let i = 0;
-    while (i < b.length && v > b[i]) i++;
-    if (i < b.length) this.counts[i]++;
-    this.sum += v;
-    this.count++;
-  }
-  text(): string {
-    let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} histogram\n`;
-    let cum = 0;
-    for (let i = 0; i < this.buckets.length; i++) {
-      cum += this.counts[i];
-      out += `${this.name}_bucket{le="${this.buckets[i]}",${this.labels}} ${cum}\n`;
-    }
-    out += `${this.name}_bucket{le="+Inf",${this.labels}} ${this.count}\n`;
-    out += `${this.name}_sum{${this.labels}} ${this.sum}\n${this.name}_count{${this.labels}} ${this.count}\n`;
-    return out;
-  }
-}
-
-/**
  * vLLM's Prometheus metrics (names, labels `model_name` and `engine`), one Registry per
  * engine. Gauges are read at scrape time; counters and histograms move as requests progress.
  */
@@ -71,7 +35,8 @@ export class SimMetrics implements SchedulerObserver {
   private readonly preemptions: Counter;
   private readonly success: Record<string, Counter>;
   private readonly ttft: Histogram;
-  private readonly itl: FastHistogram;
+  private readonly itlFamily: FastHistogramFamily;
+  private readonly itl: { observe(v: number): void };
   /** Generated tokens not yet added to the counter (added at scrape time, off the hot path). */
   private pendingGenerated = 0;
   private readonly e2e: Histogram;
@@ -163,13 +128,13 @@ export class SimMetrics implements SchedulerObserver {
       "Histogram of time to first token in seconds.",
       TTFT_BUCKETS,
     );
-    const labelText = `model_name=${JSON.stringify(modelName)},engine=${JSON.stringify(engine)}`;
-    this.itl = new FastHistogram(
+    this.itlFamily = new FastHistogramFamily(
       "vllm:inter_token_latency_seconds",
       "Histogram of inter-token latency in seconds.",
       ITL_BUCKETS,
-      labelText,
+      ["model_name", "engine"],
     );
+    this.itl = this.itlFamily.child(modelName, engine);
     this.e2e = hist(
       "vllm:e2e_request_latency_seconds",
       "Histogram of e2e request latency in seconds.",
@@ -218,6 +183,6 @@ export class SimMetrics implements SchedulerObserver {
 
   /** Prometheus text exposition. */
   async text(): Promise<string> {
-    return (await this.registry.metrics()) + this.itl.text();
+    return (await this.registry.metrics()) + this.itlFamily.text();
   }
 }
