@@ -3,10 +3,10 @@
  * computed at scrape time from the WorkerSet (collect callbacks), so the hot path only
  * touches counters and histograms.
  */
-import { Counter, Gauge, type Histogram, Registry } from "prom-client";
+import { Counter, Gauge, Registry } from "prom-client";
 import type { Selection } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
-import { FastHistogramFamily } from "../util/fast-histogram.ts";
+import { FastCounterFamily, FastHistogramFamily } from "../util/fast-metrics.ts";
 
 const LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 const ITL_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5];
@@ -20,25 +20,24 @@ export interface ModelMetrics {
 
 export class ServerMetrics {
   readonly registry = new Registry();
-  readonly requests: Counter<"model" | "endpoint" | "status">;
-  // Observed per chunk or per request: FastHistograms, appended to the registry's text.
+  // Moved on every request or chunk: the fast families, appended to the registry's text.
+  readonly requests: FastCounterFamily;
   readonly ttft: FastHistogramFamily;
   readonly itl: FastHistogramFamily;
   readonly e2e: FastHistogramFamily;
-  readonly promptTokens: Counter<"model">;
-  readonly completionTokens: Counter<"model">;
-  readonly decisions: Counter<"policy" | "reason" | "router">;
+  readonly promptTokens: FastCounterFamily;
+  readonly completionTokens: FastCounterFamily;
+  readonly decisions: FastCounterFamily;
   readonly retries: Counter<"model" | "reason">;
   readonly clientAborts: Counter<"model">;
 
   constructor(workers: WorkerSet) {
     const registers = [this.registry];
-    this.requests = new Counter({
-      name: "infera_requests_total",
-      help: "Requests answered, by model, endpoint and HTTP status",
-      labelNames: ["model", "endpoint", "status"],
-      registers,
-    });
+    this.requests = new FastCounterFamily(
+      "infera_requests_total",
+      "Requests answered, by model, endpoint and HTTP status",
+      ["model", "endpoint", "status"],
+    );
     this.ttft = new FastHistogramFamily(
       "infera_time_to_first_token_seconds",
       "Time from request arrival to the first streamed chunk",
@@ -57,24 +56,21 @@ export class ServerMetrics {
       LATENCY_BUCKETS,
       ["model", "endpoint"],
     );
-    this.promptTokens = new Counter({
-      name: "infera_prompt_tokens_total",
-      help: "Prompt tokens reported by workers' usage",
-      labelNames: ["model"],
-      registers,
-    });
-    this.completionTokens = new Counter({
-      name: "infera_generation_tokens_total",
-      help: "Completion tokens reported by workers' usage",
-      labelNames: ["model"],
-      registers,
-    });
-    this.decisions = new Counter({
-      name: "infera_routing_decisions_total",
-      help: "Routing decisions by policy, reason and router kind",
-      labelNames: ["policy", "reason", "router"],
-      registers,
-    });
+    this.promptTokens = new FastCounterFamily(
+      "infera_prompt_tokens_total",
+      "Prompt tokens reported by workers' usage",
+      ["model"],
+    );
+    this.completionTokens = new FastCounterFamily(
+      "infera_generation_tokens_total",
+      "Completion tokens reported by workers' usage",
+      ["model"],
+    );
+    this.decisions = new FastCounterFamily(
+      "infera_routing_decisions_total",
+      "Routing decisions by policy, reason and router kind",
+      ["policy", "reason", "router"],
+    );
     this.retries = new Counter({
       name: "infera_retries_total",
       help: "Requests retried on another worker, by reason",
@@ -138,37 +134,17 @@ export class ServerMetrics {
       m = {
         ttft: this.ttft.child(model),
         itl: this.itl.child(model),
-        promptTokens: this.promptTokens.labels(model),
-        completionTokens: this.completionTokens.labels(model),
+        promptTokens: this.promptTokens.child(model),
+        completionTokens: this.completionTokens.child(model),
       };
       this.perModel.set(model, m);
     }
     return m;
   }
 
-  /** Label children keyed by their joined label values: one Map lookup instead of prom-client's label hashing. */
-  private readonly children = new Map<string, { inc(v?: number): void; observe(v: number): void }>();
-
-  private child(
-    metric: Counter<string> | Histogram<string>,
-    key: string,
-    labels: () => string[],
-  ): { inc(v?: number): void; observe(v: number): void } {
-    let c = this.children.get(key);
-    if (!c) {
-      c = metric.labels(...labels()) as unknown as { inc(v?: number): void; observe(v: number): void };
-      this.children.set(key, c);
-    }
-    return c;
-  }
-
-  /** `requests.inc({model, endpoint, status})` through a cached child. */
+  /** `requests.inc({model, endpoint, status})`. */
   countRequest(model: string, endpoint: string, status: number): void {
-    this.child(this.requests, `r\0${model}\0${endpoint}\0${status}`, () => [
-      model,
-      endpoint,
-      String(status),
-    ]).inc();
+    this.requests.child(model, endpoint, String(status)).inc();
   }
 
   /** `e2e.observe({model, endpoint}, seconds)`. */
@@ -178,15 +154,14 @@ export class ServerMetrics {
 
   /** Prometheus text: the registry (with any extension's metrics) and the fast histograms. */
   async text(): Promise<string> {
-    return (await this.registry.metrics()) + this.ttft.text() + this.itl.text() + this.e2e.text();
+    let out = await this.registry.metrics();
+    for (const f of [this.requests, this.promptTokens, this.completionTokens, this.decisions])
+      out += f.text();
+    return out + this.ttft.text() + this.itl.text() + this.e2e.text();
   }
 
   onDecision = (_model: string, policy: string, router: string, sel: Selection): void => {
-    this.child(this.decisions, `d\0${policy}\0${sel.reason}\0${router}`, () => [
-      policy,
-      sel.reason,
-      router,
-    ]).inc();
+    this.decisions.child(policy, sel.reason, router).inc();
   };
 
   onRetry = (model: string, reason: string): void => {

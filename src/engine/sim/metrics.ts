@@ -1,5 +1,5 @@
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
-import { FastHistogramFamily } from "../../util/fast-histogram.ts";
+import { FastHistogramFamily } from "../../util/fast-metrics.ts";
 import type { FinishReason } from "./output.ts";
 import type { SchedulerObserver } from "./scheduler.ts";
 import type { Sequence } from "./sequence.ts";

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { Histogram, Registry } from "prom-client";
-import { FastHistogramFamily } from "../../src/util/fast-histogram.ts";
+import { Counter, Histogram, Registry } from "prom-client";
+import { FastCounterFamily, FastHistogramFamily } from "../../src/util/fast-metrics.ts";
 
 /** Sample lines as a map from `name{sorted labels}` to value, so label order does not matter. */
 function samples(text: string): Map<string, number> {
@@ -16,7 +16,7 @@ function samples(text: string): Map<string, number> {
   return out;
 }
 
-describe("FastHistogramFamily", () => {
+describe("fast metric families", () => {
   it("renders the same samples as prom-client's Histogram for the same observations", async () => {
     const buckets = [0.001, 0.01, 0.1, 1];
     const registry = new Registry();
@@ -43,5 +43,30 @@ describe("FastHistogramFamily", () => {
     assert.match(text, /^# HELP h_seconds x\n# TYPE h_seconds histogram\n/);
     assert.deepEqual(samples(text), samples(await registry.metrics()));
     assert.equal(samples(text).get('h_seconds_count{endpoint="chat",model="m1"}'), 4);
+  });
+
+  it("FastCounterFamily renders the same samples as prom-client's Counter", async () => {
+    const registry = new Registry();
+    const ref = new Counter({
+      name: "c_total",
+      help: "y",
+      labelNames: ["model", "status"],
+      registers: [registry],
+    });
+    const fast = new FastCounterFamily("c_total", "y", ["model", "status"]);
+    const incs: [string, string, number][] = [
+      ["a", "200", 1],
+      ["a", "200", 4],
+      ["b", "404", 1],
+      ["a", "500", 2.5],
+    ];
+    for (const [model, status, v] of incs) {
+      ref.inc({ model, status }, v);
+      fast.child(model, status).inc(v);
+    }
+    const text = fast.text();
+    assert.match(text, /^# HELP c_total y\n# TYPE c_total counter\n/);
+    assert.deepEqual(samples(text), samples(await registry.metrics()));
+    assert.equal(samples(text).get('c_total{model="a",status="200"}'), 5);
   });
 });
