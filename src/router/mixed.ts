@@ -100,6 +100,11 @@ export function isReadable(b: AsyncIterable<Uint8Array>): b is Readable {
   return typeof (b as Readable).on === "function" && typeof (b as Readable).pause === "function";
 }
 
+/** An answer's content type: its `contentType` when the transport gives one, else from `headers`. */
+export function contentTypeOf(up: UpstreamResponse): string | undefined {
+  return "contentType" in up ? up.contentType : up.headers["content-type"];
+}
+
 /** Wraps an answer so the worker's in-flight count drops exactly once, however it ends. */
 export function trackRelease(up: UpstreamResponse, w: LiveWorker, prefill: number): UpstreamResponse {
   return new TrackedUpstream(up, w, prefill);
@@ -111,7 +116,6 @@ export function trackRelease(up: UpstreamResponse, w: LiveWorker, prefill: numbe
  */
 class TrackedUpstream implements UpstreamResponse {
   readonly status: number;
-  readonly headers: Record<string, string>;
   readonly body: AsyncIterable<Uint8Array>;
   private released = false;
   private prefillPending: boolean;
@@ -124,7 +128,6 @@ class TrackedUpstream implements UpstreamResponse {
     private readonly prefill: number,
   ) {
     this.status = up.status;
-    this.headers = up.headers;
     this.prefillPending = prefill > 0;
     this.releaseFn = () => this.release();
     const src = up.body;
@@ -165,6 +168,15 @@ class TrackedUpstream implements UpstreamResponse {
     this.released = true;
     this.firstByte();
     this.w.inFlight--;
+  }
+
+  // Getters: the wrapped answer may build its headers lazily.
+  get headers(): Record<string, string> {
+    return this.up.headers;
+  }
+
+  get contentType(): string | undefined {
+    return contentTypeOf(this.up);
   }
 
   json(): Promise<unknown> {

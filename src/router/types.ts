@@ -81,6 +81,8 @@ export type PolicyFactory = (ctx: PolicyContext) => RoutingPolicy;
 export interface UpstreamResponse {
   status: number;
   headers: Record<string, string>;
+  /** The content-type header, when the transport can give it without building `headers`. */
+  readonly contentType?: string;
   body: AsyncIterable<Uint8Array>;
   /** Reads the whole body as JSON (non-streamed answers). */
   json(): Promise<unknown>;

@@ -12,7 +12,7 @@ import { InvalidJsonError, TimeoutError, UpstreamError } from "../protocol/error
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
 import { connectionFailureKind } from "../router/errors.ts";
-import { isReadable } from "../router/mixed.ts";
+import { contentTypeOf, isReadable } from "../router/mixed.ts";
 import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import { setRawBody } from "../transport/http.ts";
 import { type BodySink, PushBody } from "../transport/push-body.ts";
@@ -153,7 +153,7 @@ async function relayWhole(
   if (signal.aborted) return null;
   const buf = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
   res.writeHead(up.status, {
-    "content-type": up.headers["content-type"] ?? "application/json",
+    "content-type": contentTypeOf(up) ?? "application/json",
     "content-length": buf.length,
     "x-request-id": requestId,
   });
@@ -172,7 +172,7 @@ async function relayStream(
   signal: RequestAbort,
 ): Promise<Usage | null> {
   res.writeHead(up.status, {
-    "content-type": up.headers["content-type"] ?? "text/event-stream",
+    "content-type": contentTypeOf(up) ?? "text/event-stream",
     "cache-control": "no-cache",
     "x-request-id": requestId,
   });
