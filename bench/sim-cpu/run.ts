@@ -8,12 +8,14 @@
  *   floor     a minimal Node HTTP server writing one SSE event per stream per ITL tick
  *             (floor-server.mjs): what any Node implementation pays for these writes here;
  *   sim       `infera-sim` with defaults (one event per token, as vLLM's --stream-interval 1),
- *             compiled (dist/, built first when stale);
+ *             compiled (dist/, built first when stale), publishing KV events over ZMQ as a
+ *             worker behind kv-aware routing does (so do tsx and sim4);
+ *   nokv      the same with KV events off, vLLM's default;
  *   tsx       the same sim run from the TypeScript sources through tsx: what the build buys;
  *   sim4      `infera-sim --stream-interval 4`.
  *
  *   node --import tsx bench/sim-cpu/run.ts [--streams 64] [--seconds 15] [--max-tokens 256]
- *     [--rows floor,sim,tsx,sim4]
+ *     [--rows floor,sim,nokv,tsx,sim4]
  *
  * INFERA_SIM_CPU_PROF=FILE writes a V8 CPU profile of the (first) sim row (see main.ts).
  */
@@ -30,7 +32,7 @@ function arg(name: string, dflt: number): number {
   return i >= 0 ? Number(process.argv[i + 1]) : dflt;
 }
 const rowsArg = process.argv.indexOf("--rows");
-const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,tsx,sim4").split(",");
+const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,nokv,tsx,sim4").split(",");
 
 const STREAMS = arg("streams", 64);
 const SECONDS = arg("seconds", 15);
@@ -209,8 +211,14 @@ function profEnv(): Record<string, string> {
   return { INFERA_SIM_CPU_PROF: f };
 }
 
-async function runSim(extra: string[], env: Record<string, string>): Promise<SimWindow> {
-  return measureSim(await startSim({ args: [...SIM_ARGS, ...extra], env: { ...env, ...profEnv() } }));
+async function runSim(
+  extra: string[],
+  env: Record<string, string>,
+  kvEvents?: Record<string, unknown>,
+): Promise<SimWindow> {
+  return measureSim(
+    await startSim({ args: [...SIM_ARGS, ...extra], env: { ...env, ...profEnv() }, kvEvents }),
+  );
 }
 
 /**
@@ -225,7 +233,7 @@ function ensureDist(): "dist" | "src" {
   return chooseEntry();
 }
 
-const entry = ROWS.some((r) => r === "sim" || r === "sim4") ? ensureDist() : "src";
+const entry = ROWS.some((r) => r === "sim" || r === "sim4" || r === "nokv") ? ensureDist() : "src";
 const results: [string, Window, number][] = [];
 let itlMs = 5;
 let simTokPerS = 0;
@@ -238,6 +246,11 @@ for (const row of ROWS) {
   } else if (row === "tsx") {
     const w = await runSim([], { INFERA_DIST: "0" });
     results.push(["sim (per token, tsx)", w, w.tokens]);
+  } else if (row === "nokv") {
+    // The other rows publish KV events over ZMQ, as a worker behind kv-aware routing does;
+    // this one runs as vLLM does by default (no KV events), showing what publishing costs.
+    const w = await runSim([], { INFERA_DIST: "1" }, { enable_kv_cache_events: false });
+    results.push(["sim, KV events off", w, w.tokens]);
   } else if (row === "sim4") {
     const w = await runSim(["--stream-interval", "4"], { INFERA_DIST: "1" });
     results.push([`sim --stream-interval 4`, w, w.tokens]);
