@@ -19,6 +19,7 @@ import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
 import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
 import { RequestResponder } from "./response.ts";
 import { Sequence } from "./sequence.ts";
+import type { UringWriter } from "./uring-writer.ts";
 
 const MAX_BODY = 64 * 1024 * 1024;
 
@@ -28,6 +29,8 @@ export interface ApiDeps {
   tokenizer: Tokenizer;
   vocab: OutputVocab;
   lpModel: LogprobModel;
+  /** The io_uring batch writer for SSE events (--io-uring), or null for Node's socket writes. */
+  writer: UringWriter | null;
   kvHost: SimKvHostImpl;
   /** Set once the connector has started (null for mixed workers). */
   connector: () => SimConnector | null;
@@ -245,6 +248,7 @@ async function handleCompletion(
     logprobs: r.logprobs,
     echoTexts: r.echoTexts,
     lpModel: r.logprobs !== null || r.echoTexts ? deps.lpModel : null,
+    writer: deps.writer,
   });
   res.on("close", () => {
     if (responder.finished) return;

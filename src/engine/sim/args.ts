@@ -47,6 +47,7 @@ const VALUE_FLAGS = new Set([
   "kv-hold-timeout-ms",
   "stream-interval",
   "max-logprobs",
+  "io-uring",
   "kv-events-framing",
 ]);
 
@@ -239,6 +240,9 @@ export function parseSimArgs(argv: readonly string[]): ParsedArgs {
   const speed = speedRaw === undefined ? 1 : Number(speedRaw);
   if (!Number.isFinite(speed) || speed <= 0) throw new Error("--speed must be a positive number");
 
+  const ioUring = values.get("io-uring") ?? "auto";
+  if (ioUring !== "auto" && ioUring !== "on" && ioUring !== "off")
+    throw new Error("--io-uring must be auto|on|off");
   const kvEventsRaw = values.get("kv-events-config");
   const config: SimConfig = {
     model,
@@ -268,6 +272,7 @@ export function parseSimArgs(argv: readonly string[]): ParsedArgs {
     holdTimeoutMs: int("kv-hold-timeout-ms", 120000),
     streamInterval: int("stream-interval", 1),
     maxLogprobs: int("max-logprobs", 20, 0),
+    ioUring,
   };
   return { config, help, ignored, unknown };
 }
@@ -299,4 +304,5 @@ A simulated vLLM-compatible engine (OpenAI API, /metrics, KV events, PD connecto
   --stream-interval N           tokens per streamed event, as vLLM's flag (1)
   --max-logprobs N              most logprob alternatives a request may ask for (20)
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
+  --io-uring auto|on|off        send each tick's SSE events for all streams in one io_uring call (auto)
 Other vLLM flags are accepted and ignored.`;
