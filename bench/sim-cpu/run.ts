@@ -2,22 +2,23 @@
  * CPU cost of one simulated engine under load: STREAMS concurrent streamed chat requests at
  * --speed 1 (real time), closed loop. Reads the child's utime and stime from /proc/<pid>/stat
  * and its read/write syscalls from /proc/<pid>/io over a steady-state window, and the
- * generated tokens from its /metrics.
+ * generated tokens from its /metrics. Every row's process is started first; the rows are then
+ * measured in turn, --rounds times over, and each reports its median window (this VM's speed
+ * drifts by ±30 % over minutes; interleaving spreads that over all rows alike).
  *
  * Rows, side by side in the same run, with the same load generator (--rows picks some):
  *   floor     a minimal Node HTTP server writing one SSE event per stream per ITL tick
  *             (floor-server.mjs): what any Node implementation pays for these writes here;
  *   sim       `infera-sim` with defaults (one event per token, as vLLM's --stream-interval 1),
  *             compiled (dist/, built first when stale), publishing KV events over ZMQ as a
- *             worker behind kv-aware routing does (so do tsx and sim4);
- *             Its SSE events leave through the io_uring batch writer where available
+ *             worker behind kv-aware routing does (so do tsx and sim4). Its SSE events leave through the io_uring batch writer where available
  *             (--io-uring auto: one system call per tick for all streams);
  *   nodewrite the same with --io-uring off: one socket.write per event;
  *   nokv      the same as sim with KV events off, vLLM's default;
  *   tsx       the same sim run from the TypeScript sources through tsx: what the build buys;
  *   sim4      `infera-sim --stream-interval 4`.
  *
- *   node --import tsx bench/sim-cpu/run.ts [--streams 64] [--seconds 15] [--max-tokens 256]
+ *   node --import tsx bench/sim-cpu/run.ts [--streams 64] [--seconds 6] [--rounds 3] [--max-tokens 256]
  *     [--rows floor,sim,nodewrite,nokv,tsx,sim4]
  *
  * INFERA_SIM_CPU_PROF=FILE writes a V8 CPU profile of the (first) sim row (see main.ts).
@@ -38,8 +39,9 @@ const rowsArg = process.argv.indexOf("--rows");
 const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,nodewrite,nokv,tsx,sim4").split(",");
 
 const STREAMS = arg("streams", 64);
-const SECONDS = arg("seconds", 15);
-const WARMUP = arg("warmup", 3);
+const SECONDS = arg("seconds", 6);
+const ROUNDS = arg("rounds", 3);
+const WARMUP = arg("warmup", 2);
 const MAX_TOKENS = arg("max-tokens", 256);
 const CLK_TCK = 100;
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
@@ -155,53 +157,59 @@ async function waitHealthy(url: string): Promise<void> {
   throw new Error(`${url} did not become healthy`);
 }
 
-async function runFloor(itlMs: number): Promise<Window> {
+/** A row's process, started once and loaded in every round. */
+interface Target {
+  name: string;
+  url: string;
+  pid: number;
+  model: string;
+  /** The sim's /metrics (tokens counted from it); null for the floor (events counted). */
+  metrics: (() => Promise<string>) | null;
+  stop(): Promise<void>;
+}
+
+async function startFloor(itlMs: number): Promise<Target> {
   const port = await freePort();
   const script = fileURLToPath(new URL("./floor-server.mjs", import.meta.url));
   const child: ChildProcess = spawn(process.execPath, [script, String(port), String(itlMs)], {
     stdio: "inherit",
   });
   const url = `http://127.0.0.1:${port}`;
-  try {
-    await waitHealthy(url);
-    return await load(url, child.pid!, "sim-model");
-  } finally {
-    child.kill("SIGKILL");
-  }
+  await waitHealthy(url);
+  return {
+    name: "floor (plain Node SSE)",
+    url,
+    pid: child.pid!,
+    model: "sim-model",
+    metrics: null,
+    stop: async () => {
+      child.kill("SIGKILL");
+    },
+  };
 }
 
-interface SimWindow extends Window {
-  tokens: number;
+interface RowWindow extends Window {
+  /** Tokens (sims, from vllm:generation_tokens_total) or SSE events (floor). */
+  units: number;
   itlMs: number;
 }
 
-interface SimLike {
-  url: string;
-  pid: number;
-  model: string;
-  metrics(): Promise<string>;
-  stop(): Promise<void>;
-}
-
-async function measureSim(sim: SimLike): Promise<SimWindow> {
-  try {
-    let m0 = "";
-    let m1 = "";
-    const w = await load(sim.url, sim.pid, sim.model, {
-      start: async () => {
-        m0 = await sim.metrics();
-      },
-      end: async () => {
-        m1 = await sim.metrics();
-      },
-    });
-    const d = (name: string): number => (parseMetric(m1, name) ?? 0) - (parseMetric(m0, name) ?? 0);
-    const itl =
-      d("vllm:inter_token_latency_seconds_sum") / Math.max(1, d("vllm:inter_token_latency_seconds_count"));
-    return { ...w, tokens: d("vllm:generation_tokens_total"), itlMs: itl * 1000 };
-  } finally {
-    await sim.stop();
-  }
+async function measure(t: Target): Promise<RowWindow> {
+  let m0 = "";
+  let m1 = "";
+  const w = await load(t.url, t.pid, t.model, {
+    start: async () => {
+      if (t.metrics) m0 = await t.metrics();
+    },
+    end: async () => {
+      if (t.metrics) m1 = await t.metrics();
+    },
+  });
+  if (!t.metrics) return { ...w, units: w.events, itlMs: 0 };
+  const d = (name: string): number => (parseMetric(m1, name) ?? 0) - (parseMetric(m0, name) ?? 0);
+  const itl =
+    d("vllm:inter_token_latency_seconds_sum") / Math.max(1, d("vllm:inter_token_latency_seconds_count"));
+  return { ...w, units: d("vllm:generation_tokens_total"), itlMs: itl * 1000 };
 }
 
 const SIM_ARGS = ["--speed", "1", "--max-model-len", "8192"];
@@ -214,14 +222,21 @@ function profEnv(): Record<string, string> {
   return { INFERA_SIM_CPU_PROF: f };
 }
 
-async function runSim(
+async function startSimRow(
+  name: string,
   extra: string[],
   env: Record<string, string>,
   kvEvents?: Record<string, unknown>,
-): Promise<SimWindow> {
-  return measureSim(
-    await startSim({ args: [...SIM_ARGS, ...extra], env: { ...env, ...profEnv() }, kvEvents }),
-  );
+): Promise<Target> {
+  const sim = await startSim({ args: [...SIM_ARGS, ...extra], env: { ...env, ...profEnv() }, kvEvents });
+  return {
+    name,
+    url: sim.url,
+    pid: sim.pid,
+    model: sim.model,
+    metrics: () => sim.metrics(),
+    stop: () => sim.stop(),
+  };
 }
 
 /**
@@ -237,63 +252,96 @@ function ensureDist(): "dist" | "src" {
 }
 
 const entry = ROWS.some((r) => ["sim", "sim4", "nokv", "nodewrite"].includes(r)) ? ensureDist() : "src";
-const results: [string, Window, number][] = [];
-let itlMs = 5;
-let simTokPerS = 0;
-for (const row of ROWS) {
-  if (row === "sim") {
-    const w = await runSim([], { INFERA_DIST: "1" });
-    itlMs = w.itlMs;
-    simTokPerS = w.tokens / w.wall;
-    results.push([`sim (per token, ${entry})`, w, w.tokens]);
-  } else if (row === "tsx") {
-    const w = await runSim([], { INFERA_DIST: "0" });
-    results.push(["sim (per token, tsx)", w, w.tokens]);
-  } else if (row === "nodewrite") {
-    // Every event through Node's socket.write, as before the io_uring batch writer.
-    const w = await runSim(["--io-uring", "off"], { INFERA_DIST: "1" });
-    results.push(["sim, --io-uring off", w, w.tokens]);
-  } else if (row === "nokv") {
-    // The other rows publish KV events over ZMQ, as a worker behind kv-aware routing does;
-    // this one runs as vLLM does by default (no KV events), showing what publishing costs.
-    const w = await runSim([], { INFERA_DIST: "1" }, { enable_kv_cache_events: false });
-    results.push(["sim, KV events off", w, w.tokens]);
-  } else if (row === "sim4") {
-    const w = await runSim(["--stream-interval", "4"], { INFERA_DIST: "1" });
-    results.push([`sim --stream-interval 4`, w, w.tokens]);
-  } else if (row === "floor") {
-    // The floor ticks at the sim's measured ITL when the sim ran first, else at 4.8 ms.
-    const w = await runFloor(results.length > 0 ? itlMs : 4.8);
-    results.push(["floor (plain Node SSE)", w, w.events]);
-  } else throw new Error(`unknown row ${row}`);
+const SIM_NAME = `sim (per token, ${entry})`;
+
+async function startRow(row: string): Promise<Target> {
+  switch (row) {
+    case "sim":
+      return startSimRow(SIM_NAME, [], { INFERA_DIST: "1" });
+    case "tsx":
+      return startSimRow("sim (per token, tsx)", [], { INFERA_DIST: "0" });
+    case "nodewrite":
+      // Every event through Node's socket.write, as before the io_uring batch writer.
+      return startSimRow("sim, --io-uring off", ["--io-uring", "off"], { INFERA_DIST: "1" });
+    case "nokv":
+      // The other rows publish KV events over ZMQ, as a worker behind kv-aware routing does;
+      // this one runs as vLLM does by default (no KV events), showing what publishing costs.
+      return startSimRow("sim, KV events off", [], { INFERA_DIST: "1" }, { enable_kv_cache_events: false });
+    case "sim4":
+      return startSimRow("sim --stream-interval 4", ["--stream-interval", "4"], { INFERA_DIST: "1" });
+    case "floor":
+      // Ticks at 4.8 ms, the default profile's ITL at 64 streams (the sim rows print theirs).
+      return startFloor(4.8);
+    default:
+      throw new Error(`unknown row ${row}`);
+  }
 }
 
-const pctOf = (sec: number, w: Window): string => `${((sec / w.wall) * 100).toFixed(1)} %`;
+// Every row's process runs for the whole bench (idle ones cost nothing) and the rows are
+// measured in turn, ROUNDS times over: a slow minute on this shared VM then hits every row
+// alike instead of whichever row happened to run in it. Each row reports its median window.
+const targets: Target[] = [];
+for (const row of ROWS) targets.push(await startRow(row));
+const windows = new Map<string, RowWindow[]>(targets.map((t) => [t.name, []]));
+try {
+  for (let round = 1; round <= ROUNDS; round++) {
+    for (const t of targets) {
+      windows.get(t.name)!.push(await measure(t));
+      process.stderr.write(`  round ${round}/${ROUNDS}: ${t.name} done\n`);
+    }
+  }
+} finally {
+  for (const t of targets) await t.stop();
+}
+
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((x, y) => x - y);
+  return s.length % 2 === 1 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+const cpuPct = (w: Window): number => ((w.utime + w.stime) / w.wall) * 100;
+const usPer = (w: RowWindow): number => ((w.utime + w.stime) / Math.max(1, w.units)) * 1e6;
+
 console.log(
-  `sim-cpu: ${STREAMS} concurrent streams, --speed 1, max_tokens ${MAX_TOKENS}, ${SECONDS} s windows`,
+  `sim-cpu: ${STREAMS} concurrent streams, --speed 1, max_tokens ${MAX_TOKENS}, ${ROUNDS} interleaved rounds of ${SECONDS} s windows per row`,
 );
-if (simTokPerS > 0)
-  console.log(`  sim tokens/s            ${simTokPerS.toFixed(0)} (mean ITL ${itlMs.toFixed(2)} ms)`);
-console.log(
-  `  ${"row".padEnd(24)} ${"CPU".padStart(7)} ${"user".padStart(7)} ${"sys".padStart(7)}  us/token (user+sys)   writes/token reads/token  events requests errors`,
-);
-for (const [name, w, tokens] of results) {
-  const per = (x: number): string => ((x / Math.max(1, tokens)) * 1e6).toFixed(1);
+const simWs = windows.get(SIM_NAME);
+if (simWs && simWs.length > 0) {
+  const tokPerS = median(simWs.map((w) => w.units / w.wall));
   console.log(
-    `  ${name.padEnd(24)} ${pctOf(w.utime + w.stime, w).padStart(7)} ${pctOf(w.utime, w).padStart(7)} ${pctOf(w.stime, w).padStart(7)}  ${per(w.utime + w.stime).padStart(6)} (${per(w.utime)}+${per(w.stime)})`.padEnd(
-      74,
-    ) +
-      `${(w.syscw / Math.max(1, tokens)).toFixed(2).padStart(8)} ${(w.syscr / Math.max(1, tokens)).toFixed(2).padStart(10)}  ${w.events} ${w.requests} ${w.errors}`,
+    `  sim tokens/s            ${tokPerS.toFixed(0)} (mean ITL ${median(simWs.map((w) => w.itlMs)).toFixed(2)} ms)`,
   );
 }
-const floorRow = results.find(([n]) => n.startsWith("floor"));
-const simRow = results.find(([n]) => n === `sim (per token, ${entry})`);
-if (floorRow && simRow) {
-  const r = (w: Window): number => (w.utime + w.stime) / w.wall;
-  console.log(`  ratio sim / floor        ${(r(simRow[1]) / r(floorRow[1])).toFixed(2)}x`);
+console.log(
+  `  ${"row".padEnd(26)} ${"CPU median".padStart(10)} ${"(min–max)".padEnd(14)} us/unit median (user+sys)  writes/unit  units errors`,
+);
+for (const t of targets) {
+  const ws = windows.get(t.name)!;
+  const cpu = ws.map(cpuPct);
+  const tot = ws.reduce(
+    (a, w) => ({
+      u: a.u + w.utime,
+      s: a.s + w.stime,
+      n: a.n + w.units,
+      wr: a.wr + w.syscw,
+      e: a.e + w.errors,
+    }),
+    { u: 0, s: 0, n: 0, wr: 0, e: 0 },
+  );
+  const per = (x: number): string => ((x / Math.max(1, tot.n)) * 1e6).toFixed(1);
+  console.log(
+    `  ${t.name.padEnd(26)} ${`${median(cpu).toFixed(1)} %`.padStart(10)} ${`(${Math.min(...cpu).toFixed(1)}–${Math.max(...cpu).toFixed(1)})`.padEnd(14)} ${median(ws.map(usPer)).toFixed(1).padStart(6)} (${per(tot.u)}+${per(tot.s)})`.padEnd(
+      84,
+    ) + `${(tot.wr / Math.max(1, tot.n)).toFixed(2).padStart(6)}  ${tot.n} ${tot.e}`,
+  );
+}
+const floorWs = [...windows.entries()].find(([n]) => n.startsWith("floor"))?.[1];
+if (floorWs && simWs) {
+  console.log(
+    `  ratio sim / floor (medians)  ${(median(simWs.map(cpuPct)) / median(floorWs.map(cpuPct))).toFixed(2)}x`,
+  );
 }
 console.log(
-  `  goal: sim <= 10 % of one core; machine load average ${loadavg()
+  `  units: tokens for the sims, SSE events for the floor; goal: sim <= 10 % of one core; machine load average ${loadavg()
     .map((x) => x.toFixed(1))
     .join(" ")}`,
 );
