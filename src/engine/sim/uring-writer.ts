@@ -16,8 +16,8 @@ import { isMapFailed, libc, viewOf } from "../../kvd/native/libc.ts";
  * - SENDs carry MSG_DONTWAIT: a full socket answers -EAGAIN at once instead of blocking, and
  *   what was not sent (all or the tail) then goes through `socket.write`, after which the
  *   socket stays on Node's path until its queue drains;
- * - any other error destroys that socket (its 'close' aborts the request, as with a Node
- *   write error); a failed io_uring_enter sends the whole batch through Node and turns the
+ * - any other error destroys that socket (its 'close' aborts the request, as a failed Node
+ *   write does); a failed io_uring_enter sends the whole batch through Node and turns the
  *   writer off.
  * Linux only; where io_uring is unavailable (an old kernel, a seccomp profile that blocks it,
  * as Docker's default does) `create` returns null and the sim writes through Node.
@@ -221,9 +221,10 @@ export class UringWriter {
       if (!sock.destroyed) sock.write(Buffer.from(this.arena.subarray(at + sent, at + len)));
       return;
     }
+    // The connection broke (EPIPE, ECONNRESET, ...) or the ring lost the send: close it as a
+    // failed Node write would (its 'close' aborts the request), without an 'error' to handle.
     this.stats.fallbacks++;
-    const why = res === LOST ? "SSE send lost by a failed io_uring" : `SSE send failed (errno ${-res})`;
-    sock.destroy(new Error(why));
+    sock.destroy();
   }
 
   close(): void {

@@ -75,6 +75,24 @@ describe("UringWriter (io_uring batch sends)", { skip }, () => {
     p.server.close();
   });
 
+  it("a connection the peer reset is closed, as a failed Node write would close it", async () => {
+    const w = writer!;
+    const p = await pairs(1);
+    const s = p.out[0];
+    let closed = false;
+    s.on("close", () => {
+      closed = true;
+    });
+    p.ins[0].resetAndDestroy(); // RST now, before this side's loop has seen it
+    const before = w.stats.fallbacks;
+    assert.equal(w.add(s, "after the reset", true), true);
+    w.flush();
+    assert.equal(w.stats.fallbacks, before + 1);
+    assert.equal(s.destroyed, true);
+    await waitUntil(async () => closed, 2000, "'close' emitted");
+    p.server.close();
+  });
+
   it("a full socket: what the kernel does not take goes through Node, in order, nothing lost", async () => {
     const w = writer!;
     const p = await pairs(1);
