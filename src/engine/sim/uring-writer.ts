@@ -19,8 +19,8 @@ import { isMapFailed, libc, viewOf } from "../../kvd/native/libc.ts";
  * - any other error destroys that socket (its 'close' aborts the request, as a failed Node
  *   write does); a failed io_uring_enter sends the whole batch through Node and turns the
  *   writer off.
- * Linux only; where io_uring is unavailable (an old kernel, a seccomp profile that blocks it,
- * as Docker's default does) `create` returns null and the sim writes through Node.
+ * Linux ≥ 5.12 only; where io_uring is unavailable (an older kernel, a seccomp profile that
+ * blocks it, as Docker's default does) `create` returns null and the sim writes through Node.
  */
 export class UringWriter {
   private readonly sqe: Uint32Array;
@@ -84,6 +84,12 @@ export class UringWriter {
       const sqArray = u32(64);
       const sqSize = sqArray + sqEntries * 4;
       const cqSize = off.cqes + cqEntries * 16;
+      // Kernels before 5.12 lack these features and may punt a send that would block to a
+      // worker instead of answering -EAGAIN (stalling the loop on a slow client): Node writes there.
+      if ((features & REQUIRED_FEATURES) !== REQUIRED_FEATURES) {
+        c.close(fd);
+        return null;
+      }
       const single = (features & IORING_FEAT_SINGLE_MMAP) !== 0;
       const map = (len: number, offset: number): Buffer | null => {
         const p = c.mmap(null, len, PROT_RW, MAP_SHARED | MAP_POPULATE, fd, offset);
@@ -251,6 +257,9 @@ export function flushSharedUringWriter(): void {
 const SYS_IO_URING_SETUP = 425;
 const SYS_IO_URING_ENTER = 426;
 const IORING_FEAT_SINGLE_MMAP = 1;
+const IORING_FEAT_FAST_POLL = 1 << 5; // 5.7
+const IORING_FEAT_NATIVE_WORKERS = 1 << 9; // 5.12
+const REQUIRED_FEATURES = IORING_FEAT_FAST_POLL | IORING_FEAT_NATIVE_WORKERS;
 const IORING_OFF_SQ_RING = 0;
 const IORING_OFF_CQ_RING = 0x8000000;
 const IORING_OFF_SQES = 0x10000000;
