@@ -334,6 +334,12 @@ for (const t of targets) {
     ) + `${(tot.wr / Math.max(1, tot.n)).toFixed(2).padStart(6)}  ${tot.n} ${tot.e}`,
   );
 }
+if (simWs && simWs.length > 0) {
+  const m = median(simWs.map(cpuPct));
+  console.log(
+    `  goal (sim <= 10 % of one core per token): ${m <= 10 ? "met" : "not met"} (median ${m.toFixed(1)} %)`,
+  );
+}
 const floorWs = [...windows.entries()].find(([n]) => n.startsWith("floor"))?.[1];
 if (floorWs && simWs) {
   console.log(
@@ -341,7 +347,7 @@ if (floorWs && simWs) {
   );
 }
 console.log(
-  `  units: tokens for the sims, SSE events for the floor; goal: sim <= 10 % of one core; machine load average ${loadavg()
+  `  units: tokens for the sims, SSE events for the floor; machine load average ${loadavg()
     .map((x) => x.toFixed(1))
     .join(" ")}`,
 );
