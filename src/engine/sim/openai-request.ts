@@ -19,7 +19,7 @@ export interface SimRequest {
   kvTransferParams: Record<string, unknown> | null;
   /** Alternatives per token when logprobs were asked for (chat `top_logprobs`, completions `logprobs`); else null. */
   logprobs: number | null;
-  /** Completions `echo`: the prompt's text, per prompt, goes before each choice's text. */
+  /** `echo`: text put before each choice's text, per prompt (completions: the prompt; chat: a final assistant message). */
   echoTexts: string[] | null;
   body: Record<string, unknown>;
 }
@@ -157,8 +157,13 @@ export function parseSimRequest(
   if (body.add_special_tokens !== undefined && typeof body.add_special_tokens !== "boolean")
     throw new BadRequestError("'add_special_tokens' must be a boolean", "add_special_tokens");
   let prompts: number[][];
+  let chatEcho: string | null = null;
   if (kind === "chat") {
     const messages = parseMessages(body.messages);
+    // vLLM's chat `echo`: the answer starts with the last message's text when that message is
+    // the assistant's (a continuation); otherwise it echoes nothing.
+    const last = messages[messages.length - 1];
+    if (optBool(body, "echo") && last?.role === "assistant") chatEcho = messageText(last.content);
     for (const m of messages) messageText(m.content);
     prompts = [tok.encode(tok.applyChatTemplate(messages), addsSpecialTokens(kind, body))];
   } else {
@@ -223,7 +228,7 @@ export function parseSimRequest(
     ignoreEos: optBool(body, "ignore_eos"),
     kvTransferParams: (ktp as Obj | undefined) ?? null,
     logprobs,
-    echoTexts: echo ? echoTexts(body.prompt, prompts, tok) : null,
+    echoTexts: echo ? echoTexts(body.prompt, prompts, tok) : chatEcho ? [chatEcho] : null,
     body,
   };
 }

@@ -187,6 +187,12 @@ export class RequestResponder implements SeqSink {
       for (const s of this.seqs) {
         this.out += `${this.head}${s.index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`;
       }
+      // vLLM's chat echo: the continued assistant message, as one content chunk per choice.
+      if (this.meta.echoTexts) {
+        for (const s of this.seqs) {
+          this.out += `${this.head}${s.index}${this.mid}${JSON.stringify(this.echoText(s))}},"logprobs":null,"finish_reason":null}]}\n\n`;
+        }
+      }
     } else if (this.meta.echoTexts) {
       // vLLM streams the echoed prompt first, as its own chunk per choice.
       for (const s of this.seqs) {
@@ -340,7 +346,12 @@ export class RequestResponder implements SeqSink {
         this.meta.kind === "chat"
           ? {
               index: s.index,
-              message: { role: "assistant", content: s.output.text, refusal: null, tool_calls: [] },
+              message: {
+                role: "assistant",
+                content: this.echoText(s) + s.output.text,
+                refusal: null,
+                tool_calls: [],
+              },
               logprobs: wantLp ? chatLogprobs(this.outputLp(s, 0)) : null,
               finish_reason: s.finishReason,
               stop_reason: null,

@@ -160,6 +160,46 @@ describe("sim logprobs and echo (spawned, official openai client)", () => {
     }
   });
 
+  it("chat echo (vLLM): a final assistant message is continued, streamed and not; otherwise nothing", async () => {
+    const continued = [
+      { role: "user" as const, content: "Write a line." },
+      { role: "assistant" as const, content: "Once upon a time" },
+    ];
+    const body = { model: "sim-model", messages: continued, max_tokens: 5, seed: 9, echo: true };
+    const plainBody = { ...body, echo: false };
+    // `echo` is a vLLM extra on chat: sent as an unknown field through the official client.
+    const whole = await client.chat.completions.create(
+      body as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming,
+    );
+    const plain = await client.chat.completions.create(
+      plainBody as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming,
+    );
+    assert.equal(whole.choices[0].message.content, `Once upon a time${plain.choices[0].message.content}`);
+    assert.equal(whole.usage?.completion_tokens, 5);
+    const stream = await client.chat.completions.create({
+      ...body,
+      stream: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+    const deltas: string[] = [];
+    for await (const c of stream) if (c.choices[0]?.delta.content) deltas.push(c.choices[0].delta.content);
+    assert.equal(deltas[0], "Once upon a time", "the echo is its own first content chunk");
+    assert.equal(deltas.join(""), whole.choices[0].message.content);
+    const userLast = await client.chat.completions.create({
+      model: "sim-model",
+      messages,
+      max_tokens: 3,
+      seed: 9,
+      echo: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const userPlain = await client.chat.completions.create({
+      model: "sim-model",
+      messages,
+      max_tokens: 3,
+      seed: 9,
+    });
+    assert.equal(userLast.choices[0].message.content, userPlain.choices[0].message.content);
+  });
+
   it("bad logprobs requests get 400 in OpenAI's shape, naming the field", async () => {
     const cases: [string, Record<string, unknown>, string][] = [
       ["/v1/chat/completions", { messages, top_logprobs: 2 }, "top_logprobs"],
