@@ -16,8 +16,9 @@ import { isMapFailed, libc, viewOf } from "../../kvd/native/libc.ts";
  * - SENDs carry MSG_DONTWAIT: a full socket answers -EAGAIN at once instead of blocking, and
  *   what was not sent (all or the tail) then goes through `socket.write`, after which the
  *   socket stays on Node's path until its queue drains;
- * - any other error destroys that socket (its 'close' aborts the request, as a failed Node
- *   write does); a failed io_uring_enter sends the whole batch through Node and turns the
+ * - a connection error destroys that socket (its 'close' aborts the request, as a failed
+ *   Node write does); an error of the operation itself (a kernel or sandbox refusing it) sends
+ *   the bytes through Node and turns the writer off; a failed io_uring_enter sends the whole batch through Node and turns the
  *   writer off.
  * Linux ≥ 5.12 only; where io_uring is unavailable (an older kernel, a seccomp profile that
  * blocks it, as Docker's default does) `create` returns null and the sim writes through Node.
@@ -35,6 +36,7 @@ export class UringWriter {
   private readonly lens: number[] = [];
   private used = 0;
   private disabled = false;
+  private closed = false;
   /** Counters for /metrics-free diagnosis in tests and benches. */
   readonly stats = { batches: 0, sends: 0, fallbacks: 0, partial: 0 };
 
@@ -227,14 +229,22 @@ export class UringWriter {
       if (!sock.destroyed) sock.write(Buffer.from(this.arena.subarray(at + sent, at + len)));
       return;
     }
+    this.stats.fallbacks++;
+    if (res !== LOST && !CONNECTION_ERRNOS.has(-res)) {
+      // The ring refused the operation itself (EINVAL, EOPNOTSUPP, EBADF...: a kernel or
+      // sandbox that does not allow it): nothing was sent, so Node sends it, and all later ones.
+      this.disabled = true;
+      if (!sock.destroyed) sock.write(Buffer.from(this.arena.subarray(at, at + len)));
+      return;
+    }
     // The connection broke (EPIPE, ECONNRESET, ...) or the ring lost the send: close it as a
     // failed Node write would (its 'close' aborts the request), without an 'error' to handle.
-    this.stats.fallbacks++;
     sock.destroy();
   }
 
   close(): void {
-    if (this.disabled) return;
+    if (this.closed) return;
+    this.closed = true;
     this.disabled = true;
     libc().close(this.ringFd);
   }
@@ -274,6 +284,8 @@ const MAP_PRIVATE = 0x02;
 const MAP_ANONYMOUS = 0x20;
 const MAP_POPULATE = 0x8000;
 const EINTR = 4;
+/** EPIPE, ENETUNREACH, ECONNABORTED, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH. */
+const CONNECTION_ERRNOS = new Set([32, 101, 103, 104, 107, 110, 113]);
 /** A SEND the kernel never took: its bytes go through Node. */
 const NOT_SENT = -0x7fffffff;
 /** A SEND taken but never completed: the socket is destroyed. */

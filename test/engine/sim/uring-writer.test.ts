@@ -4,6 +4,7 @@
  * streaming through it answers exactly as one writing through Node.
  */
 import assert from "node:assert/strict";
+import { closeSync, openSync } from "node:fs";
 import { connect, createServer, type Server, type Socket } from "node:net";
 import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
@@ -91,6 +92,33 @@ describe("UringWriter (io_uring batch sends)", { skip }, () => {
     assert.equal(s.destroyed, true);
     await waitUntil(async () => closed, 2000, "'close' emitted");
     p.server.close();
+  });
+
+  it("an operation the kernel refuses (not a socket) goes through Node and turns the writer off", () => {
+    const own = UringWriter.create(4, 4096)!;
+    const fd = openSync("/dev/null", "w");
+    const written: string[] = [];
+    let destroyed = false;
+    const fake = {
+      writableLength: 0,
+      destroyed: false,
+      _handle: { fd },
+      write: (b: Buffer) => written.push(b.toString()),
+      destroy: () => {
+        destroyed = true;
+      },
+    } as unknown as Socket;
+    try {
+      assert.equal(own.add(fake, "not sent by the ring", true), true);
+      own.flush();
+      assert.deepEqual(written, ["not sent by the ring"], "the bytes went through the socket's own write");
+      assert.equal(destroyed, false);
+      assert.equal(own.enabled, false);
+      assert.equal(own.add(fake, "later", true), false, "and everything after");
+    } finally {
+      closeSync(fd);
+      own.close();
+    }
   });
 
   it("a full socket: what the kernel does not take goes through Node, in order, nothing lost", async () => {
