@@ -37,7 +37,26 @@ export interface StartSimOptions {
 const BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
+/** True for a start-up that failed because a port picked by freePort() was taken meanwhile. */
+export function isPortRace(err: unknown): boolean {
+  return /EADDRINUSE/.test((err as Error)?.message ?? "");
+}
+
+/**
+ * Starts a sim on free ports. freePort() can race with other test processes (a port free a
+ * moment ago gets taken before the sim binds it): such a start is retried on new ports.
+ */
 export async function startSim(opts: StartSimOptions = {}): Promise<SimProcess> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startSimOnce(opts);
+    } catch (err) {
+      if (!isPortRace(err) || attempt === 3) throw err;
+    }
+  }
+}
+
+async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
   const model = opts.model ?? "sim-model";
   const port = await freePort();
   const kvPort = await freePort();

@@ -26,7 +26,10 @@ export async function simMain(argv: string[]): Promise<void> {
     handle = await startWithConfig(parsed.config);
   } catch (err) {
     log.error({ err }, "sim engine failed to start");
+    // Exit even if some part of the start-up left a handle open: a launcher or test waiting
+    // for this process must see it fail, not hang on a half-started engine.
     process.exitCode = 1;
+    setTimeout(() => process.exit(1), 200).unref();
     return;
   }
   // INFERA_SIM_CPU_PROF=FILE: write a V8 CPU profile of this process on stop (for bench/sim-cpu).

@@ -110,13 +110,22 @@ export async function startWithConfig(
     log,
     startedAt: Date.now(),
   });
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(cfg.port, cfg.host, () => {
-      server.off("error", reject);
-      resolve();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(cfg.port, cfg.host, () => {
+        server.off("error", reject);
+        resolve();
+      });
     });
-  });
+  } catch (err) {
+    // e.g. EADDRINUSE: nothing may be left running (the KV publisher's sockets would keep a
+    // failed process alive).
+    engine.close();
+    kvHost.close();
+    await publisher?.close();
+    throw err;
+  }
   const port = (server.address() as AddressInfo).port;
   kvHost.httpPort = port;
   try {
@@ -132,6 +141,8 @@ export async function startWithConfig(
     await connector?.start();
   } catch (err) {
     server.close();
+    engine.close();
+    kvHost.close();
     await publisher?.close();
     throw err;
   }

@@ -17,7 +17,7 @@ import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
 import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.ts";
 import { serverArgs } from "../../helpers/infera.ts";
 import { freePort } from "../../helpers/ports.ts";
-import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+import { isPortRace, parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 export type PdKind = Exclude<ConnectorKind, "none">;
 
@@ -120,7 +120,22 @@ async function connectorSetup(
   }
 }
 
+/** A worker on fresh ports, retried when a port picked for it was taken meanwhile. */
 async function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: number): Promise<PdWorker> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startWorkerOnce(o, role, i);
+    } catch (err) {
+      if (!isPortRace(err) || attempt === 3) throw err;
+    }
+  }
+}
+
+async function startWorkerOnce(
+  o: PdClusterOptions,
+  role: "prefill" | "decode",
+  i: number,
+): Promise<PdWorker> {
   const { cfg, info } = await connectorSetup(o.kind, role, role === "decode" ? (o.decodeExtra ?? {}) : {});
   const sim = await startSim({
     model: MODEL,
@@ -162,10 +177,19 @@ async function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: n
 export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
   const nP = o.prefills ?? 1;
   const nD = o.decodes ?? 1;
-  const [prefills, decodes] = await Promise.all([
-    Promise.all(Array.from({ length: nP }, (_, i) => startWorker(o, "prefill", i))),
-    Promise.all(Array.from({ length: nD }, (_, i) => startWorker(o, "decode", i))),
+  const started = await Promise.allSettled([
+    ...Array.from({ length: nP }, (_, i) => startWorker(o, "prefill", i)),
+    ...Array.from({ length: nD }, (_, i) => startWorker(o, "decode", i)),
   ]);
+  const failed = started.find((r) => r.status === "rejected");
+  if (failed) {
+    // Stop the workers that did start: left running, they keep this test process alive.
+    await Promise.all(started.map((r) => (r.status === "fulfilled" ? r.value.sim.stop() : undefined)));
+    throw (failed as PromiseRejectedResult).reason;
+  }
+  const workers = started.map((r) => (r as PromiseFulfilledResult<PdWorker>).value);
+  const prefills = workers.slice(0, nP);
+  const decodes = workers.slice(nP);
   const dir = mkdtempSync(join(tmpdir(), "infera-pd-"));
   const file = join(dir, "workers.json");
   writeFileSync(file, JSON.stringify([...prefills, ...decodes].map((w) => w.record)));
