@@ -1,17 +1,15 @@
 import { createServer } from "node:net";
 
 /**
- * Ports are handed out below Linux's ephemeral range (32768–60999 by default), from a block
- * of this test process's own: a port from `bind(0)` could be handed by the kernel to someone
- * else's `bind(0)` or outgoing connection between our check and the child's bind (the race
- * behind rare EADDRINUSE start-up failures); ports here are never auto-assigned, and
- * concurrent test processes start in different blocks. Each candidate is still checked free.
+ * Ports are picked at random below Linux's ephemeral range (32768–60999 by default) and
+ * checked free. A port from `bind(0)` is an ephemeral one: between our check and the child's
+ * bind, the kernel could hand it to any outgoing connection (tests make thousands) or another
+ * `bind(0)`, the race behind rare EADDRINUSE start-ups. Ports here are never auto-assigned;
+ * random picks (not a sequence) keep concurrent test processes from walking the same ports.
  */
 const FIRST = 15000;
-const BLOCK = 200;
-const BLOCKS = Math.floor((32000 - FIRST) / BLOCK);
-const blockStart = FIRST + ((process.pid * 7919) % BLOCKS) * BLOCK;
-let next = 0;
+const LAST = 32000;
+const given = new Set<number>();
 
 function bindable(port: number): Promise<boolean> {
   return new Promise((resolve) => {
@@ -24,11 +22,14 @@ function bindable(port: number): Promise<boolean> {
 
 /** A TCP port that was free on 127.0.0.1 a moment ago, outside the kernel's ephemeral range. */
 export async function freePort(): Promise<number> {
-  for (let tries = 0; tries < BLOCK * BLOCKS; tries++) {
-    const i = next++;
-    // This process's block first, then the following ones.
-    const port = FIRST + ((blockStart - FIRST + i) % (BLOCK * BLOCKS));
-    if (await bindable(port)) return port;
+  for (let tries = 0; tries < 1000; tries++) {
+    const port = FIRST + Math.floor(Math.random() * (LAST - FIRST));
+    // Never the same port twice in one process: an earlier one may not be bound yet.
+    if (given.has(port)) continue;
+    if (await bindable(port)) {
+      given.add(port);
+      return port;
+    }
   }
   throw new Error("no free port below the ephemeral range");
 }
