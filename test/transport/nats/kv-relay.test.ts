@@ -136,7 +136,11 @@ test("history the agent no longer holds resets the worker, then delivery continu
   const { eng, relay } = await engineWithRelay("w-reset", 4);
   const lossySubject = "test.lossy2.kv";
   let dropping = false;
-  await lossyHop(relay, lossySubject, () => !dropping);
+  let dropped = 0;
+  await lossyHop(relay, lossySubject, () => {
+    if (dropping) dropped++;
+    return !dropping;
+  });
   const sink = new Collect();
   const sub = await startKvSubscriber({ nc, subject: lossySubject, sink });
   cleanups.push(() => sub.close());
@@ -145,6 +149,8 @@ test("history the agent no longer holds resets the worker, then delivery continu
   dropping = true;
   for (let i = 3; i < 12; i++) await eng.publish(FakeKvEngine.batch(i, null, [i]));
   await until(() => relay.nextSeq === 12);
+  // The hop sees a batch after the relay has published it: wait until all 9 were dropped.
+  await until(() => dropped === 9);
   dropping = false;
   await eng.publish(FakeKvEngine.batch(12, null, [12]));
   await until(() => sink.seqs.includes(12));
