@@ -167,7 +167,7 @@ function waitExit(child: ChildProcess): Promise<void> {
 
 export async function startNats(o: StartNatsOptions = {}): Promise<NatsServerHandle> {
   const dir = mkdtempSync(join(tmpdir(), "infera-nats-"));
-  const port = await freePort();
+  let port = await freePort();
   const tls = o.tls ? makeTls(dir) : undefined;
   const conf = join(dir, "nats.conf");
   writeFileSync(conf, configText(port, o, tls));
@@ -187,7 +187,18 @@ export async function startNats(o: StartNatsOptions = {}): Promise<NatsServerHan
     c.kill(sig);
     await waitExit(c);
   };
-  await launch();
+  // A port free a moment ago can be taken before the server binds it (another test process
+  // picked it too): start again on a new one.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await launch();
+      break;
+    } catch (err) {
+      if (!/address already in use/.test((err as Error).message) || attempt === 3) throw err;
+      port = await freePort();
+      writeFileSync(conf, configText(port, o, tls));
+    }
+  }
   const scheme = tls ? "tls" : "nats";
   return {
     url: `${scheme}://127.0.0.1:${port}`,
