@@ -98,7 +98,18 @@ function exited(proc: ChildProcess): Promise<void> {
   return new Promise((resolve) => proc.once("exit", () => resolve()));
 }
 
+/** Starts etcd on free ports; a start that lost a port to another process is retried on new ones. */
 export async function startEtcd(opts: StartEtcdOptions = {}): Promise<EtcdHandle> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startEtcdOnce(opts);
+    } catch (err) {
+      if (!/address already in use/.test((err as Error).message) || attempt === 3) throw err;
+    }
+  }
+}
+
+async function startEtcdOnce(opts: StartEtcdOptions): Promise<EtcdHandle> {
   const clientPort = await freePort();
   const peerPort = await freePort();
   const dataDir = mkdtempSync(join(tmpdir(), "infera-etcd-"));
