@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { request } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { freePort } from "./ports.ts";
+import { freePort, retryOnPortRace } from "./ports.ts";
 
 export interface TlsFiles {
   caFile: string;
@@ -99,14 +99,8 @@ function exited(proc: ChildProcess): Promise<void> {
 }
 
 /** Starts etcd on free ports; a start that lost a port to another process is retried on new ones. */
-export async function startEtcd(opts: StartEtcdOptions = {}): Promise<EtcdHandle> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await startEtcdOnce(opts);
-    } catch (err) {
-      if (!/address already in use/.test((err as Error).message) || attempt === 3) throw err;
-    }
-  }
+export function startEtcd(opts: StartEtcdOptions = {}): Promise<EtcdHandle> {
+  return retryOnPortRace(() => startEtcdOnce(opts));
 }
 
 async function startEtcdOnce(opts: StartEtcdOptions): Promise<EtcdHandle> {

@@ -7,7 +7,7 @@ import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { freePort } from "./ports.ts";
+import { freePort, isPortRace } from "./ports.ts";
 
 export const NATS_SERVER_BIN = process.env.NATS_SERVER_BIN ?? "/usr/sbin/nats-server";
 
@@ -194,7 +194,7 @@ export async function startNats(o: StartNatsOptions = {}): Promise<NatsServerHan
       await launch();
       break;
     } catch (err) {
-      if (!/address already in use/.test((err as Error).message) || attempt === 3) throw err;
+      if (!isPortRace(err) || attempt === 3) throw err;
       port = await freePort();
       writeFileSync(conf, configText(port, o, tls));
     }

@@ -20,6 +20,25 @@ function bindable(port: number): Promise<boolean> {
   });
 }
 
+/**
+ * Runs `start` (which picks its ports with freePort) again, up to 3 times in all, when it failed
+ * because a port was taken between the pick and the bind.
+ */
+export async function retryOnPortRace<T>(start: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await start();
+    } catch (err) {
+      if (!isPortRace(err) || attempt === 3) throw err;
+    }
+  }
+}
+
+/** True for a start-up that failed because a picked port was taken meanwhile. */
+export function isPortRace(err: unknown): boolean {
+  return /EADDRINUSE|address already in use/.test((err as Error)?.message ?? "");
+}
+
 /** A TCP port that was free on 127.0.0.1 a moment ago, outside the kernel's ephemeral range. */
 export async function freePort(): Promise<number> {
   for (let tries = 0; tries < 1000; tries++) {

@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
-import { freePort } from "./ports.ts";
+import { freePort, retryOnPortRace } from "./ports.ts";
 import { mixedRecord } from "./records.ts";
 
 /** A simulated engine running as a child process (`node bin/infera-sim.js serve ...`). */
@@ -37,23 +37,12 @@ export interface StartSimOptions {
 const BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
-/** True for a start-up that failed because a port picked by freePort() was taken meanwhile. */
-export function isPortRace(err: unknown): boolean {
-  return /EADDRINUSE/.test((err as Error)?.message ?? "");
-}
-
 /**
  * Starts a sim on free ports. freePort() can race with other test processes (a port free a
  * moment ago gets taken before the sim binds it): such a start is retried on new ports.
  */
-export async function startSim(opts: StartSimOptions = {}): Promise<SimProcess> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await startSimOnce(opts);
-    } catch (err) {
-      if (!isPortRace(err) || attempt === 3) throw err;
-    }
-  }
+export function startSim(opts: StartSimOptions = {}): Promise<SimProcess> {
+  return retryOnPortRace(() => startSimOnce(opts));
 }
 
 async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {

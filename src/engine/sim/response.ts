@@ -29,7 +29,7 @@ export interface ResponseMeta {
   streamInterval: number;
   /** Logprob alternatives per token, or null when the request asked for no logprobs. */
   logprobs: number | null;
-  /** Completions `echo`: each prompt's text, put before its choices' text. */
+  /** `echo`: text put before each choice's text, per prompt (completions: the prompt; chat: a final assistant message). */
   echoTexts: string[] | null;
   /** Needed when `logprobs` or `echo` is set. */
   lpModel: LogprobModel | null;

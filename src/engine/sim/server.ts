@@ -97,6 +97,12 @@ export async function startWithConfig(
     replayEndpoint = bound.replay ? connectable(bound.replay, advertisedHost) : null;
   }
 
+  /** A failed start-up releases what it started. */
+  const abandon = async (): Promise<void> => {
+    engine.close();
+    kvHost.close();
+    await publisher?.close();
+  };
   let connector: SimConnector | null = null;
   const server = createSimServer({
     cfg,
@@ -121,9 +127,7 @@ export async function startWithConfig(
   } catch (err) {
     // e.g. EADDRINUSE: nothing may be left running (the KV publisher's sockets would keep a
     // failed process alive).
-    engine.close();
-    kvHost.close();
-    await publisher?.close();
+    await abandon();
     throw err;
   }
   const port = (server.address() as AddressInfo).port;
@@ -141,9 +145,7 @@ export async function startWithConfig(
     await connector?.start();
   } catch (err) {
     server.close();
-    engine.close();
-    kvHost.close();
-    await publisher?.close();
+    await abandon();
     throw err;
   }
   const urlHost = advertisedHost.includes(":") ? `[${advertisedHost}]` : advertisedHost;

@@ -16,8 +16,8 @@ import OpenAI, { APIError } from "openai";
 import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
 import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.ts";
 import { serverArgs } from "../../helpers/infera.ts";
-import { freePort } from "../../helpers/ports.ts";
-import { isPortRace, parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+import { freePort, retryOnPortRace } from "../../helpers/ports.ts";
+import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 export type PdKind = Exclude<ConnectorKind, "none">;
 
@@ -121,14 +121,8 @@ async function connectorSetup(
 }
 
 /** A worker on fresh ports, retried when a port picked for it was taken meanwhile. */
-async function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: number): Promise<PdWorker> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await startWorkerOnce(o, role, i);
-    } catch (err) {
-      if (!isPortRace(err) || attempt === 3) throw err;
-    }
-  }
+function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: number): Promise<PdWorker> {
+  return retryOnPortRace(() => startWorkerOnce(o, role, i));
 }
 
 async function startWorkerOnce(
