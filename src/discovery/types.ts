@@ -18,8 +18,17 @@ export interface ConnectorInfo {
   notifyPort?: number;
 }
 
+/** One data-parallel rank's KV-event sockets. */
+export interface KvEventsRank {
+  dpRank: number;
+  /** Where a subscriber connects for this rank's PUB socket (never `*`). */
+  endpoint: string;
+  /** This rank's replay ROUTER socket (vLLM/SGLang). */
+  replayEndpoint?: string;
+}
+
 export interface KvEventsInfo {
-  /** Where a subscriber connects, e.g. `tcp://10.0.0.5:5557` (never `*`). */
+  /** Where a subscriber connects, e.g. `tcp://10.0.0.5:5557` (never `*`); rank 0's when `ranks` is set. */
   endpoint: string;
   /** vLLM/SGLang replay ROUTER socket; absent for ATOM. */
   replayEndpoint?: string;
@@ -27,6 +36,12 @@ export interface KvEventsInfo {
   topic: string;
   /** Frame layout: vLLM/SGLang send [topic, seq, payload]; ATOM [payload] or [topic, payload]. */
   framing: "seq" | "atom";
+  /**
+   * Every rank's sockets when the engine publishes per data-parallel rank (vLLM and SGLang
+   * bind rank r's PUB on port + r and its replay on replay port + r); a subscriber follows
+   * each rank, with its own sequence numbers. Absent: the single endpoint above.
+   */
+  ranks?: KvEventsRank[];
 }
 
 export interface WorkerRecord {
@@ -47,6 +62,8 @@ export interface WorkerRecord {
   tpSize: number;
   dpRank?: number;
   maxModelLen: number;
+  /** KV blocks the engine's pool holds, when known; the router caps its index for this worker from it. */
+  kvBlocks?: number;
   /** ISO-8601 time the engine became healthy. */
   startedAt: string;
   /** NATS subject the worker's agent answers requests on, when the request plane is NATS. */
