@@ -47,18 +47,35 @@ export function registerEngine(program: Command): void {
     .option("--block-size <n>", "KV block (page) size in tokens")
     .option("--max-model-len <n>", "context length (also read from the engine's /v1/models)")
     .option("--no-kv-events", "do not enable KV cache events")
-    .option("--kv-events-port <port>", "KV events PUB port", "5557")
-    .option("--kv-events-replay-port <port>", "KV events replay ROUTER port (vLLM/SGLang)", "5558")
+    .option("--kv-events-port <port>", "KV events PUB port of DP rank 0 (rank r: port + r)", "5557")
+    .option(
+      "--kv-events-replay-port <port>",
+      "KV events replay ROUTER port of DP rank 0, vLLM/SGLang (rank r: port + r; default: PUB port + dp)",
+    )
     .option("--kv-events-topic <topic>", "KV events topic", "kv-events")
     .option("--bootstrap-port <port>", "Mooncake / SGLang bootstrap port", "8998")
     .option("--side-channel-port <port>", "Nixl side-channel port", "5600")
     .option("--handshake-port <port>", "MoRIIO / ATOM handshake port", "6301")
     .option("--notify-port <port>", "MoRIIO notify port", "61005")
-    .option("--moriio-proxy <host:port>", "MoRIIO proxy to register with (proxy_ip, proxy_ping_port)")
+    .option(
+      "--moriio-proxy <host:port>",
+      "MoRIIO registration socket of the infera server (--discovery moriio-proxy; port 36367 by " +
+        "default; env INFERA_MORIIO_PROXY): proxy_ip, proxy_ping_port. Required for vllm --connector moriio",
+    )
+    .option(
+      "--moriio-mode <mode>",
+      "MoRIIO transfer mode: read (decode pulls) | write (vLLM's default)",
+      "read",
+    )
     .option("--ib-device <dev>", "RDMA device (SGLang --disaggregation-ib-device; show_gids filter)")
     .option("--gid-index <n|auto>", "RoCEv2 GID index for MC_GID_INDEX / NCCL_IB_GID_INDEX; auto = show_gids")
     .option("--show-gids-cmd <cmd>", "command printing show_gids output (env INFERA_SHOW_GIDS_CMD)")
-    .option("--engine-bin <cmd>", "engine executable, may be several words (e.g. 'node bin/infera-sim.js')")
+    .option("--engine-bin <cmd>", "engine executable, may be several words (e.g. 'sglang serve')")
+    .option(
+      "--sim",
+      "run the simulator in this engine's personality (vllm|sglang|atom): same arguments and " +
+        "environment, executable replaced by `node bin/infera-sim.js --engine <kind>`",
+    )
     .option("--dry-run", "print the command, environment and record preview as JSON, then exit")
     .option("--discovery <kind>", "etcd | none", process.env.INFERA_DISCOVERY ?? "etcd")
     .option("--lease-ttl <seconds>", "etcd lease TTL", "10")

@@ -1,18 +1,58 @@
+import { createServer } from "node:net";
 import { freePort } from "./ports.ts";
+
+/** The engine personalities the simulator takes through `infera engine <kind> --sim`. */
+export type SimPersonality = "vllm" | "sglang" | "atom";
+
+/**
+ * The `infera` words that start a simulated engine: `engine sim` (the vLLM personality with
+ * the sim's own --role/--connector, as before) or `engine <kind> --sim`, which runs
+ * `node bin/infera-sim.js --engine <kind>` with exactly the real engine's arguments and
+ * environment and registers the real kind. Sim-only tuning (`--speed`, ...) goes after `--`.
+ */
+export function simEngineWords(as: SimPersonality | "sim" = "sim"): string[] {
+  return as === "sim" ? ["engine", "sim"] : ["engine", as, "--sim"];
+}
+
+async function canBind(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const srv = createServer();
+    srv.once("error", () => resolve(false));
+    srv.listen({ port, host: "0.0.0.0", exclusive: true }, () => srv.close(() => resolve(true)));
+  });
+}
+
+/** `n` consecutive free ports (per-DP-rank sockets bind base + r); returns the first. */
+export async function freePortRange(n: number): Promise<number> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const base = await freePort();
+    if (base + n > 65535) continue;
+    let ok = true;
+    for (let p = base; p < base + n && ok; p++) ok = await canBind(p);
+    if (ok) return base;
+  }
+  throw new Error(`no ${n} consecutive free ports found`);
+}
 
 /**
  * The listen flags an `infera engine ...` launcher is given in tests: HTTP on 127.0.0.1:`port`,
- * KV events and their replay on two more free ports.
+ * KV events and their replay on free ports — `dp` consecutive ones each, since rank r binds
+ * base + r.
  */
-export async function engineListenArgs(port: number): Promise<string[]> {
+export async function engineListenArgs(port: number, opts: { dp?: number } = {}): Promise<string[]> {
+  const dp = opts.dp ?? 1;
+  const pub = await freePortRange(dp);
+  let replay = await freePortRange(dp);
+  // The two ranges must not overlap (the launcher refuses that).
+  while (replay < pub + dp && pub < replay + dp) replay = await freePortRange(dp);
   return [
     "--host",
     "127.0.0.1",
     "--port",
     String(port),
     "--kv-events-port",
-    String(await freePort()),
+    String(pub),
     "--kv-events-replay-port",
-    String(await freePort()),
+    String(replay),
   ];
 }

@@ -1,22 +1,47 @@
 /**
- * ATOM: `python -m atom.entrypoints.openai_server --model M [-tp N] [--kv_cache_dtype fp8]
- * [--block-size 16] --server-port P [--kv-transfer-config '{"kv_role":…,"kv_connector":
- * "moriio"|"mooncake","handshake_port":6301}']`, KV events through ATOM_KV_EVENTS_* only
- * (engine-protocols.md §1, §3, §4e). ATOM's `--port` is an internal engine port, so the
- * HTTP port is `--server-port`. Events carry no sequence frame (framing "atom"), no replay.
+ * ATOM: `python -m atom.entrypoints.openai_server --model M [--served-model-name N]
+ * [--tensor-parallel-size N] [--data-parallel-size N] [--kv_cache_dtype bf16|fp8]
+ * [--block-size 16] [--max-model-len N] --host H --server-port P [--kv-transfer-config
+ * '{"kv_role":…,"kv_connector":"moriio"|"mooncake","handshake_port":6301,"http_port":P}']`,
+ * KV events through ATOM_KV_EVENTS_* only (engine-protocols.md §1, §3, §4e; flag spellings
+ * from ATOM's atom/model_engine/arg_utils.py and atom/entrypoints/openai/api_server.py).
+ * ATOM's `--port` is an internal engine port, so the HTTP port is `--server-port`. Events
+ * carry no sequence frame (framing "atom"), no replay.
  */
 import type { ConnectorInfo, KvEventsInfo } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
-import { advertisedEndpoint, bindEndpoint, kvRole, opt, rdmaEnv, requireBackend } from "./common.ts";
+import { advertisedEndpoint, bindEndpoint, dpSize, kvRole, opt, rdmaEnv, requireBackend } from "./common.ts";
 import type { EngineAdapter, LaunchSpec, TransferBackend } from "./types.ts";
 
 const ATOM_BACKENDS: readonly TransferBackend[] = ["moriio", "mooncake"];
+
+/** ATOM's `--kv_cache_dtype` choices are bf16 and fp8; vLLM-style spellings map onto them. */
+const ATOM_KV_DTYPES: Record<string, "bf16" | "fp8" | undefined> = {
+  auto: undefined,
+  bf16: "bf16",
+  bfloat16: "bf16",
+  fp8: "fp8",
+  fp8_e4m3: "fp8",
+};
+
+export function atomKvCacheDtype(dtype: string | undefined): "bf16" | "fp8" | undefined {
+  if (dtype === undefined) return undefined;
+  const key = dtype.toLowerCase();
+  if (!(key in ATOM_KV_DTYPES)) {
+    throw new BadRequestError(
+      `atom: --kv-cache-dtype '${dtype}' is not supported (ATOM takes bf16 or fp8)`,
+      "kv-cache-dtype",
+    );
+  }
+  return ATOM_KV_DTYPES[key];
+}
 
 export function atomKvEventsEnv(spec: LaunchSpec): Record<string, string> {
   if (!spec.kvEvents.enabled) return {};
   return {
     ATOM_KV_EVENTS_ENABLE: "1",
     ATOM_KV_EVENTS_PUBLISHER: "zmq",
+    // ATOM always bind()s this endpoint.
     ATOM_KV_EVENTS_ENDPOINT: bindEndpoint(spec.host, spec.kvEvents.port),
     ATOM_KV_EVENTS_TOPIC: spec.kvEvents.topic,
   };
@@ -33,31 +58,42 @@ export const atomAdapter: EngineAdapter = {
     if (spec.role === "mixed" && spec.backend !== "none") {
       throw new BadRequestError("atom: a connector needs --role prefill or decode", "connector");
     }
-    // ATOM reads these from the checkpoint / its own flags; silently dropping them would mislead.
+    // ATOM reads the quantization from the checkpoint; silently dropping the flag would mislead.
     if (spec.quantization !== undefined) {
       throw new BadRequestError(
         "atom: --quantization is taken from the checkpoint; pass ATOM's own flag after -- if needed",
         "quantization",
       );
     }
-    if (spec.dp !== undefined && spec.dp > 1) {
+    atomKvCacheDtype(spec.kvCacheDtype);
+    // ATOM answers 400 to any model name but its one served name.
+    if (spec.servedModelNames.length > 1) {
+      throw new BadRequestError("atom: --served-model-name takes one name", "served-model-name");
+    }
+    // Every DP rank's scheduler binds the same ATOM_KV_EVENTS_ENDPOINT (no per-rank offset).
+    if (spec.kvEvents.enabled && dpSize(spec) > 1) {
       throw new BadRequestError(
-        "atom: --dp is not mapped to an ATOM flag; pass ATOM's own flag after --",
+        "atom: with --dp > 1 every DP rank binds the same ATOM_KV_EVENTS_ENDPOINT; pass --no-kv-events",
         "dp",
       );
     }
   },
   build(spec) {
     const argv = [...(spec.engineBin ?? this.defaultBin()), "--model", spec.model];
-    opt(argv, "-tp", spec.tp);
-    opt(argv, "--kv_cache_dtype", spec.kvCacheDtype);
+    opt(argv, "--served-model-name", spec.servedModelNames[0]);
+    opt(argv, "--tensor-parallel-size", spec.tp);
+    opt(argv, "--data-parallel-size", spec.dp);
+    opt(argv, "--kv_cache_dtype", atomKvCacheDtype(spec.kvCacheDtype));
     opt(argv, "--block-size", spec.blockSize);
-    argv.push("--server-port", String(spec.port));
+    opt(argv, "--max-model-len", spec.maxModelLen);
+    argv.push("--host", spec.host, "--server-port", String(spec.port));
     if (spec.role !== "mixed") {
       const cfg = {
         kv_role: kvRole(spec.role),
         kv_connector: spec.backend,
         handshake_port: spec.handshakePort,
+        // Both ATOM connectors default http_port to 8000 and advertise it to the peer.
+        http_port: spec.port,
       };
       argv.push("--kv-transfer-config", JSON.stringify(cfg));
     }

@@ -5,6 +5,7 @@ import type { DiscoveryRegistrar } from "../../discovery/types.ts";
 import { InferaError } from "../../protocol/errors.ts";
 import { createLogger } from "../../util/log.ts";
 import { shellLine } from "./common.ts";
+import { blocksOverride } from "./facts.ts";
 import { engineAdapters } from "./index.ts";
 import { healthBaseUrl, runLifecycle } from "./lifecycle.ts";
 import { buildLaunchSpec, parseEngineKind } from "./options.ts";
@@ -29,7 +30,10 @@ export async function runEngineCommand(
     const spec = await buildLaunchSpec(engine, flags, extraArgs);
     const command = adapter.build(spec);
     if (flags.dryRun) {
-      const record = buildWorkerRecord(spec, adapter, { startedAt: new Date() });
+      const record = buildWorkerRecord(spec, adapter, {
+        startedAt: new Date(),
+        kvBlocks: blocksOverride(spec.extraArgs),
+      });
       process.stdout.write(
         `${JSON.stringify({ argv: command.argv, env: command.env, shell: shellLine(command), record }, null, 2)}\n`,
       );

@@ -1,5 +1,5 @@
 /** Helpers shared by the engine modules: command words, ZMQ endpoints, KV roles, RDMA env. */
-import type { WorkerRole } from "../../discovery/types.ts";
+import type { KvEventsRank, WorkerRole } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
 import type { EngineCommand, LaunchSpec } from "./types.ts";
 
@@ -45,14 +45,45 @@ export function shellLine(cmd: EngineCommand): string {
   return [...env, ...cmd.argv.map(shellQuote)].join(" ");
 }
 
-/** The address an engine binds its ZMQ sockets to: `*` for all interfaces. */
+/** The address an engine that always bind()s (ATOM) binds its ZMQ socket to: `*` for all interfaces. */
 export function bindEndpoint(host: string, port: number): string {
   const h = host === "0.0.0.0" || host === "::" || host === "" ? "*" : host;
   return `tcp://${h}:${port}`;
 }
 
+/**
+ * The KV-event endpoint vLLM and SGLang are given. Both bind() their PUB socket only when
+ * the endpoint contains `*` or `::` and connect() otherwise (a specific address, even
+ * 0.0.0.0), so the engine always gets the wildcard and the record carries the reachable
+ * host (vllm/distributed/kv_events.py, sglang/srt/disaggregation/kv_events.py
+ * `_socket_setup`).
+ */
+export function wildcardEndpoint(port: number): string {
+  return `tcp://*:${port}`;
+}
+
 export function advertisedEndpoint(spec: LaunchSpec, port: number): string {
-  return `tcp://${spec.advertiseHost}:${port}`;
+  const h = spec.advertiseHost.includes(":") ? `[${spec.advertiseHost}]` : spec.advertiseHost;
+  return `tcp://${h}:${port}`;
+}
+
+/** Data-parallel ranks (≥ 1). */
+export function dpSize(spec: LaunchSpec): number {
+  return spec.dp ?? 1;
+}
+
+/**
+ * Every rank's KV-event sockets for an engine that binds rank r's PUB on port + r and its
+ * replay ROUTER on replayPort + r (vLLM `ZmqEventPublisher.offset_endpoint_port`).
+ */
+export function kvEventRanks(spec: LaunchSpec, withReplay: boolean): KvEventsRank[] {
+  const ranks: KvEventsRank[] = [];
+  for (let r = 0; r < dpSize(spec); r++) {
+    const rank: KvEventsRank = { dpRank: r, endpoint: advertisedEndpoint(spec, spec.kvEvents.port + r) };
+    if (withReplay) rank.replayEndpoint = advertisedEndpoint(spec, spec.kvEvents.replayPort + r);
+    ranks.push(rank);
+  }
+  return ranks;
 }
 
 /** vLLM / ATOM `kv_role` for a worker role (Nixl uses kv_both for either side). */
@@ -62,11 +93,15 @@ export function kvRole(role: WorkerRole): "kv_producer" | "kv_consumer" | "kv_bo
   return "kv_both";
 }
 
-/** MC_GID_INDEX (Mooncake) and NCCL_IB_GID_INDEX (RCCL), set together from one index. */
+/**
+ * One RoCEv2 GID index for every RDMA stack an engine may load: MC_GID_INDEX (Mooncake),
+ * NCCL_IB_GID_INDEX (RCCL/NCCL), MORI_IB_GID_INDEX (MoRI-IO, read by mori's RDMA backend)
+ * and UCX_IB_GID_INDEX (UCX under Nixl). Whichever the connector uses picks its own.
+ */
 export function rdmaEnv(spec: LaunchSpec): Record<string, string> {
   if (spec.gidIndex === undefined) return {};
   const v = String(spec.gidIndex);
-  return { MC_GID_INDEX: v, NCCL_IB_GID_INDEX: v };
+  return { MC_GID_INDEX: v, NCCL_IB_GID_INDEX: v, MORI_IB_GID_INDEX: v, UCX_IB_GID_INDEX: v };
 }
 
 /** Appends `flag value` when the value is defined. */

@@ -8,6 +8,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { constants } from "node:os";
 import type { DiscoveryRegistrar, WorkerRecord } from "../../discovery/types.ts";
 import type { Logger } from "../../util/log.ts";
+import { reportedKvBlocks, reportedMaxModelLen } from "./facts.ts";
 import { buildWorkerRecord } from "./record.ts";
 import type { EngineAdapter, EngineCommand, LaunchSpec } from "./types.ts";
 
@@ -54,18 +55,6 @@ async function healthy(base: string): Promise<boolean> {
 }
 
 /** vLLM and the sim report max_model_len in /v1/models; others may not. */
-async function reportedMaxModelLen(base: string): Promise<number | undefined> {
-  try {
-    const res = await fetch(`${base}/v1/models`, { signal: AbortSignal.timeout(2000) });
-    if (!res.ok) return undefined;
-    const body = (await res.json()) as { data?: Array<{ max_model_len?: unknown }> };
-    const v = body.data?.[0]?.max_model_len;
-    return typeof v === "number" && v > 0 ? v : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
 export function exitStatus(info: ExitInfo): number {
   if (info.code !== null) return info.code;
   const n = info.signal ? constants.signals[info.signal] : undefined;
@@ -175,6 +164,7 @@ export async function runLifecycle(opts: LifecycleOptions): Promise<number> {
       const rec = buildWorkerRecord(spec, adapter, {
         startedAt: new Date(),
         maxModelLen: spec.maxModelLen ?? (await reportedMaxModelLen(base)),
+        kvBlocks: await reportedKvBlocks(spec, base, spec.blockSize ?? adapter.defaultBlockSize),
       });
       log.info({ id: rec.id, url: rec.url, healthyAfterMs: Date.now() - t0 }, "engine healthy");
       if (registrar) {

@@ -1,7 +1,8 @@
 /**
  * Turns the launcher's flags into a validated `LaunchSpec`: defaults for the engines' well
  * known ports, the advertised host, a worker id, connector defaults per engine and role,
- * and `--gid-index auto` through show_gids.
+ * per-DP-rank KV-event ports that cannot collide, `--sim`, and `--gid-index auto` through
+ * show_gids.
  */
 import { randomUUID } from "node:crypto";
 import { hostname, networkInterfaces } from "node:os";
@@ -10,6 +11,7 @@ import { BadRequestError } from "../../protocol/errors.ts";
 import { splitCommand } from "./common.ts";
 import { detectGidIndex } from "./gid.ts";
 import { engineAdapters } from "./index.ts";
+import { SIM_BIN } from "./sim.ts";
 import type { LaunchSpec, TransferBackend } from "./types.ts";
 
 /** Flag values as commander hands them over (strings unless noted). */
@@ -37,10 +39,12 @@ export interface LaunchFlags {
   handshakePort?: string;
   notifyPort?: string;
   moriioProxy?: string;
+  moriioMode?: string;
   ibDevice?: string;
   gidIndex?: string;
   showGidsCmd?: string;
   engineBin?: string;
+  sim?: boolean;
 }
 
 const ENGINES: readonly EngineKind[] = ["vllm", "sglang", "atom", "sim"];
@@ -107,7 +111,17 @@ export async function buildLaunchSpec(
   }
   const host = flags.host ?? "0.0.0.0";
   const httpPort = port("port", flags.port, 8000);
-  const moriio = flags.moriioProxy ? parseHostPort(flags.moriioProxy, 36367) : undefined;
+  const proxy = flags.moriioProxy ?? process.env.INFERA_MORIIO_PROXY;
+  const moriio = proxy ? parseHostPort(proxy, 36367) : undefined;
+  const moriioMode = (flags.moriioMode ?? "read").toLowerCase();
+  if (moriioMode !== "read" && moriioMode !== "write") {
+    throw new BadRequestError(
+      `--moriio-mode must be read or write (got '${flags.moriioMode}')`,
+      "moriio-mode",
+    );
+  }
+  const givenAdvertise = flags.advertiseHost ?? process.env.INFERA_ADVERTISE_HOST;
+  const dp = int("dp", flags.dp, 1);
   const spec: LaunchSpec = {
     engine,
     workerId: flags.workerId ?? `${engine}-${hostname()}-${httpPort}-${randomUUID().slice(0, 8)}`,
@@ -115,37 +129,71 @@ export async function buildLaunchSpec(
     servedModelNames: (flags.servedModelName ?? []).flatMap((n) => n.split(",")).filter((n) => n !== ""),
     host,
     port: httpPort,
-    advertiseHost: flags.advertiseHost ?? process.env.INFERA_ADVERTISE_HOST ?? defaultAdvertiseHost(host),
+    advertiseHost: givenAdvertise ?? defaultAdvertiseHost(host),
+    advertiseHostGiven: givenAdvertise !== undefined,
     role,
     backend,
     tp: int("tp", flags.tp, 1),
-    dp: int("dp", flags.dp, 1),
+    dp,
     quantization: flags.quantization,
     kvCacheDtype: flags.kvCacheDtype,
     blockSize: int("block-size", flags.blockSize, 1),
     maxModelLen: int("max-model-len", flags.maxModelLen, 1),
-    kvEvents: {
-      enabled: flags.kvEvents !== false,
-      port: port("kv-events-port", flags.kvEventsPort, 5557),
-      replayPort: port("kv-events-replay-port", flags.kvEventsReplayPort, 5558),
-      topic: flags.kvEventsTopic ?? "kv-events",
-    },
+    kvEvents: kvEventPorts(flags, dp ?? 1),
     bootstrapPort: port("bootstrap-port", flags.bootstrapPort, 8998),
     sideChannelPort: port("side-channel-port", flags.sideChannelPort, 5600),
     handshakePort: port("handshake-port", flags.handshakePort, 6301),
     notifyPort: port("notify-port", flags.notifyPort, 61005),
     moriioProxy: moriio,
+    moriioMode,
     ibDevice: flags.ibDevice,
     engineBin: flags.engineBin ? splitCommand(flags.engineBin) : undefined,
+    sim: flags.sim === true,
     extraArgs,
   };
   if (spec.engineBin?.length === 0) throw new BadRequestError("--engine-bin is empty", "engine-bin");
+  if (spec.sim) {
+    if (engine === "sim")
+      throw new BadRequestError("--sim is for vllm|sglang|atom ('sim' already is one)", "sim");
+    if (spec.engineBin) throw new BadRequestError("--sim replaces the executable; drop --engine-bin", "sim");
+    // The sim in this engine's personality, given exactly the real engine's arguments and env.
+    spec.engineBin = [process.execPath, SIM_BIN, "--engine", engine];
+  }
   if (flags.gidIndex === "auto") {
     const cmd = flags.showGidsCmd ?? process.env.INFERA_SHOW_GIDS_CMD ?? "show_gids";
     spec.gidIndex = (await detectGidIndex(cmd, flags.ibDevice)).index;
   } else spec.gidIndex = int("gid-index", flags.gidIndex, 0, 255);
   adapter.validate(spec);
   return spec;
+}
+
+/**
+ * KV-event ports. vLLM and SGLang bind rank r's PUB on port + r and its replay ROUTER on
+ * replayPort + r, so the two ranges [port, port + dp) and [replayPort, replayPort + dp) must
+ * not overlap: an unset replay port follows the PUB range (port + dp; 5558 at --dp 1), an
+ * explicit one that overlaps is refused.
+ */
+function kvEventPorts(flags: LaunchFlags, dp: number): LaunchSpec["kvEvents"] {
+  const pub = port("kv-events-port", flags.kvEventsPort, 5557);
+  const replay = port("kv-events-replay-port", flags.kvEventsReplayPort, pub + dp);
+  const enabled = flags.kvEvents !== false;
+  if (enabled) {
+    const last = Math.max(pub, replay) + dp - 1;
+    if (last > 65535) {
+      throw new BadRequestError(
+        `--dp ${dp}: KV-event ports run past 65535 (rank r binds --kv-events-port + r and --kv-events-replay-port + r)`,
+        "kv-events-port",
+      );
+    }
+    if (replay < pub + dp && pub < replay + dp) {
+      throw new BadRequestError(
+        `KV-event ports collide: rank r binds PUB ${pub}+r and replay ${replay}+r for r < ${dp}; ` +
+          `use --kv-events-replay-port >= ${pub + dp} or <= ${pub - dp}`,
+        "kv-events-replay-port",
+      );
+    }
+  }
+  return { enabled, port: pub, replayPort: replay, topic: flags.kvEventsTopic ?? "kv-events" };
 }
 
 function parseHostPort(v: string, dfltPort: number): { host: string; port: number } {

@@ -7,6 +7,8 @@ export interface RecordFacts {
   startedAt: Date;
   /** What the engine reported (e.g. vLLM's `/v1/models` max_model_len), when the flag was not given. */
   maxModelLen?: number;
+  /** KV blocks of one DP rank's pool, when the engine (or `--num-gpu-blocks-override`) said. */
+  kvBlocks?: number;
 }
 
 export function buildWorkerRecord(
@@ -32,6 +34,7 @@ export function buildWorkerRecord(
     startedAt: facts.startedAt.toISOString(),
     labels,
   };
+  if (facts.kvBlocks !== undefined) rec.kvBlocks = facts.kvBlocks;
   const kv = adapter.kvEvents(spec);
   if (kv) rec.kvEvents = kv;
   return rec;

@@ -2,13 +2,13 @@
  * SGLang: `python -m sglang.launch_server --model-path M --host H --port P --kv-events-config
  * '{...}' [--disaggregation-mode prefill|decode --disaggregation-transfer-backend
  * mooncake|nixl|mori --disaggregation-bootstrap-port 8998 [--disaggregation-ib-device D]]
- * [--tp N] [--dp N] [--quantization Q] [--kv-cache-dtype D] --enable-metrics`
+ * [--tp-size N] [--dp-size N] [--quantization Q] [--kv-cache-dtype D] --enable-metrics`
  * (engine-protocols.md §2, §3, §4d). The record's connector is the SGLang bootstrap protocol
  * whatever the transfer backend; the backend goes into the `transferBackend` label.
  */
 import type { ConnectorInfo } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
-import { bindEndpoint, opt, rdmaEnv, requireBackend } from "./common.ts";
+import { dpSize, opt, rdmaEnv, requireBackend, wildcardEndpoint } from "./common.ts";
 import type { EngineAdapter, LaunchSpec, TransferBackend } from "./types.ts";
 import { seqKvEvents } from "./vllm.ts";
 
@@ -19,13 +19,19 @@ export function sglangKvCacheDtype(dtype: string | undefined): string | undefine
   return dtype === "fp8" ? "fp8_e4m3" : dtype;
 }
 
+/** Rank 0's endpoints; SGLang offsets both ports by the attention-DP rank itself. */
 export function sglangKvEventsConfig(spec: LaunchSpec): Record<string, unknown> {
   return {
     publisher: "zmq",
-    endpoint: bindEndpoint(spec.host, spec.kvEvents.port),
-    replay_endpoint: bindEndpoint(spec.host, spec.kvEvents.replayPort),
+    endpoint: wildcardEndpoint(spec.kvEvents.port),
+    replay_endpoint: wildcardEndpoint(spec.kvEvents.replayPort),
     topic: spec.kvEvents.topic,
   };
+}
+
+/** Whether the extra engine args turn on SGLang's DP attention. */
+export function sglangDpAttention(spec: LaunchSpec): boolean {
+  return spec.extraArgs.includes("--enable-dp-attention");
 }
 
 export const sglangAdapter: EngineAdapter = {
@@ -39,6 +45,19 @@ export const sglangAdapter: EngineAdapter = {
     requireBackend(spec, SGLANG_BACKENDS);
     if (spec.role === "mixed" && spec.backend !== "none") {
       throw new BadRequestError("sglang: a connector needs --role prefill or decode", "connector");
+    }
+    // --served-model-name is one string in SGLang; a second alias would be advertised but refused.
+    if (spec.servedModelNames.length > 1) {
+      throw new BadRequestError("sglang: --served-model-name takes one name", "served-model-name");
+    }
+    // SGLang offsets the KV-event ports by the attention-DP rank, which is 0 on every replica
+    // without --enable-dp-attention: plain --dp N replicas would all bind the same port.
+    if (spec.kvEvents.enabled && dpSize(spec) > 1 && !sglangDpAttention(spec)) {
+      throw new BadRequestError(
+        "sglang: with --dp > 1 every replica publishes KV events on the same port unless DP " +
+          "attention is on; add '-- --enable-dp-attention' or pass --no-kv-events",
+        "dp",
+      );
     }
   },
   build(spec) {
@@ -58,8 +77,9 @@ export const sglangAdapter: EngineAdapter = {
       );
       opt(argv, "--disaggregation-ib-device", spec.ibDevice);
     }
-    opt(argv, "--tp", spec.tp);
-    opt(argv, "--dp", spec.dp);
+    // Full spellings: `--tp`/`--dp` only work as argparse abbreviations.
+    opt(argv, "--tp-size", spec.tp);
+    opt(argv, "--dp-size", spec.dp);
     opt(argv, "--quantization", spec.quantization);
     opt(argv, "--kv-cache-dtype", sglangKvCacheDtype(spec.kvCacheDtype));
     opt(argv, "--page-size", spec.blockSize);

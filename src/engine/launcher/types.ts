@@ -10,8 +10,9 @@ export type TransferBackend = "none" | "nixl" | "mooncake" | "moriio" | "mori" |
 
 export interface KvEventsSpec {
   enabled: boolean;
+  /** Rank 0's PUB port; vLLM and SGLang bind rank r's on port + r. */
   port: number;
-  /** vLLM/SGLang replay ROUTER port. */
+  /** Rank 0's vLLM/SGLang replay ROUTER port; rank r's is replayPort + r. */
   replayPort: number;
   topic: string;
 }
@@ -27,6 +28,8 @@ export interface LaunchSpec {
   port: number;
   /** Address other machines use to reach this engine (record URL, KV events, bootstrap). */
   advertiseHost: string;
+  /** True when the advertised host was stated (flag or INFERA_ADVERTISE_HOST), not guessed. */
+  advertiseHostGiven: boolean;
   role: WorkerRole;
   backend: TransferBackend;
   tp?: number;
@@ -44,14 +47,18 @@ export interface LaunchSpec {
   handshakePort: number;
   /** MoRIIO notify port (61005). */
   notifyPort: number;
-  /** MoRIIO proxy the worker pings (`host:port`). */
+  /** MoRIIO proxy the worker pings (`host:port`): the infera server's MoRIIO registration socket. */
   moriioProxy?: { host: string; port: number };
+  /** MoRIIO transfer mode: READ (decode pulls; `read_mode: true`) or WRITE (vLLM's default). */
+  moriioMode: "read" | "write";
   /** SGLang `--disaggregation-ib-device`. */
   ibDevice?: string;
-  /** RoCEv2 GID index → MC_GID_INDEX / NCCL_IB_GID_INDEX. */
+  /** RoCEv2 GID index → MC_GID_INDEX / NCCL_IB_GID_INDEX / MORI_IB_GID_INDEX / UCX_IB_GID_INDEX. */
   gidIndex?: number;
   /** Replaces the engine's executable (words of a command, e.g. ["node", "bin/infera-sim.js"]). */
   engineBin?: string[];
+  /** `--sim`: the simulator runs in this engine's personality with this engine's command line. */
+  sim: boolean;
   /** Everything after `--`, appended untouched. */
   extraArgs: string[];
 }

@@ -4,19 +4,53 @@
  * engine takes the same command line, so `sim.ts` reuses this builder.
  */
 import type { ConnectorInfo, KvEventsInfo } from "../../discovery/types.ts";
-import { advertisedEndpoint, bindEndpoint, kvRole, opt, rdmaEnv, requireBackend } from "./common.ts";
+import { BadRequestError } from "../../protocol/errors.ts";
+import {
+  advertisedEndpoint,
+  dpSize,
+  kvEventRanks,
+  kvRole,
+  opt,
+  rdmaEnv,
+  requireBackend,
+  wildcardEndpoint,
+} from "./common.ts";
 import type { EngineAdapter, EngineCommand, LaunchSpec, TransferBackend } from "./types.ts";
 
 const VLLM_BACKENDS: readonly TransferBackend[] = ["nixl", "mooncake", "moriio"];
 
+/** Rank 0's endpoints; vLLM offsets both ports by the DP rank itself. */
 export function vllmKvEventsConfig(spec: LaunchSpec): Record<string, unknown> {
   return {
     enable_kv_cache_events: true,
     publisher: "zmq",
-    endpoint: bindEndpoint(spec.host, spec.kvEvents.port),
-    replay_endpoint: bindEndpoint(spec.host, spec.kvEvents.replayPort),
+    endpoint: wildcardEndpoint(spec.kvEvents.port),
+    replay_endpoint: wildcardEndpoint(spec.kvEvents.replayPort),
     topic: spec.kvEvents.topic,
   };
+}
+
+/**
+ * vLLM's MoRIIOConnector reads `proxy_ip`, `proxy_ping_port`, `http_port`, `handshake_port`
+ * and `notify_port` from kv_connector_extra_config with no default (a KeyError at start-up
+ * otherwise), and only pairs a producer with a consumer: refuse what it cannot run.
+ */
+export function validateVllmMoriio(spec: LaunchSpec): void {
+  if (spec.backend !== "moriio") return;
+  if (spec.role === "mixed") {
+    throw new BadRequestError(
+      `${spec.engine}: MoRIIO has no kv_both role; use --role prefill or --role decode`,
+      "role",
+    );
+  }
+  if (!spec.moriioProxy) {
+    throw new BadRequestError(
+      `${spec.engine}: MoRIIO needs --moriio-proxy HOST[:PORT] (or INFERA_MORIIO_PROXY): the ` +
+        "infera server's MoRIIO registration socket (a server started with --discovery " +
+        "moriio-proxy, port 36367 by default); vLLM reads proxy_ip/proxy_ping_port without defaults",
+      "moriio-proxy",
+    );
+  }
 }
 
 /** `--kv-transfer-config` and the environment each vLLM connector reads. */
@@ -47,16 +81,18 @@ export function vllmKvTransfer(
         http_port: spec.port,
         handshake_port: spec.handshakePort,
         notify_port: spec.notifyPort,
-        read_mode: true,
+        // The mode lives in the config: VLLM_MORIIO_CONNECTOR_READ_MODE is deprecated and ignored.
+        read_mode: spec.moriioMode === "read",
       });
+      // MoRIIO otherwise advertises get_ip(), which may not be the routable address.
+      if (spec.advertiseHostGiven) extra.host_ip = spec.advertiseHost;
       return {
         config: {
           kv_connector: "MoRIIOConnector",
           kv_role: kvRole(spec.role),
           kv_connector_extra_config: extra,
         },
-        // Older MoRIIO versions read the mode from the environment only.
-        env: { VLLM_MORIIO_CONNECTOR_READ_MODE: "1" },
+        env: {},
       };
     }
     default:
@@ -103,14 +139,17 @@ export function vllmConnector(spec: LaunchSpec): ConnectorInfo {
   }
 }
 
+/** vLLM/SGLang: rank 0 in the top-level fields, every rank in `ranks` when there are several. */
 export function seqKvEvents(spec: LaunchSpec): KvEventsInfo | undefined {
   if (!spec.kvEvents.enabled) return undefined;
-  return {
+  const info: KvEventsInfo = {
     endpoint: advertisedEndpoint(spec, spec.kvEvents.port),
     replayEndpoint: advertisedEndpoint(spec, spec.kvEvents.replayPort),
     topic: spec.kvEvents.topic,
     framing: "seq",
   };
+  if (dpSize(spec) > 1) info.ranks = kvEventRanks(spec, true);
+  return info;
 }
 
 export const vllmAdapter: EngineAdapter = {
@@ -119,7 +158,10 @@ export const vllmAdapter: EngineAdapter = {
   backends: VLLM_BACKENDS,
   defaultPdBackend: "nixl",
   defaultBlockSize: 16,
-  validate: (spec) => requireBackend(spec, VLLM_BACKENDS),
+  validate(spec) {
+    requireBackend(spec, VLLM_BACKENDS);
+    validateVllmMoriio(spec);
+  },
   build(spec) {
     const args = vllmArgs(spec);
     return { argv: [...(spec.engineBin ?? this.defaultBin()), ...args.argv], env: args.env };

@@ -4,29 +4,26 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import type { EngineKind } from "../../../src/discovery/types.ts";
 import { splitCommand } from "../../../src/engine/launcher/common.ts";
-import { engineAdapters } from "../../../src/engine/launcher/index.ts";
-import { buildLaunchSpec, type LaunchFlags } from "../../../src/engine/launcher/options.ts";
-import { buildWorkerRecord } from "../../../src/engine/launcher/record.ts";
+import { build, flagValue, json } from "./build.ts";
 
-const BASE: LaunchFlags = { model: "org/model", port: "8100", host: "0.0.0.0", advertiseHost: "10.0.0.5" };
-
-async function build(engine: EngineKind, flags: LaunchFlags = {}, extra: string[] = []) {
-  const spec = await buildLaunchSpec(engine, { ...BASE, ...flags }, extra);
-  const adapter = engineAdapters[engine];
-  const cmd = adapter.build(spec);
-  return { spec, cmd, record: buildWorkerRecord(spec, adapter, { startedAt: new Date(0) }) };
-}
-
-/** Value after `flag` (the JSON flags parsed). */
-function flagValue(argv: string[], flag: string): string | undefined {
-  const i = argv.indexOf(flag);
-  return i < 0 ? undefined : argv[i + 1];
-}
-const json = (argv: string[], flag: string) => {
-  const v = flagValue(argv, flag);
-  return v === undefined ? undefined : (JSON.parse(v) as Record<string, unknown>);
+/**
+ * vLLM MoRIIOConnector (vllm-project/vllm
+ * vllm/distributed/kv_transfer/kv_connector/v1/moriio/moriio_common.py @
+ * 028a39c286ca87e0d302e66eda00bdb1a00b8c03, `MoRIIOConfig.from_vllm_config`): proxy_ip,
+ * proxy_ping_port, http_port, handshake_port and notify_port are read as
+ * `extra_config[key]` (no default); `read_mode` comes from the config only (default
+ * "false" = WRITE), VLLM_MORIIO_CONNECTOR_READ_MODE is listed in _DEPRECATED_ENV_VARS and
+ * ignored; `host_ip` overrides get_ip() (`resolve_host_ip`).
+ */
+const MORIIO_EXTRA = {
+  proxy_ip: "10.0.0.9",
+  proxy_ping_port: 36367,
+  http_port: 8100,
+  handshake_port: 6301,
+  notify_port: 61005,
+  read_mode: true,
+  host_ip: "10.0.0.5",
 };
 
 describe("vLLM command lines", () => {
@@ -72,14 +69,9 @@ describe("vLLM command lines", () => {
       transfer: {
         kv_connector: "MoRIIOConnector",
         kv_role: "kv_producer",
-        kv_connector_extra_config: {
-          http_port: 8100,
-          handshake_port: 6301,
-          notify_port: 61005,
-          read_mode: true,
-        },
+        kv_connector_extra_config: MORIIO_EXTRA,
       },
-      env: { VLLM_MORIIO_CONNECTOR_READ_MODE: "1" },
+      env: {},
       kind: "moriio",
     },
     {
@@ -88,20 +80,16 @@ describe("vLLM command lines", () => {
       transfer: {
         kv_connector: "MoRIIOConnector",
         kv_role: "kv_consumer",
-        kv_connector_extra_config: {
-          http_port: 8100,
-          handshake_port: 6301,
-          notify_port: 61005,
-          read_mode: true,
-        },
+        kv_connector_extra_config: MORIIO_EXTRA,
       },
-      env: { VLLM_MORIIO_CONNECTOR_READ_MODE: "1" },
+      env: {},
       kind: "moriio",
     },
   ];
   for (const c of cases) {
     it(`${c.role} ${c.connector ?? "no connector"}`, async () => {
-      const { cmd, record } = await build("vllm", { role: c.role, connector: c.connector });
+      const moriioProxy = c.connector === "moriio" ? "10.0.0.9:36367" : undefined;
+      const { cmd, record } = await build("vllm", { role: c.role, connector: c.connector, moriioProxy });
       assert.deepEqual(cmd.argv.slice(0, 7), [
         "vllm",
         "serve",
@@ -167,20 +155,38 @@ describe("vLLM command lines", () => {
     assert.equal(record.maxModelLen, 8192);
   });
 
-  it("MoRIIO proxy goes into kv_connector_extra_config; a bound host goes into the ZMQ endpoints", async () => {
+  it("MoRIIO: the five required keys always present, or a clear refusal; never kv_both", async () => {
+    await assert.rejects(
+      build("vllm", { role: "prefill", connector: "moriio" }),
+      /MoRIIO needs --moriio-proxy/,
+    );
+    await assert.rejects(
+      build("vllm", { role: "mixed", connector: "moriio", moriioProxy: "10.0.0.9" }),
+      /MoRIIO has no kv_both role/,
+    );
+    // The proxy port defaults to MoRIIO's 36367; no --advertise-host: no host_ip.
     const { cmd } = await build("vllm", {
-      role: "prefill",
+      role: "decode",
       connector: "moriio",
-      moriioProxy: "10.0.0.9:36367",
-      host: "10.0.0.5",
+      moriioProxy: "10.0.0.9",
+      advertiseHost: undefined,
+      moriioMode: "write",
     });
     const extra = json(cmd.argv, "--kv-transfer-config")?.kv_connector_extra_config as Record<
       string,
       unknown
     >;
-    assert.equal(extra.proxy_ip, "10.0.0.9");
+    for (const key of ["proxy_ip", "proxy_ping_port", "http_port", "handshake_port", "notify_port"]) {
+      assert.ok(key in extra, key);
+    }
     assert.equal(extra.proxy_ping_port, 36367);
-    assert.equal(json(cmd.argv, "--kv-events-config")?.endpoint, "tcp://10.0.0.5:5557");
+    assert.equal(extra.read_mode, false);
+    assert.equal("host_ip" in extra, false);
+    assert.equal(cmd.env.VLLM_MORIIO_CONNECTOR_READ_MODE, undefined);
+    await assert.rejects(
+      build("vllm", { role: "decode", connector: "moriio", moriioProxy: "h", moriioMode: "pull" }),
+      /--moriio-mode/,
+    );
   });
 
   it("--engine-bin replaces the executable words; --no-kv-events drops the config and the record's kvEvents", async () => {
@@ -236,16 +242,20 @@ describe("SGLang command lines", () => {
   }
 
   it("mixed: no disaggregation flags; tp/dp/quantization/kv-cache-dtype mapped", async () => {
-    const { cmd, record } = await build("sglang", {
-      tp: "4",
-      dp: "2",
-      quantization: "fp8",
-      kvCacheDtype: "fp8",
-    });
+    // sgl-project/sglang python/sglang/srt/server_args.py @ 001067fffe33427bee0ed2f007fb7551a1d76b44:
+    // the CLI flag is derived from the field name (tp_size → --tp-size, dp_size → --dp-size);
+    // `--tp`/`--dp` only parse as argparse abbreviations.
+    const { cmd, record } = await build(
+      "sglang",
+      { tp: "4", dp: "2", quantization: "fp8", kvCacheDtype: "fp8" },
+      ["--enable-dp-attention"],
+    );
     const a = cmd.argv;
     assert.equal(a.includes("--disaggregation-mode"), false);
-    assert.equal(flagValue(a, "--tp"), "4");
-    assert.equal(flagValue(a, "--dp"), "2");
+    assert.equal(flagValue(a, "--tp-size"), "4");
+    assert.equal(flagValue(a, "--dp-size"), "2");
+    assert.equal(a.includes("--tp"), false);
+    assert.equal(a.includes("--dp"), false);
     assert.equal(flagValue(a, "--quantization"), "fp8");
     assert.equal(flagValue(a, "--kv-cache-dtype"), "fp8_e4m3");
     assert.ok(a.includes("--enable-metrics"));
@@ -258,8 +268,26 @@ describe("SGLang command lines", () => {
     assert.equal(flagValue(cmd.argv, "--disaggregation-transfer-backend"), "mori");
     await assert.rejects(build("sglang", { connector: "mooncake" }), /needs --role/);
   });
+
+  it("`sglang serve` as --engine-bin keeps the same arguments; one served name only", async () => {
+    const { cmd } = await build("sglang", { engineBin: "sglang serve", servedModelName: ["alias"] });
+    assert.deepEqual(cmd.argv.slice(0, 4), ["sglang", "serve", "--model-path", "org/model"]);
+    assert.equal(flagValue(cmd.argv, "--served-model-name"), "alias");
+    // server_args.py: served_model_name is one str; a second alias would be advertised but refused.
+    await assert.rejects(build("sglang", { servedModelName: ["a,b"] }), /takes one name/);
+  });
 });
 
+/*
+ * ROCm/ATOM @ ffdf3bb5ddf8a15a64d521a2eeb3bc7438f9ac21: atom/model_engine/arg_utils.py
+ * (--model, --served-model-name (one str), --tensor-parallel-size/-tp,
+ * --data-parallel-size/-dp, --kv_cache_dtype choices ["bf16", "fp8"], --block-size,
+ * --max-model-len, --port = engine internal port, --kv-transfer-config JSON);
+ * atom/entrypoints/openai/api_server.py (--host, --server-port; `validate_model` answers 400
+ * unless the request's model equals the served name); connectors
+ * atom/kv_transfer/disaggregation/{moriio,mooncake}/*_connector.py read kv_role,
+ * handshake_port and http_port (default 8000) from the transfer config.
+ */
 describe("ATOM command lines", () => {
   for (const role of ["prefill", "decode"] as const) {
     for (const backend of ["moriio", "mooncake"]) {
@@ -279,15 +307,17 @@ describe("ATOM command lines", () => {
           "--model",
           "org/model",
         ]);
-        assert.equal(flagValue(a, "-tp"), "8");
+        assert.equal(flagValue(a, "--tensor-parallel-size"), "8");
         assert.equal(flagValue(a, "--kv_cache_dtype"), "fp8");
         assert.equal(flagValue(a, "--block-size"), "16");
+        assert.equal(flagValue(a, "--host"), "0.0.0.0");
         assert.equal(flagValue(a, "--server-port"), "8100");
         assert.equal(a.includes("--port"), false, "ATOM's --port is internal");
         assert.deepEqual(json(a, "--kv-transfer-config"), {
           kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
           kv_connector: backend,
           handshake_port: 6301,
+          http_port: 8100,
         });
         assert.deepEqual(cmd.env, {
           ATOM_KV_EVENTS_ENABLE: "1",
@@ -309,6 +339,43 @@ describe("ATOM command lines", () => {
     const { cmd } = await build("atom");
     assert.equal(cmd.argv.includes("--kv-transfer-config"), false);
     await assert.rejects(build("atom", { quantization: "fp8" }), /checkpoint/);
+  });
+
+  it("served name, dp, max-model-len and host reach ATOM; the record advertises what ATOM serves", async () => {
+    const { cmd, record } = await build("atom", {
+      servedModelName: ["alias"],
+      dp: "2",
+      kvEvents: false,
+      maxModelLen: "4096",
+      host: "10.0.0.5",
+    });
+    const a = cmd.argv;
+    assert.equal(flagValue(a, "--served-model-name"), "alias");
+    assert.deepEqual(record.servedModelNames, ["alias"]);
+    assert.equal(flagValue(a, "--data-parallel-size"), "2");
+    assert.equal(flagValue(a, "--max-model-len"), "4096");
+    assert.equal(flagValue(a, "--host"), "10.0.0.5");
+    assert.equal(record.dpSize, 2);
+    await assert.rejects(build("atom", { servedModelName: ["a", "b"] }), /takes one name/);
+  });
+
+  for (const [given, passed] of [
+    ["fp8", "fp8"],
+    ["fp8_e4m3", "fp8"],
+    ["bf16", "bf16"],
+    ["bfloat16", "bf16"],
+    ["auto", undefined],
+  ] as const) {
+    it(`--kv-cache-dtype ${given} → ATOM's ${passed ?? "(default)"}`, async () => {
+      const { cmd } = await build("atom", { kvCacheDtype: given });
+      assert.equal(flagValue(cmd.argv, "--kv_cache_dtype"), passed);
+    });
+  }
+
+  it("--kv-cache-dtype outside bf16|fp8 is refused", async () => {
+    for (const d of ["fp8_e5m2", "fp4", "int8"]) {
+      await assert.rejects(build("atom", { kvCacheDtype: d }), /ATOM takes bf16 or fp8/);
+    }
   });
 });
 
@@ -344,11 +411,16 @@ describe("sim command lines", () => {
 });
 
 describe("RDMA environment", () => {
+  // MORI_IB_GID_INDEX: ROCm/mori src/io/rdma/backend_impl.cpp @ 624002c897a30928ec04c14fc167bf2b8a93f6ce
+  // (getenv("MORI_IB_GID_INDEX")); UCX_IB_GID_INDEX: openucx/ucx src/uct/ib/base/ib_iface.c @
+  // a9aeeea35fbe922fa4cb68a66521b84f0de80979 (IB iface config GID_INDEX, UCX_IB_ prefix).
   for (const engine of ["vllm", "sglang", "atom", "sim"] as const) {
-    it(`${engine}: --gid-index sets MC_GID_INDEX and NCCL_IB_GID_INDEX`, async () => {
+    it(`${engine}: --gid-index sets MC_, NCCL_IB_, MORI_IB_ and UCX_IB_GID_INDEX`, async () => {
       const { cmd } = await build(engine, { gidIndex: "3" });
       assert.equal(cmd.env.MC_GID_INDEX, "3");
       assert.equal(cmd.env.NCCL_IB_GID_INDEX, "3");
+      assert.equal(cmd.env.MORI_IB_GID_INDEX, "3");
+      assert.equal(cmd.env.UCX_IB_GID_INDEX, "3");
     });
   }
 });
