@@ -20,25 +20,17 @@ import { build, json } from "./build.ts";
 
 describe("KV events: the engine gets a wildcard bind, the record the reachable host", () => {
   for (const engine of ["vllm", "sglang"] as const) {
-    for (const host of ["0.0.0.0", "10.0.0.5", "127.0.0.1", "::"]) {
-      it(`${engine} --host ${host}: tcp://*:PORT to the engine`, async () => {
+    it(`${engine}: tcp://*:PORT to the engine whatever --host is (a specific IP would connect())`, async () => {
+      for (const host of ["0.0.0.0", "10.0.0.5", "127.0.0.1", "::"]) {
         const { cmd, record } = await build(engine, { host, advertiseHost: "10.0.0.5" });
         const cfg = json(cmd.argv, "--kv-events-config");
-        assert.equal(cfg?.endpoint, "tcp://*:5557");
-        assert.equal(cfg?.replay_endpoint, "tcp://*:5558");
-        assert.equal(record.kvEvents?.endpoint, "tcp://10.0.0.5:5557");
-        assert.equal(record.kvEvents?.replayEndpoint, "tcp://10.0.0.5:5558");
-      });
-    }
+        assert.equal(cfg?.endpoint, "tcp://*:5557", host);
+        assert.equal(cfg?.replay_endpoint, "tcp://*:5558", host);
+        assert.equal(record.kvEvents?.endpoint, "tcp://10.0.0.5:5557", host);
+        assert.equal(record.kvEvents?.replayEndpoint, "tcp://10.0.0.5:5558", host);
+      }
+    });
   }
-
-  it("atom binds what it is given: a specific host stays, 0.0.0.0 becomes *", async () => {
-    const a = await build("atom", { host: "10.0.0.5" });
-    assert.equal(a.cmd.env.ATOM_KV_EVENTS_ENDPOINT, "tcp://10.0.0.5:5557");
-    const b = await build("atom", { host: "0.0.0.0" });
-    assert.equal(b.cmd.env.ATOM_KV_EVENTS_ENDPOINT, "tcp://*:5557");
-    assert.equal(b.record.kvEvents?.endpoint, "tcp://10.0.0.5:5557");
-  });
 
   it("an IPv6 advertise host is bracketed in the record's ZMQ endpoints", async () => {
     const { record } = await build("vllm", { advertiseHost: "fd00::5" });
@@ -47,12 +39,6 @@ describe("KV events: the engine gets a wildcard bind, the record the reachable h
 });
 
 describe("KV events with data parallelism", () => {
-  it("vllm --dp 1: defaults 5557/5558, no ranks list", async () => {
-    const { cmd, record } = await build("vllm");
-    assert.equal(json(cmd.argv, "--kv-events-config")?.replay_endpoint, "tcp://*:5558");
-    assert.equal(record.kvEvents?.ranks, undefined);
-  });
-
   for (const dp of [2, 4]) {
     it(`vllm --dp ${dp}: replay base moves past the PUB range; one record entry per rank`, async () => {
       const { cmd, record } = await build("vllm", { dp: String(dp) });
@@ -72,6 +58,10 @@ describe("KV events with data parallelism", () => {
       assert.equal(ports.size, 2 * dp, "no two sockets share a port");
       assert.equal(record.kvEvents?.endpoint, ranks[0]?.endpoint);
       assert.equal(record.kvEvents?.replayEndpoint, ranks[0]?.replayEndpoint);
+      // --dp 1 keeps the engines' defaults 5557/5558 and a single endpoint.
+      const one = await build("vllm");
+      assert.equal(json(one.cmd.argv, "--kv-events-config")?.replay_endpoint, "tcp://*:5558");
+      assert.equal(one.record.kvEvents?.ranks, undefined);
     });
   }
 
@@ -113,6 +103,12 @@ describe("KV events with data parallelism", () => {
 
   it("atom --dp 2: every rank would bind the one endpoint, so events must be off", async () => {
     await assert.rejects(build("atom", { dp: "2" }), /--no-kv-events/);
+    // ATOM always bind()s: a specific host is kept, 0.0.0.0 becomes *.
+    assert.equal(
+      (await build("atom", { host: "10.0.0.5" })).cmd.env.ATOM_KV_EVENTS_ENDPOINT,
+      "tcp://10.0.0.5:5557",
+    );
+    assert.equal((await build("atom", { host: "0.0.0.0" })).cmd.env.ATOM_KV_EVENTS_ENDPOINT, "tcp://*:5557");
     const { cmd, record } = await build("atom", { dp: "2", kvEvents: false });
     assert.equal(cmd.env.ATOM_KV_EVENTS_ENABLE, undefined);
     assert.equal(record.kvEvents, undefined);

@@ -40,9 +40,15 @@ describe("--sim", () => {
     });
   }
 
-  it("is refused with --engine-bin and for the sim kind itself", async () => {
+  it("is refused with --engine-bin and for the sim kind itself, which keeps its own command line", async () => {
     await assert.rejects(build("vllm", { sim: true, engineBin: "vllm" }), /drop --engine-bin/);
     await assert.rejects(build("sim", { sim: true }), /--sim is for/);
+    // `infera engine sim`: the vLLM command line plus the sim's own --role/--connector, as before.
+    assert.deepEqual(simEngineWords(), ["engine", "sim"]);
+    const { cmd, record } = await build("sim", { role: "decode", connector: "nixl" });
+    assert.deepEqual(cmd.argv.slice(1, 4), [SIM_BIN, "serve", "org/model"]);
+    assert.ok(cmd.argv.includes("--role") && cmd.argv.includes("--connector"));
+    assert.equal(record.engine, "sim");
   });
 
   it("CLI: `infera engine atom --sim --dry-run` prints the sim command and the atom record", async () => {
@@ -72,13 +78,5 @@ describe("--sim", () => {
     assert.equal(out.record.engine, "atom");
     assert.equal(out.record.kvEvents?.framing, "atom");
     assert.equal(out.record.url, "http://10.0.0.7:8123");
-  });
-
-  it("`infera engine sim` keeps the vLLM command line with the sim's --role/--connector", async () => {
-    assert.deepEqual(simEngineWords(), ["engine", "sim"]);
-    const { cmd, record } = await build("sim", { role: "decode", connector: "nixl" });
-    assert.deepEqual(cmd.argv.slice(1, 4), [SIM_BIN, "serve", "org/model"]);
-    assert.ok(cmd.argv.includes("--role") && cmd.argv.includes("--connector"));
-    assert.equal(record.engine, "sim");
   });
 });
