@@ -8,6 +8,7 @@ import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { Etcd3, type IOptions, isRecoverableError } from "etcd3";
 import { BadRequestError } from "../protocol/errors.ts";
+import { parseWorkerRecordText } from "./schema.ts";
 import type { WorkerRecord } from "./types.ts";
 
 export interface EtcdOptions {
@@ -23,7 +24,15 @@ export interface EtcdOptions {
   keyFile?: string;
   /** Deadline for unary calls (get/put/grant/revoke), ms. Default 5000. */
   callTimeoutMs?: number;
+  /**
+   * Largest gRPC message the client accepts, bytes. Default 256 MiB: grpc-js's own default
+   * (4 MiB) turned a watch catch-up or an unpaged list of ~1,000 records of 4 KB into
+   * RESOURCE_EXHAUSTED, i.e. a discovery that never lists. Lists are paged as well.
+   */
+  maxReceiveBytes?: number;
 }
+
+export const DEFAULT_ETCD_MAX_RECEIVE_BYTES = 256 * 1024 * 1024;
 
 export const DEFAULT_ETCD_PREFIX = "/infera";
 
@@ -96,6 +105,7 @@ export function createEtcdClient(opts: EtcdOptions): Etcd3 {
       "grpc.max_reconnect_backoff_ms": 1000,
       "grpc.keepalive_time_ms": 10_000,
       "grpc.keepalive_timeout_ms": 5000,
+      "grpc.max_receive_message_length": opts.maxReceiveBytes ?? DEFAULT_ETCD_MAX_RECEIVE_BYTES,
     },
     defaultCallOptions: (ctx) =>
       ctx.isStream ? {} : { deadline: Date.now() + (opts.callTimeoutMs ?? 5000) },
@@ -163,18 +173,8 @@ export function etcdOptionsFromFlags(flags: EtcdFlagValues): EtcdOptions {
   };
 }
 
-/** Parses a stored record; null (and the caller logs) for anything malformed. */
+/** Parses and validates a stored record (schema.ts); null for anything invalid. */
 export function parseWorkerRecord(raw: string): WorkerRecord | null {
-  let v: unknown;
-  try {
-    v = JSON.parse(raw);
-  } catch {
-    return null;
-  }
-  if (typeof v !== "object" || v === null) return null;
-  const r = v as Partial<WorkerRecord>;
-  if (typeof r.id !== "string" || typeof r.model !== "string" || typeof r.url !== "string") return null;
-  if (!Array.isArray(r.servedModelNames)) r.servedModelNames = [r.model];
-  if (typeof r.connector !== "object" || r.connector === null) r.connector = { kind: "none" };
-  return r as WorkerRecord;
+  const r = parseWorkerRecordText(raw);
+  return r.ok ? r.record : null;
 }

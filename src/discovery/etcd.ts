@@ -5,17 +5,18 @@
  * a lease (keep-alive every TTL/3 by the etcd3 client), re-grants and re-puts when the
  * lease is lost (etcd restart, long outage), and revokes it on graceful stop.
  */
-import type { Etcd3, IKeyValue, Lease, Watcher } from "etcd3";
+import { type Etcd3, type IKeyValue, type Lease, Range, type Watcher } from "etcd3";
 import { createLogger, type Logger } from "../util/log.ts";
 import {
   createEtcdClient,
   type EtcdOptions,
   normalizePrefix,
   parseEndpoints,
-  parseWorkerRecord,
   workersPrefix,
 } from "./etcd-client.ts";
 import type { DiscoveryConfig } from "./index.ts";
+import { KeyedWorkerSet } from "./keyed-set.ts";
+import { parseWorkerRecordText } from "./schema.ts";
 import {
   type DiscoveryEvent,
   type DiscoveryRegistrar,
@@ -62,7 +63,11 @@ export interface EtcdWatcherOptions extends EtcdOptions {
   logger?: Logger;
   /** Pass a client to share one connection (tests, benchmarks); it is not closed by close(). */
   client?: Etcd3;
+  /** Keys per page of the initial list and every re-list. Default 500 (~2 MB of 4 KB records). */
+  listPageSize?: number;
 }
+
+const DEFAULT_LIST_PAGE = 500;
 
 export class EtcdWatcher implements DiscoveryWatcher {
   private readonly client: Etcd3;
@@ -70,8 +75,13 @@ export class EtcdWatcher implements DiscoveryWatcher {
   private readonly keyPrefix: string;
   private readonly log: Logger;
   private readonly backoff: Backoff;
-  private readonly byKey = new Map<string, WorkerRecord>();
-  private snapshot: readonly WorkerRecord[] | null = null;
+  /** Every valid record by etcd key; one per worker id is shown (keyed-set.ts). */
+  private readonly set: KeyedWorkerSet;
+  /** Keys whose invalid value was already reported, with that value's mod revision. */
+  private readonly warned = new Map<string, string>();
+  /** Worker ids already reported as carried by more than one key. */
+  private readonly warnedDuplicate = new Set<string>();
+  private readonly pageSize: number;
   private readonly listeners = new Set<(ev: DiscoveryEvent) => void>();
   private watcher: Watcher | null = null;
   private closed = false;
@@ -86,6 +96,8 @@ export class EtcdWatcher implements DiscoveryWatcher {
     this.keyPrefix = workersPrefix(opts.prefix);
     this.log = opts.logger ?? createLogger("discovery-etcd");
     this.backoff = opts.backoff ?? DEFAULT_BACKOFF;
+    this.pageSize = Math.max(1, opts.listPageSize ?? DEFAULT_LIST_PAGE);
+    this.set = new KeyedWorkerSet((ev) => this.emit(ev));
   }
 
   async start(): Promise<void> {
@@ -119,8 +131,7 @@ export class EtcdWatcher implements DiscoveryWatcher {
   }
 
   workers(): readonly WorkerRecord[] {
-    if (this.snapshot === null) this.snapshot = [...this.byKey.values()];
-    return this.snapshot;
+    return this.set.workers();
   }
 
   /** True while etcd is unreachable and the last known set is being served. */
@@ -151,45 +162,74 @@ export class EtcdWatcher implements DiscoveryWatcher {
     }
   }
 
-  private setRecord(key: string, rec: WorkerRecord): void {
-    const prev = this.byKey.get(key);
-    if (prev && JSON.stringify(prev) === JSON.stringify(rec)) return;
-    this.byKey.set(key, rec);
-    this.snapshot = null;
-    this.emit({ type: "put", worker: rec });
+  private setRecord(kv: IKeyValue): void {
+    const key = kv.key.toString();
+    const parsed = parseWorkerRecordText(kv.value.toString("utf8"));
+    if (!parsed.ok) {
+      // A bad value replacing a good one: the key no longer names a usable worker.
+      this.set.remove(key);
+      // Once per stored value, not once per re-list.
+      if (this.warned.get(key) !== kv.mod_revision) {
+        this.warned.set(key, kv.mod_revision);
+        this.log.warn({ key, error: parsed.error }, "ignoring invalid worker record");
+      }
+      return;
+    }
+    this.warned.delete(key);
+    this.set.set(key, parsed.record, BigInt(kv.create_revision));
+    const dups = this.set.duplicates(parsed.record.id);
+    if (dups.length > 0 && !this.warnedDuplicate.has(parsed.record.id)) {
+      this.warnedDuplicate.add(parsed.record.id);
+      this.log.warn(
+        { id: parsed.record.id, keys: dups },
+        "worker id registered under several keys; serving the one created first",
+      );
+    } else if (dups.length === 0) this.warnedDuplicate.delete(parsed.record.id);
   }
 
   private removeKey(key: string): void {
-    const prev = this.byKey.get(key);
-    if (!prev) return;
-    this.byKey.delete(key);
-    this.snapshot = null;
-    this.emit({ type: "delete", id: prev.id });
+    this.warned.delete(key);
+    this.set.remove(key);
   }
 
-  private parse(kv: IKeyValue): WorkerRecord | null {
-    const rec = parseWorkerRecord(kv.value.toString("utf8"));
-    if (rec === null) this.log.warn({ key: kv.key.toString() }, "ignoring malformed worker record");
-    return rec;
+  /**
+   * The whole registry at one revision, a page at a time: one response for 10,000 records
+   * of 4 KB would be 40 MB, over any sane gRPC message limit (the default 4 MiB failed with
+   * RESOURCE_EXHAUSTED at ~1,000 records and left a fresh server with no workers).
+   */
+  private async listAll(): Promise<{ kvs: IKeyValue[]; revision: string }> {
+    const end = Range.prefix(this.keyPrefix).end;
+    let start: Buffer = Buffer.from(this.keyPrefix);
+    let revision: string | undefined;
+    const kvs: IKeyValue[] = [];
+    for (;;) {
+      const b = this.client.getAll().inRange({ start, end }).limit(this.pageSize);
+      if (revision !== undefined) b.revision(revision);
+      const res = await b.exec();
+      revision ??= res.header.revision;
+      for (const kv of res.kvs) kvs.push(kv);
+      const last = res.kvs[res.kvs.length - 1];
+      if (!res.more || !last || this.closed) return { kvs, revision };
+      // The next page starts just after the last key of this one.
+      start = Buffer.concat([last.key, Buffer.from([0])]);
+    }
   }
 
   /** One list + diff + watch from the list's revision + 1. Throws when etcd is unreachable. */
   private async listAndWatch(): Promise<void> {
-    const res = await this.client.getAll().prefix(this.keyPrefix).exec();
+    const res = await this.listAll();
     if (this.closed) return;
-    const seen = new Map<string, WorkerRecord>();
-    for (const kv of res.kvs) {
-      const rec = this.parse(kv);
-      if (rec) seen.set(kv.key.toString(), rec);
-    }
-    for (const key of [...this.byKey.keys()]) if (!seen.has(key)) this.removeKey(key);
-    for (const [key, rec] of seen) this.setRecord(key, rec);
+    const listed = new Set<string>();
+    for (const kv of res.kvs) listed.add(kv.key.toString());
+    for (const key of this.set.keys()) if (!listed.has(key)) this.removeKey(key);
+    for (const key of [...this.warned.keys()]) if (!listed.has(key)) this.warned.delete(key);
+    for (const kv of res.kvs) this.setRecord(kv);
     this.relists++;
-    const revision = BigInt(res.header.revision) + 1n;
+    const revision = BigInt(res.revision) + 1n;
     await this.watchFrom(revision);
     if (this.degraded) {
       this.degraded = false;
-      this.log.info({ workers: this.byKey.size }, "etcd discovery restored");
+      this.log.info({ workers: this.set.size }, "etcd discovery restored");
       this.emit({ type: "restored" });
     }
   }
@@ -197,10 +237,7 @@ export class EtcdWatcher implements DiscoveryWatcher {
   private async watchFrom(revision: bigint): Promise<void> {
     const w = this.client.watch().prefix(this.keyPrefix).startRevision(revision.toString()).watcher();
     this.watcher = w;
-    w.on("put", (kv) => {
-      const rec = this.parse(kv);
-      if (rec) this.setRecord(kv.key.toString(), rec);
-    });
+    w.on("put", (kv) => this.setRecord(kv));
     w.on("delete", (kv) => this.removeKey(kv.key.toString()));
     const connected = new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error("watch not established in 5 s")), 5000);
@@ -237,7 +274,7 @@ export class EtcdWatcher implements DiscoveryWatcher {
     if (!this.degraded)
       this.enterDegraded(
         err,
-        { workers: this.byKey.size },
+        { workers: this.set.size },
         "etcd discovery degraded; serving the last known set",
       );
     void this.resync();

@@ -28,6 +28,15 @@ export interface StaticDiscoveryOptions {
 const ENGINES = new Set<EngineKind>(["vllm", "sglang", "atom", "sim"]);
 const ROLES = new Set<WorkerRole>(["mixed", "prefill", "decode"]);
 
+function isHttpUrl(url: string): boolean {
+  try {
+    const u = new URL(url);
+    return u.protocol === "http:" || u.protocol === "https:";
+  } catch {
+    return false;
+  }
+}
+
 function normaliseUrl(url: string): string {
   const u = new URL(url);
   return `${u.protocol}//${u.host}${u.pathname.replace(/\/+$/, "").replace(/\/v1$/, "")}`;
@@ -105,13 +114,29 @@ export async function readWorkersFile(path: string): Promise<PartialWorkerRecord
 }
 
 export class StaticDiscovery implements DiscoveryWatcher {
-  private readonly store = new MemoryDiscovery();
+  private readonly store: MemoryDiscovery;
   private readonly log: Logger;
   private readonly timers = new Set<NodeJS.Timeout>();
   private closed = false;
 
   constructor(private readonly opts: StaticDiscoveryOptions) {
     this.log = opts.logger ?? createLogger("discovery-static");
+    this.store = new MemoryDiscovery([], this.log);
+  }
+
+  /**
+   * Completes and stores a record; the schema check is MemoryDiscovery's (schema.ts). A
+   * record that cannot even be completed (url not a URL) is skipped with one warning too.
+   */
+  private put(p: PartialWorkerRecord, learned?: Partial<WorkerRecord>): void {
+    let rec: WorkerRecord;
+    try {
+      rec = completeRecord(p, learned);
+    } catch (err) {
+      this.log.warn({ key: p.id ?? p.url, error: (err as Error).message }, "ignoring invalid worker record");
+      return;
+    }
+    this.store.put(rec);
   }
 
   async start(): Promise<void> {
@@ -126,12 +151,18 @@ export class StaticDiscovery implements DiscoveryWatcher {
   private async admit(p: PartialWorkerRecord): Promise<void> {
     if (this.closed) return;
     if (p.model && p.servedModelNames) {
-      this.store.put(completeRecord(p));
+      this.put(p);
       return;
     }
+    let learned: Partial<WorkerRecord>;
     try {
-      this.store.put(completeRecord(p, await probeModels(p.url)));
+      learned = await probeModels(p.url);
     } catch (err) {
+      if (!isHttpUrl(p.url)) {
+        // Retrying cannot make it reachable.
+        this.put(p);
+        return;
+      }
       this.log.warn({ url: p.url, err: (err as Error).message }, "worker not reachable yet; retrying");
       const t = setTimeout(() => {
         this.timers.delete(t);
@@ -139,7 +170,9 @@ export class StaticDiscovery implements DiscoveryWatcher {
       }, this.opts.retryMs ?? 2000);
       t.unref();
       this.timers.add(t);
+      return;
     }
+    this.put(p, learned);
   }
 
   workers(): readonly WorkerRecord[] {
