@@ -49,6 +49,8 @@ export interface BlockRemoved {
 
 export interface AllBlocksCleared {
   type: "AllBlocksCleared";
+  /** ATOM clears one medium when set (atom/distributed/kv_events.py); absent: everything. */
+  medium?: string | null;
 }
 
 export interface BlockTransferred {
@@ -153,7 +155,7 @@ const FIELDS: Record<string, string[]> = {
     "kv_cache_spec_sliding_window",
   ],
   BlockRemoved: ["block_hashes", "medium", "group_idx"],
-  AllBlocksCleared: [],
+  AllBlocksCleared: ["medium"],
   BlockTransferred: ["block_hashes", "from_medium", "to_medium", "group_idx"],
 };
 
@@ -210,6 +212,11 @@ function blockStored(
   };
 }
 
+function cleared(medium: unknown): AllBlocksCleared {
+  const m = str(medium);
+  return m === null ? { type: "AllBlocksCleared" } : { type: "AllBlocksCleared", medium: m };
+}
+
 function isMap(v: unknown): boolean {
   return v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Uint8Array);
 }
@@ -259,7 +266,7 @@ export function decodeEvent(raw: unknown): KvEvent | null {
       case "BlockRemoved":
         return blockRemoved(raw[1], raw[2], raw[3]);
       case "AllBlocksCleared":
-        return { type: "AllBlocksCleared" };
+        return cleared(raw[1]);
       case "BlockTransferred":
         return blockTransferred(raw[1], raw[2], raw[3], raw[4]);
       default:
@@ -287,7 +294,7 @@ export function decodeEvent(raw: unknown): KvEvent | null {
     case "BlockRemoved":
       return blockRemoved(f.block_hashes, f.medium, f.group_idx);
     case "AllBlocksCleared":
-      return { type: "AllBlocksCleared" };
+      return cleared(f.medium);
     case "BlockTransferred":
       return blockTransferred(f.block_hashes, f.from_medium, f.to_medium, f.group_idx);
     default:

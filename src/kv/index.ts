@@ -264,6 +264,10 @@ export class KvIndex {
         return;
       }
       case "AllBlocksCleared":
+        if (!isGpu(ev.medium ?? null)) {
+          c.ignored++;
+          return;
+        }
         r.blocks.clear();
         r.engine.clear();
         c.cleared++;
