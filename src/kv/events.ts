@@ -29,6 +29,15 @@ export interface BlockStored {
   loraName: string | null;
   extraKeys: unknown;
   groupIdx: number | null;
+  /**
+   * The request's cache salt when the engine sends it as a field of its own: SGLang's
+   * `BlockStoredWithMetadata.metadata.cache_salt` (position 7, after medium). vLLM carries the
+   * salt inside `extra_keys` instead (see saltFromExtraKeys in ./index.ts).
+   */
+  cacheSalt?: string | null;
+  /** vLLM `kv_cache_spec_kind` (e.g. "full_attention", "sliding_window", "mamba"). */
+  kvCacheSpecKind?: string | null;
+  kvCacheSpecSlidingWindow?: number | null;
 }
 
 export interface BlockRemoved {
@@ -40,6 +49,8 @@ export interface BlockRemoved {
 
 export interface AllBlocksCleared {
   type: "AllBlocksCleared";
+  /** ATOM clears one medium when set (atom/distributed/kv_events.py); absent: everything. */
+  medium?: string | null;
 }
 
 export interface BlockTransferred {
@@ -61,7 +72,10 @@ export interface EventBatch {
 }
 
 export interface KvMessage {
+  /** The topic frame up to its first NUL (SGLang snapshot mode appends `\0sgl-kv-epoch=…`). */
   topic: string;
+  /** SGLang's publisher-lifecycle epoch from the topic frame; null when absent. */
+  epoch: string | null;
   /** Sequence number (vLLM/SGLang framing); null for ATOM framing. */
   seq: number | null;
   batch: EventBatch;
@@ -137,9 +151,11 @@ const FIELDS: Record<string, string[]> = {
     "lora_name",
     "extra_keys",
     "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
   ],
   BlockRemoved: ["block_hashes", "medium", "group_idx"],
-  AllBlocksCleared: [],
+  AllBlocksCleared: ["medium"],
   BlockTransferred: ["block_hashes", "from_medium", "to_medium", "group_idx"],
 };
 
@@ -156,6 +172,8 @@ function blockStored(
   loraName: unknown,
   extraKeys: unknown,
   groupIdx: unknown,
+  specKind: unknown = null,
+  slidingWindow: unknown = null,
 ): BlockStored | null {
   const blockHashes = hashList(hashesRaw);
   if (!blockHashes || !Array.isArray(tokenIds)) return null;
@@ -169,6 +187,14 @@ function blockStored(
   const blockSize =
     bs !== null && bs > 0 ? bs : blockHashes.length > 0 ? tokenIds.length / blockHashes.length : 0;
   if (!Number.isInteger(blockSize) || blockSize <= 0) return null;
+  // Position 7 is vLLM's `lora_name` (a string) but SGLang's `metadata` (a map
+  // `{cache_salt}`, BlockStoredWithMetadata): tell them apart by type.
+  let name: string | null = null;
+  let salt: string | null = null;
+  if (isMap(loraName)) {
+    const s = (loraName as Record<string, unknown>).cache_salt;
+    salt = typeof s === "string" && s !== "" ? s : null;
+  } else name = str(loraName);
   return {
     type: "BlockStored",
     blockHashes,
@@ -177,10 +203,22 @@ function blockStored(
     blockSize,
     loraId: int(loraId),
     medium: str(medium),
-    loraName: str(loraName),
+    loraName: name,
     extraKeys: extraKeys ?? null,
     groupIdx: int(groupIdx),
+    cacheSalt: salt,
+    kvCacheSpecKind: str(specKind),
+    kvCacheSpecSlidingWindow: int(slidingWindow),
   };
+}
+
+function cleared(medium: unknown): AllBlocksCleared {
+  const m = str(medium);
+  return m === null ? { type: "AllBlocksCleared" } : { type: "AllBlocksCleared", medium: m };
+}
+
+function isMap(v: unknown): boolean {
+  return v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Uint8Array);
 }
 
 function blockRemoved(hashesRaw: unknown, medium: unknown, groupIdx: unknown): BlockRemoved | null {
@@ -212,11 +250,23 @@ export function decodeEvent(raw: unknown): KvEvent | null {
     // Positional: read fields by index, no intermediate object (the hot path).
     switch (str(raw[0])) {
       case "BlockStored":
-        return blockStored(raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], raw[8], raw[9]);
+        return blockStored(
+          raw[1],
+          raw[2],
+          raw[3],
+          raw[4],
+          raw[5],
+          raw[6],
+          raw[7],
+          raw[8],
+          raw[9],
+          raw[10],
+          raw[11],
+        );
       case "BlockRemoved":
         return blockRemoved(raw[1], raw[2], raw[3]);
       case "AllBlocksCleared":
-        return { type: "AllBlocksCleared" };
+        return cleared(raw[1]);
       case "BlockTransferred":
         return blockTransferred(raw[1], raw[2], raw[3], raw[4]);
       default:
@@ -234,14 +284,17 @@ export function decodeEvent(raw: unknown): KvEvent | null {
         f.block_size,
         f.lora_id,
         f.medium,
-        f.lora_name,
+        // A map-encoded SGLang event would name its metadata `metadata`.
+        f.lora_name ?? f.metadata,
         f.extra_keys,
         f.group_idx,
+        f.kv_cache_spec_kind,
+        f.kv_cache_spec_sliding_window,
       );
     case "BlockRemoved":
       return blockRemoved(f.block_hashes, f.medium, f.group_idx);
     case "AllBlocksCleared":
-      return { type: "AllBlocksCleared" };
+      return cleared(f.medium);
     case "BlockTransferred":
       return blockTransferred(f.block_hashes, f.from_medium, f.to_medium, f.group_idx);
     default:
@@ -310,16 +363,16 @@ export function encodeSeq(seq: number): Buffer {
 
 /** Decodes one multipart ZMQ message. With "atom" framing a 3-frame message is still accepted. */
 export function decodeMessage(frames: readonly Uint8Array[], framing: Framing): KvMessage | DecodeError {
-  let topic = "";
+  let topicFrame: Uint8Array | null = null;
   let seq: number | null = null;
   let payload: Uint8Array;
   if (frames.length === 3) {
-    topic = Buffer.from(frames[0]).toString("utf8");
+    topicFrame = frames[0];
     seq = readSeq(frames[1]);
     if (seq === null) return { error: "sequence frame is not 8 bytes" };
     payload = frames[2];
   } else if (framing === "atom" && frames.length === 2) {
-    topic = Buffer.from(frames[0]).toString("utf8");
+    topicFrame = frames[0];
     payload = frames[1];
   } else if (framing === "atom" && frames.length === 1) {
     payload = frames[0];
@@ -328,5 +381,26 @@ export function decodeMessage(frames: readonly Uint8Array[], framing: Framing): 
   }
   const batch = decodeBatch(payload);
   if ("error" in batch) return batch;
-  return { topic, seq, batch };
+  const { topic, epoch } = topicFrame ? splitTopic(topicFrame) : { topic: "", epoch: null };
+  return { topic, epoch, seq, batch };
+}
+
+const EPOCH_MARKER = "sgl-kv-epoch=";
+
+/**
+ * Splits a topic frame into the configured topic (up to the first NUL) and SGLang's epoch.
+ * SGLang's snapshot-capable publisher sends `topic + "\0sgl-kv-epoch=" + epoch`, and a snapshot
+ * barrier adds `"\0sgl-kv-snapshot=" + id` (sglang python/sglang/srt/disaggregation/kv_events.py,
+ * `_live_topic` / `_snapshot_barrier_topic`).
+ */
+export function splitTopic(frame: Uint8Array): { topic: string; epoch: string | null } {
+  const nul = frame.indexOf(0);
+  if (nul < 0) return { topic: Buffer.from(frame).toString("utf8"), epoch: null };
+  const topic = Buffer.from(frame.subarray(0, nul)).toString("utf8");
+  let epoch: string | null = null;
+  for (const part of Buffer.from(frame.subarray(nul + 1))
+    .toString("utf8")
+    .split("\0"))
+    if (part.startsWith(EPOCH_MARKER)) epoch = part.slice(EPOCH_MARKER.length);
+  return { topic, epoch };
 }

@@ -19,6 +19,8 @@ export interface FastDecoders {
     loraName: unknown,
     extraKeys: unknown,
     groupIdx: unknown,
+    specKind: unknown,
+    slidingWindow: unknown,
   ): KvEvent | null;
   int(v: unknown): number | null;
 }
@@ -50,9 +52,23 @@ export function fastDecodeBatch(payload: Uint8Array, d: FastDecoders): EventBatc
         const loraName = c > 7 ? r.read() : null;
         const extraKeys = c > 8 ? r.read() : null;
         const groupIdx = c > 9 ? r.read() : null;
-        for (let i = 10; i < c; i++) r.read();
+        const specKind = c > 10 ? r.read() : null;
+        const slidingWindow = c > 11 ? r.read() : null;
+        for (let i = 12; i < c; i++) r.read();
         ev = tokens
-          ? d.blockStored(hashes, parent, tokens, bs, loraId, medium, loraName, extraKeys, groupIdx)
+          ? d.blockStored(
+              hashes,
+              parent,
+              tokens,
+              bs,
+              loraId,
+              medium,
+              loraName,
+              extraKeys,
+              groupIdx,
+              specKind,
+              slidingWindow,
+            )
           : null;
       } else {
         const raw: unknown[] = [tag];

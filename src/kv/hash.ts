@@ -60,10 +60,18 @@ export function hashString(s: string, seed = 0): number {
   return fmix32(h);
 }
 
-/** The parent "hash" of a sequence's first block: the fixed root seed, or one derived from the salt. */
-export function rootSeed(cacheSalt?: string | null): number {
-  if (cacheSalt == null || cacheSalt === "") return ROOT_SEED;
-  return hashString(cacheSalt, ROOT_SEED ^ 0x5a17);
+/**
+ * The parent "hash" of a sequence's first block: the fixed root seed, or one derived from the
+ * LoRA adapter name and the salt. vLLM puts the LoRA name first in every block's extra keys and
+ * the salt in the first block's (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys);
+ * since the router chains each block onto its parent, seeding the first block with both is
+ * enough to keep adapters and salts apart.
+ */
+export function rootSeed(cacheSalt?: string | null, loraName?: string | null): number {
+  let seed = ROOT_SEED;
+  if (loraName != null && loraName !== "") seed = hashString(loraName, ROOT_SEED ^ 0x10a4);
+  if (cacheSalt == null || cacheSalt === "") return seed;
+  return hashString(cacheSalt, seed ^ 0x5a17);
 }
 
 /**
@@ -75,10 +83,11 @@ export function hashPrompt(
   blockSize: number,
   cacheSalt?: string | null,
   out?: Uint32Array,
+  loraName?: string | null,
 ): Uint32Array {
   const n = Math.floor(tokens.length / blockSize);
   const res = out && out.length >= n ? out.subarray(0, n) : new Uint32Array(n);
-  let parent = rootSeed(cacheSalt);
+  let parent = rootSeed(cacheSalt, loraName);
   for (let b = 0; b < n; b++) {
     parent = hashBlock(parent, tokens, b * blockSize, (b + 1) * blockSize);
     res[b] = parent;

@@ -1,10 +1,12 @@
 /**
- * Follows a DiscoveryWatcher and keeps one KvSubscriber per worker that publishes KV events
- * (record.kvEvents), all feeding one shared KvIndex. A worker that leaves the registry has its
- * subscriber closed and its entries dropped; a changed endpoint restarts its subscriber.
+ * Follows a DiscoveryWatcher and keeps, per worker that publishes KV events (record.kvEvents),
+ * one KvSubscriber per data-parallel rank (`kvEvents.ranks`, each with its own sequence numbers
+ * and replay socket; the single endpoint when absent), all feeding one shared KvIndex. A worker
+ * that leaves the registry has its subscribers closed and its entries dropped; a changed
+ * endpoint restarts them.
  */
 import { Registry } from "prom-client";
-import type { DiscoveryWatcher, WorkerRecord } from "../discovery/types.ts";
+import type { DiscoveryWatcher, KvEventsRank, WorkerRecord } from "../discovery/types.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { KvIndex } from "./index.ts";
 import { KvIngestMetrics } from "./metrics.ts";
@@ -20,29 +22,47 @@ export interface KvIngestOptions {
   /** Only workers of this model (any model when absent). */
   model?: string;
   replayTimeoutMs?: number;
+  /** Index cap per rank when a record has no `kvBlocks` (only when `index` is not given). */
+  maxBlocksPerWorker?: number;
+}
+
+/** Every rank's sockets: `kvEvents.ranks`, or the single endpoint as rank 0 (or the record's dpRank). */
+export function rankSockets(rec: WorkerRecord): KvEventsRank[] {
+  const e = rec.kvEvents;
+  if (!e) return [];
+  if (e.ranks && e.ranks.length > 0) return e.ranks;
+  return [{ dpRank: rec.dpRank ?? 0, endpoint: e.endpoint, replayEndpoint: e.replayEndpoint }];
 }
 
 function feedKey(rec: WorkerRecord): string | null {
   const e = rec.kvEvents;
-  return e ? `${e.endpoint}|${e.replayEndpoint ?? ""}|${e.topic}|${e.framing}|${rec.blockSize}` : null;
+  if (!e) return null;
+  const ranks = rankSockets(rec)
+    .map((r) => `${r.dpRank}@${r.endpoint}|${r.replayEndpoint ?? ""}`)
+    .join(",");
+  return `${ranks}|${e.topic}|${e.framing}|${rec.blockSize}|${rec.kvBlocks ?? ""}`;
 }
 
 export class KvIngest {
   readonly index: KvIndex;
   readonly metrics: KvIngestMetrics;
   private readonly logger: Logger;
-  private readonly feeds: WorkerFeeds<KvSubscriber>;
+  private readonly feeds: WorkerFeeds<KvSubscriber[]>;
 
   constructor(private readonly opts: KvIngestOptions) {
-    this.index = opts.index ?? new KvIndex();
+    this.index = opts.index ?? new KvIndex({ defaultMaxBlocks: opts.maxBlocksPerWorker });
     this.logger = opts.logger ?? createLogger("kv-ingest");
     this.metrics = new KvIngestMetrics(opts.registry ?? new Registry());
+    const capped = this.metrics.capped;
+    this.index.onCapped = (worker, n) => capped.inc({ worker }, n);
     this.feeds = new WorkerFeeds({
       watcher: opts.watcher,
       model: opts.model,
       keyOf: feedKey,
       open: (rec) => this.open(rec),
-      close: (sub) => sub.close(),
+      close: async (subs) => {
+        await Promise.all(subs.map((s) => s.close()));
+      },
       removeWorker: (id) => this.index.removeWorker(id),
       count: (n) => this.metrics.workers.set(n),
     });
@@ -55,11 +75,17 @@ export class KvIngest {
 
   /** Resolves when every current subscriber has finished its start-up replay. */
   async synced(): Promise<void> {
-    await Promise.all(this.feeds.all().map((sub) => sub.synced));
+    await Promise.all(this.feeds.all().flatMap((subs) => subs.map((s) => s.synced)));
   }
 
+  /** The worker's lowest rank's subscriber. */
   subscriber(workerId: string): KvSubscriber | undefined {
-    return this.feeds.get(workerId);
+    return this.feeds.get(workerId)?.[0];
+  }
+
+  /** One subscriber per rank of the worker. */
+  subscribers(workerId: string): readonly KvSubscriber[] {
+    return this.feeds.get(workerId) ?? [];
   }
 
   /** True when the worker's KV events are being ingested. */
@@ -71,21 +97,26 @@ export class KvIngest {
     await this.feeds.close();
   }
 
-  private open(rec: WorkerRecord): KvSubscriber {
+  private open(rec: WorkerRecord): KvSubscriber[] {
     // keyOf returned a key, so the record has kvEvents.
     const events = rec.kvEvents as NonNullable<WorkerRecord["kvEvents"]>;
-    const sub = new KvSubscriber({
-      workerId: rec.id,
-      events,
-      blockSize: rec.blockSize,
-      index: this.index,
-      logger: this.logger,
-      metrics: this.metrics,
-      replayTimeoutMs: this.opts.replayTimeoutMs,
+    const ranks = [...rankSockets(rec)].sort((a, b) => a.dpRank - b.dpRank);
+    return ranks.map((r) => {
+      const sub = new KvSubscriber({
+        workerId: rec.id,
+        events: { ...events, endpoint: r.endpoint, replayEndpoint: r.replayEndpoint, ranks: undefined },
+        dpRank: r.dpRank,
+        kvBlocks: rec.kvBlocks,
+        blockSize: rec.blockSize,
+        index: this.index,
+        logger: this.logger,
+        metrics: this.metrics,
+        replayTimeoutMs: this.opts.replayTimeoutMs,
+      });
+      sub.start();
+      this.logger.info({ worker: rec.id, rank: r.dpRank, endpoint: r.endpoint }, "kv events: subscribed");
+      return sub;
     });
-    sub.start();
-    this.logger.info({ worker: rec.id, endpoint: events.endpoint }, "kv events: subscribed");
-    return sub;
   }
 }
 

@@ -7,6 +7,8 @@ export class KvIngestMetrics {
   readonly malformed: Counter<"worker">;
   readonly replays: Counter<"result">;
   readonly resets: Counter<"reason">;
+  readonly sequence: Counter<"kind">;
+  readonly capped: Counter<"worker">;
   readonly workers: Gauge;
 
   constructor(registry: Registry) {
@@ -37,8 +39,23 @@ export class KvIngestMetrics {
     });
     this.resets = new Counter({
       name: "infera_kv_worker_resets_total",
-      help: "Workers reset to empty in the index, by reason (gap, restart, cleared)",
+      help: "Worker ranks reset to empty in the index, by reason (gap, jump, restart, epoch)",
       labelNames: ["reason"],
+      registers,
+    });
+    this.sequence = new Counter({
+      name: "infera_kv_sequence_anomalies_total",
+      help:
+        "KV event sequence anomalies by kind: gap (missed batches, replayed), jump (a gap replay " +
+        "could not fill), backward (live seq went back: engine restart), restart (a replayed seq " +
+        "came again with other bytes: engine restart), epoch (SGLang epoch changed)",
+      labelNames: ["kind"],
+      registers,
+    });
+    this.capped = new Counter({
+      name: "infera_kv_index_dropped_blocks_total",
+      help: "Stored blocks not indexed because the worker rank was at its cap (kvBlocks + margin)",
+      labelNames: ["worker"],
       registers,
     });
     this.workers = new Gauge({

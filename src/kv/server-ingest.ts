@@ -21,11 +21,14 @@ export const createServerKvIngest: KvIngestFactory = (ctx): ServerKvIngestHandle
   if (!KV_POLICIES.has(ctx.config.policy))
     return { ingest: null, indexFor: () => undefined, close: async () => {} };
   const replay = Number(ctx.config.policyOptions.kvReplayTimeoutMs);
+  const maxBlocks = Number(ctx.config.policyOptions.kvMaxBlocksPerWorker);
   const ingest = new KvIngest({
     watcher: ctx.discovery,
     logger: ctx.logger.child({ component: "kv-ingest" }),
     registry: ctx.registry,
     replayTimeoutMs: Number.isFinite(replay) && replay > 0 ? replay : undefined,
+    // Index cap per DP rank for workers whose record has no kvBlocks.
+    maxBlocksPerWorker: Number.isFinite(maxBlocks) && maxBlocks > 0 ? maxBlocks : undefined,
   });
   const decisions = new Counter({
     name: "infera_kv_routing_decisions_total",

@@ -1,9 +1,17 @@
 /**
- * One worker's KV event feed: a ZMQ SUB socket on the worker's events endpoint, applied to the
- * shared KvIndex in sequence order. At start it replays the engine's buffer from seq 0 (so a new
- * server replica builds the full index, not only what it routed itself); a gap in `seq` replays
- * the missing range through a DEALER on the replay socket, and when that cannot fill it the
- * worker is reset to empty (engine-protocols.md §3). Nothing a worker sends can throw out of here.
+ * One worker rank's KV event feed: a ZMQ SUB socket on the rank's events endpoint, applied to
+ * the shared KvIndex (under that rank) in sequence order. At start it replays the engine's
+ * buffer from seq 0 (so a new server replica builds the full index, not only what it routed
+ * itself); a gap in `seq` replays the missing range through a DEALER on the replay socket, and
+ * when that cannot fill it the rank is reset to empty (engine-protocols.md §3).
+ *
+ * Restarts: vLLM's and SGLang's publishers number batches from 0 per process
+ * (`itertools.count()` / `_next_seq = 0`), so a live sequence number that goes backwards, or a
+ * live batch whose seq the start-up replay already delivered with different bytes, means the
+ * engine restarted (possibly with its first batches missed); SGLang's snapshot mode also says so
+ * with a new `sgl-kv-epoch` in the topic. The rank is then reset and rebuilt from the new
+ * engine's replay buffer, and the case is counted. A live batch that merely repeats one the
+ * replay delivered is skipped. Nothing a worker sends can throw out of here.
  */
 import { Dealer, Subscriber } from "zeromq";
 import type { KvEventsInfo } from "../discovery/types.ts";
@@ -14,7 +22,12 @@ import type { KvIngestMetrics } from "./metrics.ts";
 
 export interface KvSubscriberOptions {
   workerId: string;
+  /** Sockets and framing; `endpoint`/`replayEndpoint` are this rank's. */
   events: KvEventsInfo;
+  /** The data-parallel rank these sockets belong to (default 0). */
+  dpRank?: number;
+  /** The engine's pool size from the record (caps this rank in the index). */
+  kvBlocks?: number;
   /** From the worker record; events' own block_size overrides it. */
   blockSize: number;
   index: KvIndex;
@@ -33,13 +46,30 @@ export interface KvSubscriberStats {
   gaps: number;
   replays: number;
   resets: number;
+  /** Engine restarts seen (seq went back, replayed bytes changed, or a new SGLang epoch). */
+  restarts: number;
   lastSeq: number;
+}
+
+/** Yield to the event loop after this much continuous work, so /health stays responsive. */
+const YIELD_AFTER_MS = 20;
+
+function digest(b: Uint8Array): number {
+  let h = 0x811c9dc5 ^ b.length;
+  for (let i = 0; i < b.length; i++) h = Math.imul(h ^ b[i], 0x01000193);
+  return h >>> 0;
 }
 
 export class KvSubscriber {
   private readonly sub = new Subscriber({ linger: 0 });
   private closed = false;
   private lastSeq = -1;
+  /** Last seq received on the SUB socket itself (-1: none yet). */
+  private lastLiveSeq = -1;
+  /** Digests of batches the replay delivered beyond the last live seq (duplicate vs restart). */
+  private replayed = new Map<number, number>();
+  private epoch: string | null = null;
+  private workStart = 0;
   private syncedResolve!: () => void;
   /** Resolves once the start-up replay is done and live events are being applied. */
   readonly synced: Promise<void>;
@@ -51,6 +81,7 @@ export class KvSubscriber {
     gaps: 0,
     replays: 0,
     resets: 0,
+    restarts: 0,
     lastSeq: -1,
   };
 
@@ -64,9 +95,13 @@ export class KvSubscriber {
     return this.opts.workerId;
   }
 
+  get dpRank(): number {
+    return this.opts.dpRank ?? 0;
+  }
+
   start(): void {
     if (this.loop) return;
-    this.opts.index.addWorker(this.opts.workerId, this.opts.blockSize);
+    this.opts.index.addWorker(this.opts.workerId, this.opts.blockSize, 0, this.opts.kvBlocks);
     this.loop = this.run().catch((err) => {
       if (!this.closed) this.opts.logger.error({ err, worker: this.opts.workerId }, "kv subscriber stopped");
     });
@@ -91,6 +126,7 @@ export class KvSubscriber {
     if (events.framing === "seq" && events.replayEndpoint && this.opts.replayOnStart !== false)
       await this.replay(0);
     this.syncedResolve();
+    this.workStart = performance.now();
     while (!this.closed) {
       let frames: Buffer[];
       try {
@@ -100,6 +136,12 @@ export class KvSubscriber {
         throw err;
       }
       await this.handle(frames);
+      // Queued messages resolve receive() without a trip through the event loop; a publisher
+      // flooding the socket must not starve timers and HTTP (/health).
+      if (performance.now() - this.workStart > YIELD_AFTER_MS) {
+        await new Promise<void>((r) => setImmediate(r));
+        this.workStart = performance.now();
+      }
     }
   }
 
@@ -115,31 +157,90 @@ export class KvSubscriber {
       }
       return;
     }
+    // The topic is matched up to its first NUL: SGLang's snapshot mode appends its epoch there.
     if (events.topic && msg.topic !== events.topic && frames.length !== 1) return;
+    if (msg.epoch !== null) {
+      if (this.epoch !== null && msg.epoch !== this.epoch) {
+        this.epoch = msg.epoch;
+        await this.restart("epoch", msg.seq, frames);
+        return;
+      }
+      this.epoch = msg.epoch;
+    }
     const seq = msg.seq;
-    if (seq === null || this.lastSeq < 0) {
+    if (seq === null) {
       this.apply(msg.batch);
-      if (seq !== null) this.setSeq(seq);
+      return;
+    }
+    const lastLive = this.lastLiveSeq;
+    this.lastLiveSeq = seq;
+    if (this.lastSeq < 0) {
+      this.apply(msg.batch);
+      this.setSeq(seq);
       return;
     }
     if (seq <= this.lastSeq) {
-      if (seq === 0) {
-        // The engine restarted and numbers from 0 again: what we hold is stale.
-        this.reset("restart");
-        this.apply(msg.batch);
-        this.setSeq(0);
+      if (seq <= lastLive) {
+        // The live stream itself went backwards: a new publisher numbering from 0 again.
+        await this.restart("backward", seq, frames);
+        return;
       }
-      return; // a batch already applied through replay
+      // Delivered by the replay already: the same bytes are a duplicate, other bytes mean the
+      // engine restarted after the replay answered (its first batches perhaps missed).
+      const known = this.replayed.get(seq);
+      for (const k of this.replayed.keys()) {
+        if (k > seq) break; // insertion order is seq order
+        this.replayed.delete(k);
+      }
+      if (known !== undefined && known !== digest(frames[2])) await this.restart("restart", seq, frames);
+      return;
     }
+    this.replayed.clear();
     if (seq > this.lastSeq + 1) {
       this.stats.gaps++;
-      this.opts.logger.warn({ worker: workerId, expected: this.lastSeq + 1, got: seq }, "kv event gap");
+      this.opts.logger.warn(
+        { worker: workerId, rank: this.dpRank, expected: this.lastSeq + 1, got: seq },
+        "kv event gap",
+      );
+      this.opts.metrics?.sequence.inc({ kind: "gap" });
       if (events.replayEndpoint) await this.replay(this.lastSeq + 1);
       if (seq <= this.lastSeq) return;
-      if (seq > this.lastSeq + 1) this.reset("gap");
+      if (seq > this.lastSeq + 1) {
+        // A jump the replay could not fill (no replay socket, or it failed): what the index
+        // holds may be long gone from the engine.
+        this.opts.metrics?.sequence.inc({ kind: "jump" });
+        this.reset("jump");
+      }
     }
     this.apply(msg.batch);
     this.setSeq(seq);
+  }
+
+  /**
+   * The engine behind this rank restarted: forget the rank, then rebuild it from the new
+   * engine's replay buffer (which holds the batch that revealed the restart); without a replay
+   * socket, start again from that batch.
+   */
+  private async restart(kind: string, seq: number | null, frames: Buffer[]): Promise<void> {
+    this.stats.restarts++;
+    this.opts.metrics?.sequence.inc({ kind });
+    this.opts.logger.warn(
+      { worker: this.opts.workerId, rank: this.dpRank, kind, seq, lastSeq: this.lastSeq },
+      "kv events: engine restart detected",
+    );
+    this.reset(kind === "epoch" ? "epoch" : "restart");
+    this.setSeq(-1);
+    this.replayed.clear();
+    this.lastLiveSeq = seq ?? -1;
+    if (this.opts.events.framing === "seq" && this.opts.events.replayEndpoint) await this.replay(0);
+    if (seq === null || seq > this.lastSeq) {
+      const msg = decodeMessage(frames, this.opts.events.framing);
+      if (!isDecodeError(msg)) {
+        this.apply(msg.batch);
+        if (seq !== null) this.setSeq(seq);
+      }
+    }
+    this.replayed.clear();
   }
 
   private setSeq(seq: number): void {
@@ -149,7 +250,7 @@ export class KvSubscriber {
 
   private apply(batch: EventBatch): void {
     const { index, workerId, blockSize, metrics } = this.opts;
-    index.applyEvents(workerId, batch.events, blockSize);
+    index.applyEvents(workerId, batch.events, blockSize, this.dpRank);
     this.stats.batches++;
     this.stats.events += batch.events.length;
     if (batch.skipped > 0) this.malformed(`${batch.skipped} undecodable events in a batch`);
@@ -160,10 +261,13 @@ export class KvSubscriber {
   }
 
   private reset(reason: string): void {
-    this.opts.index.clearWorker(this.opts.workerId);
+    this.opts.index.clearWorker(this.opts.workerId, this.dpRank);
     this.stats.resets++;
     this.opts.metrics?.resets.inc({ reason });
-    this.opts.logger.warn({ worker: this.opts.workerId, reason }, "kv index: worker reset to empty");
+    this.opts.logger.warn(
+      { worker: this.opts.workerId, rank: this.dpRank, reason },
+      "kv index: worker rank reset to empty",
+    );
   }
 
   private malformed(error: string): void {
@@ -203,12 +307,16 @@ export class KvSubscriber {
         if (this.lastSeq >= 0 && seq > this.lastSeq + 1) {
           // The engine's buffer no longer holds the missing batches.
           result = "incomplete";
+          this.opts.metrics?.sequence.inc({ kind: "jump" });
           this.reset("gap");
         }
         const batch = parts.length >= 2 ? decodeBatch(parts[1]) : { error: "replay reply without payload" };
         if (isDecodeError(batch)) this.malformed(batch.error);
         else this.apply(batch);
         this.setSeq(seq);
+        // Remember what the replay delivered past the live stream, to tell a later live copy
+        // (skip) from a restarted engine's different batch under the same seq.
+        if (seq > this.lastLiveSeq && parts.length >= 2) this.replayed.set(seq, digest(parts[1]));
       }
     } catch (err) {
       if (this.closed) return;

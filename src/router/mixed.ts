@@ -67,8 +67,16 @@ export class MixedRouter implements ModelRouter {
       w.pendingPrefillTokens += prefill;
       o.policy.onRouted?.(req, w);
       let up: UpstreamResponse;
+      // vLLM runs a request on the DP rank its OpenAI server reads from `X-data-parallel-rank`
+      // (vllm/entrypoints/openai/serving_engine.py _get_data_parallel_rank); the policy pins the
+      // rank holding the cached prefix.
+      const sendHeaders =
+        sel.dpRank === undefined ? headers : { ...headers, "x-data-parallel-rank": String(sel.dpRank) };
       try {
-        up = await exec.send(w, req.endpoint, req.body as Record<string, unknown>, { signal, headers });
+        up = await exec.send(w, req.endpoint, req.body as Record<string, unknown>, {
+          signal,
+          headers: sendHeaders,
+        });
       } catch (err) {
         w.inFlight--;
         w.pendingPrefillTokens -= prefill;

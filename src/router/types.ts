@@ -55,6 +55,11 @@ export interface Selection {
   overlapBlocks?: number;
   /** Short machine-readable reason, logged and counted ("round-robin", "overlap", "load-balance"). */
   reason: string;
+  /**
+   * The data-parallel rank of `worker` the request should run on (its cache hit is there), when
+   * the policy pins one; the mixed router sends it as vLLM's `X-data-parallel-rank` header.
+   */
+  dpRank?: number;
 }
 
 export interface RoutingPolicy {

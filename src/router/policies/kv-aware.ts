@@ -38,6 +38,17 @@
  * held_w is the blocks the index says w holds: without the pressure term a new document whose
  * first block happens to be cached somewhere (a shared system line) lands there and evicts.
  *
+ * LoRA: vLLM hashes a LoRA request's blocks with the adapter name first in their extra keys, and
+ * a client names the adapter in `model` (vLLM serves `--lora-modules name=path` under `name`). A
+ * request whose `model` the engines' events have named as a `lora_name` is hashed with it; the
+ * index learns those names from the events, so an adapter never seen in events hashes as the
+ * base model (it has no cached blocks anywhere yet either way).
+ *
+ * Data-parallel workers: the index keeps each DP rank's blocks apart and a worker's overlap is
+ * its best rank's. For a vLLM worker with more than one rank the selection pins that rank
+ * (`Selection.dpRank`, sent as `X-data-parallel-rank`), since vLLM's own DP balancer does not look
+ * at prefix caches; SGLang and ATOM workers are scored by their best rank without pinning.
+ *
  * Options: overlapWeight (1), prefillWeight (1), decodeWeight (0.5), waitingWeight (4),
  * pressureWeight (0.1),
  * temperature (0), balanceAbsThreshold (16), balanceRelThreshold (1.5), chunkChars (64),
@@ -136,8 +147,10 @@ export const createKvAware: PolicyFactory = (ctx) => {
     const n = candidates.length;
     const ids = candidates.map((c) => c.record.id);
     const tokens = req.promptTokens();
+    const lora = index?.isLora(req.model) ? req.model : null;
+    const ranks = new Int32Array(n);
     const overlaps: number[] = index
-      ? Array.from(index.overlaps(tokens, ids, req.cacheSalt))
+      ? Array.from(index.overlaps(tokens, ids, req.cacheSalt, lora, ranks))
       : new Array<number>(n).fill(-1);
     const promptBlocks = new Array<number>(n);
     const bs = new Array<number>(n);
@@ -171,7 +184,13 @@ export const createKvAware: PolicyFactory = (ctx) => {
         w.waitingWeight * (e?.waiting ?? 0) +
         (w.pressureWeight * (promptBlocks[i] - overlaps[i]) * held[i]) / maxHeld;
     }
-    return { ids, overlaps, costs, promptBlocks };
+    return { ids, overlaps, costs, promptBlocks, ranks };
+  }
+
+  /** The rank to pin on a vLLM DP worker whose best rank holds part of the prompt. */
+  function pinnedRank(c: WorkerState, overlap: number, rank: number): number | undefined {
+    if (overlap <= 0 || rank < 0 || c.record.engine !== "vllm") return undefined;
+    return (index?.ranksOf(c.record.id).length ?? 0) > 1 || c.record.dpSize > 1 ? rank : undefined;
   }
 
   /** Blocks a worker holds (events) or is believed to hold (fallback tree): its cache pressure. */
@@ -230,7 +249,7 @@ export const createKvAware: PolicyFactory = (ctx) => {
       return { overlaps, costs };
     },
     select(req, candidates): Selection {
-      const { ids, overlaps, costs, promptBlocks } = evaluate(req, candidates);
+      const { ids, overlaps, costs, promptBlocks, ranks } = evaluate(req, candidates);
       const loads = candidates.map(requestLoad);
       let i: number;
       let reason: string;
@@ -262,7 +281,10 @@ export const createKvAware: PolicyFactory = (ctx) => {
         },
         "kv-aware decision",
       );
-      return { worker: candidates[i], overlapBlocks: overlaps[i], reason };
+      const dpRank = pinnedRank(candidates[i], overlaps[i], ranks[i]);
+      return dpRank === undefined
+        ? { worker: candidates[i], overlapBlocks: overlaps[i], reason }
+        : { worker: candidates[i], overlapBlocks: overlaps[i], reason, dpRank };
     },
     onRouted(req, worker) {
       const id = worker.record.id;
