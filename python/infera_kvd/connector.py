@@ -22,8 +22,12 @@ Retention comes from the request: ``kv_transfer_params["infera_retention"]`` is 
 (nothing of the request is stored; a cached prefix may still be loaded), ``short`` or
 ``long`` (default); kvd evicts ``short`` before ``long``. Loads read straight from the shared arena (zero-copy into a CPU tensor view,
 then one copy to the device). The vLLM base class is imported when available; without
-vLLM the module still imports (the base falls back to ``object``) so it can be
-import-checked and its scheduler-side logic unit-tested.
+vLLM the module still imports (the base falls back to a class with the same constructor
+contract and read-only ``role``) so it can be import-checked and unit-tested.
+
+vLLM constructs the connector as ``cls(vllm_config, role, kv_cache_config)``. The connector
+does not implement ``SupportsHMA``: vLLM refuses it while the hybrid KV cache manager is on,
+so run with ``--disable-hybrid-kv-cache-manager`` where vLLM does not turn it off itself.
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ try:  # pragma: no cover - exercised only where vLLM is installed
     HAVE_VLLM = True
 except Exception:  # vLLM absent (or a version without the v1 API)
     HAVE_VLLM = False
-    KVConnectorBase_V1 = object  # type: ignore[misc,assignment]
 
     class KVConnectorMetadata:  # type: ignore[no-redef]
         pass
@@ -58,6 +61,31 @@ except Exception:  # vLLM absent (or a version without the v1 API)
     class KVConnectorRole:  # type: ignore[no-redef]
         SCHEDULER = 0
         WORKER = 1
+
+    class KVConnectorBase_V1:  # type: ignore[no-redef]
+        """Fallback with vLLM's constructor contract (vllm_config, role, kv_cache_config), so
+        the connector's code path is the same with and without vLLM: ``role`` is read-only."""
+
+        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+            self._connector_metadata: Optional[KVConnectorMetadata] = None
+            self._vllm_config = vllm_config
+            self._kv_transfer_config = getattr(vllm_config, "kv_transfer_config", None)
+            self._kv_cache_config = kv_cache_config
+            self._role = role
+
+        @property
+        def role(self) -> Any:
+            return self._role
+
+        def bind_connector_metadata(self, connector_metadata: Any) -> None:
+            self._connector_metadata = connector_metadata
+
+        def clear_connector_metadata(self) -> None:
+            self._connector_metadata = None
+
+        def _get_connector_metadata(self) -> Any:
+            assert self._connector_metadata is not None, "no connector metadata bound"
+            return self._connector_metadata
 
 
 RETENTIONS = ("none", "short", "long")
@@ -112,11 +140,18 @@ def _block_ids(blocks: Any) -> List[int]:
 
 
 class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
-    def __init__(self, vllm_config: Any, role: Any, client: Optional[KvdClient] = None) -> None:
-        if HAVE_VLLM:
-            super().__init__(vllm_config, role)
-        self.role = role
-        self._connector_metadata: Optional[InferaKvdConnectorMetadata] = None
+    def __init__(
+        self,
+        vllm_config: Any,
+        role: Any,
+        kv_cache_config: Any = None,
+        *,
+        client: Optional[KvdClient] = None,
+    ) -> None:
+        # vLLM's factory builds external connectors as cls(vllm_config, role, kv_cache_config)
+        # and refuses a class whose __init__ has no kv_cache_config; `role` is a read-only
+        # property of KVConnectorBase_V1, set only through its constructor.
+        super().__init__(vllm_config, role, kv_cache_config)
         extra: Dict[str, Any] = {}
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         if ktc is not None:
@@ -139,17 +174,6 @@ class InferaKvdConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         # worker-side state
         self._kv_caches: Dict[str, Any] = {}
         self._saved: List[Tuple[str, str]] = []  # (marker key, retention) to write in wait_for_save
-
-    # -- metadata plumbing (the vLLM base provides these; the fallback needs them too) ----
-    def bind_connector_metadata(self, connector_metadata: Any) -> None:
-        self._connector_metadata = connector_metadata
-
-    def clear_connector_metadata(self) -> None:
-        self._connector_metadata = None
-
-    def _get_connector_metadata(self) -> InferaKvdConnectorMetadata:
-        assert self._connector_metadata is not None, "no connector metadata bound"
-        return self._connector_metadata
 
     # -- scheduler side ------------------------------------------------------------------
     def _marker_keys(self, keys: Sequence[str]) -> List[List[str]]:

@@ -165,5 +165,8 @@ export function registerServer(program: Command): void {
       process.on("SIGTERM", stop);
     });
   // NATS planes: --event-plane, --nats-url, auth and TLS (--request-plane is above).
-  addNatsOptions(program.commands.find((c) => c.name() === "server")!, { requestPlaneFlag: false });
+  addNatsOptions(program.commands.find((c) => c.name() === "server")!, {
+    requestPlaneFlag: false,
+    serverFlags: true,
+  });
 }

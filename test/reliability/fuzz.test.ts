@@ -251,7 +251,7 @@ test("fuzz: ≥ 10,000 bad requests → 0 crashes, every answer a 4xx in OpenAI'
     import.meta.url,
     "fuzz (bad requests)",
     figure,
-    "≥ 10,000; all 4xx in OpenAI shape; 0 crashes",
+    "≥ 10,000; all 4xx in OpenAI shape; 0 reach the worker; 0 crashes",
     pass,
   );
   assert.ok(regenerated < cases.length / 10, `generator made ${regenerated} valid cases`);

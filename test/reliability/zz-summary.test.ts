@@ -1,7 +1,8 @@
 /**
  * Runs last (file order): waits until every reliability file of this run that started has
  * finished, then prints one table of all recorded figures. Fails when a started file never
- * finished or finished without recording a figure (it crashed or was killed).
+ * finished or finished without recording a figure (it crashed or was killed), or when a
+ * recorded figure missed its goal (the table's FAIL rows).
  */
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
@@ -41,4 +42,7 @@ test("reliability summary", { timeout: WAIT_MS + 10_000 }, async () => {
     return;
   }
   assert.deepEqual(missing, [], "every reliability file finished and recorded its figures");
+  // The table's PASS/FAIL is each file's own check against its goal; the summary agrees with it.
+  const failed = figures.filter((f) => !f.pass).map((f) => `${f.item}: ${f.figure} (goal: ${f.goal})`);
+  assert.deepEqual(failed, [], "every recorded figure met its goal");
 });

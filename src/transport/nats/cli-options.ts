@@ -3,7 +3,7 @@
  * settings. Default planes: `nats` for both when a NATS URL is given (NATS is the production
  * broker), `http` + `zmq` otherwise (the no-broker path).
  */
-import { type Command, Option } from "commander";
+import { type Command, InvalidArgumentError, Option } from "commander";
 import type { NatsConnectOptions } from "./connection.ts";
 
 export type RequestPlane = "http" | "nats";
@@ -20,6 +20,8 @@ export interface NatsCliValues {
   natsTlsCa?: string;
   natsTlsCert?: string;
   natsTlsKey?: string;
+  /** `--nats-reconnect-wait-ms` (server only), as given. */
+  natsReconnectWaitMs?: string;
 }
 
 export interface TransportSettings {
@@ -33,7 +35,20 @@ export interface TransportSettings {
  * Adds the flags to a subcommand. Secrets may come from the environment instead of argv.
  * `requestPlaneFlag: false` leaves out `--request-plane` for a command that already has one.
  */
-export function addNatsOptions(cmd: Command, opts: { requestPlaneFlag?: boolean } = {}): Command {
+export function addNatsOptions(
+  cmd: Command,
+  opts: { requestPlaneFlag?: boolean; serverFlags?: boolean } = {},
+): Command {
+  if (opts.serverFlags) {
+    cmd.addOption(
+      new Option(
+        "--nats-reconnect-wait-ms <ms>",
+        "how long a request not yet streaming waits for a lost NATS connection to come back (default 10000; 0 = fail at once)",
+      )
+        .argParser((v) => String(parseWaitMs(v, "--nats-reconnect-wait-ms", InvalidArgumentError)))
+        .env("INFERA_NATS_RECONNECT_WAIT_MS"),
+    );
+  }
   if (opts.requestPlaneFlag !== false) {
     cmd.addOption(
       new Option(
@@ -67,6 +82,14 @@ export function addNatsOptions(cmd: Command, opts: { requestPlaneFlag?: boolean 
     .addOption(new Option("--nats-tls-key <path>", "client key (PEM) for NATS mutual TLS"));
 }
 
+/** A non-negative integer number of milliseconds, or the given error. */
+function parseWaitMs(v: string, what: string, E: new (m: string) => Error = Error): number {
+  const n = Number(v);
+  if (v.trim() === "" || !Number.isInteger(n) || n < 0)
+    throw new E(`${what} must be a whole number of ms >= 0, got "${v}"`);
+  return n;
+}
+
 /** Just the connect options from flag values (undefined without a URL). */
 export function natsConnectFromCli(v: NatsCliValues, name?: string): NatsConnectOptions | undefined {
   if (v.natsUrl === undefined || v.natsUrl === "") return undefined;
@@ -82,6 +105,10 @@ export function natsConnectFromCli(v: NatsCliValues, name?: string): NatsConnect
     nkeySeedFile: v.natsNkeySeedFile,
     tls,
     name,
+    reconnectWaitMs:
+      v.natsReconnectWaitMs === undefined || v.natsReconnectWaitMs === ""
+        ? undefined
+        : parseWaitMs(v.natsReconnectWaitMs, "--nats-reconnect-wait-ms"),
   };
 }
 
@@ -93,6 +120,7 @@ export function natsConnectFromEnv(env: NodeJS.ProcessEnv = process.env): NatsCo
     natsUser: env.INFERA_NATS_USER,
     natsPassword: env.INFERA_NATS_PASSWORD,
     natsNkeySeedFile: env.INFERA_NATS_NKEY_SEED_FILE,
+    natsReconnectWaitMs: env.INFERA_NATS_RECONNECT_WAIT_MS,
   });
 }
 

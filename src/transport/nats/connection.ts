@@ -43,6 +43,12 @@ export interface NatsConnectOptions {
   maxReconnectAttempts?: number;
   /** Handshake timeout for the first connect (default 5000 ms). */
   connectTimeoutMs?: number;
+  /**
+   * Server request plane only (not a connect option): how long a request without a response
+   * head waits for a lost connection to come back before it fails (default 10000 ms; 0 = at
+   * once). `--nats-reconnect-wait-ms` / INFERA_NATS_RECONNECT_WAIT_MS.
+   */
+  reconnectWaitMs?: number;
   logger?: Logger;
 }
 

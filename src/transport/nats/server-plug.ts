@@ -29,8 +29,13 @@ function natsOptions(ctx: ServerComponentContext, role: string): NatsConnectOpti
  * request plane, e.g. during a rolling change) are reached over HTTP, so a mixed fleet works.
  */
 export const createNatsExecutor: ExecutorFactory = async (ctx) => {
-  const nc = await connectNats(natsOptions(ctx, "req"));
-  const exec = new NatsRequestExecutor({ nc, logger: ctx.logger.child({ plane: "nats" }) });
+  const natsOpts = natsOptions(ctx, "req");
+  const nc = await connectNats(natsOpts);
+  const exec = new NatsRequestExecutor({
+    nc,
+    reconnectWaitMs: natsOpts.reconnectWaitMs,
+    logger: ctx.logger.child({ plane: "nats" }),
+  });
   const http = new HttpExecutor(ctx.config.upstream);
   const managed: ManagedExecutor = {
     send: (w, endpoint, body, opts) =>

@@ -47,6 +47,14 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
   accepted = false;
   /** Time of the last ping sent (the executor's sweeper paces them). */
   lastPing = Date.now();
+  /**
+   * Set by the executor when this send failed for the plane's sake, not the worker's, before
+   * any head: the request is sent again (lost with the connection, or no agent subscribed yet
+   * just after a reconnect).
+   */
+  replay: "disconnect" | "no-responders" | null = null;
+  /** Called before a "no responders" answer fails the stream (the executor may set `replay`). */
+  onNoResponders?: () => void;
   private queue: (Uint8Array | undefined)[] = [];
   private qHead = 0;
   private received = 0;
@@ -111,6 +119,7 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
     }
     // No responders: the request (or a control frame) reached no agent subscription.
     if (h.code === 503 && msg.data.length === 0) {
+      this.onNoResponders?.();
       this.unreachable("connect", "no NATS agent subscribed");
       return;
     }
@@ -202,6 +211,11 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
     if (this.ended || this.granted - this.consumed > this.window >> 1) return;
     this.granted = this.consumed + this.window;
     this.control(CTL_CREDIT, this.granted);
+  }
+
+  /** Tells the agent to stop this request, whatever state the stream is in (after a reconnect). */
+  abortUpstream(): void {
+    this.control(CTL_ABORT, 0);
   }
 
   ping(): void {

@@ -1,0 +1,1 @@
+"""Test stand-in for vLLM (see test/kvd/py/fake_vllm/README)."""
