@@ -22,7 +22,7 @@ export function hasHealthyPair(g: ModelGroup | undefined): boolean {
   const { prefill, decode } = g.availableByRole;
   if (prefill.length === 0 || decode.length === 0) return false;
   const kinds = new Set<string>();
-  for (const d of decode) if (d.record.connector.kind !== "none") kinds.add(d.record.connector.kind);
+  for (const d of decode) kinds.add(d.record.connector.kind);
   return prefill.some((p) => kinds.has(p.record.connector.kind));
 }
 
