@@ -74,6 +74,9 @@ export const mooncakeProtocol: ConcurrentProtocol = {
   newTransferId: () => `xfer-${randomUUID()}`,
   dpRanks(p, peer) {
     if (p.dpRank !== undefined) return [p.dpRank];
+    // The record says its URL serves one rank: nothing to pin (the bootstrap server on the
+    // global rank 0 lists every rank of the deployment, not only this URL's).
+    if (p.dpSize <= 1) return [];
     const ranks = [...engineIdsFromQuery(peer).keys()].sort((a, b) => a - b);
     return ranks.length > 0 ? ranks : servedDpRanks(p);
   },
