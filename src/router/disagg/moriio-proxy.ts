@@ -69,8 +69,10 @@ function roleOf(v: unknown): Exclude<WorkerRole, "mixed"> | null {
 export function parseMoriioRegistration(msg: unknown): MoriioRegistration | null {
   if (!msg || typeof msg !== "object" || Array.isArray(msg)) return null;
   const m = msg as Record<string, unknown>;
-  const older = m.type === "register";
-  const role = roleOf(older ? m.role : m.type);
+  // A `role` field names the role whatever the `type` ("register", or "HELLO", which vLLM's
+  // router also takes as a registration: vllm-project/router
+  // src/routers/http/moriio_service_discovery.rs @ 0f1200d); without one, `type` does.
+  const role = roleOf(m.role !== undefined ? m.role : m.type);
   const httpAddress =
     typeof m.http_address === "string"
       ? m.http_address

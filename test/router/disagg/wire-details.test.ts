@@ -202,6 +202,20 @@ describe("MoRIIO transfer_id and transfer modes (issue #16)", () => {
     assert.equal(reg?.transferMode, "WRITE");
     assert.equal(reg?.httpAddress, "10.0.0.2:9000");
     assert.equal(reg?.host, "10.0.0.2");
+    // vllm-project/router src/routers/http/moriio_service_discovery.rs @ 0f1200dd441097be05a200c532b17825f90acbe0:
+    // a "HELLO" message with a role is a registration too (test_handle_registration_sets_global_mode).
+    const hello = parseMoriioRegistration({
+      type: "HELLO",
+      role: "P",
+      request_address: "http://1.2.3.4:8000/v1/completions",
+      handshake_port: 8001,
+      notify_port: 8002,
+      dp_size: 1,
+      tp_size: 1,
+      transfer_mode: "READ",
+    });
+    assert.equal(hello?.role, "prefill");
+    assert.equal(hello?.httpAddress, "1.2.3.4:8000");
   });
 });
 
