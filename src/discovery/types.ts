@@ -16,6 +16,12 @@ export interface ConnectorInfo {
   handshakePort?: number;
   /** MoRIIO notify port. */
   notifyPort?: number;
+  /**
+   * MoRIIO transfer mode (the `transfer_mode` a worker registers with the proxy): READ = D
+   * pulls after P answered (serial), WRITE = P pushes while D waits (concurrent; vLLM's
+   * default). Absent: READ, the mode Infera's launchers configure.
+   */
+  transferMode?: "READ" | "WRITE";
 }
 
 /** One data-parallel rank's KV-event sockets. */

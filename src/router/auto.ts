@@ -2,11 +2,14 @@
  * AutoRouter: one ModelRouter per served model name. A model whose live workers include
  * both prefill and decode roles gets the DisaggRouter (when a factory is plugged in), every
  * other model the MixedRouter. The choice is re-made whenever the model's membership changes;
- * the policy instance of a model lives as long as the AutoRouter (its state survives).
+ * the policy instance of a model lives as long as the AutoRouter (its state survives). In
+ * auto mode a model with PD workers and mixed workers routes disaggregated only while an
+ * available PD pair exists, else on its mixed workers (./pd-or-mixed.ts).
  */
 import { InferaError, ModelNotFoundError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
 import { MixedRouter, type RouterObserver } from "./mixed.ts";
+import { mixedCandidates, PdOrMixedRouter } from "./pd-or-mixed.ts";
 import { policies, policyNames } from "./policies/index.ts";
 import type { DisaggRouterFactory, ModelRouter, RoutingPolicy } from "./types.ts";
 import type { LiveWorker, WorkerSet } from "./worker-set.ts";
@@ -101,7 +104,7 @@ export class AutoRouter {
     const factory = this.o.disaggFactory;
     if (factory && (this.mode === "disagg" || (this.mode === "auto" && hasPd))) {
       this.o.logger.info({ model }, "model routed disaggregated");
-      return factory({
+      const disagg = factory({
         model,
         prefillWorkers: () => ws.group(model)?.availableByRole.prefill ?? [],
         decodeWorkers: () => ws.group(model)?.availableByRole.decode ?? [],
@@ -111,17 +114,21 @@ export class AutoRouter {
         reportFailure: (w, kind) => ws.reportFailure(w as LiveWorker, kind),
         reportSuccess: (w) => ws.reportSuccess(w as LiveWorker),
       });
+      if (this.mode === "disagg") return disagg;
+      // Auto: PD only while a healthy pair exists, the mixed workers otherwise (issue #17).
+      return new PdOrMixedRouter(() => ws.group(model), disagg, this.mixed(model, policy));
     }
     if (this.mode === "disagg") throw new InferaError(500, "disaggregated routing is not available");
+    return this.mixed(model, policy);
+  }
+
+  private mixed(model: string, policy: RoutingPolicy): MixedRouter {
+    const ws = this.o.workers;
     return new MixedRouter({
       model,
-      candidates: () => {
-        const g = ws.group(model);
-        if (!g) return EMPTY;
-        // Mixed workers first; a model with only P/D workers (and no DisaggRouter) still
-        // gets answers from them, since such engines also serve plain requests.
-        return g.availableByRole.mixed.length > 0 ? g.availableByRole.mixed : g.available;
-      },
+      // Mixed workers first; a model with only P/D workers (and no DisaggRouter) still
+      // gets answers from them, since such engines also serve plain requests.
+      candidates: () => mixedCandidates(ws.group(model)),
       policy,
       workers: ws,
       maxRetries: this.o.maxRetries ?? 2,
@@ -131,5 +138,3 @@ export class AutoRouter {
     });
   }
 }
-
-const EMPTY: readonly LiveWorker[] = [];

@@ -43,7 +43,13 @@ export interface WorkerState {
 
 export interface EngineLoad {
   running: number;
+  /** Queued requests, PD backlog (`pdBacklog`) included. */
   waiting: number;
+  /**
+   * Requests a PD worker holds in its transfer queues (SGLang's bootstrap/prealloc/inflight/
+   * transfer queues, ATOM's parked KV loads), when the engine exports them.
+   */
+  pdBacklog?: number;
   /** 0..1 */
   kvUsage: number;
   scrapedAt: number;

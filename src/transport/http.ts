@@ -2,7 +2,9 @@
  * The HTTP request plane: sends an OpenAI body straight to a worker's engine URL over an
  * undici `Pool` per worker (keep-alive, no pipelining so that one slow stream never blocks
  * another). Connection failures before any response byte become `WorkerUnreachableError`,
- * which the MixedRouter retries on another worker.
+ * which the MixedRouter retries on another worker; so does a request the pool failed before
+ * handing it to a connection (pool closed or destroyed under it): nothing of it reached the
+ * worker, so it is always safe to send elsewhere.
  */
 import { Pool } from "undici";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
@@ -86,12 +88,18 @@ export class HttpExecutor implements RequestExecutor {
     });
   }
 
-  /** Drops the pool of a worker that left the fleet. */
+  /**
+   * Drops the pool of a worker that left the fleet. Closed, not destroyed: the requests
+   * already queued on it still go out (a removed but live worker answers them; a dead one
+   * refuses them, which the router retries elsewhere) and streams in flight run to their end.
+   * Destroying it failed every queued request with UND_ERR_DESTROYED, a 502 nobody retried
+   * (issue #17). Later sends to the URL get a fresh pool.
+   */
   forget(url: string): void {
     const p = this.pools.get(url);
     if (!p) return;
     this.pools.delete(url);
-    p.destroy().catch(() => {});
+    p.close().catch(() => {});
   }
 
   async close(): Promise<void> {
@@ -172,7 +180,10 @@ class UpstreamHandler implements BodySource {
     this.finish();
     if (!this.settled) {
       this.settled = true;
-      this.reject(classify(err, this.url));
+      // undici calls onConnect just before it writes the request to a socket: without it,
+      // the request never left this process (still queued when its pool was closed or
+      // destroyed), so it is a connect-class failure the router may retry anywhere.
+      this.reject(this.abortFn === null ? notSent(err, this.url) : classify(err, this.url));
     } else this.body?.fail(err);
   }
 
@@ -254,6 +265,14 @@ class DispatchedUpstream implements UpstreamResponse {
   abort(): void {
     this.body.destroy();
   }
+}
+
+/** A failure before the request was handed to a connection; the caller's abort stays an abort. */
+function notSent(err: unknown, url: string): Error {
+  const e = err as { name?: string; code?: string; message?: string };
+  if (e?.name === "AbortError") return err as Error;
+  if (e?.code === "UND_ERR_HEADERS_TIMEOUT") return classify(err, url);
+  return new WorkerUnreachableError(url, "connect", `not sent: ${e?.code ?? e?.message ?? "request failed"}`);
 }
 
 function classify(err: unknown, url: string): Error {

@@ -197,6 +197,74 @@ describe("HttpExecutor answers (dispatch + PushBody)", () => {
   });
 });
 
+describe("HttpExecutor pools of workers that leave (issue #17)", () => {
+  /** A worker whose first request hangs until released, on a pool of one connection. */
+  async function oneConnection() {
+    const ex = new HttpExecutor({ connections: 1 });
+    let release: () => void = () => {};
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    let seen = 0;
+    const srv = createServer((req, res) => {
+      req.resume();
+      seen++;
+      const n = seen;
+      req.once("end", () => {
+        if (n === 1) void gate.then(() => res.end(JSON.stringify({ n })));
+        else res.end(JSON.stringify({ n }));
+      });
+    });
+    await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
+    const w = { record: mixedRecord({ id: "q", model: "m", url }) } as unknown as WorkerState;
+    const go = () => ex.send(w, "chat", { model: "m" }, { signal: new AbortController().signal });
+    const stop = async () => {
+      await ex.close();
+      srv.closeAllConnections();
+      await new Promise<void>((r) => srv.close(() => r()));
+    };
+    return { ex, url, go, release, seenCount: () => seen, stop };
+  }
+
+  it("forget() lets requests queued on the pool go out instead of failing them", async () => {
+    const t = await oneConnection();
+    try {
+      const first = t.go();
+      await waitUntil(async () => t.seenCount() === 1, 5000, "first request at the worker");
+      // Queued behind the first: not on a connection yet. The old forget() destroyed the
+      // pool here and this one failed with UND_ERR_DESTROYED (a 502 no router retried).
+      const queued = t.go();
+      t.ex.forget(t.url);
+      t.release();
+      assert.deepEqual(await (await first).json(), { n: 1 });
+      assert.deepEqual(await (await queued).json(), { n: 2 });
+    } finally {
+      await t.stop();
+    }
+  });
+
+  it("a request its destroyed pool never sent is a WorkerUnreachableError of kind connect", async () => {
+    const t = await oneConnection();
+    try {
+      const first = t.go();
+      first.catch(() => {});
+      await waitUntil(async () => t.seenCount() === 1, 5000, "first request at the worker");
+      const queued = t.go();
+      const closing = t.ex.close(); // destroys every pool
+      await assert.rejects(queued, (e: Error & { kind?: string; code?: string }) => {
+        assert.equal(e.name, "WorkerUnreachableError", `got ${e.name}: ${e.message}`);
+        assert.equal(e.kind, "connect");
+        return true;
+      });
+      await closing;
+    } finally {
+      t.release();
+      await t.stop();
+    }
+  });
+});
+
 describe("PushBody", () => {
   class RecordingSource implements BodySource {
     log: string[] = [];

@@ -7,7 +7,7 @@
 import type { DisaggRouterFactory } from "../types.ts";
 import { type DisaggOptions, DisaggRouter, disaggOptionsFrom } from "./router.ts";
 
-export { pdProtocols, protocolFor } from "./protocols/index.ts";
+export { pdProtocols, protocolFor, protocolForPair } from "./protocols/index.ts";
 export { type DisaggOptions, DisaggRouter } from "./router.ts";
 
 export function makeDisaggRouterFactory(defaults: DisaggOptions = {}): DisaggRouterFactory {

@@ -8,7 +8,10 @@
  *
  * Accepted messages: `{type: "P"|"D", http_address, zmq_address: "host:IP,handshake:P,notify:P",
  * dp_size, tp_size, transfer_mode}` and the older `{type: "register", role, request_address,
- * handshake_port, notify_port, ...}`. WRITE-mode workers are ignored (Infera runs READ mode).
+ * handshake_port, notify_port, ...}` (`request_address` may carry a path, e.g.
+ * `http://10.0.0.2:9000/v1/completions`: only its host and port are kept). The registered
+ * `transfer_mode` goes into the record (`connector.transferMode`): the DisaggRouter runs
+ * READ workers serially and WRITE workers concurrently, and pairs only workers of one mode.
  */
 import { unpack } from "msgpackr";
 import * as zmq from "zeromq";
@@ -66,8 +69,10 @@ function roleOf(v: unknown): Exclude<WorkerRole, "mixed"> | null {
 export function parseMoriioRegistration(msg: unknown): MoriioRegistration | null {
   if (!msg || typeof msg !== "object" || Array.isArray(msg)) return null;
   const m = msg as Record<string, unknown>;
-  const older = m.type === "register";
-  const role = roleOf(older ? m.role : m.type);
+  // A `role` field names the role whatever the `type` ("register", or "HELLO", which vLLM's
+  // router also takes as a registration: vllm-project/router
+  // src/routers/http/moriio_service_discovery.rs @ 0f1200d); without one, `type` does.
+  const role = roleOf(m.role !== undefined ? m.role : m.type);
   const httpAddress =
     typeof m.http_address === "string"
       ? m.http_address
@@ -82,11 +87,12 @@ export function parseMoriioRegistration(msg: unknown): MoriioRegistration | null
       if (i > 0) parts.set(kv.slice(0, i).trim(), kv.slice(i + 1).trim());
     }
   }
-  const httpHost = httpAddress.replace(/^https?:\/\//, "").replace(/:\d+$/, "");
+  const hostPort = hostAndPort(httpAddress);
+  const httpHost = hostPort.replace(/:\d+$/, "").replace(/^\[(.*)\]$/, "$1");
   const mode = String(m.transfer_mode ?? "READ").toUpperCase();
   return {
     role,
-    httpAddress: httpAddress.replace(/^https?:\/\//, ""),
+    httpAddress: hostPort,
     host: parts.get("host") ?? (typeof m.host === "string" ? m.host : httpHost),
     handshakePort: num(parts.get("handshake")) ?? num(m.handshake_port),
     notifyPort: num(parts.get("notify")) ?? num(m.notify_port),
@@ -94,6 +100,16 @@ export function parseMoriioRegistration(msg: unknown): MoriioRegistration | null
     tpSize: num(m.tp_size) ?? 1,
     transferMode: mode === "WRITE" ? "WRITE" : "READ",
   };
+}
+
+/** `host:port` of an address given as `host:port` or as a URL (with or without a path). */
+function hostAndPort(addr: string): string {
+  try {
+    if (/^https?:\/\//.test(addr)) return new URL(addr).host;
+  } catch {
+    // not a URL after all: used as it is
+  }
+  return addr.replace(/\/.*$/, "");
 }
 
 export class MoriioProxyDiscovery implements DiscoveryWatcher {
@@ -175,10 +191,6 @@ export class MoriioProxyDiscovery implements DiscoveryWatcher {
   }
 
   private admit(reg: MoriioRegistration): void {
-    if (reg.transferMode === "WRITE") {
-      this.log.warn({ worker: reg.httpAddress }, "MoRIIO WRITE-mode worker ignored (Infera runs READ mode)");
-      return;
-    }
     const id = `moriio-${reg.role}-${reg.httpAddress}`;
     const prev = this.records.get(id);
     const now = Date.now();
@@ -194,6 +206,7 @@ export class MoriioProxyDiscovery implements DiscoveryWatcher {
         bootstrapHost: reg.host,
         handshakePort: reg.handshakePort,
         notifyPort: reg.notifyPort,
+        transferMode: reg.transferMode,
       },
       blockSize: this.o.blockSize ?? 16,
       dpSize: reg.dpSize,

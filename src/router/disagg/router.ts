@@ -27,7 +27,7 @@ import { PeerInfoCache } from "./peer-info.ts";
 import {
   type ConcurrentProtocol,
   type PdInput,
-  pdProtocols,
+  protocolForPair,
   type SerialProtocol,
 } from "./protocols/index.ts";
 import { choosePair, leastLoaded } from "./select.ts";
@@ -81,6 +81,8 @@ export function disaggOptionsFrom(
 export class DisaggRouter implements ModelRouter {
   readonly kind = "disagg" as const;
   private readonly peers = new PeerInfoCache();
+  /** Round-robin position over each prefill worker's DP ranks (id → next index). */
+  private readonly rankTurns = new Map<string, number>();
 
   constructor(
     private readonly ctx: DisaggFactoryContext,
@@ -106,7 +108,7 @@ export class DisaggRouter implements ModelRouter {
         },
         "pd pair",
       );
-      const proto = pdProtocols[pair.kind];
+      const proto = protocolForPair(pair.kind, p.record);
       // Claimed before any await, so concurrent requests see each other's choices.
       const pSlot = new WorkerSlot(p, this.prefillTokens(req));
       const dSlot = new WorkerSlot(pair.decode);
@@ -150,7 +152,7 @@ export class DisaggRouter implements ModelRouter {
     p: WorkerState,
     d: WorkerState,
     signal: AbortLike,
-  ): Promise<PdInput> {
+  ): Promise<{ input: PdInput; ranks: number }> {
     let peer: Record<string, unknown> | undefined;
     if (proto.peerInfo) {
       try {
@@ -160,7 +162,30 @@ export class DisaggRouter implements ModelRouter {
       }
     }
     const requestId = proto.requestId?.(req.requestId, p.record, d.record) ?? req.requestId;
-    return { body: req.body, requestId, prefill: p.record, decode: d.record, peer };
+    const input: PdInput = { body: req.body, requestId, prefill: p.record, decode: d.record, peer };
+    input.transferId = proto.newTransferId?.();
+    const ranks = proto.dpRanks?.(p.record, peer) ?? [];
+    if (ranks.length > 0) input.prefillDpRank = this.nextRank(p.record.id, ranks);
+    return { input, ranks: ranks.length };
+  }
+
+  private nextRank(workerId: string, ranks: readonly number[]): number {
+    const turn = this.rankTurns.get(workerId) ?? 0;
+    this.rankTurns.set(workerId, turn + 1);
+    return ranks[turn % ranks.length]!;
+  }
+
+  /**
+   * Headers of P's half: the shared request id, and `X-data-parallel-rank` when P's URL
+   * serves several ranks, which vLLM's API server reads to run the request on that rank
+   * (vllm-project/vllm vllm/entrypoints/openai/engine/serving.py `_get_data_parallel_rank`
+   * @ 619e4b3). One rank per URL: nothing to pin.
+   */
+  private prefillHeaders(input: PdInput, ranks: number): Record<string, string> {
+    const h: Record<string, string> = { "x-request-id": input.requestId };
+    if (ranks > 1 && input.prefillDpRank !== undefined)
+      h["x-data-parallel-rank"] = String(input.prefillDpRank);
+    return h;
   }
 
   private prefillTokens(req: RoutingRequest): number {
@@ -176,14 +201,14 @@ export class DisaggRouter implements ModelRouter {
     dSlot: WorkerSlot,
   ): Promise<UpstreamResponse> {
     const p = pSlot.worker;
-    const input = await this.input(req, proto, p, dSlot.worker, signal);
+    const { input, ranks } = await this.input(req, proto, p, dSlot.worker, signal);
     const headers = { "x-request-id": input.requestId };
     let params: Record<string, unknown>;
     try {
       const up = await exec
         .send(p, req.endpoint, proto.prefillBody(input), {
           signal,
-          headers,
+          headers: this.prefillHeaders(input, ranks),
           timeoutMs: this.o.prefillTimeoutMs,
         })
         .catch((err: unknown) => {
@@ -255,14 +280,14 @@ export class DisaggRouter implements ModelRouter {
     dSlot: WorkerSlot,
   ): Promise<UpstreamResponse> {
     const p = pSlot.worker;
-    const input = await this.input(req, proto, p, dSlot.worker, signal);
+    const { input, ranks } = await this.input(req, proto, p, dSlot.worker, signal);
     const headers = { "x-request-id": input.requestId };
     const bodies = proto.bodies(input);
     const pCtl = new AbortController();
     const dCtl = new AbortController();
     const prefill = exec.send(p, req.endpoint, bodies.prefill, {
       signal: AbortSignal.any([toAbortSignal(signal), pCtl.signal]),
-      headers,
+      headers: this.prefillHeaders(input, ranks),
       timeoutMs: this.o.prefillTimeoutMs,
     });
     const decode = this.decode(

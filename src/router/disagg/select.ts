@@ -1,12 +1,13 @@
 /**
  * Pair selection for the DisaggRouter. P: the server's policy (kv-aware where KV events
- * exist) over the prefill workers that have a decode partner speaking the same connector.
+ * exist) over the prefill workers that have a decode partner speaking the same connector
+ * (and, for MoRIIO, in the same transfer mode).
  * D: least load among the decode workers of P's connector: fewest in-flight requests here,
  * then the engine's own running + waiting, then KV usage.
  */
 import type { ConnectorKind } from "../../discovery/types.ts";
 import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
-import { protocolFor } from "./protocols/index.ts";
+import { pairingKey, protocolFor } from "./protocols/index.ts";
 
 export function decodeLoadKey(w: WorkerState): [number, number, number] {
   const l = w.engineLoad;
@@ -44,13 +45,14 @@ export function choosePair(
   policy: RoutingPolicy,
   exclude: ReadonlySet<WorkerState>,
 ): PairChoice | null {
-  const decodeKinds = new Set<ConnectorKind>();
-  for (const d of decodes) if (protocolFor(d.record.connector.kind)) decodeKinds.add(d.record.connector.kind);
-  const pCands = prefills.filter((p) => !exclude.has(p) && decodeKinds.has(p.record.connector.kind));
+  const decodeKeys = new Set<string>();
+  for (const d of decodes) if (protocolFor(d.record.connector.kind)) decodeKeys.add(pairingKey(d.record));
+  const pCands = prefills.filter((p) => !exclude.has(p) && decodeKeys.has(pairingKey(p.record)));
   if (pCands.length === 0) return null;
   const prefill = policy.select(req, pCands);
   const kind = prefill.worker.record.connector.kind as Exclude<ConnectorKind, "none">;
-  const decode = leastLoaded(decodes.filter((d) => d.record.connector.kind === kind));
+  const key = pairingKey(prefill.worker.record);
+  const decode = leastLoaded(decodes.filter((d) => pairingKey(d.record) === key));
   if (!decode) return null;
   return { prefill, decode, kind };
 }

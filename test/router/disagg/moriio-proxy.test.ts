@@ -85,6 +85,46 @@ test("--discovery moriio builds the proxy socket from the config's options", asy
   await w.close();
 });
 
+test("a WRITE-mode registration becomes a record with connector.transferMode WRITE (issue #16)", async () => {
+  // vLLM's MoRIIO default is WRITE (read_mode false); its proxies route such workers
+  // concurrently (vllm-project/router src/routers/http/moriio_pd_router.rs @ a9e5c52,
+  // process_write_mode). They used to be dropped here.
+  const logger = createLogger("test");
+  logger.level = "silent";
+  const w = new MoriioProxyDiscovery({ port: 0, model: "m", staleMs: 5000, logger });
+  await w.start();
+  const dealer = new zmq.Dealer({ linger: 0 });
+  dealer.connect(`tcp://127.0.0.1:${w.port}`);
+  await dealer.send(
+    pack({
+      type: "register",
+      role: "D",
+      request_address: "http://127.0.0.1:9/v1/completions",
+      handshake_port: 11,
+      notify_port: 12,
+      dp_size: 1,
+      tp_size: 1,
+      transfer_mode: "WRITE",
+    }),
+  );
+  try {
+    await waitFor(async () => w.workers().length === 1, 3000, "the registration");
+    const rec = w.workers()[0]!;
+    assert.equal(rec.role, "decode");
+    assert.equal(rec.url, "http://127.0.0.1:9");
+    assert.deepEqual(rec.connector, {
+      kind: "moriio",
+      bootstrapHost: "127.0.0.1",
+      handshakePort: 11,
+      notifyPort: 12,
+      transferMode: "WRITE",
+    });
+  } finally {
+    dealer.close();
+    await w.close();
+  }
+});
+
 describe("MoRIIO workers register with the server's proxy socket", () => {
   let proxy: MoriioProxyDiscovery;
   let server: InferaServer;

@@ -1,7 +1,7 @@
-import type { ConnectorKind } from "../../../discovery/types.ts";
+import type { ConnectorKind, WorkerRecord } from "../../../discovery/types.ts";
 import { atomProtocol } from "./atom.ts";
 import { mooncakeProtocol } from "./mooncake.ts";
-import { moriioProtocol } from "./moriio.ts";
+import { moriioProtocol, moriioTransferMode, moriioWriteProtocol } from "./moriio.ts";
 import { nixlProtocol } from "./nixl.ts";
 import { sglangProtocol } from "./sglang.ts";
 import type { PdProtocol } from "./types.ts";
@@ -19,4 +19,19 @@ export const pdProtocols: Readonly<Record<Exclude<ConnectorKind, "none">, PdProt
 
 export function protocolFor(kind: ConnectorKind): PdProtocol | null {
   return kind === "none" ? null : (pdProtocols[kind] ?? null);
+}
+
+/** The protocol for one request on P (MoRIIO's depends on the workers' transfer mode). */
+export function protocolForPair(kind: Exclude<ConnectorKind, "none">, prefill: WorkerRecord): PdProtocol {
+  if (kind === "moriio" && moriioTransferMode(prefill) === "WRITE") return moriioWriteProtocol;
+  return pdProtocols[kind];
+}
+
+/**
+ * What a P and a D must share to be paired: the connector, and for MoRIIO the transfer mode
+ * (vLLM's MoRIIO proxy refuses workers of mixed modes).
+ */
+export function pairingKey(rec: WorkerRecord): string {
+  const kind = rec.connector.kind;
+  return kind === "moriio" ? `moriio:${moriioTransferMode(rec)}` : kind;
 }

@@ -15,6 +15,13 @@ export interface PdInput {
   decode: WorkerRecord;
   /** What `peerInfo` returned for this P (Mooncake `/query`, ATOM `/kv_transfer_info`). */
   peer?: Readonly<Record<string, unknown>>;
+  /** The id both halves' `kv_transfer_params.transfer_id` carry, where the protocol has one. */
+  transferId?: string;
+  /**
+   * The data-parallel rank of P this request is pinned to (sent to P as
+   * `X-data-parallel-rank` when P's URL serves several ranks), where the protocol pins one.
+   */
+  prefillDpRank?: number;
 }
 
 /** A GET the router makes to P before routing to it (answers are cached per worker). */
@@ -28,6 +35,13 @@ interface ProtocolBase {
   peerInfo?(prefill: WorkerRecord): PeerInfoRequest;
   /** The request id both halves get (MoRIIO's newer form embeds both peers' addresses). */
   requestId?(base: string, prefill: WorkerRecord, decode: WorkerRecord): string;
+  /** A fresh `transfer_id` for one request (both halves get the same). */
+  newTransferId?(): string;
+  /**
+   * The DP ranks of P a request may be pinned to, when the D side must name the rank P runs
+   * it on (Mooncake's per-rank engine id, MoRIIO's `remote_dp_rank`). The router pins one.
+   */
+  dpRanks?(prefill: WorkerRecord, peer: Readonly<Record<string, unknown>> | undefined): number[];
 }
 
 export interface SerialProtocol extends ProtocolBase {
@@ -78,6 +92,15 @@ export function withKvParams(
   kvParams: Record<string, unknown>,
 ): Record<string, unknown> {
   return { ...body, kv_transfer_params: { ...clientKvParams(body), ...kvParams } };
+}
+
+/**
+ * The ranks a record's URL serves: its own `dpRank` when it names one (one API server per
+ * rank), else 0..dpSize-1 (one API server load-balancing over its ranks).
+ */
+export function servedDpRanks(rec: WorkerRecord): number[] {
+  if (rec.dpRank !== undefined) return [rec.dpRank];
+  return Array.from({ length: Math.max(1, rec.dpSize) }, (_, i) => i);
 }
 
 /** The host other workers reach a worker's side channel on: the record's, else its URL's. */

@@ -1,0 +1,109 @@
+/**
+ * LoadScraper against real HTTP `/metrics` endpoints (issue #16): gauge names chosen by the
+ * worker record's engine kind, SGLang's PD backlog gauges and ATOM's parked KV loads counted
+ * as waiting work, vLLM's current and older KV-usage names.
+ */
+import assert from "node:assert/strict";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { after, before, describe, it } from "node:test";
+import { MemoryDiscovery } from "../../src/discovery/memory.ts";
+import type { EngineKind } from "../../src/discovery/types.ts";
+import { WorkerSet } from "../../src/router/worker-set.ts";
+import { LoadScraper } from "../../src/server/load-scraper.ts";
+import { createLogger } from "../../src/util/log.ts";
+import { mixedRecord } from "../helpers/records.ts";
+
+const logger = createLogger("test", {});
+logger.level = "silent";
+
+// sgl-project/sglang python/sglang/srt/metrics/collector.py @ 93d04878cfb9b08645fae7b11bd340ee33b34acf:
+// SchedulerMetricsCollector's gauges, labelled with the scheduler's labels (model_name,
+// engine_type, tp_rank, ...): num_running_reqs, num_queue_reqs, token_usage and, for PD,
+// num_prefill_prealloc_queue_reqs, num_prefill_inflight_queue_reqs,
+// num_decode_prealloc_queue_reqs, num_decode_transfer_queue_reqs.
+const SGLANG_DECODE = [
+  "# TYPE sglang:num_running_reqs gauge",
+  'sglang:num_running_reqs{model_name="m",engine_type="decode",tp_rank="0"} 3.0',
+  'sglang:num_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 1.0',
+  'sglang:token_usage{model_name="m",engine_type="decode",tp_rank="0"} 0.5',
+  'sglang:num_decode_prealloc_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 4.0',
+  'sglang:num_decode_transfer_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 6.0',
+  'sglang:num_prefill_prealloc_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 0.0',
+  'sglang:num_prefill_inflight_queue_reqs{model_name="m",engine_type="decode",tp_rank="0"} 0.0',
+  // Not a load gauge:
+  'sglang:num_bootstrap_failed_reqs_total{model_name="m"} 9.0',
+].join("\n");
+
+// vllm-project/vllm vllm/v1/metrics/loggers.py @ a6f0308cfe806b7731ad4979c9bea6e470c35efd:
+// vllm:num_requests_running / _waiting and vllm:kv_cache_usage_perc per engine. A vLLM
+// worker's page that also carries other engines' names (a sidecar, a proxy in front) must not
+// mix them in.
+const VLLM_WITH_NOISE = [
+  'vllm:num_requests_running{model_name="m",engine="0"} 2',
+  'vllm:num_requests_waiting{model_name="m",engine="0"} 1',
+  'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.25',
+  'vllm:gpu_cache_usage_perc{model_name="m",engine="0"} 0.25',
+  "sglang:num_running_reqs 50",
+  "atom:requests_waiting 70",
+].join("\n");
+
+// ROCm/ATOM atom/entrypoints/openai/metrics.py @ ffdf3bb5ddf8a15a64d521a2eeb3bc7438f9ac21.
+const ATOM = [
+  "atom:requests_running 2.0",
+  "atom:requests_waiting 1.0",
+  "atom:requests_parked_kv_load 5.0",
+  "atom:kv_cache_usage_ratio 0.75",
+].join("\n");
+
+const pages: Record<string, string> = { sglang: SGLANG_DECODE, vllm: VLLM_WITH_NOISE, atom: ATOM };
+let server: Server;
+let base = "";
+before(async () => {
+  server = createServer((req, res) => {
+    const page = pages[(req.url ?? "").split("/")[1] ?? ""];
+    if (!page || !req.url?.endsWith("/metrics")) {
+      res.statusCode = 404;
+      res.end();
+      return;
+    }
+    res.setHeader("content-type", "text/plain; version=0.0.4");
+    res.end(page);
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+after(() => new Promise<void>((r) => server.close(() => r())));
+
+async function scrape(engine: EngineKind) {
+  const rec = mixedRecord({ id: engine, model: "m", url: `${base}/${engine}`, engine, role: "decode" });
+  const ws = new WorkerSet(new MemoryDiscovery([rec]), { logger });
+  ws.attach();
+  await new LoadScraper(ws, 60_000).scrapeAll();
+  const load = ws.get(engine)?.engineLoad;
+  await ws.close();
+  return load;
+}
+
+describe("LoadScraper reads each engine's own gauges (issue #16)", () => {
+  it("SGLang: the PD backlog queues count as waiting work", async () => {
+    const l = await scrape("sglang");
+    assert.ok(l);
+    assert.equal(l.running, 3);
+    assert.equal(l.waiting, 1 + 4 + 6, "queue + decode prealloc + decode transfer");
+    assert.equal(l.pdBacklog, 10);
+    assert.equal(l.kvUsage, 0.5);
+  });
+
+  it("vLLM: only vLLM's names, old and new KV usage counted once", async () => {
+    const l = await scrape("vllm");
+    assert.ok(l);
+    assert.deepEqual([l.running, l.waiting, l.kvUsage], [2, 1, 0.25]);
+  });
+
+  it("ATOM: parked KV loads count as waiting work", async () => {
+    const l = await scrape("atom");
+    assert.ok(l);
+    assert.deepEqual([l.running, l.waiting, l.kvUsage], [2, 6, 0.75]);
+  });
+});
