@@ -133,6 +133,8 @@ export function vllmConnector(spec: LaunchSpec): ConnectorInfo {
         bootstrapHost: spec.advertiseHost,
         handshakePort: spec.handshakePort,
         notifyPort: spec.notifyPort,
+        // What the router's MoRIIO protocol follows: WRITE runs P and D together.
+        transferMode: spec.moriioMode === "write" ? "WRITE" : "READ",
       };
     default:
       return { kind: "none" };

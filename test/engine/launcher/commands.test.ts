@@ -165,13 +165,15 @@ describe("vLLM command lines", () => {
       /MoRIIO has no kv_both role/,
     );
     // The proxy port defaults to MoRIIO's 36367; no --advertise-host: no host_ip.
-    const { cmd } = await build("vllm", {
+    const { cmd, record } = await build("vllm", {
       role: "decode",
       connector: "moriio",
       moriioProxy: "10.0.0.9",
       advertiseHost: undefined,
       moriioMode: "write",
     });
+    // The record tells the router's MoRIIO protocol the mode (WRITE runs P and D together).
+    assert.equal(record.connector.transferMode, "WRITE");
     const extra = json(cmd.argv, "--kv-transfer-config")?.kv_connector_extra_config as Record<
       string,
       unknown
