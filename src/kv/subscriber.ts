@@ -54,11 +54,8 @@ export interface KvSubscriberStats {
 /** Yield to the event loop after this much continuous work, so /health stays responsive. */
 const YIELD_AFTER_MS = 20;
 
-function digest(b: Uint8Array): number {
-  let h = 0x811c9dc5 ^ b.length;
-  for (let i = 0; i < b.length; i++) h = Math.imul(h ^ b[i], 0x01000193);
-  return h >>> 0;
-}
+/** Replayed batches remembered to tell a live duplicate from a restarted engine's batch. */
+const REPLAYED_KEPT = 256;
 
 export class KvSubscriber {
   private readonly sub = new Subscriber({ linger: 0 });
@@ -66,8 +63,12 @@ export class KvSubscriber {
   private lastSeq = -1;
   /** Last seq received on the SUB socket itself (-1: none yet). */
   private lastLiveSeq = -1;
-  /** Digests of batches the replay delivered beyond the last live seq (duplicate vs restart). */
-  private replayed = new Map<number, number>();
+  /**
+   * Payloads of the last batches the replay delivered beyond the last live seq (a live copy
+   * with the same bytes is a duplicate, other bytes a restart). Only the newest few are kept:
+   * live duplicates are of what the engine sent while the replay ran.
+   */
+  private replayed = new Map<number, Uint8Array>();
   private epoch: string | null = null;
   /** Payload of the batch applied as `lastSeq` (a reference, for the check after a reconnect). */
   private lastPayload: Uint8Array | null = null;
@@ -211,7 +212,11 @@ export class KvSubscriber {
         if (k > seq) break; // insertion order is seq order
         this.replayed.delete(k);
       }
-      if (known !== undefined && known !== digest(frames[2])) await this.restart("restart", seq, frames);
+      if (
+        known !== undefined &&
+        !Buffer.from(known.buffer, known.byteOffset, known.byteLength).equals(frames[2])
+      )
+        await this.restart("restart", seq, frames);
       return;
     }
     this.replayed.clear();
@@ -361,7 +366,11 @@ export class KvSubscriber {
         if (parts.length >= 2) this.lastPayload = parts[1];
         // Remember what the replay delivered past the live stream, to tell a later live copy
         // (skip) from a restarted engine's different batch under the same seq.
-        if (seq > this.lastLiveSeq && parts.length >= 2) this.replayed.set(seq, digest(parts[1]));
+        if (seq > this.lastLiveSeq && parts.length >= 2) {
+          this.replayed.set(seq, parts[1]);
+          if (this.replayed.size > REPLAYED_KEPT)
+            this.replayed.delete(this.replayed.keys().next().value as number);
+        }
       }
     } catch (err) {
       if (this.closed) return;
