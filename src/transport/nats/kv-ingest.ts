@@ -26,6 +26,8 @@ export interface NatsKvIngestOptions {
   /** Only workers of this model (any model when absent). */
   model?: string;
   replayTimeoutMs?: number;
+  /** Index cap per rank when a record has no `kvBlocks` (only when `index` is not given). */
+  maxBlocksPerWorker?: number;
 }
 
 /** The subject a worker's agent relays its KV events to. */
@@ -55,9 +57,11 @@ export class NatsKvIngest {
   private readonly feeds: WorkerFeeds<NatsFeed>;
 
   constructor(private readonly opts: NatsKvIngestOptions) {
-    this.index = opts.index ?? new KvIndex();
+    this.index = opts.index ?? new KvIndex({ defaultMaxBlocks: opts.maxBlocksPerWorker });
     this.logger = opts.logger ?? createLogger("kv-ingest-nats");
     this.metrics = new KvIngestMetrics(opts.registry ?? new Registry());
+    const capped = this.metrics.capped;
+    this.index.onCapped = (worker, n) => capped.inc({ worker }, n);
     this.feeds = new WorkerFeeds({
       watcher: opts.watcher,
       model: opts.model,
