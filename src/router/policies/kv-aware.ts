@@ -267,10 +267,12 @@ export const createKvAware: PolicyFactory = (ctx) => {
         prompt: promptLen,
         uncached: Math.max(0, promptLen - overlaps[i] * blockSizeOf(candidates[i])),
       };
+      const dpRank = pinnedRank(candidates[i], overlaps[i], ranks[i]);
       ctx.logger.debug(
         {
           requestId: req.requestId,
           worker: ids[i],
+          dpRank,
           reason,
           overlapBlocks: overlaps[i],
           promptBlocks: promptBlocks[i],
@@ -281,7 +283,6 @@ export const createKvAware: PolicyFactory = (ctx) => {
         },
         "kv-aware decision",
       );
-      const dpRank = pinnedRank(candidates[i], overlaps[i], ranks[i]);
       return dpRank === undefined
         ? { worker: candidates[i], overlapBlocks: overlaps[i], reason }
         : { worker: candidates[i], overlapBlocks: overlaps[i], reason, dpRank };
