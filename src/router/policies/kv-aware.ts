@@ -190,7 +190,9 @@ export const createKvAware: PolicyFactory = (ctx) => {
   /** The rank to pin on a vLLM DP worker whose best rank holds part of the prompt. */
   function pinnedRank(c: WorkerState, overlap: number, rank: number): number | undefined {
     if (overlap <= 0 || rank < 0 || c.record.engine !== "vllm") return undefined;
-    return (index?.ranksOf(c.record.id).length ?? 0) > 1 || c.record.dpSize > 1 ? rank : undefined;
+    // Only a worker that fronts several ranks (its record lists them): a record per rank (vLLM
+    // external load balancing) serves one rank, and a header naming another would be wrong.
+    return (c.record.kvEvents?.ranks?.length ?? 0) > 1 ? rank : undefined;
   }
 
   /** Blocks a worker holds (events) or is believed to hold (fallback tree): its cache pressure. */

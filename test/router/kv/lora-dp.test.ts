@@ -46,7 +46,15 @@ function worker(id: string, engine: WorkerRecord["engine"] = "vllm", dpSize = 1)
     url: `http://${id}`,
     connector: { kind: "none" },
     blockSize: BS,
-    kvEvents: { endpoint: "tcp://127.0.0.1:1", topic: "", framing: "seq" },
+    kvEvents: {
+      endpoint: "tcp://127.0.0.1:1",
+      topic: "",
+      framing: "seq",
+      ranks:
+        dpSize > 1
+          ? Array.from({ length: dpSize }, (_, r) => ({ dpRank: r, endpoint: `tcp://127.0.0.1:${1 + r}` }))
+          : undefined,
+    },
     dpSize,
     tpSize: 1,
     maxModelLen: 32768,
@@ -148,6 +156,10 @@ test("a vLLM DP worker is pinned to the rank holding the prefix; the mixed route
   }
   assert.equal(sent[0].headers?.["x-data-parallel-rank"], "1");
 
+  // A record per rank (external load balancing) is never pinned.
+  const single = worker("one", "vllm", 1);
+  index.applyEvents("one", [storedFor(tokens, 100, null)], BS, 3);
+  assert.equal(policy.select(request(doc, "base"), [single]).dpRank, undefined);
   // No hit anywhere: no pin (vLLM's own balancer decides).
   const cold = policy.select(request("An unrelated question about tides and moons.", "base"), [w, other]);
   assert.equal(cold.dpRank, undefined);
