@@ -33,8 +33,8 @@ export class FakePublisher {
       this.endpoint = `tcp://127.0.0.1:${await freePort()}`;
       this.replayEndpoint = `tcp://127.0.0.1:${await freePort()}`;
     }
-    await this.pub.bind(this.endpoint);
-    await this.router.bind(this.replayEndpoint);
+    await bindRetrying(this.pub, this.endpoint);
+    await bindRetrying(this.router, this.replayEndpoint);
     this.serving = this.serveReplay();
   }
 
@@ -85,6 +85,19 @@ export class FakePublisher {
     this.pub.close();
     this.router.close();
     await this.serving;
+  }
+}
+
+/** Binds, retrying while a just-closed socket (an engine "restart") still holds the port. */
+async function bindRetrying(sock: Publisher | Router, endpoint: string): Promise<void> {
+  for (let i = 0; ; i++) {
+    try {
+      await sock.bind(endpoint);
+      return;
+    } catch (err) {
+      if (i >= 50 || !/in use/i.test(String(err))) throw err;
+      await new Promise((r) => setTimeout(r, 50));
+    }
   }
 }
 
