@@ -45,7 +45,7 @@
  * base model (it has no cached blocks anywhere yet either way).
  *
  * Data-parallel workers: the index keeps each DP rank's blocks apart and a worker's overlap is
- * its best rank's. For a vLLM worker with more than one rank the selection pins that rank
+ * its best rank's. For a vLLM worker whose record lists several ranks the selection pins that rank
  * (`Selection.dpRank`, sent as `X-data-parallel-rank`), since vLLM's own DP balancer does not look
  * at prefix caches; SGLang and ATOM workers are scored by their best rank without pinning.
  *
