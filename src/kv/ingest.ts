@@ -6,12 +6,14 @@
  * endpoint restarts them.
  */
 import { Registry } from "prom-client";
-import type { DiscoveryWatcher, KvEventsRank, WorkerRecord } from "../discovery/types.ts";
+import type { DiscoveryWatcher, WorkerRecord } from "../discovery/types.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { KvIndex } from "./index.ts";
 import { KvIngestMetrics } from "./metrics.ts";
 import { KvSubscriber } from "./subscriber.ts";
-import { WorkerFeeds } from "./worker-feeds.ts";
+import { rankSockets, WorkerFeeds } from "./worker-feeds.ts";
+
+export { rankSockets };
 
 export interface KvIngestOptions {
   watcher: DiscoveryWatcher;
@@ -24,14 +26,6 @@ export interface KvIngestOptions {
   replayTimeoutMs?: number;
   /** Index cap per rank when a record has no `kvBlocks` (only when `index` is not given). */
   maxBlocksPerWorker?: number;
-}
-
-/** Every rank's sockets: `kvEvents.ranks`, or the single endpoint as rank 0 (or the record's dpRank). */
-export function rankSockets(rec: WorkerRecord): KvEventsRank[] {
-  const e = rec.kvEvents;
-  if (!e) return [];
-  if (e.ranks && e.ranks.length > 0) return e.ranks;
-  return [{ dpRank: rec.dpRank ?? 0, endpoint: e.endpoint, replayEndpoint: e.replayEndpoint }];
 }
 
 function feedKey(rec: WorkerRecord): string | null {

@@ -48,7 +48,8 @@ export class KvIngestMetrics {
       help:
         "KV event sequence anomalies by kind: gap (missed batches, replayed), jump (a gap replay " +
         "could not fill), backward (live seq went back: engine restart), restart (a replayed seq " +
-        "came again with other bytes: engine restart), epoch (SGLang epoch changed)",
+        "came again with other bytes: engine restart), reconnect (the PUB connection dropped and the " +
+        "replay buffer no longer holds our last batch: engine restart), epoch (SGLang epoch changed)",
       labelNames: ["kind"],
       registers,
     });

@@ -54,11 +54,8 @@ export interface KvSubscriberStats {
 /** Yield to the event loop after this much continuous work, so /health stays responsive. */
 const YIELD_AFTER_MS = 20;
 
-function digest(b: Uint8Array): number {
-  let h = 0x811c9dc5 ^ b.length;
-  for (let i = 0; i < b.length; i++) h = Math.imul(h ^ b[i], 0x01000193);
-  return h >>> 0;
-}
+/** Replayed batches remembered to tell a live duplicate from a restarted engine's batch. */
+const REPLAYED_KEPT = 256;
 
 export class KvSubscriber {
   private readonly sub = new Subscriber({ linger: 0 });
@@ -66,9 +63,17 @@ export class KvSubscriber {
   private lastSeq = -1;
   /** Last seq received on the SUB socket itself (-1: none yet). */
   private lastLiveSeq = -1;
-  /** Digests of batches the replay delivered beyond the last live seq (duplicate vs restart). */
-  private replayed = new Map<number, number>();
+  /**
+   * Payloads of the last batches the replay delivered beyond the last live seq (a live copy
+   * with the same bytes is a duplicate, other bytes a restart). Only the newest few are kept:
+   * live duplicates are of what the engine sent while the replay ran.
+   */
+  private replayed = new Map<number, Uint8Array>();
   private epoch: string | null = null;
+  /** Payload of the batch applied as `lastSeq` (a reference, for the check after a reconnect). */
+  private lastPayload: Uint8Array | null = null;
+  /** Set when the PUB connection dropped: the engine may have restarted behind it. */
+  private reconnected = false;
   private workStart = 0;
   private syncedResolve!: () => void;
   /** Resolves once the start-up replay is done and live events are being applied. */
@@ -120,6 +125,11 @@ export class KvSubscriber {
 
   private async run(): Promise<void> {
     const { events } = this.opts;
+    // A dropped connection is how a restart looks from here when the new engine's first
+    // sequence numbers happen to continue ours; the next batch is checked against the replay.
+    this.sub.events.on("disconnect", () => {
+      this.reconnected = true;
+    });
     this.sub.connect(events.endpoint);
     if (events.topic) this.sub.subscribe(events.topic);
     else this.sub.subscribe();
@@ -168,6 +178,15 @@ export class KvSubscriber {
       this.epoch = msg.epoch;
     }
     const seq = msg.seq;
+    if (this.reconnected) {
+      this.reconnected = false;
+      // ATOM numbers nothing, so any batch seen before the drop makes the check necessary.
+      const seen = this.lastSeq >= 0 || (seq === null && this.stats.batches > 0);
+      if (seen && !(await this.sameEngine())) {
+        await this.restart("reconnect", seq, frames);
+        return;
+      }
+    }
     if (seq === null) {
       this.apply(msg.batch);
       return;
@@ -177,6 +196,7 @@ export class KvSubscriber {
     if (this.lastSeq < 0) {
       this.apply(msg.batch);
       this.setSeq(seq);
+      this.lastPayload = frames[2];
       return;
     }
     if (seq <= this.lastSeq) {
@@ -192,7 +212,11 @@ export class KvSubscriber {
         if (k > seq) break; // insertion order is seq order
         this.replayed.delete(k);
       }
-      if (known !== undefined && known !== digest(frames[2])) await this.restart("restart", seq, frames);
+      if (
+        known !== undefined &&
+        !Buffer.from(known.buffer, known.byteOffset, known.byteLength).equals(frames[2])
+      )
+        await this.restart("restart", seq, frames);
       return;
     }
     this.replayed.clear();
@@ -214,6 +238,30 @@ export class KvSubscriber {
     }
     this.apply(msg.batch);
     this.setSeq(seq);
+    this.lastPayload = frames[2];
+  }
+
+  /**
+   * After a reconnect: does the engine's replay buffer still hold our last batch, byte for byte?
+   * A restarted engine's buffer has other bytes under that seq (or does not reach it). Without a
+   * replay socket (ATOM, or none configured) it cannot be told, and a restart is assumed: an
+   * index emptied for nothing costs some cache hits, one kept for a dead cache misroutes.
+   */
+  private async sameEngine(): Promise<boolean> {
+    const ep = this.opts.events.replayEndpoint;
+    if (!ep || this.opts.events.framing !== "seq" || this.lastPayload === null) return false;
+    const dealer = new Dealer({ linger: 0, receiveTimeout: this.opts.replayTimeoutMs ?? 2000 });
+    try {
+      dealer.connect(ep);
+      await dealer.send([Buffer.alloc(0), encodeSeq(this.lastSeq)]);
+      const frames = await dealer.receive();
+      const parts = frames.length >= 3 && frames[0].length === 0 ? frames.slice(1) : frames;
+      return readSeq(parts[0]) === this.lastSeq && parts.length >= 2 && parts[1].equals(this.lastPayload);
+    } catch {
+      return false;
+    } finally {
+      dealer.close();
+    }
   }
 
   /**
@@ -238,6 +286,7 @@ export class KvSubscriber {
       if (!isDecodeError(msg)) {
         this.apply(msg.batch);
         if (seq !== null) this.setSeq(seq);
+        this.lastPayload = frames[frames.length - 1];
       }
     }
     this.replayed.clear();
@@ -314,9 +363,14 @@ export class KvSubscriber {
         if (isDecodeError(batch)) this.malformed(batch.error);
         else this.apply(batch);
         this.setSeq(seq);
+        if (parts.length >= 2) this.lastPayload = parts[1];
         // Remember what the replay delivered past the live stream, to tell a later live copy
         // (skip) from a restarted engine's different batch under the same seq.
-        if (seq > this.lastLiveSeq && parts.length >= 2) this.replayed.set(seq, digest(parts[1]));
+        if (seq > this.lastLiveSeq && parts.length >= 2) {
+          this.replayed.set(seq, parts[1]);
+          if (this.replayed.size > REPLAYED_KEPT)
+            this.replayed.delete(this.replayed.keys().next().value as number);
+        }
       }
     } catch (err) {
       if (this.closed) return;

@@ -5,7 +5,15 @@
  * it, and every removal also drops the worker from the index so stale entries never outlive it.
  * What a feed is and how it is opened stays with the caller.
  */
-import type { DiscoveryEvent, DiscoveryWatcher, WorkerRecord } from "../discovery/types.ts";
+import type { DiscoveryEvent, DiscoveryWatcher, KvEventsRank, WorkerRecord } from "../discovery/types.ts";
+
+/** Every rank's sockets: `kvEvents.ranks`, or the single endpoint as rank 0 (or the record's dpRank). */
+export function rankSockets(rec: WorkerRecord): KvEventsRank[] {
+  const e = rec.kvEvents;
+  if (!e) return [];
+  if (e.ranks && e.ranks.length > 0) return e.ranks;
+  return [{ dpRank: rec.dpRank ?? 0, endpoint: e.endpoint, replayEndpoint: e.replayEndpoint }];
+}
 
 export interface WorkerFeedsOptions<S> {
   watcher: DiscoveryWatcher;

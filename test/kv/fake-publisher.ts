@@ -24,24 +24,34 @@ export class FakePublisher {
 
   constructor(readonly topic = "kv-events") {}
 
-  async start(): Promise<void> {
-    const p1 = await freePort();
-    const p2 = await freePort();
-    this.endpoint = `tcp://127.0.0.1:${p1}`;
-    this.replayEndpoint = `tcp://127.0.0.1:${p2}`;
-    await this.pub.bind(this.endpoint);
-    await this.router.bind(this.replayEndpoint);
+  /** Binds fresh ports, or the given endpoints (an engine restarted on the same sockets). */
+  async start(at?: { endpoint: string; replayEndpoint: string }): Promise<void> {
+    if (at) {
+      this.endpoint = at.endpoint;
+      this.replayEndpoint = at.replayEndpoint;
+    } else {
+      this.endpoint = `tcp://127.0.0.1:${await freePort()}`;
+      this.replayEndpoint = `tcp://127.0.0.1:${await freePort()}`;
+    }
+    await bindRetrying(this.pub, this.endpoint);
+    await bindRetrying(this.router, this.replayEndpoint);
     this.serving = this.serveReplay();
   }
 
   /** Publishes one batch of events (array-encoded unless `mapEncoding`). */
-  async publish(events: unknown[], opts: { drop?: boolean } = {}): Promise<number> {
+  async publish(events: unknown[], opts: { drop?: boolean; topic?: string } = {}): Promise<number> {
     const seq = this.seq++;
     const payload = packr.pack([Date.now() / 1000, events, null]);
     this.buffer.push({ seq, payload });
     while (this.buffer.length > this.bufferSteps) this.buffer.shift();
-    if (!opts.drop) await this.pub.send([this.topic, encodeSeq(seq), payload]);
+    if (!opts.drop) await this.pub.send([opts.topic ?? this.topic, encodeSeq(seq), payload]);
     return seq;
+  }
+
+  /** Sends a buffered batch again on the PUB socket, bytes unchanged (a late live copy). */
+  async resend(seq: number): Promise<void> {
+    const b = this.buffer.find((x) => x.seq === seq);
+    if (b) await this.pub.send([this.topic, encodeSeq(b.seq), b.payload]);
   }
 
   /** ATOM framing: no sequence frame, `[topic, payload]` (or `[payload]` with an empty topic). */
@@ -75,6 +85,19 @@ export class FakePublisher {
     this.pub.close();
     this.router.close();
     await this.serving;
+  }
+}
+
+/** Binds, retrying while a just-closed socket (an engine "restart") still holds the port. */
+async function bindRetrying(sock: Publisher | Router, endpoint: string): Promise<void> {
+  for (let i = 0; ; i++) {
+    try {
+      await sock.bind(endpoint);
+      return;
+    } catch (err) {
+      if (i >= 50 || !/in use/i.test(String(err))) throw err;
+      await new Promise((r) => setTimeout(r, 50));
+    }
   }
 }
 

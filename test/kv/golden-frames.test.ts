@@ -37,7 +37,8 @@ type V = null | boolean | number | bigint | string | Uint8Array | V[] | Map<stri
 /** msgpack as msgspec writes it. */
 function mp(v: V): Buffer {
   const out: number[] = [];
-  const u = (n: number, bytes: number) => {
+  const u = (prefix: number, n: number, bytes: number) => {
+    out.push(prefix);
     for (let i = bytes - 1; i >= 0; i--) out.push(Number((BigInt(n) >> BigInt(8 * i)) & 0xffn));
   };
   const w = (x: V): void => {
@@ -55,7 +56,7 @@ function mp(v: V): Buffer {
       else if (x < 0 && x >= -32) out.push(x & 0xff);
       else if (x >= 0 && x < 256) out.push(0xcc, x);
       else if (x >= 0 && x < 65536) out.push(0xcd, ...[x >> 8, x & 0xff]);
-      else if (x >= 0 && x < 2 ** 32) (out.push(0xce), u(x, 4));
+      else if (x >= 0 && x < 2 ** 32) u(0xce, x, 4);
       else if (x >= 0) w(BigInt(x));
       else {
         out.push(0xd3);
@@ -67,17 +68,17 @@ function mp(v: V): Buffer {
       const b = Buffer.from(x, "utf8");
       if (b.length < 32) out.push(0xa0 | b.length);
       else if (b.length < 256) out.push(0xd9, b.length);
-      else (out.push(0xda), u(b.length, 2));
+      else u(0xda, b.length, 2);
       out.push(...b);
     } else if (x instanceof Uint8Array) {
       out.push(0xc4, x.length, ...x);
     } else if (Array.isArray(x)) {
       if (x.length < 16) out.push(0x90 | x.length);
-      else (out.push(0xdc), u(x.length, 2));
+      else u(0xdc, x.length, 2);
       for (const e of x) w(e);
     } else {
       if (x.size < 16) out.push(0x80 | x.size);
-      else (out.push(0xde), u(x.size, 2));
+      else u(0xde, x.size, 2);
       for (const [k, e] of x) {
         w(k);
         w(e);
@@ -145,7 +146,12 @@ test("vLLM map form (omit_defaults): map batch with data_parallel_rank, all Bloc
   assert.equal(s.groupIdx, 1);
   assert.equal(s.kvCacheSpecKind, "full_attention");
   assert.equal(s.kvCacheSpecSlidingWindow, 4096);
-  assert.deepEqual(msg.batch.events[1], { type: "BlockRemoved", blockHashes: [7], medium: "GPU", groupIdx: 1 });
+  assert.deepEqual(msg.batch.events[1], {
+    type: "BlockRemoved",
+    blockHashes: [7],
+    medium: "GPU",
+    groupIdx: 1,
+  });
   assert.deepEqual(msg.batch.events[2], { type: "AllBlocksCleared" });
 });
 
@@ -160,7 +166,19 @@ test("vLLM map form with every optional field left off (omit_defaults) and no dp
     ["medium", null],
     ["lora_name", null],
   ]);
-  const msg = ok([Buffer.from(""), seqFrame(0), mp(m([["ts", 1.5], ["events", [stored]]]))], "seq");
+  const msg = ok(
+    [
+      Buffer.from(""),
+      seqFrame(0),
+      mp(
+        m([
+          ["ts", 1.5],
+          ["events", [stored]],
+        ]),
+      ),
+    ],
+    "seq",
+  );
   assert.equal(msg.batch.dpRank, null);
   const s = msg.batch.events[0] as BlockStored;
   assert.equal(s.parentBlockHash, 4);
@@ -184,7 +202,10 @@ test("vLLM array form: [tag, ...fields] in field order, batch [ts, events, dp_ra
     "sliding_window",
     128,
   ];
-  const msg = ok([Buffer.from("t"), seqFrame(2), mp([2.5, [stored, ["BlockRemoved", [BIG], "GPU", 0]], 1])], "seq");
+  const msg = ok(
+    [Buffer.from("t"), seqFrame(2), mp([2.5, [stored, ["BlockRemoved", [BIG], "GPU", 0]], 1])],
+    "seq",
+  );
   assert.equal(msg.batch.dpRank, 1);
   const s = msg.batch.events[0] as BlockStored;
   assert.equal(s.loraName, "lora-a");
@@ -196,7 +217,10 @@ test("vLLM array form: [tag, ...fields] in field order, batch [ts, events, dp_ra
 test("SGLang BlockStoredWithMetadata: position 7 is {cache_salt}, not a LoRA name; attn_dp_rank read", () => {
   const salted: V = ["BlockStored", [11], null, toks(16), 16, null, "GPU", m([["cache_salt", "tenant-a"]])];
   const plain: V = ["BlockStored", [12], null, toks(16), 16, null, "GPU"];
-  const msg = ok([Buffer.from("kv"), seqFrame(9), mp([7.0 + 0.5, [salted, plain, ["BlockRemoved", [12], "GPU"]], 2])], "seq");
+  const msg = ok(
+    [Buffer.from("kv"), seqFrame(9), mp([7.0 + 0.5, [salted, plain, ["BlockRemoved", [12], "GPU"]], 2])],
+    "seq",
+  );
   assert.equal(msg.batch.dpRank, 2);
   const s = msg.batch.events[0] as BlockStored;
   assert.equal(s.cacheSalt, "tenant-a");
@@ -216,7 +240,10 @@ test("SGLang snapshot mode: topic + \\0sgl-kv-epoch=…, and a snapshot barrier,
   const live = ok([Buffer.from("kv\x00sgl-kv-epoch=ab12"), seqFrame(0), payload], "seq");
   assert.equal(live.topic, "kv");
   assert.equal(live.epoch, "ab12");
-  const barrier = ok([Buffer.from("kv\x00sgl-kv-epoch=ab12\x00sgl-kv-snapshot=b-1"), seqFrame(1), payload], "seq");
+  const barrier = ok(
+    [Buffer.from("kv\x00sgl-kv-epoch=ab12\x00sgl-kv-snapshot=b-1"), seqFrame(1), payload],
+    "seq",
+  );
   assert.equal(barrier.topic, "kv");
   assert.equal(barrier.epoch, "ab12");
 });
@@ -257,10 +284,20 @@ test("ATOM: omit_defaults trailing fields, [payload] and [topic, payload], Block
 test("golden bytes: a vLLM array-form frame pinned byte for byte", () => {
   // ["BlockRemoved", [1], "GPU", 0] in a batch [0.5, [...], 0]
   const payload = Buffer.from(
-    "93" + "cb3fe0000000000000" + "91" + "94" + "ac426c6f636b52656d6f766564" + "9101" + "a3475055" + "00" + "00",
+    "93" +
+      "cb3fe0000000000000" +
+      "91" +
+      "94" +
+      "ac426c6f636b52656d6f766564" +
+      "9101" +
+      "a3475055" +
+      "00" +
+      "00",
     "hex",
   );
   assert.deepEqual(payload, mp([0.5, [["BlockRemoved", [1], "GPU", 0]], 0]));
   const msg = ok([Buffer.from(""), seqFrame(5), payload], "seq");
-  assert.deepEqual(msg.batch.events, [{ type: "BlockRemoved", blockHashes: [1], medium: "GPU", groupIdx: 0 }]);
+  assert.deepEqual(msg.batch.events, [
+    { type: "BlockRemoved", blockHashes: [1], medium: "GPU", groupIdx: 0 },
+  ]);
 });

@@ -101,7 +101,10 @@ test("SGLang partial last page keeps the worker's block size and is not indexed"
   // @ 95769b280eaaf946a45dd3b50f7e864df09ac893 (_record_store_event).
   const index = new KvIndex();
   index.addWorker("w", 16);
-  index.applyEvents("w", [stored([1], toks(16)), { ...stored([2], toks(5, 17)), parentBlockHash: 1, blockSize: 5 }]);
+  index.applyEvents("w", [
+    stored([1], toks(16)),
+    { ...stored([2], toks(5, 17)), parentBlockHash: 1, blockSize: 5 },
+  ]);
   assert.equal(index.blockSizeOf("w"), 16);
   assert.deepEqual([...index.overlaps(toks(32), ["w"])], [1]);
   assert.equal(index.counters.partialPages, 1);

@@ -45,7 +45,7 @@
  * base model (it has no cached blocks anywhere yet either way).
  *
  * Data-parallel workers: the index keeps each DP rank's blocks apart and a worker's overlap is
- * its best rank's. For a vLLM worker with more than one rank the selection pins that rank
+ * its best rank's. For a vLLM worker whose record lists several ranks the selection pins that rank
  * (`Selection.dpRank`, sent as `X-data-parallel-rank`), since vLLM's own DP balancer does not look
  * at prefix caches; SGLang and ATOM workers are scored by their best rank without pinning.
  *
@@ -190,7 +190,9 @@ export const createKvAware: PolicyFactory = (ctx) => {
   /** The rank to pin on a vLLM DP worker whose best rank holds part of the prompt. */
   function pinnedRank(c: WorkerState, overlap: number, rank: number): number | undefined {
     if (overlap <= 0 || rank < 0 || c.record.engine !== "vllm") return undefined;
-    return (index?.ranksOf(c.record.id).length ?? 0) > 1 || c.record.dpSize > 1 ? rank : undefined;
+    // Only a worker that fronts several ranks (its record lists them): a record per rank (vLLM
+    // external load balancing) serves one rank, and a header naming another would be wrong.
+    return (c.record.kvEvents?.ranks?.length ?? 0) > 1 ? rank : undefined;
   }
 
   /** Blocks a worker holds (events) or is believed to hold (fallback tree): its cache pressure. */
@@ -267,10 +269,12 @@ export const createKvAware: PolicyFactory = (ctx) => {
         prompt: promptLen,
         uncached: Math.max(0, promptLen - overlaps[i] * blockSizeOf(candidates[i])),
       };
+      const dpRank = pinnedRank(candidates[i], overlaps[i], ranks[i]);
       ctx.logger.debug(
         {
           requestId: req.requestId,
           worker: ids[i],
+          dpRank,
           reason,
           overlapBlocks: overlaps[i],
           promptBlocks: promptBlocks[i],
@@ -281,7 +285,6 @@ export const createKvAware: PolicyFactory = (ctx) => {
         },
         "kv-aware decision",
       );
-      const dpRank = pinnedRank(candidates[i], overlaps[i], ranks[i]);
       return dpRank === undefined
         ? { worker: candidates[i], overlapBlocks: overlaps[i], reason }
         : { worker: candidates[i], overlapBlocks: overlaps[i], reason, dpRank };

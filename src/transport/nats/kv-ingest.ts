@@ -1,7 +1,8 @@
 /**
  * The NATS event plane's counterpart of src/kv/ingest.ts (KvIngest): follows a DiscoveryWatcher
- * and keeps one NatsKvSubscriber per worker with KV events, on `infera.kv.<model>.<worker>`
- * (the worker's agent relays there), all feeding one shared KvIndex. Same options and methods
+ * and keeps one NatsKvSubscriber per worker with KV events and DP rank, on
+ * `infera.kv.<model>.<worker>` (rank r of a worker listing `kvEvents.ranks`: `….dp<r>`, see
+ * kvRankSubject; the worker's agent relays there), all feeding one shared KvIndex per rank. Same options and methods
  * as KvIngest, so the server picks one or the other by `--event-plane`.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -10,9 +11,10 @@ import type { DiscoveryWatcher, WorkerRecord } from "../../discovery/types.ts";
 import { decodeBatch, isDecodeError } from "../../kv/events.ts";
 import { KvIndex } from "../../kv/index.ts";
 import { KvIngestMetrics } from "../../kv/metrics.ts";
-import { WorkerFeeds } from "../../kv/worker-feeds.ts";
+import { rankSockets, WorkerFeeds } from "../../kv/worker-feeds.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { NatsKvSubscriber } from "./kv-subscriber.ts";
+import { kvRankSubject } from "./kv-wire.ts";
 import { kvSubject } from "./subjects.ts";
 
 export interface NatsKvIngestOptions {
@@ -24,6 +26,8 @@ export interface NatsKvIngestOptions {
   /** Only workers of this model (any model when absent). */
   model?: string;
   replayTimeoutMs?: number;
+  /** Index cap per rank when a record has no `kvBlocks` (only when `index` is not given). */
+  maxBlocksPerWorker?: number;
 }
 
 /** The subject a worker's agent relays its KV events to. */
@@ -32,8 +36,18 @@ export function workerKvSubject(rec: Pick<WorkerRecord, "model" | "id">): string
 }
 
 interface NatsFeed {
-  sub: NatsKvSubscriber;
+  /** One per DP rank, lowest first. */
+  subs: NatsKvSubscriber[];
   started: Promise<void>;
+}
+
+/** Each rank's subject: the worker's own when it lists no ranks. */
+function rankSubjects(rec: WorkerRecord): { dpRank: number; subject: string }[] {
+  const base = workerKvSubject(rec);
+  if (!rec.kvEvents?.ranks?.length) return [{ dpRank: rankSockets(rec)[0]?.dpRank ?? 0, subject: base }];
+  return [...rec.kvEvents.ranks]
+    .sort((a, b) => a.dpRank - b.dpRank)
+    .map((r) => ({ dpRank: r.dpRank, subject: kvRankSubject(base, r.dpRank) }));
 }
 
 export class NatsKvIngest {
@@ -43,15 +57,24 @@ export class NatsKvIngest {
   private readonly feeds: WorkerFeeds<NatsFeed>;
 
   constructor(private readonly opts: NatsKvIngestOptions) {
-    this.index = opts.index ?? new KvIndex();
+    this.index = opts.index ?? new KvIndex({ defaultMaxBlocks: opts.maxBlocksPerWorker });
     this.logger = opts.logger ?? createLogger("kv-ingest-nats");
     this.metrics = new KvIngestMetrics(opts.registry ?? new Registry());
+    const capped = this.metrics.capped;
+    this.index.onCapped = (worker, n) => capped.inc({ worker }, n);
     this.feeds = new WorkerFeeds({
       watcher: opts.watcher,
       model: opts.model,
-      keyOf: (rec) => (rec.kvEvents ? `${workerKvSubject(rec)}|${rec.blockSize}` : null),
+      keyOf: (rec) =>
+        rec.kvEvents
+          ? `${rankSubjects(rec)
+              .map((r) => r.subject)
+              .join(",")}|${rec.blockSize}|${rec.kvBlocks ?? ""}`
+          : null,
       open: (rec) => this.open(rec),
-      close: (feed) => feed.sub.close(),
+      close: async (feed) => {
+        await Promise.all(feed.subs.map((s) => s.close()));
+      },
       removeWorker: (id) => this.index.removeWorker(id),
       count: (n) => this.metrics.workers.set(n),
     });
@@ -70,8 +93,13 @@ export class NatsKvIngest {
     return this.feeds.has(workerId);
   }
 
+  /** The worker's lowest rank's subscriber. */
   subscriber(workerId: string): NatsKvSubscriber | undefined {
-    return this.feeds.get(workerId)?.sub;
+    return this.feeds.get(workerId)?.subs[0];
+  }
+
+  subscribers(workerId: string): readonly NatsKvSubscriber[] {
+    return this.feeds.get(workerId)?.subs ?? [];
   }
 
   async close(): Promise<void> {
@@ -79,38 +107,42 @@ export class NatsKvIngest {
   }
 
   private open(rec: WorkerRecord): NatsFeed {
-    const subject = workerKvSubject(rec);
     const { index, metrics } = this;
     const workerId = rec.id;
     const blockSize = rec.blockSize;
-    index.addWorker(workerId, blockSize);
-    const sub = new NatsKvSubscriber({
-      nc: this.opts.nc,
-      subject,
-      replayTimeoutMs: this.opts.replayTimeoutMs,
-      logger: this.logger,
-      sink: {
-        onBatch: (_seq, payload) => {
-          const batch = decodeBatch(payload);
-          if (isDecodeError(batch)) {
-            metrics.malformed.inc({ worker: workerId });
-            return;
-          }
-          index.applyEvents(workerId, batch.events, blockSize);
-          metrics.batches.inc({ worker: workerId });
-          for (const ev of batch.events) metrics.events.inc({ type: ev.type });
+    index.addWorker(workerId, blockSize, 0, rec.kvBlocks);
+    const subs = rankSubjects(rec).map(({ dpRank, subject }) => {
+      const sub = new NatsKvSubscriber({
+        nc: this.opts.nc,
+        subject,
+        replayTimeoutMs: this.opts.replayTimeoutMs,
+        logger: this.logger,
+        sink: {
+          onBatch: (_seq, payload) => {
+            const batch = decodeBatch(payload);
+            if (isDecodeError(batch)) {
+              metrics.malformed.inc({ worker: workerId });
+              return;
+            }
+            index.applyEvents(workerId, batch.events, blockSize, dpRank);
+            metrics.batches.inc({ worker: workerId });
+            for (const ev of batch.events) metrics.events.inc({ type: ev.type });
+          },
+          onReset: (reason) => {
+            index.clearWorker(workerId, dpRank);
+            metrics.resets.inc({ reason: reason.includes("restart") ? "restart" : "gap" });
+          },
         },
-        onReset: (reason) => {
-          index.clearWorker(workerId);
-          metrics.resets.inc({ reason: reason.includes("restart") ? "restart" : "gap" });
-        },
-      },
+      });
+      this.logger.info({ worker: workerId, rank: dpRank, subject }, "kv events: subscribed over NATS");
+      return sub;
     });
-    const started = sub.start().catch((err: Error) => {
-      this.logger.warn({ worker: workerId, err: err.message }, "kv events over NATS: start failed");
-    });
-    this.logger.info({ worker: workerId, subject }, "kv events: subscribed over NATS");
-    return { sub, started };
+    const started = Promise.all(subs.map((s) => s.start()))
+      .then(() => {})
+      .catch((err: Error) => {
+        this.logger.warn({ worker: workerId, err: err.message }, "kv events over NATS: start failed");
+      });
+    return { subs, started };
   }
 }
 

@@ -8,6 +8,11 @@
  * socket (vLLM/SGLang); between agent and servers, the agent keeps the last `bufferBatches`
  * messages and answers replay requests on `<subject>.replay`, which is what a server asks on
  * start (to build its index from history) and on a gap.
+ *
+ * Data-parallel engines: vLLM and SGLang publish each DP rank on its own PUB/replay sockets
+ * (port + rank) with its own sequence numbers. When the record lists `kvEvents.ranks`, the relay
+ * started for the worker relays its lowest rank itself and starts one sibling relay per other
+ * rank, each on `kvRankSubject(subject, rank)`.
  */
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { Dealer, Subscriber } from "zeromq";
@@ -18,6 +23,7 @@ import {
   decodeReplayRequest,
   encodeKvMessage,
   encodeReplayEnd,
+  kvRankSubject,
   readKvSeq,
   SEQ_BYTES,
   seqFrame,
@@ -63,9 +69,37 @@ export class NatsKvRelay {
   private expected: number;
   private closed = false;
   private loopDone?: Promise<void>;
+  /** Relays of the worker's other DP ranks (this one relays the lowest). */
+  readonly siblings: NatsKvRelay[] = [];
+  /** Options of the sibling relays, one per other rank. */
+  private readonly rankOpts: KvRelayOptions[] = [];
+  private readonly o: KvRelayOptions;
 
-  constructor(private readonly o: KvRelayOptions) {
-    this.subject = o.subject ?? kvSubject(o.model, o.workerId);
+  constructor(o: KvRelayOptions) {
+    const base = o.subject ?? kvSubject(o.model, o.workerId);
+    const ranks = [...(o.events.ranks ?? [])].sort((a, b) => a.dpRank - b.dpRank);
+    if (ranks.length > 0) {
+      // This relay takes the lowest rank; the others get a relay each in start().
+      const first = ranks[0];
+      this.rankOpts = ranks.slice(1).map((r) => ({
+        ...o,
+        subject: kvRankSubject(base, r.dpRank),
+        events: { ...o.events, endpoint: r.endpoint, replayEndpoint: r.replayEndpoint, ranks: undefined },
+      }));
+      this.o = {
+        ...o,
+        events: {
+          ...o.events,
+          endpoint: first.endpoint,
+          replayEndpoint: first.replayEndpoint,
+          ranks: undefined,
+        },
+      };
+      this.subject = kvRankSubject(base, first.dpRank);
+    } else {
+      this.o = o;
+      this.subject = base;
+    }
     this.replaySubject = kvReplaySubject(this.subject);
     this.ring = new KvRing(o.bufferBatches ?? 10_000);
     this.log = o.logger ?? createLogger("nats-kv-relay", { worker: o.workerId });
@@ -80,6 +114,11 @@ export class NatsKvRelay {
   }
 
   async start(): Promise<void> {
+    for (const ro of this.rankOpts) {
+      const r = new NatsKvRelay(ro);
+      await r.start();
+      this.siblings.push(r);
+    }
     this.sub.connect(this.o.events.endpoint);
     this.sub.subscribe(this.o.events.topic ?? "");
     this.replaySub = this.o.nc.subscribe(this.replaySubject, {
@@ -92,6 +131,7 @@ export class NatsKvRelay {
   }
 
   async close(): Promise<void> {
+    await Promise.all(this.siblings.map((r) => r.close()));
     this.closed = true;
     this.replaySub?.unsubscribe();
     this.sub.close();

@@ -13,6 +13,15 @@
  */
 
 export const SEQ_BYTES = 8;
+
+/**
+ * The subject a data-parallel rank's events go to when the worker lists its ranks
+ * (`kvEvents.ranks`): rank 0 on the worker's subject, rank r on `<subject>.dp<r>`; each rank
+ * keeps its own sequence numbers and replay (`<rank subject>.replay`).
+ */
+export function kvRankSubject(subject: string, dpRank: number): string {
+  return dpRank === 0 ? subject : `${subject}.dp${dpRank}`;
+}
 export const NONE = -1;
 
 export function encodeKvMessage(seqFrame: Uint8Array, payload: Uint8Array): Buffer {

@@ -1,12 +1,15 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
+import { Packr } from "msgpackr";
+import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import { decodeMessage, isDecodeError } from "../../../src/kv/events.ts";
 import { connectNats } from "../../../src/transport/nats/connection.ts";
+import { NatsKvIngest } from "../../../src/transport/nats/kv-ingest.ts";
 import { type NatsKvRelay, startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
 import { type KvBatchSink, startKvSubscriber } from "../../../src/transport/nats/kv-subscriber.ts";
-import { readKvSeq } from "../../../src/transport/nats/kv-wire.ts";
-import { kvReplaySubject } from "../../../src/transport/nats/subjects.ts";
+import { kvRankSubject, readKvSeq } from "../../../src/transport/nats/kv-wire.ts";
+import { kvReplaySubject, kvSubject } from "../../../src/transport/nats/subjects.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { waitUntil } from "../../helpers/wait.ts";
 import { FakeKvEngine, seqBuf } from "./fake-kv-engine.ts";
@@ -184,4 +187,70 @@ test("a broker restart mid-run: the subscriber catches up from the agent's buffe
     Array.from({ length: i }, (_, k) => k),
   );
   assert.deepEqual(sink.resets, []);
+});
+
+test("a DP engine: the relay follows every rank's sockets, each on its own subject, and the index keeps ranks apart", async () => {
+  // vLLM/SGLang bind rank r's PUB and replay sockets on port + r, each rank numbering its
+  // batches from 0 (vllm-project/vllm vllm/distributed/kv_events.py @
+  // 0181ea3173e53eea8cf04a86891488e3dc89bb34, ZmqEventPublisher.offset_endpoint_port).
+  const packr = new Packr({ useRecords: false });
+  const engines = [new FakeKvEngine(), new FakeKvEngine()];
+  for (const e of engines) {
+    await e.start();
+    cleanups.push(() => e.close());
+  }
+  const ranks = engines.map((e, r) => ({
+    dpRank: r,
+    endpoint: e.endpoint,
+    replayEndpoint: e.replayEndpoint,
+  }));
+  const events = {
+    endpoint: ranks[0].endpoint,
+    replayEndpoint: ranks[0].replayEndpoint,
+    topic: "",
+    framing: "seq" as const,
+    ranks,
+  };
+  const relay = await startKvRelay({ nc, model: "m", workerId: "dp", events });
+  cleanups.push(() => relay.close());
+  assert.equal(relay.subject, kvSubject("m", "dp"));
+  assert.deepEqual(
+    relay.siblings.map((r) => r.subject),
+    [kvRankSubject(kvSubject("m", "dp"), 1)],
+  );
+
+  const disc = new MemoryDiscovery();
+  const ingest = new NatsKvIngest({ nc, watcher: disc, replayTimeoutMs: 1000 });
+  cleanups.push(() => ingest.close());
+  ingest.start();
+  disc.put({
+    id: "dp",
+    model: "m",
+    servedModelNames: ["m"],
+    engine: "vllm",
+    role: "mixed",
+    url: "http://127.0.0.1:1",
+    connector: { kind: "none" },
+    blockSize: 4,
+    kvEvents: events,
+    dpSize: 2,
+    tpSize: 1,
+    maxModelLen: 4096,
+    startedAt: new Date().toISOString(),
+  });
+  await ingest.synced();
+  await new Promise((r) => setTimeout(r, 200)); // ZMQ slow joiner on both relays
+  const toks = [1, 2, 3, 4, 5, 6, 7, 8];
+  const stored = ["BlockStored", [11, 12], null, toks, 4, null, "GPU", null, null, 0];
+  await engines[0].publish(packr.pack([1, [stored], 0]));
+  await engines[1].publish(packr.pack([1, [stored], 1]));
+  const index = ingest.index;
+  await until(() => index.blockCount("dp", 0) === 2 && index.blockCount("dp", 1) === 2);
+  assert.equal(ingest.subscribers("dp").length, 2);
+  // Rank 1 evicts its blocks; rank 0 still holds them (before: one subject, rank 1 never relayed).
+  await engines[1].publish(packr.pack([2, [["BlockRemoved", [11, 12], "GPU", 0]], 1]));
+  await until(() => index.blockCount("dp", 1) === 0);
+  const best = new Int32Array(1);
+  assert.deepEqual([...index.overlaps(toks, ["dp"], null, null, best)], [2]);
+  assert.equal(best[0], 0);
 });
