@@ -55,7 +55,15 @@ export const createNatsKvIngest: KvIngestFactory = async (ctx) => {
   // As the ZMQ ingest: only the kv-aware policy reads the index.
   if (ctx.config.policy !== "kv-aware") return { indexFor: () => undefined, close: async () => {} };
   const nc: NatsConnection = await connectNats(natsOptions(ctx, "kv"));
-  const ingest = new NatsKvIngest({ nc, watcher: ctx.discovery, logger: ctx.logger, registry: ctx.registry });
+  // Same index cap option as the ZMQ plane (kv/server-ingest.ts).
+  const maxBlocks = Number(ctx.config.policyOptions.kvMaxBlocksPerWorker);
+  const ingest = new NatsKvIngest({
+    nc,
+    watcher: ctx.discovery,
+    logger: ctx.logger,
+    registry: ctx.registry,
+    maxBlocksPerWorker: Number.isFinite(maxBlocks) && maxBlocks > 0 ? maxBlocks : undefined,
+  });
   ingest.start();
   const out: KvIngest & { inner: NatsKvIngest } = {
     inner: ingest,
