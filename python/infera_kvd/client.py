@@ -68,7 +68,9 @@ class KvdClient:
         fds: List[int] = []
         _op, flags, _id, meta, _data = self._recv_frame(fds if want_arena else None)
         if flags & FLAG_ERROR:
-            raise KvdError(int(meta.get("status", 500)), None, str(meta))
+            err = meta.get("error") or {}
+            self._sock.close()
+            raise KvdError(int(meta.get("status", 500)), err.get("code"), err.get("message", str(meta)))
         self.hello = meta
         if want_arena:
             if not meta.get("arena") or len(fds) != 1:

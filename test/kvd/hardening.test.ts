@@ -4,7 +4,9 @@
  * with a 413 before its connection is closed.
  */
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import net from "node:net";
+import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { KvdClient, KvdRequestError } from "../../src/kvd/client.ts";
 import { isLoopbackHost, type KvdDaemon, startKvd } from "../../src/kvd/daemon.ts";
@@ -129,6 +131,43 @@ describe("kvd: TCP needs a token", () => {
     const u = await KvdClient.connect({ socketPath: kvd.socketPath, namespace: "t" });
     assert.equal((await u.getCopy(["k"]))[0]?.toString(), "v");
     u.close();
+  });
+
+  it("the Python client sends the token (argument or INFERA_KVD_TCP_TOKEN)", async () => {
+    const script = [
+      "import json, sys",
+      `sys.path.insert(0, ${JSON.stringify(join(import.meta.dirname, "../../python"))})`,
+      "from infera_kvd.client import KvdClient, PutItem",
+      "from infera_kvd.protocol import KvdError",
+      `tcp = ("127.0.0.1", ${kvd.tcpPort})`,
+      "out = {}",
+      "try:",
+      "    KvdClient(tcp=tcp, namespace='py', token='wrong')",
+      "    out['wrong'] = 'accepted'",
+      "except KvdError as e:",
+      "    out['wrong'] = [e.status, e.code]",
+      "c = KvdClient(tcp=tcp, namespace='py')",
+      "c.put([PutItem('k', b'from-python')])",
+      "out['got'] = c.get_copy(['k'])[0].decode()",
+      "print(json.dumps(out))",
+    ].join("\n");
+    // Asynchronously: the daemon runs in this process.
+    const p = spawn(process.env.PYTHON ?? "python3", ["-c", script], {
+      env: { ...process.env, INFERA_KVD_TCP_TOKEN: TOKEN },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    const r = { stdout: "", stderr: "", status: null as number | null };
+    p.stdout.on("data", (d: Buffer) => {
+      r.stdout += d;
+    });
+    p.stderr.on("data", (d: Buffer) => {
+      r.stderr += d;
+    });
+    const t = setTimeout(() => p.kill("SIGKILL"), 30_000);
+    r.status = await new Promise<number | null>((resolve) => p.on("close", resolve));
+    clearTimeout(t);
+    assert.equal(r.status, 0, r.stderr);
+    assert.deepEqual(JSON.parse(r.stdout.trim()), { wrong: [401, "invalid_token"], got: "from-python" });
   });
 
   it("answers nothing but 401 to a request sent before HELLO, then closes; a big PUT is not stored", async () => {
