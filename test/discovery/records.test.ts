@@ -6,6 +6,9 @@
  * - a registry bigger than gRPC's default 4 MiB message is listed in pages.
  */
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Writable } from "node:stream";
 import { after, before, describe, it } from "node:test";
 import { Etcd3 } from "etcd3";
@@ -137,6 +140,31 @@ describe("discovery record validation (schema.ts)", () => {
       ["bs0", "ftp", "nourl"],
     );
     await s.close();
+  });
+
+  it("static discovery skips invalid entries of a workers file, one warning each", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "workers-file-"));
+    const file = join(dir, "workers.json");
+    writeFileSync(
+      file,
+      JSON.stringify([
+        { ...rec("good") },
+        { id: "no-url", model: "m1", servedModelNames: ["m1"] },
+        { ...rec("tp0"), tpSize: 0 },
+        { ...rec("names"), servedModelNames: [7] },
+      ]),
+    );
+    const c = capture();
+    const s = new StaticDiscovery({ workersFile: file, logger: c.log });
+    try {
+      await s.start();
+      assert.deepEqual(ids(s), ["good"]);
+      const keys = c.warns().map((w) => String(w.key));
+      assert.deepEqual(keys.sort(), [`${file}[1]`, "names", "tp0"]);
+    } finally {
+      await s.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
