@@ -14,6 +14,7 @@ import { after, before, describe, it } from "node:test";
 import { Etcd3 } from "etcd3";
 import { type Logger, pino } from "pino";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { KeyedWorkerSet } from "../../src/discovery/keyed-set.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { validateWorkerRecord } from "../../src/discovery/schema.ts";
 import { StaticDiscovery } from "../../src/discovery/static.ts";
@@ -165,6 +166,32 @@ describe("discovery record validation (schema.ts)", () => {
       await s.close();
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe("KeyedWorkerSet (one id shown per worker, state per key)", () => {
+  it("a key whose record changes id moves it; ties on create revision go to the first key name", () => {
+    const evs: string[] = [];
+    const set = new KeyedWorkerSet((e) =>
+      evs.push(
+        e.type === "put" ? `put ${e.worker.id} ${e.worker.url}` : `${e.type} ${"id" in e ? e.id : ""}`,
+      ),
+    );
+    set.set("/k/b", rec("w1", { url: "http://h:1/b" }), 5n);
+    set.set("/k/a", rec("w1", { url: "http://h:1/a" }), 5n);
+    assert.equal(set.workers()[0]?.url, "http://h:1/a");
+    set.set("/k/a", rec("w2", { url: "http://h:1/a" }), 5n);
+    assert.deepEqual(ids(set), ["w1", "w2"]);
+    assert.equal(set.workers().find((w) => w.id === "w1")?.url, "http://h:1/b");
+    set.remove("/k/b");
+    assert.deepEqual(ids(set), ["w2"]);
+    assert.deepEqual(evs, [
+      "put w1 http://h:1/b",
+      "put w1 http://h:1/a",
+      "put w1 http://h:1/b",
+      "put w2 http://h:1/a",
+      "delete w1",
+    ]);
   });
 });
 
