@@ -62,6 +62,9 @@ const BAD: Array<[string, Record<string, unknown>]> = [
   ["bsstr", { blockSize: "16" }],
   ["dp0", { dpSize: 0 }],
   ["port", { connector: { kind: "nixl", bootstrapPort: 70000 } }],
+  // vLLM's default KV-event endpoint "tcp://*:5557" is a *bind* address (the publisher binds
+  // it): vllm-project/vllm vllm/config/kv_events.py @ b91ee1b47c8e8462ada5e5b8d18244bc96a0ebbc.
+  // A record must carry where subscribers connect, never the wildcard.
   ["kvwild", { kvEvents: { endpoint: "tcp://*:5557", topic: "", framing: "seq" } }],
   [
     "rank",
