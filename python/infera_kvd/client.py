@@ -42,6 +42,7 @@ class KvdClient:
         namespace: Optional[str] = None,
         arena: bool = True,
         timeout: float = 30.0,
+        token: Optional[str] = None,
     ) -> None:
         if not socket_path and not tcp:
             raise ValueError("KvdClient needs socket_path or tcp")
@@ -57,11 +58,19 @@ class KvdClient:
         self._sock.settimeout(timeout)
         self._sock.connect(socket_path or tcp)  # type: ignore[arg-type]
         want_arena = bool(arena and socket_path)
-        self._send(encode_frame(Op.HELLO, 0, {"namespace": namespace, "arena": want_arena, "client": "infera-python"}))
+        hello: Dict[str, Any] = {"namespace": namespace, "arena": want_arena, "client": "infera-python"}
+        # The daemon's TCP token (INFERA_KVD_TCP_TOKEN); the Unix socket needs none.
+        if token is None and tcp:
+            token = os.environ.get("INFERA_KVD_TCP_TOKEN")
+        if token is not None:
+            hello["token"] = token
+        self._send(encode_frame(Op.HELLO, 0, hello))
         fds: List[int] = []
         _op, flags, _id, meta, _data = self._recv_frame(fds if want_arena else None)
         if flags & FLAG_ERROR:
-            raise KvdError(int(meta.get("status", 500)), None, str(meta))
+            err = meta.get("error") or {}
+            self._sock.close()
+            raise KvdError(int(meta.get("status", 500)), err.get("code"), err.get("message", str(meta)))
         self.hello = meta
         if want_arena:
             if not meta.get("arena") or len(fds) != 1:

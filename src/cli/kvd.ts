@@ -13,6 +13,8 @@ interface KvdFlags {
   metricsHost: string;
   ephemeral?: boolean;
   maxFrameBytes: string;
+  tcpTokenFile?: string;
+  maxQueuedBytes: string;
 }
 
 function parseHostPort(v: string): { host: string; port: number } {
@@ -29,7 +31,15 @@ export function registerKvd(program: Command): void {
     .command("kvd")
     .description("tiered KV-cache daemon: shared RAM arena (L2) → disk (L3) → remote store (L4)")
     .option("--socket <path>", "Unix socket path (arena fd passed over it; created 0600)")
-    .option("--tcp <host:port>", "also listen on TCP (copy path only)")
+    .option(
+      "--tcp <host:port>",
+      "also listen on TCP (copy path only). TCP has no file permissions to guard it: a host other " +
+        "than loopback (127.0.0.1, ::1) is refused unless a token is set",
+    )
+    .option(
+      "--tcp-token-file <file>",
+      "file holding the shared secret TCP clients must send in HELLO (or env INFERA_KVD_TCP_TOKEN)",
+    )
     .option("--ram-bytes <size>", "L2 arena size, e.g. 1GiB", "1GiB")
     .option("--disk-dir <dir>", "L3 directory (one checksummed file per chunk)")
     .option("--disk-bytes <size>", "L3 budget", "16GiB")
@@ -41,12 +51,22 @@ export function registerKvd(program: Command): void {
     )
     .option("--metrics-host <host>", "metrics bind address", "127.0.0.1")
     .option("--ephemeral", "daemon-level ephemeral mode: RAM only, never writes disk or remote")
-    .option("--max-frame-bytes <size>", "largest data section one frame may carry", "256MiB")
+    .option(
+      "--max-frame-bytes <size>",
+      "largest data section one frame may carry (a larger declared size is answered 413 and the connection closed)",
+      "256MiB",
+    )
+    .option(
+      "--max-queued-bytes <size>",
+      "per connection: requests read but unanswered plus replies unsent before the daemon stops reading it",
+      "64MiB",
+    )
     .action(async (f: KvdFlags, cmd: Command) => {
-      const [{ startKvd }, { parseSize }, { createLogger }] = await Promise.all([
+      const [{ startKvd }, { parseSize }, { createLogger }, { readFileSync }] = await Promise.all([
         import("../kvd/daemon.ts"),
         import("../kvd/size.ts"),
         import("../util/log.ts"),
+        import("node:fs"),
       ]);
       const log = createLogger("kvd");
       if (!f.socket && !f.tcp) cmd.error("error: infera kvd needs --socket PATH and/or --tcp HOST:PORT");
@@ -64,6 +84,10 @@ export function registerKvd(program: Command): void {
           metricsHost: f.metricsHost,
           ephemeral: f.ephemeral,
           maxFrameBytes: parseSize(f.maxFrameBytes),
+          maxQueuedBytes: parseSize(f.maxQueuedBytes),
+          tcpToken: f.tcpTokenFile
+            ? readFileSync(f.tcpTokenFile, "utf8").trim()
+            : process.env.INFERA_KVD_TCP_TOKEN || undefined,
         };
       } catch (e) {
         cmd.error(`error: ${(e as Error).message}`);

@@ -36,6 +36,20 @@ export const DEFAULT_ETCD_MAX_RECEIVE_BYTES = 256 * 1024 * 1024;
 
 export const DEFAULT_ETCD_PREFIX = "/infera";
 
+/** Retry delays of the watcher's re-list and the registrar's re-grant loops. */
+export interface Backoff {
+  initialMs: number;
+  maxMs: number;
+}
+export const DEFAULT_BACKOFF: Backoff = { initialMs: 100, maxMs: 2000 };
+
+/** Background retry delays do not keep the process alive. */
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
+
+export function errText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
 type FaultHandling = NonNullable<IOptions["faultHandling"]>;
 type Policy = NonNullable<FaultHandling["global"]>;
 

@@ -49,7 +49,11 @@ const httpUrl = text.refine(
   { message: "must be an http:// or https:// URL" },
 );
 
-/** A ZMQ endpoint a subscriber connects to: scheme://address, never the bind wildcard `*`. */
+/**
+ * A ZMQ endpoint a subscriber connects to: scheme://address, never the bind wildcard `*`
+ * (vLLM's default `tcp://*:5557` is what the engine binds, vllm/config/kv_events.py; the
+ * launcher registers the reachable host instead).
+ */
 const zmqEndpoint = text.refine((v) => /^(tcp|ipc|inproc):\/\/[^*]+$/.test(v), {
   message: "must be tcp://, ipc:// or inproc:// and not a bind wildcard",
 });

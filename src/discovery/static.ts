@@ -99,18 +99,25 @@ export async function probeModels(url: string, timeoutMs = 2000): Promise<Partia
   return { model: model ?? names[0], servedModelNames: names, maxModelLen, engine };
 }
 
-/** Reads a workers file: a JSON or YAML list (or `{workers: [...]}`) of partial records. */
-export async function readWorkersFile(path: string): Promise<PartialWorkerRecord[]> {
+/**
+ * Reads a workers file: a JSON or YAML list (or `{workers: [...]}`) of partial records. A file
+ * that is not such a list throws; an entry without a string `url` is skipped with a warning
+ * naming it (`<path>[i]`), like any other invalid record, and the rest are served.
+ */
+export async function readWorkersFile(path: string, log?: Logger): Promise<PartialWorkerRecord[]> {
   const text = await readFile(path, "utf8");
   const doc: unknown = path.endsWith(".json") ? JSON.parse(text) : parseYaml(text);
   const list = Array.isArray(doc) ? doc : (doc as { workers?: unknown } | null)?.workers;
   if (!Array.isArray(list)) throw new Error(`${path}: expected a list of workers`);
-  return list.map((item, i) => {
+  const out: PartialWorkerRecord[] = [];
+  list.forEach((item, i) => {
     if (!item || typeof item !== "object" || typeof (item as { url?: unknown }).url !== "string") {
-      throw new Error(`${path}: worker ${i} needs a string 'url'`);
+      log?.warn({ key: `${path}[${i}]`, error: "url: must be a string" }, "ignoring invalid worker record");
+      return;
     }
-    return item as PartialWorkerRecord;
+    out.push(item as PartialWorkerRecord);
   });
+  return out;
 }
 
 export class StaticDiscovery implements DiscoveryWatcher {
@@ -142,7 +149,7 @@ export class StaticDiscovery implements DiscoveryWatcher {
   async start(): Promise<void> {
     const partials: PartialWorkerRecord[] = [...(this.opts.records ?? [])];
     for (const url of this.opts.urls ?? []) partials.push({ url });
-    if (this.opts.workersFile) partials.push(...(await readWorkersFile(this.opts.workersFile)));
+    if (this.opts.workersFile) partials.push(...(await readWorkersFile(this.opts.workersFile, this.log)));
     // A record that already names its model needs no probe; the others are probed once
     // here (so the first list is as complete as the fleet allows) and retried after.
     await Promise.all(partials.map((p) => this.admit(p)));

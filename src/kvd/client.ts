@@ -21,6 +21,8 @@ export interface KvdClientOptions {
   socketPath?: string;
   tcp?: { host: string; port: number };
   namespace?: string;
+  /** The daemon's TCP token (`--tcp-token-file` / INFERA_KVD_TCP_TOKEN), sent in HELLO. */
+  token?: string;
   /** Map the shared arena (Unix socket only). Default true. */
   arena?: boolean;
   maxFrameBytes?: number;
@@ -133,6 +135,7 @@ export class KvdClient {
       namespace: o.namespace,
       arena: o.arena !== false && !!o.socketPath,
       client: "infera-node",
+      ...(o.token !== undefined ? { token: o.token } : {}),
     };
     const direct = o.directRead !== false;
     const sndbuf = o.sendBufferBytes ?? SEND_BUFFER_BYTES;

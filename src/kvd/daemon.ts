@@ -62,8 +62,26 @@ function listen(
   });
 }
 
+/** 127.0.0.0/8, ::1, their IPv4-mapped forms and "localhost": reachable from this host only. */
+export function isLoopbackHost(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, "").toLowerCase();
+  if (h === "localhost" || h === "::1" || h === "0:0:0:0:0:0:0:1") return true;
+  const v4 = h.startsWith("::ffff:") ? h.slice(7) : h;
+  return net.isIPv4(v4) && v4.startsWith("127.");
+}
+
+export const DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024;
+
 export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")): Promise<KvdDaemon> {
   const maxFrameBytes = cfg.maxFrameBytes ?? 256 * 1024 * 1024;
+  const tcpToken = cfg.tcpToken === "" ? undefined : cfg.tcpToken;
+  // The TCP port answers every op on every namespace to whoever reaches it; without a token
+  // only processes on this host can.
+  if (cfg.tcp && !tcpToken && !isLoopbackHost(cfg.tcp.host))
+    throw new Error(
+      `refusing to listen on ${cfg.tcp.host}:${cfg.tcp.port} without a token: kvd's TCP port has no other ` +
+        "authentication; give a token (--tcp-token-file / INFERA_KVD_TCP_TOKEN) or bind 127.0.0.1",
+    );
   const ais = probeAis(cfg.ais ?? process.env.INFERA_KVD_AIS === "1");
   log.info({ ais }, ais.active ? "kvd AIS GPU-direct path on" : "kvd AIS GPU-direct path off");
 
@@ -101,6 +119,8 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
     stats,
     directRead: cfg.directRead ?? process.env.INFERA_KVD_DIRECT_READ !== "0",
     reads,
+    tcpToken,
+    maxQueuedBytes: cfg.maxQueuedBytes ?? DEFAULT_MAX_QUEUED_BYTES,
     onClientCount: (d: number) => {
       clients += d;
     },
@@ -171,6 +191,7 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
     {
       socket: cfg.socketPath,
       tcp: tcpPort,
+      tcpAuth: cfg.tcp ? (tcpToken ? "token" : "none (loopback only)") : undefined,
       metricsPort,
       ramBytes: cfg.ramBytes,
       disk: disk ? { dir: disk.dir, bytes: disk.capacity, chunks: disk.index.size } : null,

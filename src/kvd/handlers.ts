@@ -27,8 +27,15 @@ export interface Reply {
   afterWrite?: () => void;
 }
 
-const key = z.string().min(1).max(1024);
-const ns = z.string().min(1).max(256);
+/**
+ * NUL is refused in keys and namespaces: a chunk's identity is (namespace, key) joined by a
+ * NUL (types.ts chunkId, and the disk tier's file hash), so with NUL allowed namespace "a"
+ * could read namespace "a\0b"'s chunk "c" by asking for key "b\0c".
+ */
+const noNul = (v: string) => !v.includes("\0");
+const NUL_MESSAGE = "must not contain NUL (\\u0000)";
+const key = z.string().min(1).max(1024).refine(noNul, NUL_MESSAGE);
+const ns = z.string().min(1).max(256).refine(noNul, NUL_MESSAGE);
 const retention = z.enum(["none", "short", "long"]).optional();
 const ttl = z.number().nonnegative().optional();
 const item = z.object({ key, size: z.number().int().nonnegative(), retention, ttl_ms: ttl });
@@ -126,7 +133,7 @@ interface SinglePut {
 
 const RETENTIONS: ReadonlySet<unknown> = new Set(["none", "short", "long"]);
 const optString = (v: unknown, max: number) =>
-  v === undefined || (typeof v === "string" && v.length >= 1 && v.length <= max);
+  v === undefined || (typeof v === "string" && v.length >= 1 && v.length <= max && noNul(v));
 const optRetention = (v: unknown) => v === undefined || RETENTIONS.has(v);
 const optTtl = (v: unknown) => v === undefined || (typeof v === "number" && v >= 0 && Number.isFinite(v));
 
@@ -141,7 +148,7 @@ function singlePut(meta: Record<string, unknown>): SinglePut | null {
   const it = items[0] as Record<string, unknown> | null;
   if (typeof it !== "object" || it === null || Array.isArray(it)) return null;
   const { key, size } = it;
-  if (typeof key !== "string" || key.length < 1 || key.length > 1024) return null;
+  if (typeof key !== "string" || key.length < 1 || key.length > 1024 || !noNul(key)) return null;
   if (typeof size !== "number" || !Number.isInteger(size) || size < 0) return null;
   if (!optString(meta.ns, 256) || !optRetention(meta.retention) || !optTtl(meta.ttl_ms)) return null;
   if (!optRetention(it.retention) || !optTtl(it.ttl_ms)) return null;

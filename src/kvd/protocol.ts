@@ -52,7 +52,26 @@ export interface Frame {
 }
 
 /** A framing violation: the connection that sent it is closed (the daemon keeps running). */
-export class ProtocolError extends Error {}
+export class ProtocolError extends Error {
+  /** Frames the same push completed before the violation (answered before the connection closes). */
+  framesBefore?: Frame[];
+}
+
+/**
+ * A header that declares more meta or data than the receiver accepts. Raised before a byte
+ * of it is buffered; the daemon answers it with a 413 error frame (op and id of the offending
+ * request) before it closes the connection, so the client learns why.
+ */
+export class FrameTooLargeError extends ProtocolError {
+  constructor(
+    message: string,
+    readonly op: number,
+    readonly id: number,
+    readonly limit: number,
+  ) {
+    super(message);
+  }
+}
 
 /**
  * A frame as the Buffers to write: the header and meta together in the first (one
@@ -145,6 +164,16 @@ export class FrameDecoder {
    */
   push(chunk: Buffer): Frame[] {
     const out: Frame[] = [];
+    try {
+      this.pushInto(chunk, out);
+    } catch (e) {
+      if (e instanceof ProtocolError && out.length > 0) e.framesBefore = out;
+      throw e;
+    }
+    return out;
+  }
+
+  private pushInto(chunk: Buffer, out: Frame[]): void {
     let off = 0;
     for (;;) {
       if (!this.cur) {
@@ -188,7 +217,6 @@ export class FrameDecoder {
       out.push({ op: cur.op, flags: cur.flags, id: cur.id, meta: cur.meta, data, sinkToken: cur.token });
       this.cur = null;
     }
-    return out;
   }
 
   /**
@@ -226,8 +254,19 @@ export class FrameDecoder {
     const metaLen = h.readUInt32LE(12);
     const dataLen = h.readUInt32LE(16);
     if (metaLen > MAX_META_BYTES)
-      throw new ProtocolError(`meta of ${metaLen} bytes exceeds ${MAX_META_BYTES}`);
-    if (dataLen > this.maxData) throw new ProtocolError(`data of ${dataLen} bytes exceeds ${this.maxData}`);
+      throw new FrameTooLargeError(
+        `meta of ${metaLen} bytes exceeds ${MAX_META_BYTES}`,
+        op,
+        id,
+        MAX_META_BYTES,
+      );
+    if (dataLen > this.maxData)
+      throw new FrameTooLargeError(
+        `data of ${dataLen} bytes exceeds the frame limit of ${this.maxData} (max_frame_bytes)`,
+        op,
+        id,
+        this.maxData,
+      );
     return {
       op,
       flags,

@@ -4,9 +4,10 @@
  * A framing violation closes only the offending connection; nothing a client sends can
  * throw out of this module.
  */
+import { createHash, timingSafeEqual } from "node:crypto";
 import type net from "node:net";
 import { z } from "zod";
-import { InferaError, toInferaError } from "../protocol/errors.ts";
+import { BadRequestError, InferaError, toInferaError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
 import { type ConnState, commitSunkPut, handle, putSink, type Reply, releaseConn } from "./handlers.ts";
 import { sendWithFds } from "./native/fdpass.ts";
@@ -16,6 +17,7 @@ import {
   FLAG_RESPONSE,
   type Frame,
   FrameDecoder,
+  FrameTooLargeError,
   Op,
   PROTOCOL_VERSION,
   ProtocolError,
@@ -32,13 +34,39 @@ export interface ServeContext {
   /** Read sunk PUT data straight into the arena reservation (socket-reader.ts). */
   directRead: boolean;
   reads: SocketReadStats;
+  /**
+   * Shared secret TCP clients must send in HELLO (`token`) before anything else is answered.
+   * Unset: TCP is open to whoever reaches it (the daemon only allows that on loopback).
+   */
+  tcpToken?: string;
+  /**
+   * Backpressure bound per connection: requests read but not yet answered (their data
+   * included) plus replies the socket has not sent. Past it the daemon stops reading that
+   * connection until it is under half; a client that sends and never reads costs this much,
+   * not everything it sends.
+   */
+  maxQueuedBytes: number;
 }
+
+/** Requests read but unanswered on one connection before it is paused (whatever their size). */
+const MAX_QUEUED_FRAMES = 1024;
 
 const helloSchema = z.object({
   namespace: z.string().min(1).max(256).optional(),
   arena: z.boolean().optional(),
   client: z.string().max(256).optional(),
+  token: z.string().max(4096).optional(),
 });
+
+const unauthenticated = (message: string) =>
+  new InferaError(401, message, { type: "authentication_error", param: "token", code: "invalid_token" });
+
+const digest = (s: string) => createHash("sha256").update(s, "utf8").digest();
+
+/** Constant-time comparison (over digests, so lengths leak nothing either). */
+function tokenMatches(given: string | undefined, expected: string): boolean {
+  return given !== undefined && timingSafeEqual(digest(given), digest(expected));
+}
 
 export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: "unix" | "tcp"): void {
   const { store, log } = ctx;
@@ -49,8 +77,10 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     reservations: new Map(),
     nextHandle: 1,
   };
+  /** A TCP connection with a token configured answers nothing but HELLO until it sent the token. */
+  let authed = transport === "unix" || ctx.tcpToken === undefined;
   const decoder = new FrameDecoder(ctx.maxFrameBytes, false, (op, meta, len) =>
-    closed ? null : putSink(store, st, op, meta, len),
+    closed || !authed ? null : putSink(store, st, op, meta, len),
   );
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
@@ -63,6 +93,20 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     closed = true;
     if (why) log.warn({ transport, why }, "kvd closed a connection after a malformed frame");
     sock.destroy();
+    releaseConn(store, st);
+    ctx.onClientCount(-1);
+  };
+
+  /**
+   * Sends a last frame and closes: ends the socket so the frame is delivered, and destroys it
+   * a little later whatever happens (a peer that does not read must not hold it open).
+   */
+  const closeAfter = (parts: Buffer[]) => {
+    if (closed) return;
+    send(parts);
+    closed = true;
+    sock.end();
+    setTimeout(() => sock.destroy(), 2000).unref();
     releaseConn(store, st);
     ctx.onClientCount(-1);
   };
@@ -110,6 +154,18 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
   const hello = async (f: Frame): Promise<void> => {
     const m = helloSchema.safeParse(f.meta);
     if (!m.success) throw new ProtocolError("invalid HELLO");
+    if (!authed) {
+      if (!tokenMatches(m.data.token, ctx.tcpToken!)) {
+        log.warn(
+          { transport, remote: sock.remoteAddress },
+          "kvd refused a TCP client: missing or wrong token",
+        );
+        return closeAfter(errorFrame(f, unauthenticated("kvd: missing or wrong token in HELLO")));
+      }
+      authed = true;
+    }
+    if (m.data.namespace?.includes("\0"))
+      throw new BadRequestError("namespace must not contain NUL", "namespace", "invalid_namespace");
     if (m.data.namespace) st.namespace = m.data.namespace;
     const wantFd = m.data.arena !== false && transport === "unix";
     const meta = {
@@ -130,9 +186,10 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
   };
 
   const process1 = async (f: Frame): Promise<void> => {
-    if (f.op === Op.HELLO) return hello(f);
     let reply: Reply;
     try {
+      if (f.op === Op.HELLO) return await hello(f);
+      if (!authed) return closeAfter(errorFrame(f, unauthenticated("kvd: send HELLO with the token first")));
       reply =
         f.op === Op.STATS
           ? { meta: ctx.stats() }
@@ -145,10 +202,29 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     await write(encodeFrame(f.op, FLAG_RESPONSE, f.id, reply.meta, reply.data), reply.afterWrite);
   };
 
-  /** Frames taken by `chain` and not yet answered (and drained). */
+  /** Frames taken by `chain` and not yet answered (and drained), and their data bytes. */
   let queued = 0;
+  let queuedBytes = 0;
+  let paused = false;
+  /** Stops reading while too much waits on this connection (see ServeContext.maxQueuedBytes). */
+  const throttle = () => {
+    if (paused || closed) return;
+    if (queued > MAX_QUEUED_FRAMES || queuedBytes + sock.writableLength > ctx.maxQueuedBytes) {
+      paused = true;
+      sock.pause();
+    }
+  };
+  const unthrottle = () => {
+    if (!paused || closed) return;
+    if (queued <= MAX_QUEUED_FRAMES / 2 && queuedBytes + sock.writableLength <= ctx.maxQueuedBytes / 2) {
+      paused = false;
+      sock.resume();
+    }
+  };
   const enqueue = (f: Frame) => {
     queued++;
+    const n = f.data.length;
+    queuedBytes += n;
     chain = chain
       .then(() =>
         closed
@@ -159,6 +235,8 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
       )
       .then(() => {
         queued--;
+        queuedBytes -= n;
+        unthrottle();
       });
   };
 
@@ -179,6 +257,24 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     queued++;
     chain = chain.then(drained).then(() => {
       queued--;
+      unthrottle();
+    });
+  };
+
+  /** An oversized frame: say so (413, with the request's op and id), then close. */
+  const refuseOversize = (e: FrameTooLargeError) => {
+    if (closed) return;
+    sock.pause();
+    const err = new InferaError(413, e.message, { code: "frame_too_large", param: "data_length" });
+    const parts = encodeFrame(e.op, FLAG_RESPONSE | FLAG_ERROR, e.id, {
+      error: err.toJSON().error,
+      status: 413,
+      max_frame_bytes: e.limit,
+    });
+    // After the answers to what came before it, so responses stay in request order.
+    chain = chain.then(() => {
+      log.warn({ transport, why: e.message }, "kvd closed a connection after an oversized frame");
+      closeAfter(parts);
     });
   };
 
@@ -187,15 +283,17 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     stats: ctx.reads,
     direct: ctx.directRead,
     closed: () => closed,
-    onViolation: close,
+    onViolation: (why, err) => (err instanceof FrameTooLargeError ? refuseOversize(err) : close(why)),
     onFrames: (frames) => {
       for (const f of frames) {
         if (closed) return;
         if (queued === 0 && f.sinkToken !== undefined && f.op === Op.PUT) putNow(f);
         else enqueue(f);
       }
+      throttle();
     },
   });
+  sock.on("drain", unthrottle);
   sock.on("error", () => close());
   sock.on("close", () => close());
 }

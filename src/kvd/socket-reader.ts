@@ -47,8 +47,8 @@ export interface FrameSource {
   direct: boolean;
   closed: () => boolean;
   onFrames: (frames: Frame[]) => void;
-  /** A framing violation: the connection must be closed. */
-  onViolation: (why: string) => void;
+  /** A framing violation: the connection must be closed. `err` is the decoder's, when it threw one. */
+  onViolation: (why: string, err?: ProtocolError) => void;
 }
 
 /**
@@ -62,7 +62,10 @@ export function readFrames(sock: net.Socket, src: FrameSource): "direct" | "data
     try {
       frames = decode();
     } catch (e) {
-      src.onViolation(e instanceof ProtocolError ? e.message : "undecodable frame");
+      if (e instanceof ProtocolError) {
+        if (e.framesBefore) src.onFrames(e.framesBefore);
+        src.onViolation(e.message, e);
+      } else src.onViolation("undecodable frame");
       return;
     }
     src.onFrames(frames);

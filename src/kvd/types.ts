@@ -15,8 +15,13 @@ export interface PutOptions {
 
 export interface KvdConfig {
   socketPath?: string;
-  /** Optional TCP listener (copy path only: the arena fd cannot cross TCP). */
+  /**
+   * Optional TCP listener (copy path only: the arena fd cannot cross TCP). A host that is not
+   * loopback needs `tcpToken` (the daemon refuses to start otherwise).
+   */
   tcp?: { host: string; port: number };
+  /** Shared secret every TCP client sends in HELLO (`token`); the Unix socket is guarded by its file mode. */
+  tcpToken?: string;
   ramBytes: number;
   diskDir?: string;
   diskBytes: number;
@@ -28,8 +33,13 @@ export interface KvdConfig {
   metricsHost?: string;
   /** Daemon-level ephemeral mode: RAM only, nothing is written to disk or the remote store. */
   ephemeral?: boolean;
-  /** Largest data section a frame may carry. */
+  /** Largest data section a frame may carry (a header declaring more is answered 413 and closed). */
   maxFrameBytes?: number;
+  /**
+   * Per-connection backpressure bound: bytes of requests read and not yet answered plus
+   * replies not yet sent; past it the connection is not read until under half. Default 64 MiB.
+   */
+  maxQueuedBytes?: number;
   /** How often expired chunks are swept (ms). */
   sweepMs?: number;
   /** Enable the AIS (hipFile GPU-direct) probe; default from INFERA_KVD_AIS. */

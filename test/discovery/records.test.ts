@@ -6,11 +6,15 @@
  * - a registry bigger than gRPC's default 4 MiB message is listed in pages.
  */
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Writable } from "node:stream";
 import { after, before, describe, it } from "node:test";
 import { Etcd3 } from "etcd3";
 import { type Logger, pino } from "pino";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { KeyedWorkerSet } from "../../src/discovery/keyed-set.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { validateWorkerRecord } from "../../src/discovery/schema.ts";
 import { StaticDiscovery } from "../../src/discovery/static.ts";
@@ -58,6 +62,9 @@ const BAD: Array<[string, Record<string, unknown>]> = [
   ["bsstr", { blockSize: "16" }],
   ["dp0", { dpSize: 0 }],
   ["port", { connector: { kind: "nixl", bootstrapPort: 70000 } }],
+  // vLLM's default KV-event endpoint "tcp://*:5557" is a *bind* address (the publisher binds
+  // it): vllm-project/vllm vllm/config/kv_events.py @ b91ee1b47c8e8462ada5e5b8d18244bc96a0ebbc.
+  // A record must carry where subscribers connect, never the wildcard.
   ["kvwild", { kvEvents: { endpoint: "tcp://*:5557", topic: "", framing: "seq" } }],
   [
     "rank",
@@ -137,6 +144,57 @@ describe("discovery record validation (schema.ts)", () => {
       ["bs0", "ftp", "nourl"],
     );
     await s.close();
+  });
+
+  it("static discovery skips invalid entries of a workers file, one warning each", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "workers-file-"));
+    const file = join(dir, "workers.json");
+    writeFileSync(
+      file,
+      JSON.stringify([
+        { ...rec("good") },
+        { id: "no-url", model: "m1", servedModelNames: ["m1"] },
+        { ...rec("tp0"), tpSize: 0 },
+        { ...rec("names"), servedModelNames: [7] },
+      ]),
+    );
+    const c = capture();
+    const s = new StaticDiscovery({ workersFile: file, logger: c.log });
+    try {
+      await s.start();
+      assert.deepEqual(ids(s), ["good"]);
+      const keys = c.warns().map((w) => String(w.key));
+      assert.deepEqual(keys.sort(), [`${file}[1]`, "names", "tp0"]);
+    } finally {
+      await s.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("KeyedWorkerSet (one id shown per worker, state per key)", () => {
+  it("a key whose record changes id moves it; ties on create revision go to the first key name", () => {
+    const evs: string[] = [];
+    const set = new KeyedWorkerSet((e) =>
+      evs.push(
+        e.type === "put" ? `put ${e.worker.id} ${e.worker.url}` : `${e.type} ${"id" in e ? e.id : ""}`,
+      ),
+    );
+    set.set("/k/b", rec("w1", { url: "http://h:1/b" }), 5n);
+    set.set("/k/a", rec("w1", { url: "http://h:1/a" }), 5n);
+    assert.equal(set.workers()[0]?.url, "http://h:1/a");
+    set.set("/k/a", rec("w2", { url: "http://h:1/a" }), 5n);
+    assert.deepEqual(ids(set), ["w1", "w2"]);
+    assert.equal(set.workers().find((w) => w.id === "w1")?.url, "http://h:1/b");
+    set.remove("/k/b");
+    assert.deepEqual(ids(set), ["w2"]);
+    assert.deepEqual(evs, [
+      "put w1 http://h:1/b",
+      "put w1 http://h:1/a",
+      "put w1 http://h:1/b",
+      "put w2 http://h:1/a",
+      "delete w1",
+    ]);
   });
 });
 
