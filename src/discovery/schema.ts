@@ -64,6 +64,7 @@ export const connectorInfoSchema = z.object({
   bootstrapPort: port.optional(),
   handshakePort: port.optional(),
   notifyPort: port.optional(),
+  transferMode: z.enum(["READ", "WRITE"]).optional(),
 });
 
 export const kvEventsRankSchema = z.object({
@@ -138,7 +139,10 @@ export function parseWorkerRecordText(raw: string): WorkerRecordParse {
 
 // Compile-time agreement between the schema and the interfaces of types.ts: each direction
 // must be assignable, so a field added to one and not the other fails `tsc`.
-type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+// Optional fields are mutually assignable when only one side has them, so the keys are
+// compared too (zod strips keys its schema lacks: a field missing here is lost from etcd).
+type Assignable<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+type Same<A, B> = Assignable<A, B> extends true ? Assignable<keyof A, keyof B> : false;
 const agree = <T extends true>(_: T) => undefined;
 agree<Same<z.infer<typeof workerRecordSchema>, WorkerRecord>>(true);
 agree<Same<z.infer<typeof connectorInfoSchema>, ConnectorInfo>>(true);

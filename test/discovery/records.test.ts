@@ -102,6 +102,21 @@ describe("discovery record validation (schema.ts)", () => {
     });
     const v = validateWorkerRecord(r);
     assert.ok(v.ok, v.ok ? "" : v.error);
+    // Nothing is stripped: the validated record equals the input, field for field.
+    if (v.ok) assert.deepEqual(v.record, r);
+  });
+
+  it("keeps a MoRIIO record's transferMode (the router runs WRITE workers concurrently)", () => {
+    const connector = {
+      kind: "moriio" as const,
+      bootstrapHost: "10.0.0.5",
+      handshakePort: 6301,
+      notifyPort: 61005,
+      transferMode: "WRITE" as const,
+    };
+    const v = validateWorkerRecord(rec("w", { connector }));
+    assert.ok(v.ok, v.ok ? "" : v.error);
+    if (v.ok) assert.equal(v.record.connector.transferMode, "WRITE");
   });
 
   for (const [name, bad] of BAD) {
