@@ -10,6 +10,7 @@ interface EngineCliFlags extends LaunchFlags, EtcdFlagValues, NatsCliValues {
   healthTimeout: string;
   healthInterval: string;
   stopTimeout: string;
+  drainTimeout: string;
 }
 
 const collect = (v: string, prev: string[] = []) => [...prev, v];
@@ -81,7 +82,13 @@ export function registerEngine(program: Command): void {
     .option("--lease-ttl <seconds>", "etcd lease TTL", "10")
     .option("--health-timeout <seconds>", "how long to wait for the engine's /health", "1800")
     .option("--health-interval <seconds>", "health check period once registered (0 = off)", "5")
-    .option("--stop-timeout <seconds>", "SIGKILL the engine this long after a forwarded signal", "30");
+    .option("--stop-timeout <seconds>", "SIGKILL the engine this long after a forwarded signal", "30")
+    .option(
+      "--drain-timeout <seconds>",
+      "on SIGTERM: deregister, then wait up to this long for the engine's running and waiting " +
+        "requests to finish before forwarding the signal (0 = forward at once)",
+      "60",
+    );
   addEtcdFlags(cmd);
   addNatsOptions(cmd);
   cmd.action(async (engine: string, engineArgs: string[], flags: EngineCliFlags) => {

@@ -71,6 +71,7 @@ export async function runEngineCommand(
       healthTimeoutMs: seconds("health-timeout", flags.healthTimeout, 0) * 1000,
       healthIntervalMs: seconds("health-interval", flags.healthInterval, 0) * 1000,
       stopTimeoutMs: seconds("stop-timeout", flags.stopTimeout, 0) * 1000,
+      drainTimeoutMs: seconds("drain-timeout", flags.drainTimeout, 0) * 1000,
     });
   } catch (err) {
     const msg = err instanceof Error ? err.message : String(err);

@@ -8,6 +8,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { constants } from "node:os";
 import type { DiscoveryRegistrar, WorkerRecord } from "../../discovery/types.ts";
 import type { Logger } from "../../util/log.ts";
+import { waitForDrain } from "./drain.ts";
 import { reportedKvBlocks, reportedMaxModelLen } from "./facts.ts";
 import { buildWorkerRecord } from "./record.ts";
 import type { EngineAdapter, EngineCommand, LaunchSpec } from "./types.ts";
@@ -28,6 +29,12 @@ export interface LifecycleOptions {
   healthIntervalMs?: number;
   /** After a forwarded signal, SIGKILL the engine if it has not exited by then. */
   stopTimeoutMs?: number;
+  /**
+   * SIGTERM drains: deregister, then wait up to this long for the engine's running and
+   * waiting requests to reach 0 before forwarding the signal (a rolling update must not cut
+   * streams). 0 or absent forwards at once; SIGINT always forwards at once.
+   */
+  drainTimeoutMs?: number;
   onRegistered?: (rec: WorkerRecord) => void;
 }
 
@@ -110,16 +117,26 @@ export async function runLifecycle(opts: LifecycleOptions): Promise<number> {
       return;
     }
     stopping = true;
-    log.info({ signal: sig }, "stopping: deregistering, then forwarding the signal to the engine");
-    void deregister().then(() => {
-      if (exit === null) child.kill(sig);
-      setTimeout(() => {
-        if (exit === null) {
-          log.warn({ stopTimeoutMs: opts.stopTimeoutMs ?? 30_000 }, "engine did not stop in time: SIGKILL");
-          child.kill("SIGKILL");
-        }
-      }, opts.stopTimeoutMs ?? 30_000).unref();
-    });
+    const drainMs = sig === "SIGTERM" ? (opts.drainTimeoutMs ?? 0) : 0;
+    log.info(
+      { signal: sig, drainTimeoutMs: drainMs },
+      "stopping: deregistering, draining, then forwarding the signal to the engine",
+    );
+    void deregister()
+      .then(() =>
+        drainMs > 0 && exit === null
+          ? waitForDrain({ base, engine: spec.engine, timeoutMs: drainMs, log, gone: exited })
+          : undefined,
+      )
+      .then(() => {
+        if (exit === null) child.kill(sig);
+        setTimeout(() => {
+          if (exit === null) {
+            log.warn({ stopTimeoutMs: opts.stopTimeoutMs ?? 30_000 }, "engine did not stop in time: SIGKILL");
+            child.kill("SIGKILL");
+          }
+        }, opts.stopTimeoutMs ?? 30_000).unref();
+      });
   };
   const sigint = () => onSignal("SIGINT");
   const sigterm = () => onSignal("SIGTERM");

@@ -128,6 +128,46 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     assert.equal(await healthy(l.port), false, "engine stopped");
   });
 
+  it("SIGTERM drains: deregistered at once, the stream in flight finishes, then the engine stops", async () => {
+    const w = await watcher("/lc6");
+    // A slow engine (speed 0.1), so that the stream lasts seconds.
+    const l = await launch("/lc6", "sim-f", ["--drain-timeout", "30", "--", "--speed", "0.1"]);
+    await waitUntil(() => healthy(l.port), 30_000, `engine health (${l.stderr()})`);
+    await waitUntil(() => has(w, "sim-f"), 2000, "record after health");
+    const res = await fetch(`http://127.0.0.1:${l.port}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "sim-model",
+        prompt: "drain me",
+        max_tokens: 60,
+        ignore_eos: true,
+        stream: true,
+        stream_options: { include_usage: true },
+      }),
+    });
+    assert.equal(res.status, 200);
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+    const first = await reader.read();
+    assert.ok(!first.done, "stream started");
+    let text = Buffer.from(first.value).toString();
+    const t0 = Date.now();
+    l.proc.kill("SIGTERM");
+    await waitUntil(() => !has(w, "sim-f"), 1000, "record removed at once on SIGTERM");
+    assert.ok(Date.now() - t0 < 1000);
+    for (;;) {
+      const chunk = await reader.read();
+      if (chunk.done) break;
+      text += Buffer.from(chunk.value).toString();
+    }
+    const finishedAt = Date.now();
+    assert.match(text, /data: \[DONE\]/, "the stream was not cut");
+    assert.match(text, /"completion_tokens":60/, "every token arrived");
+    assert.ok(finishedAt - t0 > 500, `the stream outlived the SIGTERM (${finishedAt - t0} ms)`);
+    assert.equal(await l.exited, 0, `launcher exits with the engine's status (${l.stderr()})`);
+    assert.equal(await healthy(l.port), false, "engine stopped after the drain");
+  });
+
   it("an engine that dies takes its record with it at once; the launcher exits with its status", async () => {
     const w = await watcher("/lc2");
     const l = await launch("/lc2", "sim-b");
