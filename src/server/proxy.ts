@@ -9,7 +9,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Readable } from "node:stream";
 import type { Tokenizer } from "../kv/tokenizer.ts";
 import { InvalidJsonError, TimeoutError, UpstreamError } from "../protocol/errors.ts";
-import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
+import { assertBodyDepth, parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
 import { connectionFailureKind } from "../router/errors.ts";
 import { contentTypeOf, isReadable } from "../router/mixed.ts";
@@ -31,6 +31,10 @@ export interface ProxyContext {
   metrics: ServerMetrics;
   auth: ApiKeyAuth;
   maxBodyBytes: number;
+  /** A non-streamed answer larger than this is relayed as it arrives instead of buffered whole. */
+  maxResponseBufferBytes: number;
+  /** Whether routing reads the prompt (tokenize long prompts ahead, in slices). */
+  preparePrompt: boolean;
   logger: Logger;
 }
 
@@ -62,6 +66,7 @@ export async function handleCompletion(
     } catch (err) {
       throw new InvalidJsonError((err as Error).message);
     }
+    assertBodyDepth(parsed);
     const body = endpoint === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed);
     model = body.model;
     const router = ctx.router.routerFor(model);
@@ -90,15 +95,21 @@ export async function handleCompletion(
     res.once("close", () => {
       if (!res.writableFinished) abort.abort();
     });
+    if (ctx.preparePrompt) {
+      const pending = rreq.prepare();
+      if (pending) await pending;
+    }
     if (res.destroyed) return;
     const up = await router.handle(rreq, ctx.executor, abort);
     if (abort.aborted) {
       up.abort();
       throw abort.reason;
     }
-    const usage = stream
-      ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
-      : await relayWhole(res, up, requestId, abort);
+    // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
+    const usage =
+      stream && up.status === 200
+        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
+        : await relayWhole(ctx, res, up, requestId, abort);
     if (usage) {
       const mm = ctx.metrics.forModel(model);
       if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
@@ -132,33 +143,122 @@ function withIncludeUsage(raw: Buffer): Buffer {
   return Buffer.concat([raw.subarray(0, close), INCLUDE_USAGE, raw.subarray(close)]);
 }
 
+/**
+ * A non-streamed answer: buffered (up to `maxResponseBufferBytes`) so that a worker's invalid
+ * answer (a status outside 200..599, a body that is not a JSON object) becomes a 502 in
+ * OpenAI's shape. Past the limit the answer is relayed as it arrives, with backpressure and
+ * unchecked, so a few huge answers cannot hold the server's memory.
+ */
 async function relayWhole(
+  ctx: ProxyContext,
   res: ServerResponse,
   up: UpstreamResponse,
   requestId: string,
   signal: RequestAbort,
 ): Promise<Usage | null> {
-  const chunks: Buffer[] = [];
-  let size = 0;
+  if (!validStatus(up.status)) {
+    up.abort();
+    throw invalidAnswer(`an invalid HTTP status (${up.status})`);
+  }
+  const relay = new WholeRelay(res, up, requestId, ctx.maxResponseBufferBytes);
   try {
-    await pump(up.body, null, (c) => {
-      chunks.push(c as Buffer);
-      size += c.length;
-      return true;
-    });
+    await pump(up.body, res, relay.onChunk);
   } catch (err) {
     up.abort();
     throw bodyFailure(err);
   }
   if (signal.aborted) return null;
-  const buf = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
+  if (relay.relaying) {
+    res.end();
+    return up.status === 200 ? relay.tailUsage() : null;
+  }
+  const buf = relay.buffered();
+  let json: unknown;
+  try {
+    json = JSON.parse(buf.toString("utf8"));
+  } catch {
+    json = null;
+  }
+  if (json === null || typeof json !== "object" || Array.isArray(json))
+    throw invalidAnswer(`a ${up.status} answer that is not a JSON object`);
   res.writeHead(up.status, {
     "content-type": contentTypeOf(up) ?? "application/json",
     "content-length": buf.length,
     "x-request-id": requestId,
   });
   res.end(buf);
-  return up.status === 200 ? usageFromJson(buf) : null;
+  return up.status === 200 ? usageOf(json as Record<string, unknown>) : null;
+}
+
+const validStatus = (s: number): boolean => Number.isInteger(s) && s >= 200 && s <= 599;
+
+function invalidAnswer(what: string): UpstreamError {
+  return new UpstreamError(
+    `The worker sent ${what}; the answer was dropped.`,
+    502,
+    "upstream_invalid_response",
+  );
+}
+
+function usageOf(json: Record<string, unknown>): Usage | null {
+  const u = json.usage as Usage | null | undefined;
+  if (!u || typeof u !== "object") return null;
+  return {
+    prompt_tokens: typeof u.prompt_tokens === "number" ? u.prompt_tokens : undefined,
+    completion_tokens: typeof u.completion_tokens === "number" ? u.completion_tokens : undefined,
+  };
+}
+
+/** The buffer of one non-streamed answer, switching to relaying once it passes the limit. */
+class WholeRelay {
+  relaying = false;
+  private chunks: Buffer[] = [];
+  private size = 0;
+  /** The last two chunks while relaying: the usage object sits at the end of the answer. */
+  private prev: Buffer | null = null;
+  private last: Buffer | null = null;
+  readonly onChunk: (c: Uint8Array) => boolean;
+
+  constructor(
+    private readonly res: ServerResponse,
+    private readonly up: UpstreamResponse,
+    private readonly requestId: string,
+    private readonly limit: number,
+  ) {
+    this.onChunk = (c) => this.push(c as Buffer);
+  }
+
+  private push(c: Buffer): boolean {
+    if (this.relaying) {
+      this.prev = this.last;
+      this.last = c;
+      return this.res.write(c);
+    }
+    this.chunks.push(c);
+    this.size += c.length;
+    if (this.size <= this.limit) return true;
+    // Too big to hold: headers now (no content-length), then everything as it comes.
+    this.relaying = true;
+    this.res.writeHead(this.up.status, {
+      "content-type": contentTypeOf(this.up) ?? "application/json",
+      "x-request-id": this.requestId,
+    });
+    let ok = true;
+    for (const b of this.chunks) ok = this.res.write(b);
+    this.last = c;
+    this.chunks = [];
+    return ok;
+  }
+
+  buffered(): Buffer {
+    const chunks = this.chunks;
+    return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, this.size);
+  }
+
+  tailUsage(): Usage | null {
+    const tail = this.prev && this.last ? Buffer.concat([this.prev, this.last]) : this.last;
+    return tail ? usageFromJson(tail) : null;
+  }
 }
 
 async function relayStream(
@@ -195,21 +295,32 @@ async function relayStream(
       else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
+      if (filter?.invalid) {
+        // Not an event stream: stop reading it (the catch below ends the client's stream).
+        up.abort();
+        return true;
+      }
       return out.length === 0 || res.write(out);
     });
   } catch (err) {
     up.abort();
     if (signal.aborted) throw err;
-    ctx.logger.warn({ requestId, err: (err as Error).message }, "upstream stream failed");
     if (!filter) {
+      ctx.logger.warn({ requestId, err: (err as Error).message }, "upstream stream failed");
       res.destroy();
       return null;
     }
-    // The worker dropped the stream mid-way (headers are out, so no retry): end it cleanly
-    // with an OpenAI-shaped error event and [DONE], dropping any half-received event, so
-    // clients see an error instead of a truncated stream.
+    // The worker dropped the stream mid-way or sent something that is not an event stream
+    // (headers are out, so no retry): end it cleanly with an OpenAI-shaped error event and
+    // [DONE], dropping any half-received event, so clients see an error instead of a
+    // truncated or garbled stream.
+    const invalid = filter.invalid;
     filter.flush();
-    res.end(streamErrorEvent());
+    ctx.logger.warn(
+      { requestId, err: invalid ? "invalid event stream" : (err as Error).message },
+      "upstream stream failed",
+    );
+    res.end(invalid ? STREAM_INVALID_EVENT : STREAM_ERROR_EVENT);
     return filter.usage;
   }
   if (signal.aborted) {
@@ -217,6 +328,11 @@ async function relayStream(
     throw signal.reason;
   }
   const tail = filter?.flush();
+  if (filter?.invalid) {
+    ctx.logger.warn({ requestId, err: "invalid event stream" }, "upstream stream failed");
+    res.end(STREAM_INVALID_EVENT);
+    return filter.usage;
+  }
   if (tail && tail.length > 0) res.write(tail);
   res.end();
   return filter?.usage ?? null;
@@ -235,15 +351,23 @@ function bodyFailure(err: unknown): unknown {
   return err;
 }
 
-const STREAM_ERROR = new UpstreamError(
-  "The worker serving this stream failed mid-way; the answer is incomplete.",
-  502,
-  "upstream_stream_error",
+const errorEvent = (e: UpstreamError): string => `data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`;
+
+const STREAM_ERROR_EVENT = errorEvent(
+  new UpstreamError(
+    "The worker serving this stream failed mid-way; the answer is incomplete.",
+    502,
+    "upstream_stream_error",
+  ),
 );
 
-function streamErrorEvent(): string {
-  return `data: ${JSON.stringify(STREAM_ERROR.toJSON())}\n\ndata: [DONE]\n\n`;
-}
+const STREAM_INVALID_EVENT = errorEvent(
+  new UpstreamError(
+    "The worker serving this stream sent data that is not an OpenAI event stream; the answer is incomplete.",
+    502,
+    "upstream_invalid_response",
+  ),
+);
 
 /**
  * Feeds every chunk of `body` to `onChunk`; when it returns false (the client's socket is
