@@ -33,7 +33,7 @@ const common = {
   model: z.string().min(1),
   stream: z.boolean().nullable().optional(),
   stream_options: streamOptions,
-  cache_salt: z.string().optional(),
+  cache_salt: z.string().nullable().optional(),
   kv_transfer_params: z.record(z.unknown()).nullable().optional(),
 };
 
@@ -114,7 +114,7 @@ function fastCommonOk(b: Obj): boolean {
     b.model.length > 0 &&
     optBool(b.stream) &&
     (so === undefined || so === null || (isObj(so) && optBool(so.include_usage))) &&
-    optStr(b.cache_salt) &&
+    (b.cache_salt === null || optStr(b.cache_salt)) &&
     (kv === undefined || kv === null || isObj(kv))
   );
 }

@@ -22,6 +22,12 @@ import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
 const TIMEOUT_MS = 1000;
+/**
+ * How late after the configured timeout an answer may come: Node/undici check timeouts on a
+ * coarse timer and the machine is shared. The goal column states this same window.
+ */
+const SLACK_MS = 1000;
+const inWindow = (ms: number): boolean => ms >= TIMEOUT_MS - 50 && ms <= TIMEOUT_MS + SLACK_MS;
 
 const sockets = new Set<Socket>();
 const fakes: Server[] = [];
@@ -162,6 +168,9 @@ test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, a
   const growthMiB = (peak - baseline) / 1024;
 
   const timeoutsOk =
+    inWindow(head.ms) &&
+    inWindow(body.ms) &&
+    inWindow(streamMs) &&
     head.status === 504 &&
     isOpenAiError(head.json) &&
     headStream.status === 504 &&
@@ -180,12 +189,14 @@ test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, a
     import.meta.url,
     "slow worker (stalls)",
     figure,
-    `504 / error event within ~${TIMEOUT_MS} ms, RSS growth ≤ 64 MiB, 0 in flight after`,
+    `504 / error event ${TIMEOUT_MS}–${TIMEOUT_MS + SLACK_MS} ms after the request (timeout ${TIMEOUT_MS} ms), RSS growth ≤ 64 MiB, 0 in flight after`,
     pass,
   );
   assert.equal(head.status, 504, JSON.stringify(head.json));
   assert.ok(isOpenAiError(head.json));
-  assert.ok(head.ms < TIMEOUT_MS + 3000, `headers timeout took ${head.ms} ms`);
+  assert.ok(inWindow(head.ms), `headers timeout took ${head.ms} ms`);
+  assert.ok(inWindow(body.ms), `idle timeout (non-streamed) took ${body.ms} ms`);
+  assert.ok(inWindow(streamMs), `idle timeout (stream) took ${streamMs} ms`);
   assert.equal(headStream.status, 504);
   assert.equal(body.status, 504, JSON.stringify(body.json));
   assert.ok(isOpenAiError(body.json));
