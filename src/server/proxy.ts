@@ -40,6 +40,10 @@ export interface ProxyContext {
 
 const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
 
+/** Bodies above this size are decoded and parsed in separate event-loop turns. */
+const YIELD_BODY_BYTES = 256 * 1024;
+const yieldToLoop = (): Promise<void> => new Promise((r) => setImmediate(r));
+
 function requestIdOf(req: IncomingMessage): string {
   const given = req.headers["x-request-id"];
   return typeof given === "string" && REQUEST_ID_RE.test(given) ? given : randomUUID();
@@ -59,13 +63,19 @@ export async function handleCompletion(
   try {
     ctx.auth.check(req.headers);
     const raw = await readBody(req, ctx.maxBodyBytes);
+    // A big body's decode and parse take milliseconds each: let other requests run in between.
+    const big = raw.length > YIELD_BODY_BYTES;
     if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
+    if (big) await yieldToLoop();
+    const text = raw.toString("utf8");
+    if (big) await yieldToLoop();
     let parsed: unknown;
     try {
-      parsed = JSON.parse(raw.toString("utf8"));
+      parsed = JSON.parse(text);
     } catch (err) {
       throw new InvalidJsonError((err as Error).message);
     }
+    if (big) await yieldToLoop();
     assertBodyDepth(parsed);
     const body = endpoint === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed);
     model = body.model;
