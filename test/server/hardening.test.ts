@@ -70,6 +70,17 @@ describe("#16: fields vLLM accepts reach the engine; its own answer comes back",
       /max allowed logprobs of 20/.test(apiErr(e).message),
     );
     await sameAsEngine(send);
+    // A stream request's error answer is JSON, relayed (and checked) like a non-streamed one.
+    await sameAsEngine((client) =>
+      client.chat.completions.create({
+        model: "sim-model",
+        messages: [{ role: "user", content: "hi" }],
+        max_tokens: 1,
+        logprobs: true,
+        top_logprobs: 25,
+        stream: true,
+      }),
+    );
   });
 
   // vLLM: `max_tokens: int | None` and `echo_without_generation = self.echo and self.max_tokens == 0`
