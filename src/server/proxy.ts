@@ -6,23 +6,24 @@
 import { isUtf8 } from "node:buffer";
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { Readable } from "node:stream";
 import type { Tokenizer } from "../kv/tokenizer.ts";
-import { InvalidJsonError, TimeoutError, UpstreamError } from "../protocol/errors.ts";
+import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { assertBodyDepth, parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
-import { connectionFailureKind } from "../router/errors.ts";
-import { contentTypeOf, isReadable } from "../router/mixed.ts";
+import { contentTypeOf } from "../router/mixed.ts";
 import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import { setRawBody } from "../transport/http.ts";
-import { type BodySink, PushBody } from "../transport/push-body.ts";
 import { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";
 import { BodyAbortedError, readBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
+import { pump } from "./pump.ts";
+import { relayWhole } from "./relay-whole.ts";
 import { ServerRoutingRequest } from "./routing-request.ts";
-import { SseUsageFilter, type Usage, usageFromJson } from "./sse.ts";
+import { SseUsageFilter, type Usage } from "./sse.ts";
+
+export { pump } from "./pump.ts";
 
 export interface ProxyContext {
   router: AutoRouter;
@@ -153,124 +154,6 @@ function withIncludeUsage(raw: Buffer): Buffer {
   return Buffer.concat([raw.subarray(0, close), INCLUDE_USAGE, raw.subarray(close)]);
 }
 
-/**
- * A non-streamed answer: buffered (up to `maxResponseBufferBytes`) so that a worker's invalid
- * answer (a status outside 200..599, a body that is not a JSON object) becomes a 502 in
- * OpenAI's shape. Past the limit the answer is relayed as it arrives, with backpressure and
- * unchecked, so a few huge answers cannot hold the server's memory.
- */
-async function relayWhole(
-  ctx: ProxyContext,
-  res: ServerResponse,
-  up: UpstreamResponse,
-  requestId: string,
-  signal: RequestAbort,
-): Promise<Usage | null> {
-  if (!validStatus(up.status)) {
-    up.abort();
-    throw invalidAnswer(`an invalid HTTP status (${up.status})`);
-  }
-  const relay = new WholeRelay(res, up, requestId, ctx.maxResponseBufferBytes);
-  try {
-    await pump(up.body, res, relay.onChunk);
-  } catch (err) {
-    up.abort();
-    throw bodyFailure(err);
-  }
-  if (signal.aborted) return null;
-  if (relay.relaying) {
-    res.end();
-    return up.status === 200 ? relay.tailUsage() : null;
-  }
-  const buf = relay.buffered();
-  let json: unknown;
-  try {
-    json = JSON.parse(buf.toString("utf8"));
-  } catch {
-    json = null;
-  }
-  if (json === null || typeof json !== "object" || Array.isArray(json))
-    throw invalidAnswer(`a ${up.status} answer that is not a JSON object`);
-  res.writeHead(up.status, {
-    "content-type": contentTypeOf(up) ?? "application/json",
-    "content-length": buf.length,
-    "x-request-id": requestId,
-  });
-  res.end(buf);
-  return up.status === 200 ? usageOf(json as Record<string, unknown>) : null;
-}
-
-const validStatus = (s: number): boolean => Number.isInteger(s) && s >= 200 && s <= 599;
-
-function invalidAnswer(what: string): UpstreamError {
-  return new UpstreamError(
-    `The worker sent ${what}; the answer was dropped.`,
-    502,
-    "upstream_invalid_response",
-  );
-}
-
-function usageOf(json: Record<string, unknown>): Usage | null {
-  const u = json.usage as Usage | null | undefined;
-  if (!u || typeof u !== "object") return null;
-  return {
-    prompt_tokens: typeof u.prompt_tokens === "number" ? u.prompt_tokens : undefined,
-    completion_tokens: typeof u.completion_tokens === "number" ? u.completion_tokens : undefined,
-  };
-}
-
-/** The buffer of one non-streamed answer, switching to relaying once it passes the limit. */
-class WholeRelay {
-  relaying = false;
-  private chunks: Buffer[] = [];
-  private size = 0;
-  /** The last two chunks while relaying: the usage object sits at the end of the answer. */
-  private prev: Buffer | null = null;
-  private last: Buffer | null = null;
-  readonly onChunk: (c: Uint8Array) => boolean;
-
-  constructor(
-    private readonly res: ServerResponse,
-    private readonly up: UpstreamResponse,
-    private readonly requestId: string,
-    private readonly limit: number,
-  ) {
-    this.onChunk = (c) => this.push(c as Buffer);
-  }
-
-  private push(c: Buffer): boolean {
-    if (this.relaying) {
-      this.prev = this.last;
-      this.last = c;
-      return this.res.write(c);
-    }
-    this.chunks.push(c);
-    this.size += c.length;
-    if (this.size <= this.limit) return true;
-    // Too big to hold: headers now (no content-length), then everything as it comes.
-    this.relaying = true;
-    this.res.writeHead(this.up.status, {
-      "content-type": contentTypeOf(this.up) ?? "application/json",
-      "x-request-id": this.requestId,
-    });
-    let ok = true;
-    for (const b of this.chunks) ok = this.res.write(b);
-    this.last = c;
-    this.chunks = [];
-    return ok;
-  }
-
-  buffered(): Buffer {
-    const chunks = this.chunks;
-    return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, this.size);
-  }
-
-  tailUsage(): Usage | null {
-    const tail = this.prev && this.last ? Buffer.concat([this.prev, this.last]) : this.last;
-    return tail ? usageFromJson(tail) : null;
-  }
-}
-
 async function relayStream(
   ctx: ProxyContext,
   res: ServerResponse,
@@ -352,15 +235,6 @@ function uncorkResponse(res: ServerResponse): void {
   res.uncork();
 }
 
-/** A worker's answer that broke off after its headers, as the typed error the client gets. */
-function bodyFailure(err: unknown): unknown {
-  const code = (err as { code?: unknown })?.code;
-  if (code === "UND_ERR_BODY_TIMEOUT")
-    return new TimeoutError("The worker stopped sending its answer in time.");
-  if (connectionFailureKind(err)) return new UpstreamError("The worker dropped the connection mid-answer.");
-  return err;
-}
-
 const errorEvent = (e: UpstreamError): string => `data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`;
 
 const STREAM_ERROR_EVENT = errorEvent(
@@ -378,108 +252,3 @@ const STREAM_INVALID_EVENT = errorEvent(
     "upstream_invalid_response",
   ),
 );
-
-/**
- * Feeds every chunk of `body` to `onChunk`; when it returns false (the client's socket is
- * full) reading pauses until `res` drains. Node stream bodies are pumped with events (no
- * promise per chunk); any other AsyncIterable with for-await.
- */
-export async function pump(
-  body: AsyncIterable<Uint8Array>,
-  res: ServerResponse | null,
-  onChunk: (c: Uint8Array) => boolean,
-): Promise<void> {
-  if (body instanceof PushBody) {
-    await new Promise<void>((resolve, reject) =>
-      body.attach(new SinkPump(body, res, onChunk, resolve, reject)),
-    );
-    return;
-  }
-  if (!isReadable(body)) {
-    for await (const c of body) if (!onChunk(c) && res) await drained(res);
-    return;
-  }
-  await new Promise<void>((resolve, reject) => new EventPump(body, res, onChunk, resolve, reject).start());
-}
-
-/** Relays a PushBody (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */
-class SinkPump implements BodySink {
-  constructor(
-    private readonly body: PushBody,
-    private readonly res: ServerResponse | null,
-    private readonly onChunk: (c: Uint8Array) => boolean,
-    readonly onEnd: () => void,
-    readonly onError: (err: Error) => void,
-  ) {}
-
-  onData(chunk: Uint8Array): boolean {
-    if (this.onChunk(chunk) || !this.res) return true;
-    const body = this.body;
-    void drained(this.res).then(() => body.resume());
-    return false;
-  }
-}
-
-/** The event listeners of one pumped body (assigned in the constructor: no per-request `__name` under tsx). */
-class EventPump {
-  private readonly onData: (c: Uint8Array) => void;
-  private readonly onEnd: () => void;
-  private readonly onError: (err: Error) => void;
-  private readonly onClose: () => void;
-
-  constructor(
-    private readonly body: Readable,
-    res: ServerResponse | null,
-    onChunk: (c: Uint8Array) => boolean,
-    resolve: () => void,
-    reject: (err: Error) => void,
-  ) {
-    this.onData = (c) => {
-      if (!onChunk(c) && res) {
-        body.pause();
-        void drained(res).then(() => body.resume());
-      }
-    };
-    this.onEnd = () => {
-      this.cleanup();
-      resolve();
-    };
-    this.onError = (err) => {
-      this.cleanup();
-      reject(err);
-    };
-    this.onClose = () => {
-      this.cleanup();
-      if (body.readableEnded) resolve();
-      else reject(Object.assign(new Error("upstream body closed early"), { code: "UND_ERR_SOCKET" }));
-    };
-  }
-
-  start(): void {
-    const body = this.body;
-    body.on("data", this.onData);
-    body.once("end", this.onEnd);
-    body.once("error", this.onError);
-    body.once("close", this.onClose);
-  }
-
-  private cleanup(): void {
-    const body = this.body;
-    body.off("data", this.onData);
-    body.off("end", this.onEnd);
-    body.off("error", this.onError);
-    body.off("close", this.onClose);
-  }
-}
-
-function drained(res: ServerResponse): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      res.off("drain", done);
-      res.off("close", done);
-      resolve();
-    };
-    res.on("drain", done);
-    res.on("close", done);
-  });
-}
