@@ -62,11 +62,18 @@ interface ServerFlags extends NatsCliValues {
   router?: string;
   apiKey?: string[];
   maxBodySize?: string;
+  requestTimeout?: string;
+  upstreamHeadersTimeout?: string;
+  upstreamBodyTimeout?: string;
+  maxResponseBuffer?: string;
+  metricsPublic?: boolean;
   tokenizer?: string;
   scrapeInterval?: string;
   maxRetries?: string;
   requestPlane?: string;
 }
+
+const optNum = (v: string | undefined): number | undefined => (v === undefined ? undefined : Number(v));
 
 /** The flag layer of the server config: only flags the user gave. */
 export function flagsToConfig(f: ServerFlags): ServerConfigInput {
@@ -78,6 +85,13 @@ export function flagsToConfig(f: ServerFlags): ServerConfigInput {
     router: f.router as ServerConfigInput["router"],
     apiKeys: f.apiKey,
     maxBodyBytes: f.maxBodySize === undefined ? undefined : parseSize(f.maxBodySize),
+    requestTimeoutMs: optNum(f.requestTimeout),
+    maxResponseBufferBytes: f.maxResponseBuffer === undefined ? undefined : parseSize(f.maxResponseBuffer),
+    metricsPublic: f.metricsPublic,
+    upstream: {
+      headersTimeoutMs: optNum(f.upstreamHeadersTimeout),
+      bodyTimeoutMs: optNum(f.upstreamBodyTimeout),
+    },
     tokenizer: f.tokenizer,
     scrapeIntervalMs: f.scrapeInterval === undefined ? undefined : Number(f.scrapeInterval),
     maxRetries: f.maxRetries === undefined ? undefined : Number(f.maxRetries),
@@ -136,6 +150,23 @@ export function registerServer(program: Command): void {
     .option("--router <mode>", "auto | mixed | disagg (default auto)")
     .option("--api-key <key>", "accepted API key (repeatable; env INFERA_API_KEYS, comma-separated)", collect)
     .option("--max-body-size <bytes>", "largest request body accepted, e.g. 4MiB (default 4MiB)")
+    .option(
+      "--request-timeout <ms>",
+      "a client's whole request must arrive within this, else 408; 0 = off (default 60000)",
+    )
+    .option(
+      "--upstream-headers-timeout <ms>",
+      "wait this long for a worker's answer headers, else 504 (default 600000)",
+    )
+    .option(
+      "--upstream-body-timeout <ms>",
+      "longest gap between a worker's answer chunks, else 504 / stream error (default 300000)",
+    )
+    .option(
+      "--max-response-buffer <bytes>",
+      "non-streamed answers held to be checked up to this size, larger relayed as they come (default 16MiB)",
+    )
+    .option("--metrics-public", "serve /metrics without an API key when keys are set (default: key required)")
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")

@@ -75,9 +75,21 @@ export class NotFoundError extends InferaError {
   }
 }
 
+/** Longest piece of client input echoed in an error message. */
+export const MAX_ECHOED_CHARS = 256;
+
+/**
+ * Client input as quoted in an error message: cut to MAX_ECHOED_CHARS (a 3 MB model name was
+ * echoed whole), with the original length noted.
+ */
+export function echoInput(s: string): string {
+  if (s.length <= MAX_ECHOED_CHARS) return s;
+  return `${s.slice(0, MAX_ECHOED_CHARS)}… (${s.length} characters)`;
+}
+
 export class ModelNotFoundError extends InferaError {
   constructor(model: string) {
-    super(404, `The model \`${model}\` does not exist or no live worker serves it.`, {
+    super(404, `The model \`${echoInput(model)}\` does not exist or no live worker serves it.`, {
       type: "not_found_error",
       param: "model",
       code: "model_not_found",
@@ -106,7 +118,7 @@ export class ContextLengthError extends InferaError {
 
 export class NoWorkerError extends InferaError {
   constructor(model: string, retryAfterSeconds = 1) {
-    super(503, `No live worker is available for model \`${model}\`; retry shortly.`, {
+    super(503, `No live worker is available for model \`${echoInput(model)}\`; retry shortly.`, {
       type: "service_unavailable",
       code: "no_worker_available",
       headers: { "retry-after": String(retryAfterSeconds) },

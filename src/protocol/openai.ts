@@ -1,9 +1,13 @@
 /**
- * Zod schemas for the OpenAI request bodies the server accepts. Only the fields the
- * server or router reads (or whose type a client most often gets wrong) are checked;
- * everything else passes through untouched (`passthrough`), so engine extras such as
- * vLLM's `kv_transfer_params`, `cache_salt`, `min_tokens` or SGLang's bootstrap fields
- * reach the worker as sent.
+ * Zod schemas for the OpenAI request bodies the server accepts. Only what the server or the
+ * router reads is checked: the model, the prompt (messages or prompt), `stream` and
+ * `stream_options`, `cache_salt` and `kv_transfer_params`. Everything else (sampling
+ * parameters, logprobs, limits, engine extras such as vLLM's `min_tokens` or `prompt_embeds`)
+ * passes through untouched, so the engine decides and its own error comes back: vLLM accepts
+ * `temperature` above 2, `top_logprobs` up to its `--max-logprobs`, `max_tokens: 0` with
+ * `echo` and `prompt_embeds` without `prompt`
+ * (vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py and
+ * chat_completion/protocol.py @ 002032ee2b18e1f7bd924ec47b62504ba3866063).
  */
 import { z } from "zod";
 import { BadRequestError } from "./errors.ts";
@@ -24,27 +28,12 @@ const streamOptions = z
   .nullable()
   .optional();
 
-const positiveInt = z.number().int().positive().nullable().optional();
-const stop = z
-  .union([z.string(), z.array(z.string())])
-  .nullable()
-  .optional();
-
 /** Fields shared by chat and completions. */
 const common = {
   model: z.string().min(1),
   stream: z.boolean().nullable().optional(),
   stream_options: streamOptions,
-  max_tokens: positiveInt,
-  n: positiveInt,
-  temperature: z.number().min(0).max(2).nullable().optional(),
-  top_p: z.number().min(0).max(1).nullable().optional(),
-  presence_penalty: z.number().min(-2).max(2).nullable().optional(),
-  frequency_penalty: z.number().min(-2).max(2).nullable().optional(),
-  seed: z.number().int().nullable().optional(),
-  stop,
-  user: z.string().optional(),
-  cache_salt: z.string().optional(),
+  cache_salt: z.string().nullable().optional(),
   kv_transfer_params: z.record(z.unknown()).nullable().optional(),
 };
 
@@ -52,9 +41,6 @@ export const chatCompletionRequestSchema = z
   .object({
     ...common,
     messages: z.array(chatMessageSchema).min(1),
-    max_completion_tokens: positiveInt,
-    logprobs: z.boolean().nullable().optional(),
-    top_logprobs: z.number().int().min(0).max(20).nullable().optional(),
   })
   .passthrough();
 
@@ -63,11 +49,21 @@ const tokenArray = z.array(z.number().int().nonnegative());
 export const completionRequestSchema = z
   .object({
     ...common,
-    prompt: z.union([z.string(), z.array(z.string()).min(1), tokenArray.min(1), z.array(tokenArray).min(1)]),
-    echo: z.boolean().nullable().optional(),
-    logprobs: z.number().int().nonnegative().nullable().optional(),
+    // Optional only when `prompt_embeds` is given (checked below; the engine checks the rest).
+    prompt: z
+      .union([z.string(), z.array(z.string()).min(1), tokenArray.min(1), z.array(tokenArray).min(1)])
+      .optional(),
   })
-  .passthrough();
+  .passthrough()
+  .superRefine((b, ctx) => {
+    if (b.prompt === undefined && (b as Record<string, unknown>).prompt_embeds == null)
+      ctx.addIssue({
+        code: z.ZodIssueCode.invalid_type,
+        expected: "string",
+        received: "undefined",
+        path: ["prompt"],
+      });
+  });
 
 export type ChatMessage = z.infer<typeof chatMessageSchema>;
 export type ChatCompletionRequest = z.infer<typeof chatCompletionRequestSchema>;
@@ -109,30 +105,16 @@ type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => v !== null && typeof v === "object" && !Array.isArray(v);
 const optStr = (v: unknown) => v === undefined || typeof v === "string";
 const optBool = (v: unknown) => v === undefined || v === null || typeof v === "boolean";
-const optPosInt = (v: unknown) => v === undefined || v === null || (Number.isInteger(v) && (v as number) > 0);
-const optInt = (v: unknown) => v === undefined || v === null || Number.isInteger(v);
-const optRange = (v: unknown, lo: number, hi: number) =>
-  v === undefined || v === null || (typeof v === "number" && v >= lo && v <= hi);
 
 function fastCommonOk(b: Obj): boolean {
   const so = b.stream_options;
-  const stop = b.stop;
   const kv = b.kv_transfer_params;
   return (
     typeof b.model === "string" &&
     b.model.length > 0 &&
     optBool(b.stream) &&
     (so === undefined || so === null || (isObj(so) && optBool(so.include_usage))) &&
-    optPosInt(b.max_tokens) &&
-    optPosInt(b.n) &&
-    optRange(b.temperature, 0, 2) &&
-    optRange(b.top_p, 0, 1) &&
-    optRange(b.presence_penalty, -2, 2) &&
-    optRange(b.frequency_penalty, -2, 2) &&
-    optInt(b.seed) &&
-    (stop === undefined || stop === null || typeof stop === "string") &&
-    optStr(b.user) &&
-    optStr(b.cache_salt) &&
+    (b.cache_salt === null || optStr(b.cache_salt)) &&
     (kv === undefined || kv === null || isObj(kv))
   );
 }
@@ -145,16 +127,7 @@ function fastChatOk(b: Obj): boolean {
     const c = m.content;
     if (c !== undefined && c !== null && typeof c !== "string") return false;
   }
-  return (
-    fastCommonOk(b) &&
-    optPosInt(b.max_completion_tokens) &&
-    optBool(b.logprobs) &&
-    (b.top_logprobs === undefined ||
-      b.top_logprobs === null ||
-      (Number.isInteger(b.top_logprobs) &&
-        (b.top_logprobs as number) >= 0 &&
-        (b.top_logprobs as number) <= 20))
-  );
+  return fastCommonOk(b);
 }
 
 function fastCompletionOk(b: Obj): boolean {
@@ -167,13 +140,40 @@ function fastCompletionOk(b: Obj): boolean {
       for (const x of p) if (!Number.isInteger(x) || (x as number) < 0) return false;
     }
   }
-  return (
-    fastCommonOk(b) &&
-    optBool(b.echo) &&
-    (b.logprobs === undefined ||
-      b.logprobs === null ||
-      (Number.isInteger(b.logprobs) && (b.logprobs as number) >= 0))
-  );
+  return fastCommonOk(b);
+}
+
+/** Deepest nesting of arrays and objects a request body may have. */
+export const MAX_BODY_DEPTH = 128;
+
+/**
+ * Refuses a body nested deeper than MAX_BODY_DEPTH (400): re-serialising one (for a router
+ * that rewrites the body) overflowed the stack, and no OpenAI request needs such depth.
+ */
+export function assertBodyDepth(body: unknown): void {
+  if (tooDeep(body, MAX_BODY_DEPTH)) {
+    throw new BadRequestError(
+      `The request body is nested deeper than ${MAX_BODY_DEPTH} levels.`,
+      null,
+      "invalid_value",
+    );
+  }
+}
+
+function tooDeep(v: unknown, left: number): boolean {
+  if (left === 0) return true;
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) {
+      const x = v[i];
+      if (x !== null && typeof x === "object" && tooDeep(x, left - 1)) return true;
+    }
+    return false;
+  }
+  for (const k in v as Obj) {
+    const x = (v as Obj)[k];
+    if (x !== null && typeof x === "object" && tooDeep(x, left - 1)) return true;
+  }
+  return false;
 }
 
 export function parseChatRequest(body: unknown): ChatCompletionRequest {

@@ -9,7 +9,7 @@ import { createDiscoveryWatcher } from "../discovery/index.ts";
 import { MemoryDiscovery } from "../discovery/memory.ts";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import { loadTokenizer, type Tokenizer } from "../kv/tokenizer.ts";
-import { InferaError, NotFoundError } from "../protocol/errors.ts";
+import { echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
 import { AutoRouter } from "../router/auto.ts";
 import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
@@ -128,6 +128,10 @@ export async function startServer(
     metrics,
     auth,
     maxBodyBytes: config.maxBodyBytes,
+    maxResponseBufferBytes: config.maxResponseBufferBytes,
+    // Round-robin over mixed workers never reads the prompt; anything else may (prefix
+    // matching, prefill accounting), so long prompts are tokenized ahead, in slices.
+    preparePrompt: !(config.policy === "round-robin" && config.router === "mixed"),
     logger,
   };
 
@@ -159,6 +163,8 @@ export async function startServer(
             return;
           }
           case "/metrics":
+            // It lists every worker's address: behind the API key unless made public.
+            if (!config.metricsPublic) auth.check(req.headers);
             metrics.text().then(
               (text) => {
                 res.writeHead(200, { "content-type": metrics.registry.contentType });
@@ -178,18 +184,27 @@ export async function startServer(
         }
       }
       if (isKnownPath(path)) {
-        throw new InferaError(405, `Method ${method} is not allowed on ${path}.`, {
+        throw new InferaError(405, `Method ${echoInput(method ?? "")} is not allowed on ${path}.`, {
           code: "method_not_allowed",
         });
       }
-      throw new NotFoundError(`No route for ${method} ${path}.`, "not_found");
+      throw new NotFoundError(`No route for ${echoInput(method ?? "")} ${echoInput(path)}.`, "not_found");
     } catch (err) {
       req.resume();
       sendError(res, err);
     }
   };
 
-  const httpServer = createServer({ keepAliveTimeout: 65_000, headersTimeout: 60_000 }, handle);
+  // Node requires headersTimeout ≤ requestTimeout (when the latter is on).
+  const requestTimeout = config.requestTimeoutMs;
+  const headersTimeout = requestTimeout > 0 ? Math.min(60_000, requestTimeout) : 60_000;
+  // Node checks both only every connectionsCheckingInterval (30 s by default): check often
+  // enough that a short configured limit fires near its time.
+  const checkEvery = Math.max(100, Math.min(30_000, Math.floor(headersTimeout / 4)));
+  const httpServer = createServer(
+    { keepAliveTimeout: 65_000, headersTimeout, requestTimeout, connectionsCheckingInterval: checkEvery },
+    handle,
+  );
   httpServer.on("clientError", (err: NodeJS.ErrnoException, socket) => {
     if (err.code === "ECONNRESET" || !socket.writable) {
       socket.destroy();

@@ -23,6 +23,18 @@ export interface ServerConfig {
   apiKeys: string[];
   /** Request bodies larger than this are refused with 413. */
   maxBodyBytes: number;
+  /**
+   * A client's whole request (headers and body) must arrive within this; a slower one gets 408
+   * (Node's `requestTimeout`; 0 disables it).
+   */
+  requestTimeoutMs: number;
+  /**
+   * Non-streamed answers are held (to check them) up to this size; a larger one is relayed as
+   * it arrives, unchecked, so a few huge answers cannot exhaust memory.
+   */
+  maxResponseBufferBytes: number;
+  /** Serve /metrics without an API key even when keys are set (it lists every worker's address). */
+  metricsPublic: boolean;
   /** Model directory with tokenizer.json (+ chat template); the built-in BPE when absent. */
   tokenizer?: string;
   /** Engine `/metrics` scrape interval; 0 disables the scraper. */
@@ -52,10 +64,15 @@ export const defaultServerConfig: ServerConfig = {
   router: "auto",
   apiKeys: [],
   maxBodyBytes: 4 * 1024 * 1024,
+  requestTimeoutMs: 60_000,
+  maxResponseBufferBytes: 16 * 1024 * 1024,
+  metricsPublic: false,
   scrapeIntervalMs: 2000,
   maxRetries: 2,
   breaker: {},
-  upstream: {},
+  // A non-streamed answer's headers come only when it is complete, hence 10 minutes; a stream
+  // may sit in the engine's queue before its first token, hence 5 minutes between chunks.
+  upstream: { headersTimeoutMs: 600_000, bodyTimeoutMs: 300_000 },
   requestPlane: "http",
 };
 
@@ -68,6 +85,8 @@ const list = (v: string | undefined): string[] | undefined =>
         .filter(Boolean);
 const num = (v: string | undefined): number | undefined =>
   v === undefined || v === "" ? undefined : Number(v);
+const bool = (v: string | undefined): boolean | undefined =>
+  v === undefined || v === "" ? undefined : /^(1|true|yes|on)$/i.test(v);
 
 /** The `INFERA_*` environment layer. */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfigInput {
@@ -78,6 +97,13 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     router: env.INFERA_ROUTER as RouterMode | undefined,
     apiKeys: list(env.INFERA_API_KEYS ?? env.INFERA_API_KEY),
     maxBodyBytes: num(env.INFERA_MAX_BODY_BYTES),
+    requestTimeoutMs: num(env.INFERA_REQUEST_TIMEOUT_MS),
+    maxResponseBufferBytes: num(env.INFERA_MAX_RESPONSE_BUFFER_BYTES),
+    metricsPublic: bool(env.INFERA_METRICS_PUBLIC),
+    upstream: {
+      headersTimeoutMs: num(env.INFERA_UPSTREAM_HEADERS_TIMEOUT_MS),
+      bodyTimeoutMs: num(env.INFERA_UPSTREAM_BODY_TIMEOUT_MS),
+    },
     tokenizer: env.INFERA_TOKENIZER,
     scrapeIntervalMs: num(env.INFERA_SCRAPE_INTERVAL_MS),
     maxRetries: num(env.INFERA_MAX_RETRIES),
@@ -143,6 +169,14 @@ export function mergeConfig(...layers: (ServerConfigInput | undefined)[]): Serve
 function validateConfig(c: ServerConfig): void {
   if (!Number.isInteger(c.port) || c.port < 0 || c.port > 65535) throw new Error(`invalid port ${c.port}`);
   if (!(c.maxBodyBytes > 0)) throw new Error(`invalid max body size ${c.maxBodyBytes}`);
+  if (!(c.maxResponseBufferBytes > 0))
+    throw new Error(`invalid max response buffer ${c.maxResponseBufferBytes}`);
+  const ms = (v: unknown) => typeof v === "number" && Number.isInteger(v) && v >= 0;
+  if (!ms(c.requestTimeoutMs)) throw new Error(`invalid request timeout ${c.requestTimeoutMs}`);
+  if (c.upstream.headersTimeoutMs !== undefined && !ms(c.upstream.headersTimeoutMs))
+    throw new Error(`invalid upstream headers timeout ${c.upstream.headersTimeoutMs}`);
+  if (c.upstream.bodyTimeoutMs !== undefined && !ms(c.upstream.bodyTimeoutMs))
+    throw new Error(`invalid upstream body timeout ${c.upstream.bodyTimeoutMs}`);
   if (!["auto", "mixed", "disagg"].includes(c.router)) throw new Error(`invalid --router ${c.router}`);
   if (!(c.scrapeIntervalMs >= 0)) throw new Error(`invalid scrape interval ${c.scrapeIntervalMs}`);
   if (!(Number.isInteger(c.maxRetries) && c.maxRetries >= 0))

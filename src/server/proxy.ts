@@ -6,23 +6,24 @@
 import { isUtf8 } from "node:buffer";
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { Readable } from "node:stream";
 import type { Tokenizer } from "../kv/tokenizer.ts";
-import { InvalidJsonError, TimeoutError, UpstreamError } from "../protocol/errors.ts";
-import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
+import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
+import { assertBodyDepth, parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
-import { connectionFailureKind } from "../router/errors.ts";
-import { contentTypeOf, isReadable } from "../router/mixed.ts";
+import { contentTypeOf } from "../router/mixed.ts";
 import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import { setRawBody } from "../transport/http.ts";
-import { type BodySink, PushBody } from "../transport/push-body.ts";
 import { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";
 import { BodyAbortedError, readBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
+import { pump } from "./pump.ts";
+import { relayWhole } from "./relay-whole.ts";
 import { ServerRoutingRequest } from "./routing-request.ts";
-import { SseUsageFilter, type Usage, usageFromJson } from "./sse.ts";
+import { SseUsageFilter, type Usage } from "./sse.ts";
+
+export { pump } from "./pump.ts";
 
 export interface ProxyContext {
   router: AutoRouter;
@@ -31,10 +32,18 @@ export interface ProxyContext {
   metrics: ServerMetrics;
   auth: ApiKeyAuth;
   maxBodyBytes: number;
+  /** A non-streamed answer larger than this is relayed as it arrives instead of buffered whole. */
+  maxResponseBufferBytes: number;
+  /** Whether routing reads the prompt (tokenize long prompts ahead, in slices). */
+  preparePrompt: boolean;
   logger: Logger;
 }
 
 const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
+
+/** Bodies above this size are decoded and parsed in separate event-loop turns. */
+const YIELD_BODY_BYTES = 256 * 1024;
+const yieldToLoop = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 function requestIdOf(req: IncomingMessage): string {
   const given = req.headers["x-request-id"];
@@ -55,13 +64,20 @@ export async function handleCompletion(
   try {
     ctx.auth.check(req.headers);
     const raw = await readBody(req, ctx.maxBodyBytes);
+    // A big body's decode and parse take milliseconds each: let other requests run in between.
+    const big = raw.length > YIELD_BODY_BYTES;
     if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
+    if (big) await yieldToLoop();
+    const text = raw.toString("utf8");
+    if (big) await yieldToLoop();
     let parsed: unknown;
     try {
-      parsed = JSON.parse(raw.toString("utf8"));
+      parsed = JSON.parse(text);
     } catch (err) {
       throw new InvalidJsonError((err as Error).message);
     }
+    if (big) await yieldToLoop();
+    assertBodyDepth(parsed);
     const body = endpoint === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed);
     model = body.model;
     const router = ctx.router.routerFor(model);
@@ -90,15 +106,21 @@ export async function handleCompletion(
     res.once("close", () => {
       if (!res.writableFinished) abort.abort();
     });
+    if (ctx.preparePrompt) {
+      const pending = rreq.prepare();
+      if (pending) await pending;
+    }
     if (res.destroyed) return;
     const up = await router.handle(rreq, ctx.executor, abort);
     if (abort.aborted) {
       up.abort();
       throw abort.reason;
     }
-    const usage = stream
-      ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
-      : await relayWhole(res, up, requestId, abort);
+    // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
+    const usage =
+      stream && up.status === 200
+        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
+        : await relayWhole(ctx, res, up, requestId, abort);
     if (usage) {
       const mm = ctx.metrics.forModel(model);
       if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
@@ -130,35 +152,6 @@ const INCLUDE_USAGE = Buffer.from(',"stream_options":{"include_usage":true}');
 function withIncludeUsage(raw: Buffer): Buffer {
   const close = raw.lastIndexOf(0x7d); // "}"
   return Buffer.concat([raw.subarray(0, close), INCLUDE_USAGE, raw.subarray(close)]);
-}
-
-async function relayWhole(
-  res: ServerResponse,
-  up: UpstreamResponse,
-  requestId: string,
-  signal: RequestAbort,
-): Promise<Usage | null> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  try {
-    await pump(up.body, null, (c) => {
-      chunks.push(c as Buffer);
-      size += c.length;
-      return true;
-    });
-  } catch (err) {
-    up.abort();
-    throw bodyFailure(err);
-  }
-  if (signal.aborted) return null;
-  const buf = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
-  res.writeHead(up.status, {
-    "content-type": contentTypeOf(up) ?? "application/json",
-    "content-length": buf.length,
-    "x-request-id": requestId,
-  });
-  res.end(buf);
-  return up.status === 200 ? usageFromJson(buf) : null;
 }
 
 async function relayStream(
@@ -195,21 +188,32 @@ async function relayStream(
       else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
+      if (filter?.invalid) {
+        // Not an event stream: stop reading it (the catch below ends the client's stream).
+        up.abort();
+        return true;
+      }
       return out.length === 0 || res.write(out);
     });
   } catch (err) {
     up.abort();
     if (signal.aborted) throw err;
-    ctx.logger.warn({ requestId, err: (err as Error).message }, "upstream stream failed");
     if (!filter) {
+      ctx.logger.warn({ requestId, err: (err as Error).message }, "upstream stream failed");
       res.destroy();
       return null;
     }
-    // The worker dropped the stream mid-way (headers are out, so no retry): end it cleanly
-    // with an OpenAI-shaped error event and [DONE], dropping any half-received event, so
-    // clients see an error instead of a truncated stream.
+    // The worker dropped the stream mid-way or sent something that is not an event stream
+    // (headers are out, so no retry): end it cleanly with an OpenAI-shaped error event and
+    // [DONE], dropping any half-received event, so clients see an error instead of a
+    // truncated or garbled stream.
+    const invalid = filter.invalid;
     filter.flush();
-    res.end(streamErrorEvent());
+    ctx.logger.warn(
+      { requestId, err: invalid ? "invalid event stream" : (err as Error).message },
+      "upstream stream failed",
+    );
+    res.end(invalid ? STREAM_INVALID_EVENT : STREAM_ERROR_EVENT);
     return filter.usage;
   }
   if (signal.aborted) {
@@ -217,6 +221,11 @@ async function relayStream(
     throw signal.reason;
   }
   const tail = filter?.flush();
+  if (filter?.invalid) {
+    ctx.logger.warn({ requestId, err: "invalid event stream" }, "upstream stream failed");
+    res.end(STREAM_INVALID_EVENT);
+    return filter.usage;
+  }
   if (tail && tail.length > 0) res.write(tail);
   res.end();
   return filter?.usage ?? null;
@@ -226,126 +235,20 @@ function uncorkResponse(res: ServerResponse): void {
   res.uncork();
 }
 
-/** A worker's answer that broke off after its headers, as the typed error the client gets. */
-function bodyFailure(err: unknown): unknown {
-  const code = (err as { code?: unknown })?.code;
-  if (code === "UND_ERR_BODY_TIMEOUT")
-    return new TimeoutError("The worker stopped sending its answer in time.");
-  if (connectionFailureKind(err)) return new UpstreamError("The worker dropped the connection mid-answer.");
-  return err;
-}
+const errorEvent = (e: UpstreamError): string => `data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`;
 
-const STREAM_ERROR = new UpstreamError(
-  "The worker serving this stream failed mid-way; the answer is incomplete.",
-  502,
-  "upstream_stream_error",
+const STREAM_ERROR_EVENT = errorEvent(
+  new UpstreamError(
+    "The worker serving this stream failed mid-way; the answer is incomplete.",
+    502,
+    "upstream_stream_error",
+  ),
 );
 
-function streamErrorEvent(): string {
-  return `data: ${JSON.stringify(STREAM_ERROR.toJSON())}\n\ndata: [DONE]\n\n`;
-}
-
-/**
- * Feeds every chunk of `body` to `onChunk`; when it returns false (the client's socket is
- * full) reading pauses until `res` drains. Node stream bodies are pumped with events (no
- * promise per chunk); any other AsyncIterable with for-await.
- */
-export async function pump(
-  body: AsyncIterable<Uint8Array>,
-  res: ServerResponse | null,
-  onChunk: (c: Uint8Array) => boolean,
-): Promise<void> {
-  if (body instanceof PushBody) {
-    await new Promise<void>((resolve, reject) =>
-      body.attach(new SinkPump(body, res, onChunk, resolve, reject)),
-    );
-    return;
-  }
-  if (!isReadable(body)) {
-    for await (const c of body) if (!onChunk(c) && res) await drained(res);
-    return;
-  }
-  await new Promise<void>((resolve, reject) => new EventPump(body, res, onChunk, resolve, reject).start());
-}
-
-/** Relays a PushBody (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */
-class SinkPump implements BodySink {
-  constructor(
-    private readonly body: PushBody,
-    private readonly res: ServerResponse | null,
-    private readonly onChunk: (c: Uint8Array) => boolean,
-    readonly onEnd: () => void,
-    readonly onError: (err: Error) => void,
-  ) {}
-
-  onData(chunk: Uint8Array): boolean {
-    if (this.onChunk(chunk) || !this.res) return true;
-    const body = this.body;
-    void drained(this.res).then(() => body.resume());
-    return false;
-  }
-}
-
-/** The event listeners of one pumped body (assigned in the constructor: no per-request `__name` under tsx). */
-class EventPump {
-  private readonly onData: (c: Uint8Array) => void;
-  private readonly onEnd: () => void;
-  private readonly onError: (err: Error) => void;
-  private readonly onClose: () => void;
-
-  constructor(
-    private readonly body: Readable,
-    res: ServerResponse | null,
-    onChunk: (c: Uint8Array) => boolean,
-    resolve: () => void,
-    reject: (err: Error) => void,
-  ) {
-    this.onData = (c) => {
-      if (!onChunk(c) && res) {
-        body.pause();
-        void drained(res).then(() => body.resume());
-      }
-    };
-    this.onEnd = () => {
-      this.cleanup();
-      resolve();
-    };
-    this.onError = (err) => {
-      this.cleanup();
-      reject(err);
-    };
-    this.onClose = () => {
-      this.cleanup();
-      if (body.readableEnded) resolve();
-      else reject(Object.assign(new Error("upstream body closed early"), { code: "UND_ERR_SOCKET" }));
-    };
-  }
-
-  start(): void {
-    const body = this.body;
-    body.on("data", this.onData);
-    body.once("end", this.onEnd);
-    body.once("error", this.onError);
-    body.once("close", this.onClose);
-  }
-
-  private cleanup(): void {
-    const body = this.body;
-    body.off("data", this.onData);
-    body.off("end", this.onEnd);
-    body.off("error", this.onError);
-    body.off("close", this.onClose);
-  }
-}
-
-function drained(res: ServerResponse): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      res.off("drain", done);
-      res.off("close", done);
-      resolve();
-    };
-    res.on("drain", done);
-    res.on("close", done);
-  });
-}
+const STREAM_INVALID_EVENT = errorEvent(
+  new UpstreamError(
+    "The worker serving this stream sent data that is not an OpenAI event stream; the answer is incomplete.",
+    502,
+    "upstream_invalid_response",
+  ),
+);

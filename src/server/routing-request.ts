@@ -1,6 +1,18 @@
-/** The server's RoutingRequest: prompt text and tokens are computed on first use only. */
-import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
+/**
+ * The server's RoutingRequest: prompt text and tokens are computed on first use only, and
+ * bounded: routing looks at the prompt's head (see ./prompt-tokens.ts). A prompt longer than
+ * one tokenizer piece is tokenized by `prepare()` in event-loop slices before routing.
+ */
+import { addsSpecialTokens, type ChatMessageLike, messageText, type Tokenizer } from "../kv/tokenizer.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import {
+  capText,
+  PIECE_CHARS,
+  ROUTING_TEXT_CAP,
+  ROUTING_TOKEN_CAP,
+  tokenizeBounded,
+  tokenizeBoundedSync,
+} from "./prompt-tokens.ts";
 
 export class ServerRoutingRequest implements RoutingRequest {
   private text: string | undefined;
@@ -16,28 +28,78 @@ export class ServerRoutingRequest implements RoutingRequest {
     private readonly tokenizer: Tokenizer,
   ) {}
 
+  /** The templated prompt's head (at most ROUTING_TEXT_CAP characters). */
   promptText(): string {
     if (this.text === undefined) {
       if (this.endpoint === "chat") {
-        this.text = this.tokenizer.applyChatTemplate(this.body.messages as ChatMessageLike[]);
+        this.text = capText(this.tokenizer.applyChatTemplate(headMessages(this.body.messages)));
       } else {
         const p = firstPrompt(this.body.prompt);
-        this.text = typeof p === "string" ? p : this.tokenizer.decode(p);
+        this.text =
+          typeof p === "string"
+            ? capText(p)
+            : capText(
+                this.tokenizer.decode(p.length > ROUTING_TOKEN_CAP ? p.slice(0, ROUTING_TOKEN_CAP) : p),
+              );
       }
     }
     return this.text;
   }
 
+  /** Token ids of the prompt's head (at most ROUTING_TOKEN_CAP). */
   promptTokens(): readonly number[] {
     if (this.tokens === undefined) {
       const p = this.endpoint === "completion" ? firstPrompt(this.body.prompt) : undefined;
-      this.tokens =
-        p !== undefined && typeof p !== "string"
-          ? p
-          : this.tokenizer.encode(this.promptText(), addsSpecialTokens(this.endpoint, this.body));
+      if (p !== undefined && typeof p !== "string") {
+        this.tokens = p.length > ROUTING_TOKEN_CAP ? p.slice(0, ROUTING_TOKEN_CAP) : p;
+      } else {
+        // A short prompt in one call; a long one (not prepared ahead) piece by piece, budgeted.
+        const text = this.promptText();
+        const add = addsSpecialTokens(this.endpoint, this.body);
+        this.tokens =
+          text.length <= PIECE_CHARS
+            ? this.tokenizer.encode(text, add)
+            : tokenizeBoundedSync(this.tokenizer, text, add).ids;
+      }
     }
     return this.tokens;
   }
+
+  /**
+   * Tokenizes a prompt longer than one piece in bounded slices, yielding to the event loop in
+   * between; null when there is nothing to do ahead (short prompt, token ids, done already).
+   */
+  prepare(): Promise<void> | null {
+    if (this.tokens !== undefined) return null;
+    if (this.endpoint === "completion" && typeof firstPrompt(this.body.prompt) !== "string") return null;
+    const text = this.promptText();
+    if (text.length <= PIECE_CHARS) return null;
+    return tokenizeBounded(this.tokenizer, text, addsSpecialTokens(this.endpoint, this.body)).then((r) => {
+      this.tokens = r.ids;
+    });
+  }
+}
+
+/**
+ * The messages as far as routing looks: once the contents pass ROUTING_TEXT_CAP characters,
+ * the message that crosses it is cut and the rest dropped, so a huge chat is never templated
+ * whole (templates render messages in order, so the head of the output is unchanged).
+ */
+function headMessages(messages: unknown): ChatMessageLike[] {
+  const list = messages as ChatMessageLike[];
+  let total = 0;
+  for (let i = 0; i < list.length; i++) {
+    const m = list[i]!;
+    const len = typeof m.content === "string" ? m.content.length : messageText(m.content).length;
+    total += len;
+    if (total > ROUTING_TEXT_CAP) {
+      const keep = len - (total - ROUTING_TEXT_CAP);
+      const head = list.slice(0, i);
+      head.push({ ...m, content: messageText(m.content).slice(0, keep) });
+      return head;
+    }
+  }
+  return list;
 }
 
 /** A completions `prompt` may be a batch; routing looks at its first element. */

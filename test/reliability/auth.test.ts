@@ -107,6 +107,8 @@ test("auth: every API/admin path refuses missing and wrong keys; constant-time; 
     },
     { method: "GET", path: "/v1/models" },
     { method: "GET", path: "/v1/workers" },
+    // It lists every worker's host:port: behind the key unless --metrics-public (issue #17).
+    { method: "GET", path: "/metrics" },
   ];
   const credentials: { name: string; headers: Record<string, string> }[] = [
     { name: "none", headers: {} },
@@ -199,7 +201,7 @@ test("auth: every API/admin path refuses missing and wrong keys; constant-time; 
     `${refusals}/${expected} refusals (401, OpenAI shape) over ${paths.length} paths × ${credentials.length} bad credentials; ` +
     `right keys served ${served}/${servedExpected}; timingSafeEqual over SHA-256 digests: ${constantTime}; ` +
     `keys in ${logLines} log lines (trace level): ${inLogs.length}; forwarded to the worker: ${forwarded}; ` +
-    `upstream down with a key → ${down.status}; /health, /ready, /metrics are open (probes, scrape)`;
+    `upstream down with a key → ${down.status}; /health, /ready open (probes), /metrics behind the key`;
   const pass =
     refusals === expected &&
     served === servedExpected &&

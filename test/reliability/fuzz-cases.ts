@@ -83,36 +83,23 @@ export function wrongTypes(r: Rng): HttpCase {
   }
   if (roll < 0.18) delete body.model;
   else if (roll < 0.28) delete body[chat ? "messages" : "prompt"];
+  // Only the fields the router validates: the rest (sampling parameters, limits, logprobs) pass
+  // through to the engine, which judges them (see src/protocol/openai.ts).
   const fields = chat
-    ? [
-        "model",
-        "messages",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "stream",
-        "n",
-        "stop",
-        "stream_options",
-        "seed",
-      ]
-    : ["model", "prompt", "max_tokens", "temperature", "echo", "logprobs", "stream", "n", "presence_penalty"];
+    ? ["model", "messages", "stream", "stream_options", "cache_salt", "kv_transfer_params"]
+    : ["model", "prompt", "stream", "stream_options", "cache_salt", "kv_transfer_params"];
   if (roll >= 0.28) {
     const field = pick(r, fields);
     let v = pick(r, WRONG_VALUES);
     // Values that would be valid for the field are swapped for surely-invalid ones.
-    if (field === "stop" && (typeof v === "string" || v === null || (Array.isArray(v) && v.length === 0)))
-      v = 5;
-    if ((field === "stream" || field === "echo") && (v === true || v === null)) v = "yes";
+    if (field === "stream" && (v === true || v === null)) v = "yes";
     if (field === "stream_options" && (v === null || (typeof v === "object" && !Array.isArray(v)))) v = "on";
-    if (field === "seed" && (v === null || v === -1 || v === 0 || v === -1e20)) v = 1.5;
-    if ((field === "temperature" || field === "top_p") && (v === null || v === 0 || v === 1.5)) v = 3;
-    if (field === "presence_penalty" && (v === null || v === -1 || v === 0 || v === 1.5)) v = 9;
-    if ((field === "max_tokens" || field === "n" || field === "logprobs") && v === null) v = -1;
+    if (field === "cache_salt" && (typeof v === "string" || v === null)) v = 5;
+    if (field === "kv_transfer_params" && (v === null || (typeof v === "object" && !Array.isArray(v))))
+      v = "p";
     if (field === "messages" && Array.isArray(v) && v.length === 2) v = [{ role: 1 }];
     if (field === "prompt" && Array.isArray(v) && v.length === 2) v = [[-1]];
     if (field === "prompt" && typeof v === "string") v = 5;
-    if (field === "logprobs" && v === 0) v = -1;
     if (field === "model" && v === "str") v = "";
     body[field] = v;
   }
@@ -131,10 +118,17 @@ export function hugeFields(r: Rng, limit: number): HttpCase {
   const variants: (() => Buffer)[] = [
     () => json({ ...validChat(), messages: big }),
     () => json({ ...validChat(), model: { name: big } }),
-    () => json({ ...validChat(), max_tokens: big }),
+    () => json({ ...validChat(), stream: big }),
     () => json({ ...validCompletion(), prompt: Array.from({ length: Math.floor(room / 4) }, () => -1) }),
     () => json({ ...validChat(), model: `no-such-model-${big}` }),
-    () => json({ ...validChat(), stop: Array.from({ length: Math.floor(room / 6) }, () => 1) }),
+    () => json({ ...validChat(), stream_options: Array.from({ length: Math.floor(room / 6) }, () => 1) }),
+    () => {
+      // Nested past the depth limit in a field the router does not read.
+      const depth = 200 + int(r, Math.floor(room / 2) - 200);
+      return Buffer.from(
+        `{"model":"${MODEL}","messages":[{"role":"user","content":"x"}],"x":${"[".repeat(depth)}${"]".repeat(depth)}}`,
+      );
+    },
     () => {
       const depth = 100 + int(r, Math.floor(room / 2) - 100);
       return Buffer.from(`{"model":"${MODEL}","messages":${"[".repeat(depth)}${"]".repeat(depth)}}`);

@@ -1,5 +1,5 @@
 /**
- * Slow workers: a tiny raw HTTP worker that never answers ("stall-head") and one that sends
+ * Slow workers: a tiny raw HTTP worker (own process) that never answers ("stall-head") and one that sends
  * its headers (and one SSE event) then stalls ("stall-body"), behind `infera server` run as
  * its own process with 1 s upstream timeouts. The per-request (headers) timeout answers 504;
  * the idle (body) timeout ends a stream with an error event and [DONE] and a non-streamed
@@ -7,10 +7,8 @@
  * bounded and nothing stays in flight.
  */
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer, type Server } from "node:http";
-import type { AddressInfo, Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
@@ -22,43 +20,51 @@ import { fileDone, fileStarted, record } from "./summary.ts";
 
 fileStarted(import.meta.url);
 const TIMEOUT_MS = 1000;
+/**
+ * How late after the configured timeout an answer may come: Node/undici check timeouts on a
+ * coarse timer and the machine is shared. The goal column states this same window.
+ */
+const SLACK_MS = 1000;
+const inWindow = (ms: number): boolean => ms >= TIMEOUT_MS - 50 && ms <= TIMEOUT_MS + SLACK_MS;
 
-const sockets = new Set<Socket>();
-const fakes: Server[] = [];
+const fakes: ChildProcess[] = [];
 let server: ChildProcess | undefined;
 const dir = mkdtempSync(join(tmpdir(), "infera-slow-"));
 after(async () => {
   server?.kill("SIGKILL");
-  for (const s of sockets) s.destroy();
-  await Promise.all(fakes.map((f) => new Promise((r) => f.close(r))));
+  for (const f of fakes) f.kill("SIGKILL");
   rmSync(dir, { recursive: true, force: true });
   fileDone(import.meta.url);
 });
 
-/** A worker that answers /health and /v1/models, and stalls every completion. */
+/**
+ * A worker that answers /health and /v1/models, and stalls every completion. It runs in its own
+ * process: in this one, 200 concurrent clients could starve it past the 1 s headers timeout, and
+ * a stall-body stream would then get a 504 instead of its headers (seen under load).
+ */
 async function fakeWorker(mode: "stall-head" | "stall-body"): Promise<string> {
-  const srv = createServer((req, res) => {
-    if (req.method === "GET") {
-      res.writeHead(200, { "content-type": "application/json" });
-      res.end(JSON.stringify({ object: "list", data: [{ id: mode, object: "model" }] }));
-      return;
-    }
-    req.resume();
-    if (mode === "stall-body") {
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      res.write(
-        `data: ${JSON.stringify({ object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "x" } }] })}\n\n`,
-      );
-    }
-    // …and then nothing, ever.
-  });
-  srv.on("connection", (s: Socket) => {
-    sockets.add(s);
-    s.on("close", () => sockets.delete(s));
-  });
-  fakes.push(srv);
-  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
-  return `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
+  const port = await freePort();
+  const event = `data: ${JSON.stringify({ object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "x" } }] })}\n\n`;
+  const src = `
+    const { createServer } = require("node:http");
+    createServer((req, res) => {
+      if (req.method === "GET") {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify({ object: "list", data: [{ id: ${JSON.stringify(mode)}, object: "model" }] }));
+        return;
+      }
+      req.resume();
+      if (${JSON.stringify(mode)} === "stall-body") {
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        res.write(${JSON.stringify(event)});
+      }
+      // …and then nothing, ever.
+    }).listen(${port}, "127.0.0.1");`;
+  const child = spawn(process.execPath, ["-e", src], { stdio: "ignore" });
+  fakes.push(child);
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor200(`${url}/v1/models`, { timeoutMs: 10_000, what: mode, stepMs: 50 });
+  return url;
 }
 
 function rssKiB(pid: number): number {
@@ -162,6 +168,9 @@ test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, a
   const growthMiB = (peak - baseline) / 1024;
 
   const timeoutsOk =
+    inWindow(head.ms) &&
+    inWindow(body.ms) &&
+    inWindow(streamMs) &&
     head.status === 504 &&
     isOpenAiError(head.json) &&
     headStream.status === 504 &&
@@ -175,18 +184,19 @@ test("slow workers: timeouts fire, memory stays bounded", { timeout: 60_000 }, a
     `idle timeout → non-streamed ${body.status} in ${body.ms.toFixed(0)} ms, stream error event + [DONE]=${stream.sawDone} ` +
     `in ${streamMs.toFixed(0)} ms; 600 stalled requests: ${waveBad} wrong answers, RSS ${(baseline / 1024).toFixed(0)} → peak ` +
     `${(peak / 1024).toFixed(0)} MiB (+${growthMiB.toFixed(0)}; per wave ${wavePeaks.map((p) => (p / 1024).toFixed(0)).join("/")}), in flight after ${inFlight}`;
-  const pass =
-    timeoutsOk && head.ms < TIMEOUT_MS + 3000 && waveBad === 0 && growthMiB <= 64 && inFlight === 0;
+  const pass = timeoutsOk && waveBad === 0 && growthMiB <= 64 && inFlight === 0;
   record(
     import.meta.url,
     "slow worker (stalls)",
     figure,
-    `headers timeout → 504 in < ${TIMEOUT_MS + 3000} ms; idle timeout → 504 / error event + [DONE]; 0 wrong answers of 600 stalled; RSS growth ≤ 64 MiB; 0 in flight after`,
+    `headers and idle timeouts → 504 / error event + [DONE] ${TIMEOUT_MS}–${TIMEOUT_MS + SLACK_MS} ms after the request (timeout ${TIMEOUT_MS} ms); 0 wrong answers of 600 stalled; RSS growth ≤ 64 MiB; 0 in flight after`,
     pass,
   );
   assert.equal(head.status, 504, JSON.stringify(head.json));
   assert.ok(isOpenAiError(head.json));
-  assert.ok(head.ms < TIMEOUT_MS + 3000, `headers timeout took ${head.ms} ms`);
+  assert.ok(inWindow(head.ms), `headers timeout took ${head.ms} ms`);
+  assert.ok(inWindow(body.ms), `idle timeout (non-streamed) took ${body.ms} ms`);
+  assert.ok(inWindow(streamMs), `idle timeout (stream) took ${streamMs} ms`);
   assert.equal(headStream.status, 504);
   assert.equal(body.status, 504, JSON.stringify(body.json));
   assert.ok(isOpenAiError(body.json));
