@@ -67,6 +67,7 @@ interface ServerFlags extends NatsCliValues {
   upstreamBodyTimeout?: string;
   maxResponseBuffer?: string;
   metricsPublic?: boolean;
+  drainTimeout?: string;
   tokenizer?: string;
   scrapeInterval?: string;
   maxRetries?: string;
@@ -167,6 +168,12 @@ export function registerServer(program: Command): void {
       "non-streamed answers held to be checked up to this size, larger relayed as they come (default 16MiB)",
     )
     .option("--metrics-public", "serve /metrics without an API key when keys are set (default: key required)")
+    .option(
+      "--drain-timeout <seconds>",
+      "on SIGTERM: stop accepting, answer /ready 503, and let requests in flight finish for up to " +
+        "this long before exiting (INFERA_DRAIN_TIMEOUT_S)",
+      process.env.INFERA_DRAIN_TIMEOUT_S ?? "30",
+    )
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
@@ -183,11 +190,23 @@ export function registerServer(program: Command): void {
         );
       }
       process.stdout.write(`infera server listening on ${server.url}\n`);
+      const graceS = Number(flags.drainTimeout ?? "30");
+      if (!Number.isFinite(graceS) || graceS < 0) {
+        process.stderr.write(
+          `infera server: --drain-timeout: expected seconds >= 0, got ${flags.drainTimeout}\n`,
+        );
+        process.exit(2);
+      }
       let stopping = false;
-      const stop = () => {
-        if (stopping) return;
+      // SIGTERM (a rolling update, kubectl delete) drains; SIGINT (Ctrl-C) stops at once.
+      const stop = (sig: NodeJS.Signals) => {
+        if (stopping) {
+          if (sig === "SIGINT") process.exit(1);
+          return;
+        }
         stopping = true;
-        server.close().then(
+        const done = sig === "SIGTERM" ? server.drain(graceS * 1000) : server.close();
+        done.then(
           () => process.exit(0),
           () => process.exit(1),
         );

@@ -126,6 +126,17 @@ export class NoWorkerError extends InferaError {
   }
 }
 
+/** The server is draining (SIGTERM): a new request goes to another replica. */
+export class DrainingError extends InferaError {
+  constructor() {
+    super(503, "This server is shutting down; retry on another replica.", {
+      type: "service_unavailable",
+      code: "server_draining",
+      headers: { "retry-after": "1", connection: "close" },
+    });
+  }
+}
+
 export class UpstreamError extends InferaError {
   constructor(message: string, status = 502, code = "upstream_error") {
     super(status, message, { type: "server_error", code });

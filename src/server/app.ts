@@ -9,7 +9,7 @@ import { createDiscoveryWatcher } from "../discovery/index.ts";
 import { MemoryDiscovery } from "../discovery/memory.ts";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import { loadTokenizer, type Tokenizer } from "../kv/tokenizer.ts";
-import { echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
+import { DrainingError, echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
 import { AutoRouter } from "../router/auto.ts";
 import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
@@ -54,7 +54,18 @@ export interface InferaServer {
   kvIngest: KvIngest | null;
   tokenizer: Tokenizer;
   httpServer: Server;
+  /**
+   * Graceful stop (SIGTERM): stop accepting, answer /ready 503 and new requests 503 on
+   * connections still open, let requests in flight (streams included) finish for up to
+   * `graceMs`, then close. Resolves with how many requests were still running at the end.
+   */
+  drain(graceMs: number): Promise<number>;
   close(): Promise<void>;
+}
+
+/** Completion requests whose responses have not closed yet (the drain waits for them). */
+interface ActiveCount {
+  n: number;
 }
 
 const REDACT = {
@@ -135,6 +146,12 @@ export async function startServer(
     logger,
   };
 
+  let draining = false;
+  const active: ActiveCount = { n: 0 };
+  // One shared listener (no closure per request).
+  const released = (): void => {
+    active.n--;
+  };
   const handle = (req: IncomingMessage, res: ServerResponse): void => {
     req.on("error", () => {});
     res.on("error", () => {});
@@ -144,6 +161,9 @@ export async function startServer(
     const method = req.method;
     try {
       if (method === "POST") {
+        if (draining) throw new DrainingError();
+        active.n++;
+        res.once("close", released);
         if (path === "/v1/chat/completions") {
           void handleCompletion(pctx, "chat", req, res);
           return;
@@ -158,6 +178,10 @@ export async function startServer(
             sendJson(res, 200, { status: "ok" });
             return;
           case "/ready": {
+            if (draining) {
+              sendJson(res, 503, { ready: false, draining: true }, { connection: "close" });
+              return;
+            }
             const live = workers.list().filter((w) => w.available).length;
             sendJson(res, live > 0 ? 200 : 503, { ready: live > 0, workers: live });
             return;
@@ -233,6 +257,22 @@ export async function startServer(
     "infera server listening",
   );
 
+  const drain = async (graceMs: number): Promise<number> => {
+    if (!draining) {
+      draining = true;
+      logger.info({ graceMs, active: active.n }, "draining: not accepting, waiting for requests in flight");
+      // Stops the listener and closes idle keep-alive connections (Node >= 19).
+      httpServer.close();
+    }
+    const deadline = Date.now() + graceMs;
+    while (active.n > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    const left = active.n;
+    if (left > 0) logger.warn({ left, graceMs }, "drain: grace period over; closing with requests in flight");
+    else logger.info("drain: all requests finished");
+    await close();
+    return left;
+  };
+
   let closing: Promise<void> | null = null;
   const close = (): Promise<void> => {
     closing ??= (async () => {
@@ -265,6 +305,7 @@ export async function startServer(
     kvIngest,
     tokenizer,
     httpServer,
+    drain,
     close,
   };
 }

@@ -1,0 +1,102 @@
+/**
+ * Graceful drain of `infera server` (a rolling update sends SIGTERM): it stops accepting, the
+ * streams in flight finish within the grace period, and then it exits 0. Past the grace
+ * period what is still running is cut and the server exits all the same. Real processes:
+ * a slow sim, the server, the openai client.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import OpenAI from "openai";
+import { serverArgs, spawnInfera } from "../helpers/infera.ts";
+import { freePort } from "../helpers/ports.ts";
+import { type SimProcess, startSim } from "../helpers/sim.ts";
+import { waitFor200 } from "../helpers/wait.ts";
+
+async function refused(url: string): Promise<boolean> {
+  try {
+    await fetch(url, { signal: AbortSignal.timeout(2000) });
+    return false;
+  } catch {
+    return true;
+  }
+}
+
+describe("infera server: SIGTERM drains", () => {
+  let sim: SimProcess;
+  before(async () => {
+    // Slow: a 60-token stream lasts seconds.
+    sim = await startSim({ args: ["--speed", "0.1"] });
+  });
+  after(async () => {
+    await sim?.stop();
+  });
+
+  async function server(drainS: string) {
+    const port = await freePort();
+    const { proc, output } = spawnInfera(serverArgs(port, "--worker", sim.url, "--drain-timeout", drainS), {
+      logLevel: "info",
+      keepChars: 8000,
+      stdout: true,
+    });
+    const exited = new Promise<number | null>((r) => proc.once("exit", (code) => r(code)));
+    const url = `http://127.0.0.1:${port}`;
+    await waitFor200(`${url}/ready`, { timeoutMs: 30_000, what: "server ready", output });
+    const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: "unused", maxRetries: 0 });
+    return { proc, output, exited, url, client };
+  }
+
+  it("a stream in flight at SIGTERM ends with every token; new connections are refused; exit 0", async (t) => {
+    const s = await server("30");
+    t.after(() => s.proc.kill("SIGKILL"));
+    const stream = await s.client.completions.create({
+      model: sim.model,
+      prompt: "drain",
+      max_tokens: 60,
+      stream: true,
+      stream_options: { include_usage: true },
+      // vLLM's extra: run to max_tokens.
+      ...({ ignore_eos: true } as object),
+    });
+    const it = stream[Symbol.asyncIterator]();
+    const first = await it.next();
+    assert.equal(first.done, false);
+    const t0 = Date.now();
+    s.proc.kill("SIGTERM");
+    // The listener closes at once: a new connection is refused while the stream goes on.
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(await refused(`${s.url}/health`), true, "new connections refused while draining");
+    let completion = -1;
+    for (;;) {
+      const chunk = await it.next();
+      if (chunk.done) break;
+      if (chunk.value.usage) completion = chunk.value.usage.completion_tokens;
+    }
+    assert.equal(completion, 60, "the stream ran to its end");
+    assert.ok(Date.now() - t0 > 500, "the stream outlived the SIGTERM");
+    assert.equal(await s.exited, 0, s.output());
+    assert.match(s.output(), /drain: all requests finished/);
+  });
+
+  it("past the grace period the stream is cut and the server exits 0 anyway", async (t) => {
+    const s = await server("1");
+    t.after(() => s.proc.kill("SIGKILL"));
+    const stream = await s.client.completions.create({
+      model: sim.model,
+      prompt: "cut",
+      max_tokens: 400,
+      stream: true,
+      ...({ ignore_eos: true } as object),
+    });
+    const it = stream[Symbol.asyncIterator]();
+    assert.equal((await it.next()).done, false);
+    const t0 = Date.now();
+    s.proc.kill("SIGTERM");
+    await assert.rejects(async () => {
+      for (;;) if ((await it.next()).done) break;
+    }, "the stream is cut after the grace period");
+    assert.equal(await s.exited, 0, s.output());
+    const took = Date.now() - t0;
+    assert.ok(took >= 900 && took < 10_000, `exited after the 1 s grace period (${took} ms)`);
+    assert.match(s.output(), /grace period over/);
+  });
+});
