@@ -9,6 +9,7 @@ import { unpack } from "msgpackr";
 import * as zmq from "zeromq";
 import { createSimConnector } from "../../../src/engine/sim/pd/index.ts";
 import { parseMoriioRequestId, parseMoriioZmqAddress } from "../../../src/engine/sim/pd/moriio.ts";
+import { normalizeRooms } from "../../../src/engine/sim/pd/sglang.ts";
 import type { SimConnector } from "../../../src/engine/sim/pd/types.ts";
 import { InferaError } from "../../../src/protocol/errors.ts";
 import { connectorOpts, FakeKvHost, pdReq, prompt } from "./fake-host.ts";
@@ -459,8 +460,11 @@ describe("moriio", () => {
   });
 });
 
+// sgl-project/sglang python/sglang/srt/disaggregation/common/conn.py @ 0094505da74125a31ceb354f37ae7a1b6a97d3f5
+// (CommonKVBootstrapServer routes) and python/sglang/srt/managers/io_struct.py
+// (GenerateReqInput._normalize_bootstrap_params: scalar room → room + i, list → list × n).
 describe("sglang", () => {
-  test("bootstrap fields mark the PD phase by role; D pulls the room while P computes", async () => {
+  test("bootstrap fields mark the PD phase by role; D finds P's rank via GET /route and pulls the room while P computes", async () => {
     const ph = new FakeKvHost("sg-p");
     const p = await make("sglang", "prefill", ph, {}, { bootstrap_port: 0 });
     const d = await make("sglang", "decode", new FakeKvHost("sg-d"));
@@ -475,6 +479,95 @@ describe("sglang", () => {
     await sleep(100);
     await p.onPrefillFinished(req, ph.hold("s1", tokens));
     assert.deepEqual((await pulling).tokenIds, tokens);
+  });
+
+  test("the bootstrap server answers SGLang's routes: /route PUT|GET (and 400/404/405/500), /register_dp_rank, /query_dp_ranks, /health", async () => {
+    const p = await make("sglang", "prefill", new FakeKvHost("sg-b"), {}, { bootstrap_port: 0 });
+    const base = `http://127.0.0.1:${p.describe?.().bootstrapPort}`;
+    const json = { "content-type": "application/json" };
+    const health = await fetch(`${base}/health`);
+    assert.equal(health.status, 200);
+    assert.equal(await health.text(), "OK");
+    const missing = await fetch(`${base}/route?prefill_dp_rank=0`);
+    assert.equal(missing.status, 400);
+    assert.equal(await missing.text(), "Missing inputs for bootstrap server.");
+    const info = (await (
+      await fetch(`${base}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1`)
+    ).json()) as Record<string, unknown>;
+    for (const k of ["attn_tp_size", "attn_cp_size", "dp_size", "pp_size", "page_size", "kv_cache_dtype"])
+      assert.ok(k in info, `PrefillServerInfo.${k}`);
+    assert.equal(info.dp_size, 1);
+    assert.equal(info.page_size, 16);
+    assert.equal(info.follow_bootstrap_room, true);
+    const rank = (await (
+      await fetch(`${base}/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0`)
+    ).json()) as Record<string, unknown>;
+    assert.deepEqual(Object.keys(rank).sort(), ["rank_ip", "rank_port"]);
+    assert.equal(rank.rank_ip, "127.0.0.1");
+    const nope = await fetch(
+      `${base}/route?prefill_dp_rank=3&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0`,
+    );
+    assert.equal(nope.status, 404);
+    assert.match(await nope.text(), /Bootstrap info not found for dp_rank=3/);
+    assert.equal((await fetch(`${base}/route`, { method: "DELETE" })).status, 405);
+    const badPut = await fetch(`${base}/route`, {
+      method: "PUT",
+      headers: json,
+      body: JSON.stringify({ rank_ip: "x" }),
+    });
+    assert.equal(badPut.status, 500, "a missing key is a KeyError in the handler");
+    const reg = await fetch(`${base}/register_dp_rank`, {
+      method: "POST",
+      headers: json,
+      body: JSON.stringify({ bootstrap_room: 77, dp_rank: 0 }),
+    });
+    assert.equal(await reg.text(), "OK");
+    const q = await fetch(`${base}/query_dp_ranks`, {
+      method: "POST",
+      headers: json,
+      body: JSON.stringify({ bootstrap_rooms: [77, 78] }),
+    });
+    assert.deepEqual(await q.json(), { "77": 0 });
+  });
+
+  test("batch rooms are normalized as SGLang does: scalar → room + i over prompts × n, a list repeats n times", () => {
+    assert.deepEqual(normalizeRooms({ prompt: ["a", "b", "c"], bootstrap_room: 10 }), ["10", "11", "12"]);
+    assert.deepEqual(normalizeRooms({ prompt: "a", n: 2, bootstrap_room: 10 }), ["10", "11"]);
+    assert.deepEqual(normalizeRooms({ prompt: ["a", "b"], n: 2, bootstrap_room: [5, 9] }), [
+      "5",
+      "9",
+      "5",
+      "9",
+    ]);
+    assert.deepEqual(normalizeRooms({ prompt: [1, 2, 3], bootstrap_room: "9007199254740993" }), [
+      "9007199254740993",
+    ]);
+    assert.deepEqual(normalizeRooms({ prompt: "a" }), []);
+  });
+
+  test("a batch moves KV only when P and D agree on every item's room; an item whose room never arrives fails D (504)", async () => {
+    const ph = new FakeKvHost("sg-bp");
+    const p = await make("sglang", "prefill", ph, {}, { bootstrap_port: 0 });
+    const d = await make("sglang", "decode", new FakeKvHost("sg-bd"), { sim_pull_timeout_ms: 400 });
+    const port = p.describe?.().bootstrapPort;
+    const tokens = prompt(20);
+    const batch = (rooms: number[], id: string) => ({
+      requestId: id,
+      params: {},
+      body: {
+        prompt: ["x", "y"],
+        bootstrap_host: ["127.0.0.1", "127.0.0.1"],
+        bootstrap_port: [port, port],
+        bootstrap_room: rooms,
+      },
+      promptTokenIds: tokens,
+    });
+    const ok = d.pullForDecode(batch([1001, 1002], "b1"), signal());
+    await p.onPrefillFinished(batch([1001, 1002], "b1"), ph.hold("b1", tokens));
+    assert.deepEqual((await ok).tokenIds, tokens);
+    const bad = d.pullForDecode(batch([2001, 2002], "b2"), signal());
+    await p.onPrefillFinished(batch([2001, 2999], "b2"), ph.hold("b2", tokens));
+    await assert.rejects(bad, (e) => status(e) === 504);
   });
 });
 

@@ -1,20 +1,30 @@
 /**
  * A tiny JSON-over-HTTP listener for connector control routes (Mooncake's bootstrap
- * `GET /query` / `POST /register`). Routes are keyed `"METHOD /path"`; a handler gets the
- * parsed JSON body and returns `[status, payload]` or just a payload (200). Unknown routes get
- * FastAPI's 404 `{"detail": "Not Found"}` (the real bootstrap servers are FastAPI apps).
+ * `GET /query` / `POST /register`, SGLang's `/route`, `/register_dp_rank`, ...). Routes are keyed
+ * `"METHOD /path"` (`"* /path"` catches any other method); a handler gets the parsed JSON body
+ * (undefined when it is not JSON) and the query string, and returns a payload (200 JSON) or
+ * `reply(status, body, "json" | "text")`. Unknown routes get FastAPI's 404
+ * `{"detail": "Not Found"}` (Mooncake's bootstrap server is a FastAPI app).
  */
 import { once } from "node:events";
 import http from "node:http";
 
-export type JsonReply = unknown | { status: number; body: unknown };
-export type JsonRoutes = Record<string, (body: unknown) => JsonReply | Promise<JsonReply>>;
+export interface Reply {
+  status: number;
+  body: unknown;
+  kind: "json" | "text";
+}
+export type JsonReply = unknown;
+export type JsonRoutes = Record<
+  string,
+  (body: unknown, query: URLSearchParams) => JsonReply | Promise<JsonReply>
+>;
 
 const REPLY = Symbol("reply");
 
-/** A non-200 answer from a route handler. */
-export function reply(status: number, body: unknown): { status: number; body: unknown } {
-  const out: { status: number; body: unknown; [REPLY]: true } = { status, body, [REPLY]: true };
+/** An answer with its own status and content type (aiohttp's `web.Response(text=...)` is text). */
+export function reply(status: number, body: unknown, kind: "json" | "text" = "json"): Reply {
+  const out: Reply & { [REPLY]: true } = { status, body, kind, [REPLY]: true };
   return out;
 }
 
@@ -40,12 +50,13 @@ export class JsonHttpServer {
 
   constructor(routes: JsonRoutes) {
     this.server = http.createServer((req, res) => {
-      const path = new URL(req.url ?? "/", "http://bootstrap").pathname;
-      const route = routes[`${req.method} ${path}`];
-      const send = (status: number, payload: unknown) => {
-        const body = JSON.stringify(payload);
+      const url = new URL(req.url ?? "/", "http://bootstrap");
+      const path = url.pathname;
+      const route = routes[`${req.method} ${path}`] ?? routes[`* ${path}`];
+      const send = (status: number, payload: unknown, kind: "json" | "text" = "json") => {
+        const body = kind === "text" ? String(payload) : JSON.stringify(payload);
         res.writeHead(status, {
-          "content-type": "application/json",
+          "content-type": kind === "text" ? "text/plain; charset=utf-8" : "application/json",
           "content-length": Buffer.byteLength(body),
         });
         res.end(body);
@@ -56,10 +67,10 @@ export class JsonHttpServer {
       }
       void (async () => {
         const body = req.method === "GET" ? null : await readJson(req);
-        const out = await route(body);
+        const out = await route(body, url.searchParams);
         if (out && typeof out === "object" && REPLY in out) {
-          const r = out as unknown as { status: number; body: unknown };
-          send(r.status, r.body);
+          const r = out as unknown as Reply;
+          send(r.status, r.body, r.kind);
         } else send(200, out);
       })().catch((err: unknown) => send(500, { detail: String(err) }));
     });
