@@ -126,6 +126,33 @@ describe("nixl", () => {
     assert.deepEqual(pulled.tokenIds, tokens, "the nested form P answered pulls");
   });
 
+  test("D without remote_block_ids is an engine-side assertion (500); without remote_* keys the KV never comes (504)", async () => {
+    const d = await make("nixl", "decode", new FakeKvHost("engine-d5"), { sim_pull_timeout_ms: 300 });
+    const tokens = prompt(20);
+    await assert.rejects(
+      d.pullForDecode(pdReq("n1", tokens, { do_remote_prefill: true, remote_block_ids: null }), signal()),
+      (e) => status(e) === 500 && /AssertionError/.test((e as Error).message),
+    );
+    const t0 = Date.now();
+    await assert.rejects(
+      d.pullForDecode(
+        pdReq("n2", tokens, {
+          do_remote_prefill: true,
+          remote_block_ids: [[1]],
+          remote_host: "127.0.0.1",
+          remote_port: 1,
+        }),
+        signal(),
+      ),
+      (e) => {
+        assert.equal(status(e), 504);
+        assert.match((e as Error).message, /remote_engine_id, remote_request_id/);
+        return true;
+      },
+    );
+    assert.ok(Date.now() - t0 >= 250, "it waited: vLLM's request sits in WAITING_FOR_REMOTE_KVS");
+  });
+
   test("the payload is capped at sim_max_transfer_bytes", async () => {
     const ph = new FakeKvHost("engine-p3", 1024 * 1024);
     const p = await make("nixl", "prefill", ph, {

@@ -6,11 +6,11 @@
  * base, `remote_engine_id` the scheduler's "None", `transfer_id` the sequence id (an int),
  * plus `tp_size`, `dp_rank`, `first_token_id`, `draft_token_ids`, `prefix_cache_hit_tokens`.
  * D reads `remote_dp_size`, `remote_dp_rank`, `remote_tp_size` with defaults 1 / 0 / 0
- * (atom/kv_transfer/disaggregation/types.py `_build_req_meta`), so their absence is no error. Both sides serve `GET /kv_transfer_info`
- * on the engine's HTTP port (tp/dp sizes, engine id, handshake port). P listens on the
- * kv-transfer config's `handshake_port` (default 6301, 0 = free port), answers the prefill
- * with the params D needs (including a `transfer_id` and the prefill's `first_token_id`),
- * and D pulls by `transfer_id` from `remote_host:remote_handshake_port`.
+ * (atom/kv_transfer/disaggregation/types.py `_build_req_meta`), so their absence is no error.
+ * Both sides serve `GET /kv_transfer_info` on the engine's HTTP port: ATOM's four fields
+ * `{tp_size, dp_size, kv_role, handshake_port}`. P listens on the kv-transfer config's
+ * `handshake_port` (default 6301, + dp rank; 0 = free port) and D pulls by `transfer_id` from
+ * `remote_host:remote_handshake_port + remote_dp_rank`.
  */
 import { BadRequestError } from "../../../protocol/errors.ts";
 import { SideChannelConnector } from "./base.ts";

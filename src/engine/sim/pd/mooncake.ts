@@ -26,7 +26,7 @@ import { TimeoutError, UpstreamError } from "../../../protocol/errors.ts";
 import { SideChannelConnector } from "./base.ts";
 import { JsonHttpServer, reply } from "./bootstrap-server.ts";
 import { configNumber, configString, paramString } from "./config.ts";
-import { sideChannelUrl } from "./pull-client.ts";
+import { abortableSleep, sideChannelUrl } from "./pull-client.ts";
 import type { HeldKv, PdRequestInfo, PulledKv, SimConnectorDescription } from "./types.ts";
 
 /** One DP rank's entry in the bootstrap server's `/query` answer. */
@@ -211,19 +211,4 @@ export class MooncakeSimConnector extends SideChannelConnector {
       waitMs: this.settings.pullTimeoutMs,
     });
   }
-}
-
-function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) return reject(signal.reason);
-    const t = setTimeout(() => {
-      signal.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    const onAbort = () => {
-      clearTimeout(t);
-      reject(signal.reason);
-    };
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
 }

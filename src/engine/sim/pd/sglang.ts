@@ -164,7 +164,6 @@ function first(v: unknown): unknown {
 export class SglangSimConnector extends SideChannelConnector {
   readonly kind = "sglang" as const;
   private bootstrap: JsonHttpServer | null = null;
-  private table: SglangBootstrapTable | null = null;
 
   async start(): Promise<void> {
     if (this.opts.role !== "prefill") return;
@@ -176,7 +175,6 @@ export class SglangSimConnector extends SideChannelConnector {
     );
     await this.channel.listen(0, this.bindHost);
     const table = new SglangBootstrapTable(this.host.httpPort);
-    this.table = table;
     const text = (status: number, body: string) => reply(status, body, "text");
     this.bootstrap = new JsonHttpServer({
       "PUT /route": (body) => {
