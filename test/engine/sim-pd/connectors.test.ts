@@ -262,6 +262,44 @@ describe("mooncake", () => {
     assert.deepEqual(pulled.tokenIds, tokens);
   });
 
+  test("a second DP rank registers with bootstrap_server_address; D naming the rank that did not prefill fails, the right one pulls", async () => {
+    const h0 = new FakeKvHost("mc-e", 64 * 1024, { dpSize: 2, dpRank: 0 });
+    const h1 = new FakeKvHost("mc-e", 64 * 1024, { dpSize: 2, dpRank: 1 });
+    const p0 = await make("mooncake", "prefill", h0, { bootstrap_port: 0 });
+    const url = `http://127.0.0.1:${p0.describe?.().bootstrapPort}`;
+    await make("mooncake", "prefill", h1, {
+      bootstrap_server_address: `127.0.0.1:${p0.describe?.().bootstrapPort}`,
+    });
+    const q = (await (await fetch(`${url}/query`)).json()) as Record<string, { engine_id: string }>;
+    assert.deepEqual(
+      Object.entries(q).map(([k, v]) => [k, v.engine_id]),
+      [
+        ["0", "mc-e_dp0"],
+        ["1", "mc-e_dp1"],
+      ],
+    );
+    const d = await make("mooncake", "decode", new FakeKvHost("mc-e-d"), { sim_pull_timeout_ms: 400 });
+    const tokens = prompt(24);
+    await p0.onPrefillFinished(
+      pdReq("e", tokens, { do_remote_decode: true, transfer_id: "t-e" }),
+      h0.hold("e", tokens),
+    );
+    const base = { do_remote_prefill: true, remote_bootstrap_addr: url, transfer_id: "t-e" };
+    await assert.rejects(
+      d.pullForDecode(
+        pdReq("e", tokens, { ...base, remote_engine_id: "mc-e_dp1", remote_dp_rank: 1 }),
+        signal(),
+      ),
+      (e) => status(e) === 504 || status(e) === 502,
+      "dp1 never prefilled t-e: no silent success",
+    );
+    const pulled = await d.pullForDecode(
+      pdReq("e", tokens, { ...base, remote_engine_id: "mc-e_dp0" }),
+      signal(),
+    );
+    assert.deepEqual(pulled.tokenIds, tokens);
+  });
+
   test("P without transfer_id drops the KV silently (no error, blocks freed); a transfer P never offers times out on D (504)", async () => {
     const ph = new FakeKvHost("mc-p2");
     const p = await make("mooncake", "prefill", ph, { bootstrap_port: 0 });
