@@ -608,6 +608,14 @@ describe("sglang", () => {
       "9007199254740993",
     ]);
     assert.deepEqual(normalizeRooms({ prompt: "a" }), []);
+    assert.throws(
+      () => normalizeRooms({ prompt: "a", bootstrap_room: "abc" }),
+      (e) => status(e) === 400,
+    );
+    assert.throws(
+      () => normalizeRooms({ prompt: "a", bootstrap_room: [1.5] }),
+      (e) => status(e) === 400,
+    );
   });
 
   test("a batch moves KV only when P and D agree on every item's room; an item whose room never arrives fails D (504)", async () => {

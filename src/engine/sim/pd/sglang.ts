@@ -148,12 +148,21 @@ export function normalizeRooms(body: Record<string, unknown>): string[] {
   if (Array.isArray(room)) {
     const n = typeof body.n === "number" && body.n > 1 ? body.n : 1;
     const out: string[] = [];
-    for (let k = 0; k < n; k++) for (const r of room) out.push(String(r));
+    for (let k = 0; k < n; k++) for (const r of room) out.push(String(asRoom(r)));
     return out;
   }
-  if (typeof room === "string" && room.trim() === "") return [];
-  const base = typeof room === "number" ? BigInt(Math.trunc(room)) : BigInt(String(room));
+  const base = asRoom(room);
   return Array.from({ length: num }, (_, i) => String(base + BigInt(i)));
+}
+
+/** A room is an integer (SGLang's `Optional[Union[List[int], int]]`); anything else is a 400. */
+function asRoom(v: unknown): bigint {
+  if (typeof v === "number" && Number.isInteger(v)) return BigInt(v);
+  if (typeof v === "string" && /^-?\d+$/.test(v.trim())) return BigInt(v.trim());
+  throw new BadRequestError(
+    `bootstrap_room must be an integer or a list of integers, got ${JSON.stringify(v)}`,
+    "bootstrap_room",
+  );
 }
 
 /** The first entry of a scalar-or-list bootstrap field. */
@@ -223,14 +232,15 @@ export class SglangSimConnector extends SideChannelConnector {
       "GET /health": () => text(200, "OK"),
     });
     await this.bootstrap.listen(port, this.bindHost);
-    // The sim is one rank (attn tp/cp/pp 1) of a dp_size-wide prefill server.
+    // Each sim process is a whole prefill server of one rank: a DP-rank sim has its own bootstrap
+    // port, so D (room % dp_size) must land on this process whatever its --data-parallel-rank.
     table.put({
       attn_tp_size: 1,
       attn_tp_rank: 0,
       attn_cp_size: 1,
       attn_cp_rank: 0,
-      attn_dp_size: this.host.dpSize,
-      attn_dp_rank: this.host.dpRank,
+      attn_dp_size: 1,
+      attn_dp_rank: 0,
       pp_size: 1,
       pp_rank: 0,
       system_dp_size: 1,
@@ -240,7 +250,6 @@ export class SglangSimConnector extends SideChannelConnector {
       page_size: this.host.blockSize,
       kv_cache_dtype: "auto",
     });
-    if (this.host.dpSize > 1) table.registered = this.host.dpSize; // the other ranks are other sims
     this.started = true;
   }
 
