@@ -97,7 +97,16 @@ const cases: Case[] = [
     kind: "moriio",
     async setup() {
       const [hs, nt, dhs, dnt] = [await freePort(), await freePort(), await freePort(), await freePort()];
-      const extra = (h: number, n: number) => ({ handshake_port: h, notify_port: n, read_mode: true });
+      // proxy_ip / proxy_ping_port / http_port are required by vLLM's MoRIIOConfig
+      // (moriio_common.py @ 028a39c286ca87e0d302e66eda00bdb1a00b8c03); no proxy listens on port 9.
+      const extra = (h: number, n: number) => ({
+        proxy_ip: "127.0.0.1",
+        proxy_ping_port: 9,
+        http_port: 0,
+        handshake_port: h,
+        notify_port: n,
+        read_mode: true,
+      });
       return {
         pCfg: {
           kv_connector: "MoRIIOConnector",
@@ -157,7 +166,10 @@ for (const c of cases) {
       let promptTotal = 0;
       for (const stream of [false, true]) {
         const rid = `${c.kind}-${stream ? "s" : "j"}-${"0123456789abcdef".repeat(2)}`;
-        const run = await drivePd(pRec, dRec, body(stream), rid);
+        // MoRIIO needs a transfer_id on both halves (moriio_connector.py
+        // @ 0158326ccc22cff86725bbaa452df5e6be966c5c reads params["transfer_id"]).
+        const extraParams = c.kind === "moriio" ? { transfer_id: `tx-${rid}` } : {};
+        const run = await drivePd(pRec, dRec, body(stream), rid, extraParams);
         assert.equal(run.prefillStatus, 200, JSON.stringify(run.prefillJson));
         assert.equal(run.decodeStatus, 200, run.decodeText);
         if (c.kind === "nixl" || c.kind === "moriio" || c.kind === "atom") {

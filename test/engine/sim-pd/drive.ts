@@ -46,11 +46,19 @@ async function post(url: string, body: unknown, requestId: string): Promise<Resp
   });
 }
 
+/** Adds `extra` to a body's kv_transfer_params (fields a protocol module may not send yet). */
+function withParams(b: Record<string, unknown>, extra: Record<string, unknown>): Record<string, unknown> {
+  if (Object.keys(extra).length === 0) return b;
+  const kvp = (b.kv_transfer_params ?? {}) as Record<string, unknown>;
+  return { ...b, kv_transfer_params: { ...kvp, ...extra } };
+}
+
 export async function drivePd(
   p: WorkerRecord,
   d: WorkerRecord,
   body: Record<string, unknown>,
   requestId: string,
+  extraParams: Record<string, unknown> = {},
 ): Promise<PdRun> {
   const proto = pdProtocols[p.connector.kind as Exclude<ConnectorInfo["kind"], "none">];
   const peerUrl = proto.peerInfo?.(p).url;
@@ -58,11 +66,11 @@ export async function drivePd(
   const rid = proto.requestId?.(requestId, p, d) ?? requestId;
   const input = { body, requestId: rid, prefill: p, decode: d, peer };
   if (proto.mode === "serial") {
-    const prefillBody = proto.prefillBody(input);
+    const prefillBody = withParams(proto.prefillBody(input), extraParams);
     const pr = await post(p.url, prefillBody, rid);
     const prefillJson = (await pr.json()) as Record<string, unknown>;
     const params = (prefillJson.kv_transfer_params ?? {}) as Record<string, unknown>;
-    const decodeBody = proto.decodeBody(input, params);
+    const decodeBody = withParams(proto.decodeBody(input, params), extraParams);
     const dr = await post(d.url, decodeBody, rid);
     return {
       prefillStatus: pr.status,
@@ -73,7 +81,9 @@ export async function drivePd(
       decodeBody,
     };
   }
-  const { prefill, decode } = proto.bodies(input);
+  const bodies = proto.bodies(input);
+  const prefill = withParams(bodies.prefill, extraParams);
+  const decode = withParams(bodies.decode, extraParams);
   const [pr, dr] = await Promise.all([post(p.url, prefill, rid), post(d.url, decode, rid)]);
   const [pText, dText] = await Promise.all([pr.text(), dr.text()]);
   let prefillJson: Record<string, unknown> | null = null;

@@ -10,16 +10,21 @@ export class FakeKvHost implements SimKvHost {
   readonly blockSize = 16;
   readonly host = "127.0.0.1";
   readonly httpPort = 18000;
-  readonly tpSize = 1;
-  readonly dpSize = 1;
-  readonly dpRank = 0;
+  readonly tpSize: number = 1;
+  readonly dpSize: number = 1;
+  readonly dpRank: number = 0;
   readonly held = new Map<string, HeldKv>();
   readonly released: string[] = [];
 
   constructor(
     readonly engineId: string,
     readonly kvBytesPerBlock = 64 * 1024,
-  ) {}
+    layout: { dpSize?: number; dpRank?: number; tpSize?: number } = {},
+  ) {
+    this.dpSize = layout.dpSize ?? 1;
+    this.dpRank = layout.dpRank ?? 0;
+    this.tpSize = layout.tpSize ?? 1;
+  }
 
   /** Simulates a finished prefill of `tokens` for `requestId`. */
   hold(requestId: string, tokens: number[]): HeldKv {

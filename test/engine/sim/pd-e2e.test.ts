@@ -55,7 +55,12 @@ describe("sim PD end to end (nixl, two processes)", () => {
     const params = pBody.kv_transfer_params;
     assert.equal(params.do_remote_prefill, true);
     const prompt = pBody.usage.prompt_tokens;
-    assert.equal((params.remote_block_ids as number[]).length, Math.ceil(prompt / 16));
+    // vllm-project/vllm nixl/pull_scheduler.py @ 0050936b22adda2ef0197fa3bb2551fe6c5437dc: one
+    // block-id list per KV cache group, and the prefill's computed tokens.
+    const groups = params.remote_block_ids as number[][];
+    assert.equal(groups.length, 1);
+    assert.equal(groups[0].length, Math.ceil(prompt / 16));
+    assert.equal(params.remote_num_tokens, prompt);
     const pm = await p.metrics();
     assert.ok((parseMetric(pm, "vllm:kv_cache_usage_perc") ?? 0) > 0, "P holds the blocks");
 

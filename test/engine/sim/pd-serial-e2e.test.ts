@@ -13,9 +13,19 @@ const cases = [
       JSON.stringify({
         kv_connector: "MoRIIOConnector",
         kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
-        kv_connector_extra_config: { handshake_port: 0, notify_port: 0, read_mode: true },
+        // proxy_ip / proxy_ping_port / http_port are required (moriio_common.py
+        // @ 028a39c286ca87e0d302e66eda00bdb1a00b8c03); nothing listens on that proxy port.
+        kv_connector_extra_config: {
+          proxy_ip: "127.0.0.1",
+          proxy_ping_port: 9,
+          http_port: 0,
+          handshake_port: 0,
+          notify_port: 0,
+          read_mode: true,
+        },
       }),
     ],
+    toPrefill: { transfer_id: "serial-moriio-tx" } as Record<string, unknown>,
     toDecode: (p: Record<string, unknown>) => ({ ...p, do_remote_prefill: true, do_remote_decode: false }),
   },
   {
@@ -32,12 +42,10 @@ const cases = [
         handshake_port: 0,
       }),
     ],
-    toDecode: (p: Record<string, unknown>) => ({
-      ...p,
-      remote_dp_size: 1,
-      remote_tp_size: 1,
-      remote_dp_rank: 0,
-    }),
+    toPrefill: {} as Record<string, unknown>,
+    // ATOM's D reads remote_dp_size / remote_tp_size / remote_dp_rank with defaults
+    // (ROCm/ATOM atom/kv_transfer/disaggregation/types.py @ ffdf3bb5d): P's answer alone suffices.
+    toDecode: (p: Record<string, unknown>) => p,
   },
 ];
 
@@ -70,7 +78,7 @@ for (const c of cases) {
       const pr = await post(p.url, {
         max_tokens: 1,
         stream: false,
-        kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false },
+        kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, ...c.toPrefill },
       });
       assert.equal(pr.status, 200, await pr.clone().text());
       const pBody = (await pr.json()) as { kv_transfer_params: Record<string, unknown> };

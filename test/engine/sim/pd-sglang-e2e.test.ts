@@ -18,7 +18,10 @@ describe("sim PD end to end (sglang bootstrap, concurrent, two processes)", () =
         args: ["--speed", "20", "--role", "prefill", "--connector", "sglang"],
         env: { SGLANG_DISAGGREGATION_BOOTSTRAP_PORT: String(port) },
       }),
-      startSim({ args: ["--speed", "20", "--role", "decode", "--connector", "sglang"] }),
+      startSim({
+        args: ["--speed", "20", "--role", "decode", "--connector", "sglang"],
+        env: { INFERA_SIM_KV_PULL_TIMEOUT_MS: "1500" },
+      }),
     ]);
   });
   after(async () => {
@@ -59,5 +62,34 @@ describe("sim PD end to end (sglang bootstrap, concurrent, two processes)", () =
       usage.prompt_tokens - 1,
     );
     assert.equal(parseMetric(dm, "vllm:prompt_tokens_by_source_total", { source: "local_compute" }), 1);
+  });
+
+  // SGLang normalizes batch rooms (python/sglang/srt/managers/io_struct.py
+  // _normalize_bootstrap_params): a scalar room is room + i per item; D waits for every item's room
+  // (sgl-project/sglang python/sglang/srt/disaggregation/common/conn.py @ 0094505da74125a31ceb354f37ae7a1b6a97d3f5).
+  it("a list prompt with one scalar room: every item's room (room + i) moves; rooms P never fills fail D", async () => {
+    const post = (url: string, id: string, room: unknown) =>
+      fetch(`${url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-request-id": id },
+        body: JSON.stringify({
+          model: "sim-model",
+          prompt: ["First batch item about transfers. ".repeat(10), "Second batch item. ".repeat(10)],
+          max_tokens: 4,
+          bootstrap_host: "127.0.0.1",
+          bootstrap_port: port,
+          bootstrap_room: room,
+        }),
+      });
+    const [pr, dr] = await Promise.all([post(p.url, "sg-b1", 5000), post(d.url, "sg-b1", 5000)]);
+    assert.equal(pr.status, 200, await pr.clone().text());
+    assert.equal(dr.status, 200, await dr.clone().text());
+    const dBody = (await dr.json()) as { choices: unknown[] };
+    assert.equal(dBody.choices.length, 2);
+    // P's items carry rooms [6000, 6002]; D waits for [6000, 6001]: the second never arrives.
+    const [pr2, dr2] = await Promise.all([post(p.url, "sg-b2", [6000, 6002]), post(d.url, "sg-b2", 6000)]);
+    assert.equal(pr2.status, 200);
+    assert.equal(dr2.status, 504, await dr2.clone().text());
+    assert.equal(parseMetric(await d.metrics(), "vllm:num_requests_running"), 0);
   });
 });

@@ -104,3 +104,19 @@ export function importableTokens(pulled: readonly number[], prompt: readonly num
   while (n < max && pulled[n] === prompt[n]) n++;
   return pulled.slice(0, n);
 }
+
+/** Waits `ms` unless `signal` aborts first (then rejects with its reason). */
+export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(signal.reason);
+    const t = setTimeout(() => {
+      signal.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal.reason);
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
+}
