@@ -1,5 +1,8 @@
 import type { ConnectorKind, WorkerRole } from "../../discovery/types.ts";
+import type { EngineKind } from "./engine-flags.ts";
 import type { SimProfile } from "./profile.ts";
+
+export type { EngineKind };
 
 /** vLLM's `--kv-events-config` (field names as vLLM spells them). */
 export interface KvEventsConfig {
@@ -18,6 +21,8 @@ export type KvEventsFraming = "seq" | "atom";
 
 /** Everything the simulated engine needs; produced by the CLI parser or given programmatically. */
 export interface SimConfig {
+  /** The engine whose surface the sim presents (`--engine`; default vllm). */
+  engine: EngineKind;
   model: string;
   servedModelNames: string[];
   host: string;
@@ -40,6 +45,12 @@ export interface SimConfig {
   tpSize: number;
   dpSize: number;
   dpRank: number;
+  /**
+   * True: this process serves all `dpSize` ranks (the engine's internal DP: one frontend, one
+   * scheduler + pool + KV publisher per rank). False: vLLM's `--data-parallel-rank` given, this
+   * process is that one rank (external DP load balancing).
+   */
+  dpLocal: boolean;
   enablePrefixCaching: boolean;
   /** vLLM `--api-key`: when set, /v1 routes require `Authorization: Bearer <key>`. */
   apiKey?: string;
