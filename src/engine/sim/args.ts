@@ -192,9 +192,9 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
       prog,
     );
   }
-  // vLLM's newest layout is maps (its KVCacheEvent is no longer array_like); SGLang and ATOM
-  // stay positional. `--kv-events-encoding array` keeps vLLM's older positional layout.
-  const encoding = values.get("kv-events-encoding") ?? (engine === "vllm" ? "map" : "array");
+  // vLLM: `array` (default, the sim's long-standing layout) or `map` (vLLM's newest: events and
+  // the batch as maps, KVCacheEvent no longer array_like). SGLang and ATOM are positional.
+  const encoding = values.get("kv-events-encoding") ?? "array";
   if (encoding !== "array" && encoding !== "map")
     throw new ArgParseError("argument --kv-events-encoding: invalid choice (choose from array, map)", prog);
   const framing = values.get("kv-events-framing") ?? (engine === "atom" ? "atom" : "seq");
@@ -279,7 +279,7 @@ Sim-only, in every personality:
   --num-gpu-blocks N            KV blocks in the pool
   --role mixed|prefill|decode   PD role (default from the engine's PD flags)
   --connector nixl|mooncake|moriio|sglang|atom
-  --kv-events-encoding array|map  vLLM only: positional arrays (older vLLM) or maps (default)
+  --kv-events-encoding array|map  vLLM only: positional arrays (default) or vLLM's newest maps
   --kv-events-framing seq|atom  override the frame layout
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
   --io-uring auto|on|off        send each tick's SSE events for all streams in one io_uring call (auto)

@@ -73,8 +73,16 @@ class Collector {
       for await (const frames of this.sub) {
         assert.equal(frames.length, 3, "3 frames: topic, seq, payload");
         assert.equal(frames[1].length, 8);
-        const payload = unpackr.unpack(frames[2]) as unknown[];
-        assert.ok(Array.isArray(payload), "EventBatch is an array");
+        const decoded = unpackr.unpack(frames[2]) as unknown;
+        // vLLM's newest EventBatch is a map {ts, events, data_parallel_rank} (not array_like:
+        // vllm-project/vllm vllm/distributed/kv_events.py @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
+        // the older layout an array.
+        const payload = Array.isArray(decoded)
+          ? decoded
+          : (() => {
+              const m = decoded as Record<string, unknown>;
+              return [m.ts, m.events, m.data_parallel_rank];
+            })();
         this.batches.push({
           seq: frames[1].readBigUInt64BE(0),
           ts: payload[0] as number,
