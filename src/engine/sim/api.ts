@@ -94,7 +94,8 @@ function sendJson(
 
 export function sendError(res: ServerResponse, err: unknown, requestId?: string): void {
   if (err instanceof AtomModelMismatchError && !res.headersSent) {
-    return sendJson(res, err.status, err.toJSON(), requestId ? { "x-request-id": requestId } : {});
+    sendJson(res, err.status, err.toJSON(), requestId ? { "x-request-id": requestId } : {});
+    return;
   }
   const e = toInferaError(err);
   if (res.headersSent) {

@@ -39,6 +39,8 @@ export function checkModelName(cfg: SimConfig, body: unknown): void {
   const served = cfg.servedModelNames[0];
   if (model.replace(/\/+$/, "") !== served.replace(/\/+$/, ""))
     throw new AtomModelMismatchError(model, served);
+  // Accepted (a trailing "/" aside): the rest of the request path sees the served name.
+  (body as Record<string, unknown>).model = served;
 }
 
 function header(req: IncomingMessage, name: string): string | undefined {

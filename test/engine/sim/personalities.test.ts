@@ -1,0 +1,566 @@
+/**
+ * The sim's engine personalities (`--engine vllm|sglang|atom`): each engine's own command line,
+ * metric names, KV-event wire layout, DP ranks and native routes. Expectations come from the
+ * engines' source (cited per test), not from the sim.
+ */
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { after, describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import { Unpackr } from "msgpackr";
+import { Subscriber } from "zeromq";
+import { parseSimArgs } from "../../../src/engine/sim/args.ts";
+import { type SimHandle, startSimEngine } from "../../../src/engine/sim/server.ts";
+import { freePort } from "../../helpers/ports.ts";
+import { parseMetric } from "../../helpers/sim.ts";
+
+const BIN = fileURLToPath(new URL("../../../bin/infera-sim.js", import.meta.url));
+const ROOT = fileURLToPath(new URL("../../../", import.meta.url));
+const unpackr = new Unpackr({ int64AsType: "bigint", useRecords: false, mapsAsObjects: true });
+
+function runBin(args: string[], env: Record<string, string> = {}): ReturnType<typeof spawnSync> {
+  return spawnSync(process.execPath, [BIN, ...args], {
+    cwd: ROOT,
+    encoding: "utf8",
+    env: { ...process.env, INFERA_LOG_LEVEL: "error", ...env },
+    timeout: 30_000,
+  });
+}
+
+/** Collects [topic?, seq?, payload] frames from a SUB socket. */
+class Sub {
+  readonly frames: Buffer[][] = [];
+  private readonly sock = new Subscriber();
+  constructor(endpoint: string) {
+    this.sock.connect(endpoint);
+    this.sock.subscribe();
+    void (async () => {
+      try {
+        for await (const f of this.sock) this.frames.push(f);
+      } catch {
+        // closed
+      }
+    })();
+  }
+  async first(ms = 5000): Promise<Buffer[]> {
+    const end = Date.now() + ms;
+    while (this.frames.length === 0) {
+      if (Date.now() > end) throw new Error("no KV event frame");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    return this.frames[0];
+  }
+  close(): void {
+    this.sock.close();
+  }
+}
+
+/** A prompt of token ids: 2 full blocks of 16 plus 3 tokens. */
+const PROMPT = Array.from({ length: 35 }, (_, i) => 1000 + i);
+
+async function complete(
+  url: string,
+  body: Record<string, unknown>,
+  headers: Record<string, string> = {},
+): Promise<Response> {
+  return fetch(`${url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: JSON.stringify(body),
+  });
+}
+
+/** Starts a subscriber, waits for it to join (PUB drops frames to late joiners), sends one request. */
+async function firstBatch(
+  sim: SimHandle,
+  endpoint: string,
+  body: Record<string, unknown>,
+  headers?: Record<string, string>,
+): Promise<Buffer[]> {
+  const sub = new Sub(endpoint);
+  try {
+    await new Promise((r) => setTimeout(r, 300));
+    const r = await complete(sim.url, body, headers);
+    assert.equal(r.status, 200, await r.clone().text());
+    await r.text();
+    return await sub.first();
+  } finally {
+    sub.close();
+  }
+}
+
+describe("personality command lines", () => {
+  it("each personality parses its engine's own flag names", () => {
+    // sgl-project/sglang python/sglang/srt/server_args.py: model_path (--model-path), port, tp_size
+    // (--tp-size), dp_size (--dp-size), page_size, context_length, served_model_name,
+    // disaggregation_mode / _bootstrap_port / _transfer_backend, enable_metrics.
+    const s = parseSimArgs([
+      "--engine",
+      "sglang",
+      "--model-path",
+      "org/M",
+      "--port",
+      "30001",
+      "--tp-size",
+      "2",
+      "--dp-size",
+      "2",
+      "--page-size",
+      "32",
+      "--context-length",
+      "8192",
+      "--served-model-name",
+      "m",
+      "--disaggregation-mode",
+      "decode",
+      "--disaggregation-bootstrap-port",
+      "9100",
+      "--disaggregation-transfer-backend",
+      "mooncake",
+      "--enable-metrics",
+      "--kv-events-config",
+      '{"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv"}',
+    ]).config;
+    assert.equal(s.engine, "sglang");
+    assert.equal(s.model, "org/M");
+    assert.deepEqual(s.servedModelNames, ["m"]);
+    assert.equal(s.port, 30001);
+    assert.equal(s.tpSize, 2);
+    assert.equal(s.dpSize, 2);
+    assert.equal(s.blockSize, 32);
+    assert.equal(s.maxModelLen, 8192);
+    assert.equal(s.role, "decode");
+    assert.equal(s.connector, "sglang");
+    assert.equal(s.kvTransferConfig.bootstrap_port, 9100);
+    assert.equal(s.kvEvents?.topic, "kv");
+
+    // ROCm/ATOM atom/model_engine/arg_utils.py + atom/entrypoints/openai/api_server.py
+    // @ ffdf3bb5ddf8a15a64d521a2eeb3bc7438f9ac21: --model, --server-port (HTTP; --port is the
+    // engine's internal port), -tp, -dp, --kv_cache_dtype, --block-size, --kv-transfer-config.
+    const a = parseSimArgs(
+      [
+        "--engine",
+        "atom",
+        "--model",
+        "org/A",
+        "--server-port",
+        "8123",
+        "--port",
+        "8006",
+        "-tp",
+        "4",
+        "--kv_cache_dtype",
+        "fp8",
+        "--block-size",
+        "16",
+        "--kv-transfer-config",
+        '{"kv_role":"kv_producer","kv_connector":"moriio","handshake_port":6301}',
+      ],
+      // atom/utils/envs.py: KV events are env-only.
+      {
+        ATOM_KV_EVENTS_ENABLE: "1",
+        ATOM_KV_EVENTS_ENDPOINT: "tcp://127.0.0.1:6000",
+        ATOM_KV_EVENTS_TOPIC: "t",
+      },
+    ).config;
+    assert.equal(a.engine, "atom");
+    assert.equal(a.port, 8123);
+    assert.equal(a.tpSize, 4);
+    assert.equal(a.role, "prefill");
+    assert.equal(a.connector, "atom");
+    assert.equal(a.kvEvents?.endpoint, "tcp://127.0.0.1:6000");
+    assert.equal(a.kvEvents?.topic, "t");
+    assert.equal(a.kvEventsFraming, "atom");
+    // ATOM without the env var has no KV events (no CLI flag for them).
+    assert.equal(parseSimArgs(["--engine", "atom", "--model", "x"], {}).config.kvEvents, null);
+  });
+
+  it("an unknown flag exits 2 with argparse's 'unrecognized arguments' in every personality", () => {
+    // vLLM does not declare --model-path (SGLang's spelling); SGLang does not declare
+    // --tensor-parallel-size's short -tp; ATOM does not declare --tp-size.
+    const cases: [string[], string][] = [
+      [["--engine", "vllm", "serve", "m", "--model-path", "x"], "unrecognized arguments: --model-path x"],
+      [["--engine", "sglang", "--model-path", "m", "-tp", "2"], "unrecognized arguments: -tp 2"],
+      [["--engine", "atom", "--model", "m", "--tp-size", "2"], "unrecognized arguments: --tp-size 2"],
+      [["serve", "m", "--not-a-vllm-flag"], "unrecognized arguments: --not-a-vllm-flag"],
+    ];
+    for (const [args, msg] of cases) {
+      const r = runBin(args);
+      assert.equal(r.status, 2, `${args.join(" ")}: ${r.stderr}`);
+      assert.match(String(r.stderr), /error: /);
+      assert.ok(String(r.stderr).includes(msg), `${args.join(" ")} → ${r.stderr}`);
+    }
+    // Sim-only tuning flags are accepted everywhere.
+    for (const engine of ["vllm", "sglang", "atom"]) {
+      assert.doesNotThrow(() =>
+        parseSimArgs(["--engine", engine, "--speed", "5", "--num-gpu-blocks", "100", "--seed", "1"]),
+      );
+    }
+  });
+});
+
+describe("personality metrics", () => {
+  const sims: SimHandle[] = [];
+  after(async () => {
+    for (const s of sims) await s.close();
+  });
+
+  it("SGLang serves sglang:* with its scheduler labels and the PD backlog gauges", async () => {
+    const sim = await startSimEngine({
+      argv: ["--engine", "sglang", "--model-path", "sg"],
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+    });
+    sims.push(sim);
+    const r = await complete(sim.url, { model: "sg", prompt: PROMPT, max_tokens: 3 });
+    assert.equal(r.status, 200);
+    await r.text();
+    const m = await (await fetch(`${sim.url}/metrics`)).text();
+    // python/sglang/srt/observability/metrics_collector.py (SchedulerMetricsCollector): labels
+    // model_name, engine_type ("unified" when not disaggregated), tp_rank, pp_rank, moe_ep_rank.
+    const labels = { model_name: "sg", engine_type: "unified", tp_rank: "0", pp_rank: "0", moe_ep_rank: "0" };
+    for (const name of [
+      "sglang:num_running_reqs",
+      "sglang:num_queue_reqs",
+      "sglang:token_usage",
+      "sglang:cache_hit_rate",
+      "sglang:num_prefill_prealloc_queue_reqs",
+      "sglang:num_prefill_inflight_queue_reqs",
+      "sglang:num_decode_prealloc_queue_reqs",
+      "sglang:num_decode_transfer_queue_reqs",
+      "sglang:time_to_first_token_seconds_count",
+      "sglang:inter_token_latency_seconds_count",
+      "sglang:e2e_request_latency_seconds_count",
+    ])
+      assert.notEqual(parseMetric(m, name, labels), undefined, name);
+    assert.equal(parseMetric(m, "sglang:generation_tokens_total", labels), 3);
+    assert.ok(!m.includes("vllm:"), "no vLLM names under SGLang");
+  });
+
+  it("ATOM serves atom:* unlabelled; vLLM no longer serves the retired gpu_cache_usage_perc", async () => {
+    const sim = await startSimEngine({
+      argv: ["--engine", "atom", "--model", "at"],
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+    });
+    sims.push(sim);
+    const r = await complete(sim.url, { model: "at", prompt: PROMPT, max_tokens: 2 });
+    assert.equal(r.status, 200);
+    await r.text();
+    const m = await (await fetch(`${sim.url}/metrics`)).text();
+    // ROCm/ATOM atom/entrypoints/openai/metrics.py @ ffdf3bb5ddf8a15a64d521a2eeb3bc7438f9ac21
+    for (const name of [
+      "atom:requests_running",
+      "atom:requests_waiting",
+      "atom:kv_cache_usage_ratio",
+      "atom:kv_cache_blocks_total",
+      "atom:metrics_snapshot_available",
+    ])
+      assert.notEqual(parseMetric(m, name), undefined, name);
+    assert.equal(parseMetric(m, "atom:generation_tokens_total"), 2);
+    assert.ok(!m.includes("vllm:") && !m.includes("sglang:"));
+    assert.ok(/^atom:requests_running \d/m.test(m), "ATOM's gauges carry no labels");
+  });
+});
+
+describe("personality KV-event frames over a real ZMQ SUB", () => {
+  const sims: SimHandle[] = [];
+  after(async () => {
+    for (const s of sims) await s.close();
+  });
+
+  it("vLLM newest layout: map batch, map events with type, extra_keys per block, group_idx, kv_cache_spec_kind", async () => {
+    const sim = await startSimEngine({
+      argv: ["--engine", "vllm", "--kv-events-encoding", "map"],
+      model: "v",
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEvents: {
+        enable_kv_cache_events: true,
+        publisher: "zmq",
+        endpoint: "tcp://127.0.0.1:*",
+        topic: "kv",
+      },
+    });
+    sims.push(sim);
+    const frames = await firstBatch(sim, sim.kvEndpoint!, {
+      model: "v",
+      prompt: PROMPT,
+      max_tokens: 1,
+      cache_salt: "s1",
+    });
+    // vllm-project/vllm vllm/distributed/kv_events.py @ 0181ea3173e53eea8cf04a86891488e3dc89bb34:
+    // [topic, seq (8-byte BE), payload]; EventBatch/KVCacheEvent are tagged, omit_defaults maps.
+    assert.equal(frames.length, 3);
+    assert.equal(frames[0].toString(), "kv");
+    assert.equal(frames[1].readBigUInt64BE(0), 0n);
+    const batch = unpackr.unpack(frames[2]) as Record<string, unknown>;
+    assert.deepEqual(Object.keys(batch), ["ts", "events", "data_parallel_rank"]);
+    assert.equal(typeof batch.ts, "number");
+    assert.equal(batch.data_parallel_rank, 0);
+    const [ev] = batch.events as Record<string, unknown>[];
+    const hashes = ev.block_hashes as unknown[];
+    assert.equal(hashes.length, 2);
+    // vllm/v1/core/block_pool.py: BlockStored(..., medium=MEDIUM_GPU, lora_name, extra_keys one
+    // entry per block (kv_cache_utils.generate_block_hash_extra_keys: lora + mm + cache_salt on
+    // the first block only), group_idx=kv_cache_group_id); kv_cache_spec_kind "full_attention".
+    assert.deepEqual(ev, {
+      type: "BlockStored",
+      block_hashes: hashes,
+      parent_block_hash: null,
+      token_ids: PROMPT.slice(0, 32),
+      block_size: 16,
+      lora_id: null,
+      medium: "GPU",
+      lora_name: null,
+      extra_keys: [["s1"], null],
+      group_idx: 0,
+      kv_cache_spec_kind: "full_attention",
+    });
+  });
+
+  it("SGLang: positional arrays, one event per page, {cache_salt} after medium, batch third field attn_dp_rank", async () => {
+    const sim = await startSimEngine({
+      argv: ["--engine", "sglang", "--model-path", "sg", "--page-size", "16"],
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEvents: { publisher: "zmq", endpoint: "tcp://127.0.0.1:*", topic: "" },
+    });
+    sims.push(sim);
+    const frames = await firstBatch(sim, sim.kvEndpoint!, {
+      model: "sg",
+      prompt: PROMPT,
+      max_tokens: 1,
+      cache_salt: "salty",
+    });
+    // sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py @ 612d579090db24ec7c47cc5ca6b83e0c649b8c28:
+    // EventBatch(array_like) [ts, events, attn_dp_rank]; BlockStored(array_like, tag)
+    // [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium];
+    // BlockStoredWithMetadata(tag="BlockStored") appends metadata {cache_salt}.
+    assert.equal(frames.length, 3);
+    const batch = unpackr.unpack(frames[2]) as unknown[];
+    assert.ok(Array.isArray(batch));
+    assert.equal(batch.length, 3);
+    assert.equal(batch[2], 0);
+    const events = batch[1] as unknown[][];
+    assert.equal(events.length, 2, "one BlockStored per page");
+    const h0 = (events[0][1] as unknown[])[0];
+    const h1 = (events[1][1] as unknown[])[0];
+    assert.deepEqual(events, [
+      ["BlockStored", [h0], null, PROMPT.slice(0, 16), 16, null, "GPU", { cache_salt: "salty" }],
+      ["BlockStored", [h1], h0, PROMPT.slice(16, 32), 16, null, "GPU", { cache_salt: "salty" }],
+    ]);
+  });
+
+  it("ATOM: [payload] frames when the topic is empty, omit_defaults arrays, no replay", async () => {
+    const port = await freePort();
+    const sim = await startSimEngine({
+      argv: ["--engine", "atom", "--model", "at"],
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEvents: {
+        enable_kv_cache_events: true,
+        publisher: "zmq",
+        endpoint: `tcp://127.0.0.1:${port}`,
+        topic: "",
+      },
+    });
+    sims.push(sim);
+    const frames = await firstBatch(sim, `tcp://127.0.0.1:${port}`, {
+      model: "at",
+      prompt: PROMPT,
+      max_tokens: 1,
+    });
+    // ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5ddf8a15a64d521a2eeb3bc7438f9ac21:
+    // ZmqEventPublisher sends one frame (payload) when topic == "", else [topic, payload]; no seq;
+    // BlockStored array_like + omit_defaults with medium "GPU" (default) → trailing fields dropped.
+    assert.equal(frames.length, 1);
+    const batch = unpackr.unpack(frames[0]) as unknown[];
+    const [ev] = batch[1] as unknown[][];
+    assert.deepEqual(ev, ["BlockStored", ev[1], null, PROMPT.slice(0, 32), 16]);
+    assert.equal((ev[1] as unknown[]).length, 2);
+    assert.equal(sim.replayEndpoint, null);
+  });
+});
+
+describe("data parallel ranks in one process", () => {
+  const sims: SimHandle[] = [];
+  after(async () => {
+    for (const s of sims) await s.close();
+  });
+
+  it("SGLang --dp-size 2: rank r publishes on port+r; routed_dp_rank pins the rank; metrics carry dp_rank", async () => {
+    const base = await freePort();
+    const sim = await startSimEngine({
+      argv: ["--engine", "sglang", "--model-path", "sg", "--dp-size", "2", "--page-size", "16"],
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEvents: { publisher: "zmq", endpoint: `tcp://127.0.0.1:${base}`, topic: "" },
+    });
+    sims.push(sim);
+    assert.equal(sim.engines.length, 2);
+    assert.deepEqual(
+      sim.kvRanks.map((k) => k.endpoint),
+      [`tcp://127.0.0.1:${base}`, `tcp://127.0.0.1:${base + 1}`],
+    );
+    // GenerateReqInput.routed_dp_rank (python/sglang/srt/managers/io_struct.py).
+    const frames = await firstBatch(sim, `tcp://127.0.0.1:${base + 1}`, {
+      model: "sg",
+      prompt: PROMPT,
+      max_tokens: 1,
+      routed_dp_rank: 1,
+    });
+    const batch = unpackr.unpack(frames[2]) as unknown[];
+    assert.equal(batch[2], 1, "attn_dp_rank of rank 1");
+    const m = await (await fetch(`${sim.url}/metrics`)).text();
+    assert.notEqual(parseMetric(m, "sglang:num_running_reqs", { dp_rank: "0" }), undefined);
+    assert.notEqual(parseMetric(m, "sglang:num_running_reqs", { dp_rank: "1" }), undefined);
+    assert.equal(parseMetric(m, "sglang:generation_tokens_total", { dp_rank: "1" }), 1);
+  });
+
+  it("vLLM -dp 2: X-data-parallel-rank pins the rank; an out-of-range rank is a 400", async () => {
+    const sim = await startSimEngine({
+      argv: ["--engine", "vllm", "-dp", "2"],
+      model: "v",
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      kvEvents: { enable_kv_cache_events: true, publisher: "zmq", endpoint: "tcp://127.0.0.1:*", topic: "" },
+    });
+    sims.push(sim);
+    assert.equal(sim.kvRanks.length, 2);
+    const frames = await firstBatch(
+      sim,
+      sim.kvRanks[1].endpoint,
+      { model: "v", prompt: PROMPT, max_tokens: 1 },
+      { "X-data-parallel-rank": "1" },
+    );
+    assert.equal((unpackr.unpack(frames[2]) as unknown[])[2], 1);
+    const bad = await complete(
+      sim.url,
+      { model: "v", prompt: "x", max_tokens: 1 },
+      { "X-data-parallel-rank": "5" },
+    );
+    assert.equal(bad.status, 400);
+  });
+
+  it("ATOM -dp 2 with KV events fails at start-up: every rank binds the same endpoint", async () => {
+    const kvPort = await freePort();
+    // ROCm/ATOM atom/distributed/kv_events.py ZmqEventPublisher binds `endpoint` as given (no DP
+    // offset) and atom/model_engine/scheduler.py builds one per rank → the second bind fails.
+    const r = runBin(["--engine", "atom", "--model", "at", "--server-port", "0", "-dp", "2"], {
+      ATOM_KV_EVENTS_ENABLE: "1",
+      ATOM_KV_EVENTS_ENDPOINT: `tcp://127.0.0.1:${kvPort}`,
+    });
+    assert.notEqual(r.status, 0);
+    assert.match(String(r.stdout) + String(r.stderr), /Address already in use/);
+  });
+});
+
+describe("personality routes", () => {
+  const sims: SimHandle[] = [];
+  after(async () => {
+    for (const s of sims) await s.close();
+  });
+
+  it("SGLang POST /generate (text or input_ids, sampling_params, stream), /get_server_info, /get_model_info", async () => {
+    const sim = await startSimEngine({
+      argv: ["--engine", "sglang", "--model-path", "sg"],
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+    });
+    sims.push(sim);
+    // python/sglang/srt/entrypoints/http_server.py generate_request; GenerateReqInput fields.
+    const r = await fetch(`${sim.url}/generate`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ text: "Hello there", sampling_params: { max_new_tokens: 4, temperature: 0 } }),
+    });
+    assert.equal(r.status, 200);
+    const j = (await r.json()) as { text: string; meta_info: Record<string, unknown> };
+    assert.equal(typeof j.text, "string");
+    assert.equal(j.meta_info.completion_tokens, 4);
+    assert.deepEqual(j.meta_info.finish_reason, { type: "length", length: 4 });
+
+    const s = await fetch(`${sim.url}/generate`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ input_ids: PROMPT, sampling_params: { max_new_tokens: 3 }, stream: true }),
+    });
+    const text = await s.text();
+    const data = text
+      .split("\n\n")
+      .filter((l) => l.startsWith("data: "))
+      .map((l) => l.slice(6));
+    assert.equal(data.at(-1), "[DONE]");
+    const last = JSON.parse(data.at(-2)!) as { meta_info: Record<string, unknown> };
+    assert.equal(last.meta_info.completion_tokens, 3);
+    assert.equal(last.meta_info.prompt_tokens, PROMPT.length);
+
+    const info = (await (await fetch(`${sim.url}/get_server_info`)).json()) as Record<string, unknown>;
+    assert.equal(info.model_path, "sg");
+    const mi = (await (await fetch(`${sim.url}/get_model_info`)).json()) as Record<string, unknown>;
+    assert.equal(mi.is_generation, true);
+  });
+
+  it("ATOM answers 400 {detail} to another model name and serves /server_info, /kv_transfer_info", async () => {
+    const sim = await startSimEngine({
+      argv: [
+        "--engine",
+        "atom",
+        "--model",
+        "org/at",
+        "-tp",
+        "2",
+        "--kv-transfer-config",
+        '{"kv_role":"kv_consumer","handshake_port":6400}',
+      ],
+      host: "127.0.0.1",
+      port: 0,
+      speed: 100,
+      connectorFactory: () => null,
+    });
+    sims.push(sim);
+    // atom/entrypoints/openai/api_server.py validate_model → HTTPException(400, detail=...).
+    const r = await fetch(`${sim.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "other", messages: [{ role: "user", content: "hi" }], max_tokens: 1 }),
+    });
+    assert.equal(r.status, 400);
+    assert.deepEqual(await r.json(), {
+      detail: "Requested model 'other' does not match server model 'org/at'",
+    });
+    const ok = await complete(sim.url, { model: "org/at/", prompt: "hi", max_tokens: 1 });
+    assert.equal(ok.status, 200, "a trailing / is ignored");
+    await ok.text();
+    assert.deepEqual(await (await fetch(`${sim.url}/server_info`)).json(), {
+      model_id: "org/at",
+      served_model_name: "org/at",
+      tp_size: 2,
+      dp_size: 1,
+    });
+    assert.deepEqual(await (await fetch(`${sim.url}/kv_transfer_info`)).json(), {
+      tp_size: 2,
+      dp_size: 1,
+      kv_role: "kv_consumer",
+      handshake_port: 6400,
+    });
+    assert.deepEqual(await (await fetch(`${sim.url}/health`)).json(), { status: "ok" });
+  });
+
+  it("vLLM still answers 404 model_not_found for an unknown model", async () => {
+    const sim = await startSimEngine({ model: "v", host: "127.0.0.1", port: 0, speed: 100 });
+    sims.push(sim);
+    const r = await complete(sim.url, { model: "other", prompt: "x", max_tokens: 1 });
+    assert.equal(r.status, 404);
+    await r.text();
+  });
+});
