@@ -12,7 +12,7 @@ import { Subscriber } from "zeromq";
 import { parseSimArgs } from "../../../src/engine/sim/args.ts";
 import { type SimHandle, startSimEngine } from "../../../src/engine/sim/server.ts";
 import { freePort } from "../../helpers/ports.ts";
-import { parseMetric } from "../../helpers/sim.ts";
+import { parseMetric, startSim } from "../../helpers/sim.ts";
 
 const BIN = fileURLToPath(new URL("../../../bin/infera-sim.js", import.meta.url));
 const ROOT = fileURLToPath(new URL("../../../", import.meta.url));
@@ -562,5 +562,31 @@ describe("personality routes", () => {
     const r = await complete(sim.url, { model: "other", prompt: "x", max_tokens: 1 });
     assert.equal(r.status, 404);
     await r.text();
+  });
+});
+
+describe("personalities as child processes (test/helpers/sim.ts)", () => {
+  it("ATOM from its own command line and ATOM_KV_EVENTS_* env: [topic, payload] frames", async () => {
+    const sim = await startSim({ engine: "atom", model: "at", args: ["--speed", "100"] });
+    const sub = new Sub(sim.kvEndpoint);
+    try {
+      await new Promise((r) => setTimeout(r, 300));
+      const r = await fetch(`${sim.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "at", prompt: PROMPT, max_tokens: 1 }),
+      });
+      assert.equal(r.status, 200);
+      await r.text();
+      // ROCm/ATOM atom/distributed/kv_events.py: a non-empty topic gives [topic, payload].
+      const frames = await sub.first();
+      assert.equal(frames.length, 2);
+      assert.equal(frames[0].toString(), "kv-events");
+      assert.ok(Array.isArray(unpackr.unpack(frames[1])));
+      assert.notEqual(parseMetric(await sim.metrics(), "atom:requests_running"), undefined);
+    } finally {
+      sub.close();
+      await sim.stop();
+    }
   });
 });
