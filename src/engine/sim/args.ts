@@ -192,9 +192,12 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
       prog,
     );
   }
-  // vLLM: `array` (default, the sim's long-standing layout) or `map` (vLLM's newest: events and
-  // the batch as maps, KVCacheEvent no longer array_like). SGLang and ATOM are positional.
-  const encoding = values.get("kv-events-encoding") ?? "array";
+  // vLLM: `map` is vLLM's newest layout (events and the batch as maps; KVCacheEvent is no longer
+  // array_like) and the default when `--engine vllm` is named; without `--engine` (the sim's
+  // long-standing command line) the default stays the older positional `array` layout.
+  const explicitEngine = argv.some((a) => a === "--engine" || a.startsWith("--engine="));
+  const encoding =
+    values.get("kv-events-encoding") ?? (engine === "vllm" && explicitEngine ? "map" : "array");
   if (encoding !== "array" && encoding !== "map")
     throw new ArgParseError("argument --kv-events-encoding: invalid choice (choose from array, map)", prog);
   const framing = values.get("kv-events-framing") ?? (engine === "atom" ? "atom" : "seq");
@@ -279,7 +282,8 @@ Sim-only, in every personality:
   --num-gpu-blocks N            KV blocks in the pool
   --role mixed|prefill|decode   PD role (default from the engine's PD flags)
   --connector nixl|mooncake|moriio|sglang|atom
-  --kv-events-encoding array|map  vLLM only: positional arrays (default) or vLLM's newest maps
+  --kv-events-encoding array|map  vLLM only: vLLM's newest maps (default with --engine vllm) or
+                                positional arrays (default without --engine)
   --kv-events-framing seq|atom  override the frame layout
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
   --io-uring auto|on|off        send each tick's SSE events for all streams in one io_uring call (auto)

@@ -273,7 +273,8 @@ describe("personality KV-event frames over a real ZMQ SUB", () => {
 
   it("vLLM newest layout: map batch, map events with type, extra_keys per block, group_idx, kv_cache_spec_kind", async () => {
     const sim = await startSimEngine({
-      argv: ["--engine", "vllm", "--kv-events-encoding", "map"],
+      // `--engine vllm` defaults to vLLM's newest (map) layout.
+      argv: ["--engine", "vllm"],
       model: "v",
       host: "127.0.0.1",
       port: 0,
@@ -441,13 +442,18 @@ describe("data parallel ranks in one process", () => {
       { model: "v", prompt: PROMPT, max_tokens: 1 },
       { "X-data-parallel-rank": "1" },
     );
-    assert.equal((unpackr.unpack(frames[2]) as unknown[])[2], 1);
+    assert.equal((unpackr.unpack(frames[2]) as Record<string, unknown>).data_parallel_rank, 1);
     const bad = await complete(
       sim.url,
       { model: "v", prompt: "x", max_tokens: 1 },
       { "X-data-parallel-rank": "5" },
     );
     assert.equal(bad.status, 400);
+  });
+
+  it("vLLM without --engine keeps the older positional layout by default", () => {
+    assert.equal(parseSimArgs(["serve", "m"]).config.kvEventsEncoding, "array");
+    assert.equal(parseSimArgs(["--engine", "vllm", "serve", "m"]).config.kvEventsEncoding, "map");
   });
 
   it("ATOM -dp 2 with KV events fails at start-up: every rank binds the same endpoint", async () => {
