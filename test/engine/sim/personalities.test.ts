@@ -596,3 +596,57 @@ describe("personalities as child processes (test/helpers/sim.ts)", () => {
     }
   });
 });
+
+describe("SGLang personality PD flags drive the bootstrap connector", () => {
+  it("--disaggregation-mode prefill/decode + --disaggregation-bootstrap-port: D answers, computing only the last prompt token", async () => {
+    // python/sglang/srt/server_args.py: disaggregation_mode (null|prefill|decode),
+    // disaggregation_bootstrap_port (8998); the router sends the identical body with
+    // bootstrap_host/port/room to both.
+    const port = await freePort();
+    const common = ["--speed", "20", "--page-size", "16"];
+    const [p, d] = await Promise.all([
+      startSim({
+        engine: "sglang",
+        args: [
+          ...common,
+          "--disaggregation-mode",
+          "prefill",
+          "--disaggregation-bootstrap-port",
+          String(port),
+        ],
+      }),
+      startSim({ engine: "sglang", args: [...common, "--disaggregation-mode", "decode"] }),
+    ]);
+    try {
+      const body = JSON.stringify({
+        model: "sim-model",
+        prompt: PROMPT,
+        max_tokens: 4,
+        bootstrap_host: "127.0.0.1",
+        bootstrap_port: port,
+        bootstrap_room: 42,
+      });
+      const post = (url: string) =>
+        fetch(`${url}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body,
+        });
+      const [pr, dr] = await Promise.all([post(p.url), post(d.url)]);
+      assert.equal(pr.status, 200, await pr.clone().text());
+      assert.equal(dr.status, 200, await dr.clone().text());
+      await pr.text();
+      const j = (await dr.json()) as { usage: { completion_tokens: number } };
+      assert.equal(j.usage.completion_tokens, 4);
+      const dm = await d.metrics();
+      // SGLang labels its decode worker engine_type="decode" (DisaggregationMode.to_engine_type).
+      assert.equal(parseMetric(dm, "sglang:generation_tokens_total", { engine_type: "decode" }), 4);
+      assert.notEqual(
+        parseMetric(await p.metrics(), "sglang:num_running_reqs", { engine_type: "prefill" }),
+        undefined,
+      );
+    } finally {
+      await Promise.all([p.stop(), d.stop()]);
+    }
+  });
+});
