@@ -230,6 +230,7 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
   const dpRankRaw = values.get("dp-rank");
   const config: SimConfig = {
     engine,
+    ...(explicitEngine ? { engineExplicit: true } : {}),
     model,
     servedModelNames: served.length > 0 ? served : [model],
     host: values.get("host") ?? defaultHost,

@@ -23,6 +23,11 @@ export type KvEventsFraming = "seq" | "atom";
 export interface SimConfig {
   /** The engine whose surface the sim presents (`--engine`; default vllm). */
   engine: EngineKind;
+  /**
+   * Set when `--engine` was named: the KV PUB socket follows the engine's bind-or-connect
+   * heuristic (kvPubMode). Unset (the sim's long-standing command line): always bind.
+   */
+  engineExplicit?: boolean;
   model: string;
   servedModelNames: string[];
   host: string;
@@ -124,4 +129,23 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
   if (role === "kv_producer") out.role = "prefill";
   else if (role === "kv_consumer") out.role = "decode";
   return out;
+}
+
+/**
+ * Whether the engine binds or connects its KV PUB socket for `endpoint`:
+ * - vLLM: bind only for `*`, `::`, ipc://, inproc:// (vllm-project/vllm
+ *   vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
+ * - SGLang: also `0.0.0.0` (python/sglang/srt/disaggregation/kv_events.py _socket_setup);
+ * - ATOM: always binds (ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5).
+ * Anything else is connect(): no subscriber ever hears such an engine.
+ */
+export function kvPubMode(engine: EngineKind, endpoint: string): "bind" | "connect" {
+  if (engine === "atom") return "bind";
+  const wildcard =
+    endpoint.includes("*") ||
+    endpoint.includes("::") ||
+    endpoint.startsWith("ipc://") ||
+    endpoint.startsWith("inproc://") ||
+    (engine === "sglang" && endpoint.includes("0.0.0.0"));
+  return wildcard ? "bind" : "connect";
 }

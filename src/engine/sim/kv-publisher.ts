@@ -61,15 +61,19 @@ export class KvEventPublisher {
   async start(
     endpoint: string,
     replayEndpoint: string | null,
+    mode: "bind" | "connect" = "bind",
   ): Promise<{ pub: string; replay: string | null }> {
-    await this.pub.bind(endpoint);
+    // "connect": the engine's heuristic chose connect() for a non-wildcard host, so nothing
+    // listens on the endpoint (subscribers never hear it), as on the real engine.
+    if (mode === "connect") this.pub.connect(endpoint);
+    else await this.pub.bind(endpoint);
     let replay: string | null = null;
     if (this.replay && replayEndpoint) {
       await this.replay.bind(replayEndpoint);
       replay = this.replay.lastEndpoint ?? replayEndpoint;
       void this.serveReplay(this.replay);
     }
-    return { pub: this.pub.lastEndpoint ?? endpoint, replay };
+    return { pub: (mode === "bind" ? this.pub.lastEndpoint : null) ?? endpoint, replay };
   }
 
   /** Publishes one step's events as one batch. */

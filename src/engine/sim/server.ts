@@ -4,7 +4,7 @@ import { loadTokenizer } from "../../kv/tokenizer.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { createSimServer } from "./api.ts";
 import { parseSimArgs } from "./args.ts";
-import { offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
+import { kvPubMode, offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
 import { SimEngine } from "./engine.ts";
 import { SimKvHostImpl } from "./kv-host.ts";
 import { KvEventPublisher, kvLayoutOf } from "./kv-publisher.ts";
@@ -116,7 +116,13 @@ export async function startWithConfig(
         const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, offset) : null;
         const publisher = new KvEventPublisher(ev, layout, cfg.kvEventsFraming, e.rank, log);
         publishers.push(publisher);
-        const bound = await publisher.start(endpoint, replay);
+        const mode = cfg.engineExplicit ? kvPubMode(cfg.engine, endpoint) : "bind";
+        if (mode === "connect")
+          log.warn(
+            { endpoint },
+            "KV events endpoint is not a wildcard: the engine connects instead of binding",
+          );
+        const bound = await publisher.start(endpoint, replay, mode);
         e.publisher = publisher;
         kvRanks.push({
           rank: e.rank,

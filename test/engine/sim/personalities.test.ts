@@ -402,7 +402,8 @@ describe("data parallel ranks in one process", () => {
       host: "127.0.0.1",
       port: 0,
       speed: 100,
-      kvEvents: { publisher: "zmq", endpoint: `tcp://127.0.0.1:${base}`, topic: "" },
+      // A wildcard host: SGLang binds only `*`, `::`, `0.0.0.0` (else it connects).
+      kvEvents: { publisher: "zmq", endpoint: `tcp://*:${base}`, topic: "" },
     });
     sims.push(sim);
     assert.equal(sim.engines.length, 2);
@@ -449,6 +450,39 @@ describe("data parallel ranks in one process", () => {
       { "X-data-parallel-rank": "5" },
     );
     assert.equal(bad.status, 400);
+  });
+
+  it("vLLM and SGLang connect (nobody can subscribe) when the endpoint host is not a wildcard; ATOM binds", async () => {
+    // vllm-project/vllm vllm/distributed/kv_events.py _socket_setup @ 0181ea3173e53eea8cf04a86891488e3dc89bb34:
+    // bind only if the endpoint has `*` or `::` (or is ipc/inproc), else connect().
+    // sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py: also `0.0.0.0`.
+    // ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5: always bind.
+    const { createConnection } = await import("node:net");
+    const listening = (port: number): Promise<boolean> =>
+      new Promise((resolve) => {
+        const c = createConnection({ host: "127.0.0.1", port });
+        c.once("connect", () => {
+          c.destroy();
+          resolve(true);
+        });
+        c.once("error", () => resolve(false));
+      });
+    for (const [argv, expect] of [
+      [["--engine", "vllm"], false],
+      [["--engine", "sglang", "--model-path", "v"], false],
+      [["--engine", "atom", "--model", "v"], true],
+    ] as const) {
+      const port = await freePort();
+      const sim = await startSimEngine({
+        argv: [...argv],
+        model: "v",
+        host: "127.0.0.1",
+        port: 0,
+        kvEvents: { enable_kv_cache_events: true, publisher: "zmq", endpoint: `tcp://127.0.0.1:${port}` },
+      });
+      sims.push(sim);
+      assert.equal(await listening(port), expect, argv.join(" "));
+    }
   });
 
   it("vLLM without --engine keeps the older positional layout by default", () => {
