@@ -92,12 +92,24 @@ function sendJson(
   res.end(text);
 }
 
-export function sendError(res: ServerResponse, err: unknown, requestId?: string): void {
+export function sendError(
+  res: ServerResponse,
+  err: unknown,
+  requestId?: string,
+  engine: SimConfig["engine"] = "vllm",
+): void {
   if (err instanceof AtomModelMismatchError && !res.headersSent) {
     sendJson(res, err.status, err.toJSON(), requestId ? { "x-request-id": requestId } : {});
     return;
   }
   const e = toInferaError(err);
+  // ATOM's handlers turn a ValueError into HTTPException(400, detail=str(e)) and anything else
+  // into HTTPException(500, ...): FastAPI's `{"detail": ...}` body (ROCm/ATOM
+  // atom/entrypoints/openai/api_server.py chat_completions/completions @ ffdf3bb5).
+  if (engine === "atom" && !res.headersSent) {
+    sendJson(res, e.status, { detail: e.message }, requestId ? { "x-request-id": requestId } : {});
+    return;
+  }
   if (res.headersSent) {
     // Mid-stream: an SSE error event, then close.
     if (!res.writableEnded) res.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
@@ -112,7 +124,7 @@ export function createSimServer(deps: ApiDeps): Server {
   const server = createServer((req, res) => {
     handle(deps, req, res).catch((err: unknown) => {
       if (!(err instanceof InferaError)) log.error({ err }, "request failed");
-      sendError(res, err);
+      sendError(res, err, undefined, cfg.engine);
     });
   });
   server.keepAliveTimeout = 65_000;
@@ -226,7 +238,7 @@ async function handleCompletion(
   try {
     raw = await readBody(req);
   } catch (err) {
-    return sendError(res, err, requestId);
+    return sendError(res, err, requestId, cfg.engine);
   }
   let r: ReturnType<typeof parseSimRequest>;
   let engine: SimEngine;
@@ -250,7 +262,7 @@ async function handleCompletion(
       );
     }
   } catch (err) {
-    return sendError(res, err, requestId);
+    return sendError(res, err, requestId, cfg.engine);
   }
 
   const connector = deps.connector();
@@ -259,7 +271,7 @@ async function handleCompletion(
     // PD requests use rank 0 (the connector's KV host); others the pinned or least-loaded rank.
     engine = phase ? deps.engines[0] : pickEngine(deps, req, r.body);
   } catch (err) {
-    return sendError(res, err, requestId);
+    return sendError(res, err, requestId, cfg.engine);
   }
   const info: PdRequestInfo | null = phase
     ? { requestId, params: r.kvTransferParams ?? {}, body: r.body, promptTokenIds: r.prompts[0] }
@@ -314,7 +326,7 @@ async function handleCompletion(
   } catch (err) {
     engine.scheduler.dropImport(requestId);
     deps.kvHost.setSalt(requestId, null);
-    return sendError(res, err, requestId);
+    return sendError(res, err, requestId, cfg.engine);
   }
   if (gone) {
     engine.scheduler.dropImport(requestId);

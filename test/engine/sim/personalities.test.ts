@@ -594,6 +594,12 @@ describe("personality routes", () => {
       handshake_port: 6400,
     });
     assert.deepEqual(await (await fetch(`${sim.url}/health`)).json(), { status: "ok" });
+    // Other bad requests: ATOM's handlers re-raise a ValueError as HTTPException(400, detail=str(e)).
+    const bad = await complete(sim.url, { model: "org/at", max_tokens: 1 });
+    assert.equal(bad.status, 400);
+    const badBody = (await bad.json()) as Record<string, unknown>;
+    assert.deepEqual(Object.keys(badBody), ["detail"]);
+    assert.equal(typeof badBody.detail, "string");
   });
 
   it("vLLM still answers 404 model_not_found for an unknown model", async () => {
