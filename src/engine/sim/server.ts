@@ -54,6 +54,8 @@ export async function startSimEngine(opts: SimStartOptions = {}): Promise<SimHan
   const base = parseSimArgs(opts.argv ?? []).config;
   const { kvEvents, argv: _argv, connectorFactory, ...rest } = opts;
   const cfg: SimConfig = { ...base, ...rest } as SimConfig;
+  // A caller naming one rank gets that rank alone (vLLM's --data-parallel-rank), not all of them.
+  if (opts.dpRank !== undefined && opts.dpLocal === undefined) cfg.dpLocal = false;
   if (opts.model && !opts.servedModelNames && !(opts.argv ?? []).includes("--served-model-name")) {
     cfg.servedModelNames = [opts.model];
   }

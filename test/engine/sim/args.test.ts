@@ -49,6 +49,8 @@ describe("sim command line (vLLM-compatible)", () => {
     assert.equal(config.tpSize, 2);
     assert.equal(config.dpSize, 4);
     assert.equal(config.dpRank, 1);
+    // --data-parallel-rank: this process is that one rank (vLLM's external DP load balancing).
+    assert.equal(config.dpLocal, false);
     assert.equal(config.speed, 20);
     assert.equal(config.seed, 5);
     assert.equal(config.role, "mixed");
