@@ -1,6 +1,7 @@
 #!/usr/bin/env node
-// The simulated engine as a stand-alone executable that takes vLLM's command line
-// (`infera-sim serve MODEL --port 8000 ...`), so a launcher can start it in vLLM's place.
+// The simulated engine as a stand-alone executable that takes an engine's own command line:
+// `infera-sim [--engine vllm|sglang|atom] <the args the real engine gets>` (vLLM by default:
+// `infera-sim serve MODEL --port 8000 ...`), so a launcher can start it in the engine's place.
 // Runs dist/ when it matches the sources, else the sources through tsx (see bin/infera.js).
 import { chooseEntry } from "../scripts/dist-stamp.mjs";
 

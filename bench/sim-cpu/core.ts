@@ -14,12 +14,15 @@ import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 
 const vocab = OutputVocab.build(getDefaultTokenizer());
 const pool = new BlockPool(100000, 16);
-const metrics = new SimMetrics(
-  "m",
-  "0",
-  { running: () => 0, waiting: () => 0, kvUsage: () => 0 },
-  { blockSize: 16, numGpuBlocks: 100000 },
-);
+const metrics = new SimMetrics({
+  engine: "vllm",
+  modelName: "m",
+  dpRank: 0,
+  dpSize: 1,
+  role: "mixed",
+  gauges: { running: () => 0, waiting: () => 0, kvUsage: () => 0 },
+  cache: { blockSize: 16, numGpuBlocks: 100000 },
+});
 const sched = new Scheduler(
   pool,
   { maxNumSeqs: 256, maxNumBatchedTokens: 8192, maxModelLen: 100000 },

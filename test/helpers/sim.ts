@@ -4,7 +4,7 @@ import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { freePort, retryOnPortRace } from "./ports.ts";
 import { mixedRecord } from "./records.ts";
 
-/** A simulated engine running as a child process (`node bin/infera-sim.js serve ...`). */
+/** A simulated engine running as a child process (`node bin/infera-sim.js [--engine K] ...`). */
 export interface SimProcess {
   url: string;
   port: number;
@@ -32,6 +32,11 @@ export interface StartSimOptions {
   kvEvents?: Record<string, unknown>;
   /** Health wait limit (default 20 s). */
   timeoutMs?: number;
+  /**
+   * The sim's personality (default vllm). sglang: `--model-path`, `--port`, `--kv-events-config`;
+   * atom: `--model`, `--server-port` and KV events through ATOM_KV_EVENTS_* (ATOM framing, no replay).
+   */
+  engine?: "vllm" | "sglang" | "atom";
 }
 
 const BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
@@ -60,21 +65,45 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
     topic: "kv-events",
     ...opts.kvEvents,
   };
-  const args = [
-    BIN,
-    "serve",
-    model,
-    "--port",
-    String(port),
-    "--host",
-    "127.0.0.1",
-    "--kv-events-config",
-    JSON.stringify(kvCfg),
-    ...(opts.args ?? []),
-  ];
+  const engine = opts.engine ?? "vllm";
+  const personality: Record<typeof engine, string[]> = {
+    vllm: [
+      "serve",
+      model,
+      "--port",
+      String(port),
+      "--host",
+      "127.0.0.1",
+      "--kv-events-config",
+      JSON.stringify(kvCfg),
+    ],
+    sglang: [
+      "--engine",
+      "sglang",
+      "--model-path",
+      model,
+      "--port",
+      String(port),
+      "--host",
+      "127.0.0.1",
+      "--kv-events-config",
+      JSON.stringify(kvCfg),
+    ],
+    atom: ["--engine", "atom", "--model", model, "--server-port", String(port), "--host", "127.0.0.1"],
+  };
+  // ROCm/ATOM atom/utils/envs.py: ATOM's KV events are configured by environment only.
+  const atomEnv: Record<string, string> =
+    engine === "atom"
+      ? {
+          ATOM_KV_EVENTS_ENABLE: "1",
+          ATOM_KV_EVENTS_ENDPOINT: kvEndpoint,
+          ATOM_KV_EVENTS_TOPIC: String(kvCfg.topic),
+        }
+      : {};
+  const args = [BIN, ...personality[engine], ...(opts.args ?? [])];
   const child = spawn(process.execPath, args, {
     cwd: ROOT,
-    env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...opts.env },
+    env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...atomEnv, ...opts.env },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let out = "";

@@ -14,9 +14,17 @@ import type { SimConfig } from "./config.ts";
 import type { SimEngine } from "./engine.ts";
 import type { SimKvHostImpl } from "./kv-host.ts";
 import type { LogprobModel } from "./logprobs.ts";
+import { combinedMetricsText } from "./metrics.ts";
 import { parseSimRequest } from "./openai-request.ts";
 import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
 import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
+import {
+  AtomModelMismatchError,
+  checkModelName,
+  handleGenerate,
+  personalityGetRoute,
+  pickEngine,
+} from "./personality-routes.ts";
 import { RequestResponder } from "./response.ts";
 import { Sequence } from "./sequence.ts";
 import type { UringWriter } from "./uring-writer.ts";
@@ -25,7 +33,8 @@ const MAX_BODY = 64 * 1024 * 1024;
 
 export interface ApiDeps {
   cfg: SimConfig;
-  engine: SimEngine;
+  /** One engine per DP rank this process serves; [0] is the PD connector's. */
+  engines: SimEngine[];
   tokenizer: Tokenizer;
   vocab: OutputVocab;
   lpModel: LogprobModel;
@@ -38,7 +47,7 @@ export interface ApiDeps {
   startedAt: number;
 }
 
-function readBody(req: IncomingMessage): Promise<unknown> {
+export function readBody(req: IncomingMessage): Promise<unknown> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -83,8 +92,24 @@ function sendJson(
   res.end(text);
 }
 
-export function sendError(res: ServerResponse, err: unknown, requestId?: string): void {
+export function sendError(
+  res: ServerResponse,
+  err: unknown,
+  requestId?: string,
+  engine: SimConfig["engine"] = "vllm",
+): void {
+  if (err instanceof AtomModelMismatchError && !res.headersSent) {
+    sendJson(res, err.status, err.toJSON(), requestId ? { "x-request-id": requestId } : {});
+    return;
+  }
   const e = toInferaError(err);
+  // ATOM's handlers turn a ValueError into HTTPException(400, detail=str(e)) and anything else
+  // into HTTPException(500, ...): FastAPI's `{"detail": ...}` body (ROCm/ATOM
+  // atom/entrypoints/openai/api_server.py chat_completions/completions @ ffdf3bb5).
+  if (engine === "atom" && !res.headersSent) {
+    sendJson(res, e.status, { detail: e.message }, requestId ? { "x-request-id": requestId } : {});
+    return;
+  }
   if (res.headersSent) {
     // Mid-stream: an SSE error event, then close.
     if (!res.writableEnded) res.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
@@ -99,7 +124,7 @@ export function createSimServer(deps: ApiDeps): Server {
   const server = createServer((req, res) => {
     handle(deps, req, res).catch((err: unknown) => {
       if (!(err instanceof InferaError)) log.error({ err }, "request failed");
-      sendError(res, err);
+      sendError(res, err, undefined, cfg.engine);
     });
   });
   server.keepAliveTimeout = 65_000;
@@ -109,7 +134,8 @@ export function createSimServer(deps: ApiDeps): Server {
 }
 
 async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse): Promise<void> {
-  const { cfg, engine } = deps;
+  const { cfg } = deps;
+  const engine = deps.engines[0];
   const url = req.url ?? "/";
   const q = url.indexOf("?");
   const path = q >= 0 ? url.slice(0, q) : url;
@@ -123,14 +149,21 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     return handleCompletion(deps, path === "/v1/chat/completions" ? "chat" : "completion", req, res);
   }
   if (method === "GET" || method === "HEAD") {
+    const native = personalityGetRoute(deps, path);
+    if (native) return sendJson(res, 200, native());
     switch (path) {
       case "/health":
+        // ATOM answers {"status": "ok"} (atom/entrypoints/openai/api_server.py health()).
+        if (cfg.engine === "atom") return sendJson(res, 200, { status: "ok" });
+        res.writeHead(200, { "content-length": 0 });
+        res.end();
+        return;
       case "/ping":
         res.writeHead(200, { "content-length": 0 });
         res.end();
         return;
       case "/metrics": {
-        const text = await engine.metrics.text();
+        const text = await combinedMetricsText(deps.engines.map((e) => e.metrics));
         res.writeHead(200, { "content-type": engine.metrics.registry.contentType });
         res.end(text);
         return;
@@ -156,8 +189,10 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     const route = routes?.[path];
     if (route) return sendJson(res, 200, await route());
   }
+  if (method === "POST" && path === "/generate" && cfg.engine === "sglang")
+    return handleGenerate(deps, req, res);
   if (method === "POST" && path === "/reset_prefix_cache") {
-    const ok = engine.resetPrefixCache();
+    const ok = deps.engines.map((e) => e.resetPrefixCache()).every(Boolean);
     return sendJson(res, ok ? 200 : 409, { success: ok });
   }
   if (method === "POST" && path === "/tokenize") {
@@ -195,7 +230,7 @@ async function handleCompletion(
   req: IncomingMessage,
   res: ServerResponse,
 ): Promise<void> {
-  const { cfg, engine } = deps;
+  const { cfg } = deps;
   const headerId = req.headers["x-request-id"];
   const requestId = (Array.isArray(headerId) ? headerId[0] : headerId) || randomUUID().replaceAll("-", "");
   const arrivalMs = performance.now();
@@ -203,10 +238,12 @@ async function handleCompletion(
   try {
     raw = await readBody(req);
   } catch (err) {
-    return sendError(res, err, requestId);
+    return sendError(res, err, requestId, cfg.engine);
   }
   let r: ReturnType<typeof parseSimRequest>;
+  let engine: SimEngine;
   try {
+    checkModelName(cfg, raw);
     r = parseSimRequest(kind, raw, deps.tokenizer, {
       servedModelNames: cfg.servedModelNames,
       maxModelLen: cfg.maxModelLen,
@@ -225,11 +262,17 @@ async function handleCompletion(
       );
     }
   } catch (err) {
-    return sendError(res, err, requestId);
+    return sendError(res, err, requestId, cfg.engine);
   }
 
   const connector = deps.connector();
   const phase = pdPhaseOf(connector, r.body);
+  try {
+    // PD requests use rank 0 (the connector's KV host); others the pinned or least-loaded rank.
+    engine = phase ? deps.engines[0] : pickEngine(deps, req, r.body);
+  } catch (err) {
+    return sendError(res, err, requestId, cfg.engine);
+  }
   const info: PdRequestInfo | null = phase
     ? { requestId, params: r.kvTransferParams ?? {}, body: r.body, promptTokenIds: r.prompts[0] }
     : null;
@@ -283,7 +326,7 @@ async function handleCompletion(
   } catch (err) {
     engine.scheduler.dropImport(requestId);
     deps.kvHost.setSalt(requestId, null);
-    return sendError(res, err, requestId);
+    return sendError(res, err, requestId, cfg.engine);
   }
   if (gone) {
     engine.scheduler.dropImport(requestId);

@@ -1,262 +1,248 @@
 /**
- * vLLM-style command line for the simulated engine: `[serve] [MODEL] [--flag value | --flag=value]...`.
- * Flags the sim does not model are accepted and ignored (with a debug log), and unknown
- * flags with a warning, so that a launcher can start the sim in vLLM's place.
+ * The sim's command line: `[--engine vllm|sglang|atom] <the args the real engine gets>`.
+ * Each personality parses its engine's own flag names (engine-flags.ts); sim-only tuning flags
+ * are accepted everywhere. Flags an engine does not declare are refused as argparse refuses
+ * them (ArgParseError → exit 2, `error: unrecognized arguments: ...`).
  */
 import type { ConnectorKind, WorkerRole } from "../../discovery/types.ts";
+import { ArgParseError, type RawArgs } from "./arg-types.ts";
 import {
   deriveFromKvTransfer,
   type KvEventsEncoding,
   parseKvEventsConfig,
   type SimConfig,
 } from "./config.ts";
+import {
+  ENGINE_FLAGS,
+  ENGINE_KINDS,
+  ENGINE_PROG,
+  type EngineKind,
+  type FlagSpec,
+  SIM_FLAGS,
+} from "./engine-flags.ts";
+import { applyPersonality } from "./personality-args.ts";
 import { loadProfile } from "./profile.ts";
+
+export { ArgParseError };
 
 export interface ParsedArgs {
   config: SimConfig;
   help: boolean;
   /** Flags accepted but not modelled. */
   ignored: string[];
-  /** Flags not recognised at all. */
+  /** Always empty: unknown flags now fail (kept for callers that log it). */
   unknown: string[];
 }
-
-const VALUE_FLAGS = new Set([
-  "model",
-  "host",
-  "port",
-  "block-size",
-  "num-gpu-blocks",
-  "num-gpu-blocks-override",
-  "max-num-seqs",
-  "max-num-batched-tokens",
-  "max-model-len",
-  "role",
-  "connector",
-  "kv-events-config",
-  "kv-events-encoding",
-  "kv-transfer-config",
-  "tokenizer",
-  "speed",
-  "seed",
-  "profile",
-  "tensor-parallel-size",
-  "data-parallel-size",
-  "data-parallel-rank",
-  "api-key",
-  "kv-hold-timeout-ms",
-  "stream-interval",
-  "max-logprobs",
-  "io-uring",
-  "kv-events-framing",
-]);
-
-/** vLLM flags that take a value and that the sim accepts without modelling them. */
-const IGNORED_VALUE_FLAGS = new Set([
-  "gpu-memory-utilization",
-  "kv-cache-dtype",
-  "quantization",
-  "dtype",
-  "swap-space",
-  "cpu-offload-gb",
-  "load-format",
-  "download-dir",
-  "revision",
-  "tokenizer-mode",
-  "tokenizer-revision",
-  "chat-template",
-  "generation-config",
-  "override-generation-config",
-  "compilation-config",
-  "speculative-config",
-  "pipeline-parallel-size",
-  "distributed-executor-backend",
-  "data-parallel-address",
-  "data-parallel-rpc-port",
-  "data-parallel-size-local",
-  "data-parallel-start-rank",
-  "uvicorn-log-level",
-  "max-num-partial-prefills",
-  "long-prefill-token-threshold",
-  "max-seq-len-to-capture",
-  "scheduling-policy",
-  "limit-mm-per-prompt",
-  "hf-overrides",
-  "worker-cls",
-  "reasoning-parser",
-  "tool-call-parser",
-  "root-path",
-  "allowed-origins",
-  "middleware",
-  "served-model-name-prefix",
-  "prefix-caching-hash-algo",
-  "kv-offloading-size",
-  "kv-offloading-backend",
-]);
-
-const IGNORED_BOOL_FLAGS = new Set([
-  "trust-remote-code",
-  "disable-log-requests",
-  "disable-log-stats",
-  "enable-log-requests",
-  "enable-chunked-prefill",
-  "no-enable-chunked-prefill",
-  "enforce-eager",
-  "enable-expert-parallel",
-  "async-scheduling",
-  "headless",
-  "disable-custom-all-reduce",
-  "enable-auto-tool-choice",
-  "disable-frontend-multiprocessing",
-  "enable-prompt-tokens-details",
-  "enable-force-include-usage",
-  "disable-fastapi-docs",
-  "enable-server-load-tracking",
-  "skip-tokenizer-init",
-]);
-
-const SHORT_ALIASES: Record<string, string> = {
-  tp: "tensor-parallel-size",
-  dp: "data-parallel-size",
-  pp: "pipeline-parallel-size",
-  q: "quantization",
-};
 
 const ROLES: readonly WorkerRole[] = ["mixed", "prefill", "decode"];
 const CONNECTORS: readonly ConnectorKind[] = ["nixl", "mooncake", "moriio", "sglang", "atom", "none"];
 
-function toInt(flag: string, v: string, min: number): number {
+function toInt(flag: string, v: string, min: number, prog: string): number {
   const n = Number(v);
-  if (!Number.isInteger(n) || n < min) throw new Error(`--${flag} must be an integer >= ${min} (got ${v})`);
+  if (!Number.isInteger(n) || n < min)
+    throw new ArgParseError(`argument --${flag}: invalid int value: '${v}' (must be >= ${min})`, prog);
   return n;
 }
 
-function parseJsonObject(flag: string, v: string): Record<string, unknown> {
+function parseJsonObject(flag: string, v: string, prog: string): Record<string, unknown> {
   let parsed: unknown;
   try {
     parsed = JSON.parse(v);
   } catch (err) {
-    throw new Error(`--${flag} is not valid JSON: ${(err as Error).message}`);
+    throw new ArgParseError(`argument --${flag}: invalid JSON: ${(err as Error).message}`, prog);
   }
   if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
-    throw new Error(`--${flag} must be a JSON object`);
+    throw new ArgParseError(`argument --${flag}: must be a JSON object`, prog);
   }
   return parsed as Record<string, unknown>;
 }
 
-export function parseSimArgs(argv: readonly string[]): ParsedArgs {
-  const values = new Map<string, string>();
-  const served: string[] = [];
-  const positionals: string[] = [];
-  const ignored: string[] = [];
-  const unknown: string[] = [];
-  let help = false;
-  let prefixCaching = true;
+/** The personality named by `--engine K` / `--engine=K` (default vllm). */
+function engineOf(argv: readonly string[]): EngineKind {
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const v = a === "--engine" ? argv[i + 1] : a.startsWith("--engine=") ? a.slice(9) : undefined;
+    if (v === undefined) continue;
+    if (!ENGINE_KINDS.includes(v as EngineKind))
+      throw new ArgParseError(
+        `argument --engine: invalid choice: '${v}' (choose from ${ENGINE_KINDS.join(", ")})`,
+        "infera-sim",
+      );
+    return v as EngineKind;
+  }
+  return "vllm";
+}
 
+/** Looks a flag up: the engine's table first, then the sim's own; vLLM/ATOM accept `_` for `-`. */
+function lookup(engine: EngineKind, name: string): FlagSpec | undefined {
+  const table = ENGINE_FLAGS[engine];
+  const own = table[name] ?? SIM_FLAGS[name];
+  if (own || engine === "sglang" || !name.startsWith("--")) return own;
+  const dashed = `--${name.slice(2).replaceAll("_", "-")}`;
+  const under = `--${name.slice(2).replaceAll("-", "_")}`;
+  return table[dashed] ?? SIM_FLAGS[dashed] ?? table[under];
+}
+
+function scan(argv: readonly string[]): RawArgs {
+  const engine = engineOf(argv);
+  const prog = ENGINE_PROG[engine];
+  const raw: RawArgs = {
+    engine,
+    prog,
+    values: new Map(),
+    multi: new Map(),
+    bools: new Set(),
+    positionals: [],
+    ignored: [],
+    help: false,
+  };
+  const unrecognized: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     if (arg === "--help" || arg === "-h") {
-      help = true;
+      raw.help = true;
       continue;
     }
-    if (!arg.startsWith("-") || arg === "-") {
-      positionals.push(arg);
+    if (!arg.startsWith("-") || arg === "-" || /^-\d/.test(arg)) {
+      raw.positionals.push(arg);
       continue;
     }
-    let name = arg.replace(/^--?/, "");
-    let inline: string | undefined;
-    const eq = name.indexOf("=");
-    if (eq >= 0) {
-      inline = name.slice(eq + 1);
-      name = name.slice(0, eq);
+    const eq = arg.indexOf("=");
+    const name = eq >= 0 ? arg.slice(0, eq) : arg;
+    const inline = eq >= 0 ? arg.slice(eq + 1) : undefined;
+    const spec = lookup(engine, name);
+    if (!spec) {
+      unrecognized.push(arg);
+      // argparse leaves a following word unconsumed; it is unrecognized too (no positional takes it).
+      if (inline === undefined && i + 1 < argv.length && !argv[i + 1].startsWith("-")) {
+        const hasModel = engine === "vllm" && raw.positionals.some((p) => p !== "serve");
+        if (hasModel || engine !== "vllm") unrecognized.push(argv[++i]);
+      }
+      continue;
     }
-    name = name.replaceAll("_", "-");
-    name = SHORT_ALIASES[name] ?? name;
-    const next = (): string => {
+    const takeValue = (): string => {
       if (inline !== undefined) return inline;
-      const v = argv[i + 1];
-      if (v === undefined) throw new Error(`--${name} needs a value`);
+      const nxt = argv[i + 1];
+      if (nxt === undefined || (nxt.startsWith("-") && !/^-\d/.test(nxt)))
+        throw new ArgParseError(`argument ${name}: expected one argument`, prog);
       i++;
-      return v;
+      return nxt;
     };
-    if (name === "served-model-name") {
-      if (inline !== undefined) served.push(inline);
-      else while (i + 1 < argv.length && !argv[i + 1].startsWith("-")) served.push(argv[++i]);
-      continue;
+    switch (spec.arity) {
+      case "bool":
+        if (inline !== undefined)
+          throw new ArgParseError(`argument ${name}: ignored explicit argument '${inline}'`, prog);
+        if (spec.key) raw.bools.add(spec.key);
+        else raw.ignored.push(name);
+        break;
+      case "optional": {
+        let val = inline;
+        if (val === undefined && i + 1 < argv.length && !argv[i + 1].startsWith("-")) val = argv[++i];
+        raw.ignored.push(val === undefined ? name : `${name}=${val}`);
+        break;
+      }
+      case "multi": {
+        const words: string[] = [];
+        if (inline !== undefined) words.push(inline);
+        else while (i + 1 < argv.length && !argv[i + 1].startsWith("-")) words.push(argv[++i]);
+        if (words.length === 0)
+          throw new ArgParseError(`argument ${name}: expected at least one argument`, prog);
+        if (spec.key) raw.multi.set(spec.key, words);
+        break;
+      }
+      case "value": {
+        const val = takeValue();
+        if (spec.key) raw.values.set(spec.key, val);
+        else raw.ignored.push(`${name}=${val}`);
+        break;
+      }
     }
-    if (name === "enable-prefix-caching") {
-      prefixCaching = true;
-      continue;
-    }
-    if (name === "no-enable-prefix-caching") {
-      prefixCaching = false;
-      continue;
-    }
-    if (VALUE_FLAGS.has(name)) {
-      values.set(name, next());
-      continue;
-    }
-    if (IGNORED_VALUE_FLAGS.has(name)) {
-      ignored.push(`--${name}=${next()}`);
-      continue;
-    }
-    if (IGNORED_BOOL_FLAGS.has(name)) {
-      ignored.push(`--${name}`);
-      continue;
-    }
-    // Unknown: `--x=v` carries its value; `--x v` swallows a following non-flag word.
-    const haveModel = values.has("model") || positionals.some((p) => p !== "serve");
-    if (inline === undefined && i + 1 < argv.length && !argv[i + 1].startsWith("-") && haveModel) {
-      unknown.push(`--${name} ${argv[++i]}`);
-    } else unknown.push(inline === undefined ? `--${name}` : `--${name}=${inline}`);
   }
+  // vLLM: `[serve] MODEL` positional; SGLang and ATOM take no positionals.
+  if (engine === "vllm") {
+    if (raw.positionals[0] === "serve") raw.positionals.shift();
+    if (raw.positionals.length > 1) unrecognized.push(...raw.positionals.slice(1));
+  } else unrecognized.push(...raw.positionals);
+  if (unrecognized.length > 0)
+    throw new ArgParseError(`unrecognized arguments: ${unrecognized.join(" ")}`, prog);
+  return raw;
+}
 
-  if (positionals[0] === "serve") positionals.shift();
-  const model = values.get("model") ?? positionals[0] ?? "sim-model";
+export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = process.env): ParsedArgs {
+  const raw = scan(argv);
+  const { values, prog, engine } = raw;
+  const model = values.get("model") ?? (engine === "vllm" ? raw.positionals[0] : undefined) ?? "sim-model";
   const profile = loadProfile(values.get("profile"));
   const kvTransferConfig = values.has("kv-transfer-config")
-    ? parseJsonObject("kv-transfer-config", values.get("kv-transfer-config")!)
+    ? parseJsonObject("kv-transfer-config", values.get("kv-transfer-config")!, prog)
     : {};
   const derived = deriveFromKvTransfer(kvTransferConfig);
 
   const roleFlag = values.get("role");
   if (roleFlag !== undefined && !ROLES.includes(roleFlag as WorkerRole)) {
-    throw new Error(`--role must be one of ${ROLES.join("|")}`);
+    throw new ArgParseError(
+      `argument --role: invalid choice: '${roleFlag}' (choose from ${ROLES.join(", ")})`,
+      prog,
+    );
   }
   const connectorFlag = values.get("connector");
   if (connectorFlag !== undefined && !CONNECTORS.includes(connectorFlag as ConnectorKind)) {
-    throw new Error(`--connector must be one of ${CONNECTORS.join("|")}`);
+    throw new ArgParseError(
+      `argument --connector: invalid choice: '${connectorFlag}' (choose from ${CONNECTORS.join(", ")})`,
+      prog,
+    );
   }
-  const encoding = values.get("kv-events-encoding") ?? "array";
-  if (encoding !== "array" && encoding !== "map") throw new Error("--kv-events-encoding must be array|map");
-
-  const framing = values.get("kv-events-framing") ?? "seq";
-  if (framing !== "seq" && framing !== "atom") throw new Error("--kv-events-framing must be seq|atom");
+  // vLLM: `map` is vLLM's newest layout (events and the batch as maps; KVCacheEvent is no longer
+  // array_like) and the default when `--engine vllm` is named; without `--engine` (the sim's
+  // long-standing command line) the default stays the older positional `array` layout.
+  const explicitEngine = argv.some((a) => a === "--engine" || a.startsWith("--engine="));
+  const encoding =
+    values.get("kv-events-encoding") ?? (engine === "vllm" && explicitEngine ? "map" : "array");
+  if (encoding !== "array" && encoding !== "map")
+    throw new ArgParseError("argument --kv-events-encoding: invalid choice (choose from array, map)", prog);
+  const framing = values.get("kv-events-framing") ?? (engine === "atom" ? "atom" : "seq");
+  if (framing !== "seq" && framing !== "atom")
+    throw new ArgParseError("argument --kv-events-framing: invalid choice (choose from seq, atom)", prog);
   const int = (flag: string, dflt: number, min = 1): number => {
     const v = values.get(flag);
-    return v === undefined ? dflt : toInt(flag, v, min);
+    return v === undefined ? dflt : toInt(flag, v, min, prog);
   };
   const speedRaw = values.get("speed");
   const speed = speedRaw === undefined ? 1 : Number(speedRaw);
-  if (!Number.isFinite(speed) || speed <= 0) throw new Error("--speed must be a positive number");
+  if (!Number.isFinite(speed) || speed <= 0)
+    throw new ArgParseError("argument --speed: must be a positive number", prog);
 
   const ioUring = values.get("io-uring") ?? "auto";
   if (ioUring !== "auto" && ioUring !== "on" && ioUring !== "off")
-    throw new Error("--io-uring must be auto|on|off");
+    throw new ArgParseError("argument --io-uring: invalid choice (choose from auto, on, off)", prog);
   const kvEventsRaw = values.get("kv-events-config");
+  let kvEvents: SimConfig["kvEvents"] = null;
+  try {
+    kvEvents = kvEventsRaw === undefined ? null : parseKvEventsConfig(kvEventsRaw);
+  } catch (err) {
+    throw new ArgParseError(`argument --kv-events-config: ${(err as Error).message}`, prog);
+  }
+  const served =
+    raw.multi.get("served-model-name") ??
+    (values.has("served-model-name") ? [values.get("served-model-name")!] : []);
+  const defaultPort = engine === "sglang" ? 30000 : 8000;
+  const defaultHost = engine === "sglang" ? "127.0.0.1" : "0.0.0.0";
+  const dpRankRaw = values.get("dp-rank");
   const config: SimConfig = {
+    engine,
+    ...(explicitEngine ? { engineExplicit: true } : {}),
     model,
     servedModelNames: served.length > 0 ? served : [model],
-    host: values.get("host") ?? "0.0.0.0",
-    port: int("port", 8000, 0),
-    blockSize: int("block-size", 16),
-    numGpuBlocks: int("num-gpu-blocks", int("num-gpu-blocks-override", profile.num_gpu_blocks)),
+    host: values.get("host") ?? defaultHost,
+    port: int("port", defaultPort, 0),
+    blockSize: int("block-size", engine === "sglang" ? 1 : 16),
+    numGpuBlocks: int("num-gpu-blocks", profile.num_gpu_blocks),
     maxNumSeqs: int("max-num-seqs", profile.max_num_seqs),
     maxNumBatchedTokens: int("max-num-batched-tokens", profile.max_num_batched_tokens),
     maxModelLen: int("max-model-len", profile.max_model_len),
     role: (roleFlag as WorkerRole | undefined) ?? derived.role ?? "mixed",
     connector: (connectorFlag as ConnectorKind | undefined) ?? derived.connector ?? "none",
-    kvEvents: kvEventsRaw === undefined ? null : parseKvEventsConfig(kvEventsRaw),
+    kvEvents,
     kvEventsEncoding: encoding as KvEventsEncoding,
     kvEventsFraming: framing,
     kvTransferConfig,
@@ -264,45 +250,43 @@ export function parseSimArgs(argv: readonly string[]): ParsedArgs {
     speed,
     seed: int("seed", 0, 0),
     profile,
-    tpSize: int("tensor-parallel-size", 1),
-    dpSize: int("data-parallel-size", 1),
-    dpRank: int("data-parallel-rank", 0, 0),
-    enablePrefixCaching: prefixCaching,
-    apiKey: values.get("api-key") ?? process.env.VLLM_API_KEY,
+    tpSize: int("tp", 1),
+    dpSize: int("dp", 1),
+    dpRank: dpRankRaw === undefined ? 0 : toInt("data-parallel-rank", dpRankRaw, 0, prog),
+    dpLocal: dpRankRaw === undefined,
+    enablePrefixCaching: !raw.bools.has("prefix-caching-off"),
+    apiKey: values.get("api-key") ?? (engine === "vllm" ? env.VLLM_API_KEY : undefined),
     holdTimeoutMs: int("kv-hold-timeout-ms", 120000),
     streamInterval: int("stream-interval", 1),
     maxLogprobs: int("max-logprobs", 20, 0),
     ioUring,
   };
-  return { config, help, ignored, unknown };
+  applyPersonality(config, raw, env);
+  return { config, help: raw.help, ignored: raw.ignored, unknown: [] };
 }
 
-export const SIM_HELP = `usage: infera-sim [serve] [MODEL] [options]
+export const SIM_HELP = `usage: infera-sim [--engine vllm|sglang|atom] <the engine's own arguments>
 
-A simulated vLLM-compatible engine (OpenAI API, /metrics, KV events, PD connectors).
+A simulated LLM engine that presents vLLM's, SGLang's or ATOM's surface (command line,
+OpenAI API and native routes, /metrics, KV events, PD connectors) without a GPU.
 
-  --model M                     model name (or the positional MODEL); default sim-model
-  --served-model-name N [N...]  names clients may use (default: the model)
-  --host H / --port P           listen address (default 0.0.0.0:8000)
-  --block-size N                KV block size in tokens (16)
-  --num-gpu-blocks N            KV blocks in the pool (alias --num-gpu-blocks-override)
-  --max-num-seqs N              running sequences per step
-  --max-num-batched-tokens N    token budget per step (chunked prefill)
-  --max-model-len N             prompt + output limit
-  --role mixed|prefill|decode   PD role (default from --kv-transfer-config kv_role, else mixed)
-  --connector nixl|mooncake|moriio|sglang|atom
-  --kv-events-config JSON       vLLM's KV events config (zmq publisher, endpoint, replay_endpoint, topic, buffer_steps, hwm)
-  --kv-events-encoding array|map  event layout: positional arrays (default) or maps with "type"
-  --kv-events-framing seq|atom  [topic, seq, payload] (vLLM/SGLang, default) or ATOM's [payload] / [topic, payload]
-  --kv-transfer-config JSON     vLLM's KV transfer config (kv_connector, kv_role, kv_connector_extra_config)
-  --tokenizer DIR               HF model dir (tokenizer.json + tokenizer_config.json); default o200k BPE
+  --engine vllm     vLLM: [serve] MODEL --port P --served-model-name N... --kv-events-config JSON ...
+  --engine sglang   SGLang launch_server: --model-path M --port P --tp-size N --dp-size N --page-size N
+                    --disaggregation-mode prefill|decode --disaggregation-bootstrap-port P ...
+  --engine atom     ATOM openai_server: --model M --server-port P -tp N -dp N --block-size N
+                    --kv-transfer-config JSON; KV events from ATOM_KV_EVENTS_* env vars
+
+Sim-only, in every personality:
   --speed X                     simulated time runs X times faster (1)
-  --seed N                      output seed (0)
   --profile FILE                timing-model profile JSON (default: Llama-3.1-8B bf16 on MI355X)
-  -tp/--tensor-parallel-size, -dp/--data-parallel-size, --data-parallel-rank
-  --api-key KEY                 require this bearer token on /v1 routes
-  --stream-interval N           tokens per streamed event, as vLLM's flag (1)
-  --max-logprobs N              most logprob alternatives a request may ask for (20)
+  --seed N                      output seed (0)
+  --num-gpu-blocks N            KV blocks in the pool
+  --role mixed|prefill|decode   PD role (default from the engine's PD flags)
+  --connector nixl|mooncake|moriio|sglang|atom
+  --kv-events-encoding array|map  vLLM only: vLLM's newest maps (default with --engine vllm) or
+                                positional arrays (default without --engine)
+  --kv-events-framing seq|atom  override the frame layout
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
   --io-uring auto|on|off        send each tick's SSE events for all streams in one io_uring call (auto)
-Other vLLM flags are accepted and ignored.`;
+  --tokenizer-dir DIR           HF model dir for the tokenizer (vLLM's --tokenizer, SGLang's --tokenizer-path)
+Flags the engine does not declare fail with exit 2, as argparse does.`;

@@ -144,6 +144,7 @@ export class BlockPool {
         tokenIds: tokens.slice(start * bs, end * bs) as number[],
         blockSize: bs,
         extraKeys,
+        salt,
       });
       run = null;
     };

@@ -1,5 +1,8 @@
 import type { ConnectorKind, WorkerRole } from "../../discovery/types.ts";
+import type { EngineKind } from "./engine-flags.ts";
 import type { SimProfile } from "./profile.ts";
+
+export type { EngineKind };
 
 /** vLLM's `--kv-events-config` (field names as vLLM spells them). */
 export interface KvEventsConfig {
@@ -18,6 +21,13 @@ export type KvEventsFraming = "seq" | "atom";
 
 /** Everything the simulated engine needs; produced by the CLI parser or given programmatically. */
 export interface SimConfig {
+  /** The engine whose surface the sim presents (`--engine`; default vllm). */
+  engine: EngineKind;
+  /**
+   * Set when `--engine` was named: the KV PUB socket follows the engine's bind-or-connect
+   * heuristic (kvPubMode). Unset (the sim's long-standing command line): always bind.
+   */
+  engineExplicit?: boolean;
   model: string;
   servedModelNames: string[];
   host: string;
@@ -40,6 +50,12 @@ export interface SimConfig {
   tpSize: number;
   dpSize: number;
   dpRank: number;
+  /**
+   * True: this process serves all `dpSize` ranks (the engine's internal DP: one frontend, one
+   * scheduler + pool + KV publisher per rank). False: vLLM's `--data-parallel-rank` given, this
+   * process is that one rank (external DP load balancing).
+   */
+  dpLocal: boolean;
   enablePrefixCaching: boolean;
   /** vLLM `--api-key`: when set, /v1 routes require `Authorization: Bearer <key>`. */
   apiKey?: string;
@@ -113,4 +129,23 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
   if (role === "kv_producer") out.role = "prefill";
   else if (role === "kv_consumer") out.role = "decode";
   return out;
+}
+
+/**
+ * Whether the engine binds or connects its KV PUB socket for `endpoint`:
+ * - vLLM: bind only for `*`, `::`, ipc://, inproc:// (vllm-project/vllm
+ *   vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
+ * - SGLang: also `0.0.0.0` (python/sglang/srt/disaggregation/kv_events.py _socket_setup);
+ * - ATOM: always binds (ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5).
+ * Anything else is connect(): no subscriber ever hears such an engine.
+ */
+export function kvPubMode(engine: EngineKind, endpoint: string): "bind" | "connect" {
+  if (engine === "atom") return "bind";
+  const wildcard =
+    endpoint.includes("*") ||
+    endpoint.includes("::") ||
+    endpoint.startsWith("ipc://") ||
+    endpoint.startsWith("inproc://") ||
+    (engine === "sglang" && endpoint.includes("0.0.0.0"));
+  return wildcard ? "bind" : "connect";
 }

@@ -1,3 +1,4 @@
+import type { FastHistogramFamily } from "../../util/fast-metrics.ts";
 import type { Logger } from "../../util/log.ts";
 import { BlockPool } from "./block-pool.ts";
 import type { SimConfig } from "./config.ts";
@@ -30,21 +31,42 @@ export class SimEngine {
   private stepEndMs = 0;
   private closed = false;
 
+  /** PD backlog on a prefill worker: finished prefills whose KV waits for the decode side. */
+  heldForTransfer: () => number = () => 0;
+
+  /**
+   * @param rank the data-parallel rank this scheduler + pool is (one SimEngine per rank).
+   * @param itlFamily shared by the ranks of one process, so /metrics renders the family once.
+   */
   constructor(
     readonly cfg: SimConfig,
     private readonly log: Logger,
+    readonly rank: number = cfg.dpRank,
+    itlFamily?: FastHistogramFamily,
   ) {
     this.pool = new BlockPool(cfg.numGpuBlocks, cfg.blockSize, cfg.enablePrefixCaching);
-    this.metrics = new SimMetrics(
-      cfg.servedModelNames[0],
-      String(cfg.dpRank),
-      {
+    this.metrics = new SimMetrics({
+      engine: cfg.engine,
+      modelName: cfg.servedModelNames[0],
+      dpRank: rank,
+      dpSize: cfg.dpSize,
+      role: cfg.role,
+      gauges: {
         running: () => this.scheduler.running.length,
         waiting: () => this.scheduler.waiting.length + this.pendingPulls,
         kvUsage: () => this.pool.usage(),
+        blocksUsed: () => this.pool.numUsed,
+        blocksTotal: () => cfg.numGpuBlocks,
+        prefillInflight: () => this.heldForTransfer(),
+        decodePrealloc: () => this.pendingPulls,
       },
-      { blockSize: cfg.blockSize, numGpuBlocks: cfg.numGpuBlocks, prefixCaching: cfg.enablePrefixCaching },
-    );
+      cache: {
+        blockSize: cfg.blockSize,
+        numGpuBlocks: cfg.numGpuBlocks,
+        prefixCaching: cfg.enablePrefixCaching,
+      },
+      itlFamily,
+    });
     this.scheduler = new Scheduler(
       this.pool,
       {

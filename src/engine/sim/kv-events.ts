@@ -7,6 +7,8 @@ export interface BlockStoredEvent {
   blockSize: number;
   /** One entry per block: `[cache_salt]` for a salted request's first block, else null. */
   extraKeys: (string[] | null)[] | null;
+  /** The request's cache_salt (SGLang carries it on every page of a salted request). */
+  salt?: string | null;
 }
 
 export interface BlockRemovedEvent {

@@ -1,8 +1,18 @@
 import { Packr } from "msgpackr";
 import { Publisher, Router } from "zeromq";
 import type { Logger } from "../../util/log.ts";
-import type { KvEventsConfig, KvEventsEncoding, KvEventsFraming } from "./config.ts";
+import type { KvEventsConfig, KvEventsFraming, SimConfig } from "./config.ts";
 import type { KvEvent } from "./kv-events.ts";
+import { encodeBatch, type KvLayout } from "./kv-layouts.ts";
+
+export type { KvLayout };
+
+/** The event layout of a personality (`--kv-events-encoding` picks vLLM's map or older array form). */
+export function kvLayoutOf(cfg: Pick<SimConfig, "engine" | "kvEventsEncoding">): KvLayout {
+  if (cfg.engine === "sglang") return "sglang";
+  if (cfg.engine === "atom") return "atom";
+  return cfg.kvEventsEncoding === "map" ? "vllm-map" : "vllm-array";
+}
 
 /**
  * vLLM's ZMQ KV-event publisher: a PUB socket sending `[topic, seq (8-byte BE), msgpack
@@ -34,7 +44,7 @@ export class KvEventPublisher {
 
   constructor(
     private readonly cfg: KvEventsConfig,
-    private readonly encoding: KvEventsEncoding,
+    private readonly layout: KvLayout,
     private readonly framing: KvEventsFraming,
     private readonly dpRank: number,
     private readonly log: Logger,
@@ -51,22 +61,25 @@ export class KvEventPublisher {
   async start(
     endpoint: string,
     replayEndpoint: string | null,
+    mode: "bind" | "connect" = "bind",
   ): Promise<{ pub: string; replay: string | null }> {
-    await this.pub.bind(endpoint);
+    // "connect": the engine's heuristic chose connect() for a non-wildcard host, so nothing
+    // listens on the endpoint (subscribers never hear it), as on the real engine.
+    if (mode === "connect") this.pub.connect(endpoint);
+    else await this.pub.bind(endpoint);
     let replay: string | null = null;
     if (this.replay && replayEndpoint) {
       await this.replay.bind(replayEndpoint);
       replay = this.replay.lastEndpoint ?? replayEndpoint;
       void this.serveReplay(this.replay);
     }
-    return { pub: this.pub.lastEndpoint ?? endpoint, replay };
+    return { pub: (mode === "bind" ? this.pub.lastEndpoint : null) ?? endpoint, replay };
   }
 
   /** Publishes one step's events as one batch. */
   publish(events: readonly KvEvent[]): void {
     if (this.closed || events.length === 0) return;
-    const batch = [Date.now() / 1000, events.map((e) => this.encodeEvent(e)), this.dpRank];
-    const payload = this.packr.pack(batch);
+    const payload = this.packr.pack(encodeBatch(this.layout, Date.now() / 1000, events, this.dpRank));
     const seq = Buffer.allocUnsafe(8);
     seq.writeBigUInt64BE(this.seq++);
     const entry = { seq, payload };
@@ -84,44 +97,6 @@ export class KvEventPublisher {
     this.closed = true;
     this.pub.close();
     this.replay?.close();
-  }
-
-  private encodeEvent(e: KvEvent): unknown {
-    const map = this.encoding === "map";
-    switch (e.type) {
-      case "BlockStored":
-        return map
-          ? {
-              type: "BlockStored",
-              block_hashes: e.blockHashes,
-              parent_block_hash: e.parentBlockHash,
-              token_ids: e.tokenIds,
-              block_size: e.blockSize,
-              lora_id: null,
-              medium: "GPU",
-              lora_name: null,
-              extra_keys: e.extraKeys,
-              group_idx: 0,
-            }
-          : [
-              "BlockStored",
-              e.blockHashes,
-              e.parentBlockHash,
-              e.tokenIds,
-              e.blockSize,
-              null,
-              "GPU",
-              null,
-              e.extraKeys,
-              0,
-            ];
-      case "BlockRemoved":
-        return map
-          ? { type: "BlockRemoved", block_hashes: e.blockHashes, medium: "GPU", group_idx: 0 }
-          : ["BlockRemoved", e.blockHashes, "GPU", 0];
-      case "AllBlocksCleared":
-        return map ? { type: "AllBlocksCleared" } : ["AllBlocksCleared"];
-    }
   }
 
   private async drain(): Promise<void> {

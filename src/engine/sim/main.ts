@@ -1,7 +1,7 @@
 import { writeFileSync } from "node:fs";
 import { Session } from "node:inspector/promises";
 import { createLogger } from "../../util/log.ts";
-import { parseSimArgs, SIM_HELP } from "./args.ts";
+import { ArgParseError, parseSimArgs, SIM_HELP } from "./args.ts";
 import { startWithConfig } from "./server.ts";
 
 /** `infera-sim [serve] MODEL [vLLM flags]`: runs the simulated engine until SIGTERM/SIGINT. */
@@ -11,7 +11,10 @@ export async function simMain(argv: string[]): Promise<void> {
   try {
     parsed = parseSimArgs(argv);
   } catch (err) {
-    process.stderr.write(`infera-sim: ${(err as Error).message}\n`);
+    // argparse's behaviour: usage + `prog: error: ...` on stderr, exit status 2.
+    process.stderr.write(
+      err instanceof ArgParseError ? err.format() : `infera-sim: ${(err as Error).message}\n`,
+    );
     process.exitCode = 2;
     return;
   }
@@ -19,8 +22,7 @@ export async function simMain(argv: string[]): Promise<void> {
     process.stdout.write(`${SIM_HELP}\n`);
     return;
   }
-  for (const f of parsed.ignored) log.debug({ flag: f }, "vLLM flag accepted and ignored");
-  for (const f of parsed.unknown) log.warn({ flag: f }, "unknown flag ignored");
+  for (const f of parsed.ignored) log.debug({ flag: f }, "engine flag accepted and not modelled");
   let handle: Awaited<ReturnType<typeof startWithConfig>>;
   try {
     handle = await startWithConfig(parsed.config);

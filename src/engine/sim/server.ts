@@ -4,11 +4,12 @@ import { loadTokenizer } from "../../kv/tokenizer.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { createSimServer } from "./api.ts";
 import { parseSimArgs } from "./args.ts";
-import { offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
+import { kvPubMode, offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
 import { SimEngine } from "./engine.ts";
 import { SimKvHostImpl } from "./kv-host.ts";
-import { KvEventPublisher } from "./kv-publisher.ts";
+import { KvEventPublisher, kvLayoutOf } from "./kv-publisher.ts";
 import { LogprobModel } from "./logprobs.ts";
+import { itlFamilyFor } from "./metrics.ts";
 import { OutputVocab } from "./output.ts";
 import { createSimConnector } from "./pd/index.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts";
@@ -29,7 +30,12 @@ export interface SimHandle {
   url: string;
   port: number;
   config: SimConfig;
+  /** Rank 0's engine (the PD connector's). */
   engine: SimEngine;
+  /** One engine per DP rank this process serves. */
+  engines: SimEngine[];
+  /** Each rank's KV-event endpoints (connectable form), when events are on. */
+  kvRanks: { rank: number; endpoint: string; replayEndpoint: string | null }[];
   /** Where a subscriber connects (the bound endpoint with `*` replaced by the host), when events are on. */
   kvEndpoint: string | null;
   replayEndpoint: string | null;
@@ -48,6 +54,8 @@ export async function startSimEngine(opts: SimStartOptions = {}): Promise<SimHan
   const base = parseSimArgs(opts.argv ?? []).config;
   const { kvEvents, argv: _argv, connectorFactory, ...rest } = opts;
   const cfg: SimConfig = { ...base, ...rest } as SimConfig;
+  // A caller naming one rank gets that rank alone (vLLM's --data-parallel-rank), not all of them.
+  if (opts.dpRank !== undefined && opts.dpLocal === undefined) cfg.dpLocal = false;
   if (opts.model && !opts.servedModelNames && !(opts.argv ?? []).includes("--served-model-name")) {
     cfg.servedModelNames = [opts.model];
   }
@@ -74,7 +82,12 @@ export async function startWithConfig(
   const log = createLogger("sim", { model: cfg.model, role: cfg.role });
   const tokenizer = await loadTokenizer(cfg.tokenizerDir);
   const vocab = OutputVocab.build(tokenizer);
-  const engine = new SimEngine(cfg, log);
+  // One scheduler + pool + KV publisher per data-parallel rank this process serves.
+  const ranks = cfg.dpLocal ? Array.from({ length: cfg.dpSize }, (_, r) => r) : [cfg.dpRank];
+  const sharedItl =
+    itlFamilyFor({ ...cfg, modelName: cfg.servedModelNames[0], dpRank: ranks[0] }) ?? undefined;
+  const engines = ranks.map((r) => new SimEngine(cfg, log, r, sharedItl));
+  const engine = engines[0];
   const engineId = `sim-${randomUUID()}`;
   const advertisedHost = cfg.host === "0.0.0.0" || cfg.host === "::" ? "127.0.0.1" : cfg.host;
   const kvHost = new SimKvHostImpl(engine, {
@@ -83,30 +96,53 @@ export async function startWithConfig(
     holdTimeoutMs: cfg.holdTimeoutMs,
   });
 
-  let publisher: KvEventPublisher | null = null;
-  let kvEndpoint: string | null = null;
-  let replayEndpoint: string | null = null;
-  if (cfg.kvEvents) {
-    const ev = cfg.kvEvents;
-    const endpoint = offsetEndpointPort(ev.endpoint, cfg.dpRank);
-    const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, cfg.dpRank) : null;
-    publisher = new KvEventPublisher(ev, cfg.kvEventsEncoding, cfg.kvEventsFraming, cfg.dpRank, log);
-    const bound = await publisher.start(endpoint, replay);
-    engine.publisher = publisher;
-    kvEndpoint = connectable(bound.pub, advertisedHost);
-    replayEndpoint = bound.replay ? connectable(bound.replay, advertisedHost) : null;
-  }
+  engine.heldForTransfer = () => kvHost.numHeld;
 
+  const publishers: KvEventPublisher[] = [];
+  const kvRanks: { rank: number; endpoint: string; replayEndpoint: string | null }[] = [];
   /** A failed start-up releases what it started. */
   const abandon = async (): Promise<void> => {
-    engine.close();
+    for (const e of engines) e.close();
     kvHost.close();
-    await publisher?.close();
+    await Promise.all(publishers.map((p) => p.close()));
   };
+  if (cfg.kvEvents) {
+    const ev = cfg.kvEvents;
+    const layout = kvLayoutOf(cfg);
+    try {
+      for (const e of engines) {
+        // vLLM and SGLang offset the ports by the DP rank; ATOM binds the configured endpoint
+        // in every rank, so its ranks collide (EADDRINUSE) as they do on the real engine.
+        const offset = cfg.engine === "atom" ? 0 : e.rank;
+        const endpoint = offsetEndpointPort(ev.endpoint, offset);
+        const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, offset) : null;
+        const publisher = new KvEventPublisher(ev, layout, cfg.kvEventsFraming, e.rank, log);
+        publishers.push(publisher);
+        const mode = cfg.engineExplicit ? kvPubMode(cfg.engine, endpoint) : "bind";
+        if (mode === "connect")
+          log.warn(
+            { endpoint },
+            "KV events endpoint is not a wildcard: the engine connects instead of binding",
+          );
+        const bound = await publisher.start(endpoint, replay, mode);
+        e.publisher = publisher;
+        kvRanks.push({
+          rank: e.rank,
+          endpoint: connectable(bound.pub, advertisedHost),
+          replayEndpoint: bound.replay ? connectable(bound.replay, advertisedHost) : null,
+        });
+      }
+    } catch (err) {
+      await abandon();
+      throw err;
+    }
+  }
+  const kvEndpoint = kvRanks[0]?.endpoint ?? null;
+  const replayEndpoint = kvRanks[0]?.replayEndpoint ?? null;
   let connector: SimConnector | null = null;
   const server = createSimServer({
     cfg,
-    engine,
+    engines,
     tokenizer,
     vocab,
     lpModel: new LogprobModel(vocab, tokenizer),
@@ -167,6 +203,8 @@ export async function startWithConfig(
     port,
     config: cfg,
     engine,
+    engines,
+    kvRanks,
     kvEndpoint,
     replayEndpoint,
     connector,
@@ -174,14 +212,14 @@ export async function startWithConfig(
     async close() {
       if (closed) return;
       closed = true;
-      engine.close();
+      for (const e of engines) e.close();
       kvHost.close();
       await connector?.close();
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
         server.closeAllConnections();
       });
-      await publisher?.close();
+      await Promise.all(publishers.map((p) => p.close()));
     },
   };
 }

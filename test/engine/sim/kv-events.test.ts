@@ -73,8 +73,16 @@ class Collector {
       for await (const frames of this.sub) {
         assert.equal(frames.length, 3, "3 frames: topic, seq, payload");
         assert.equal(frames[1].length, 8);
-        const payload = unpackr.unpack(frames[2]) as unknown[];
-        assert.ok(Array.isArray(payload), "EventBatch is an array");
+        const decoded = unpackr.unpack(frames[2]) as unknown;
+        // vLLM's newest EventBatch is a map {ts, events, data_parallel_rank} (not array_like:
+        // vllm-project/vllm vllm/distributed/kv_events.py @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
+        // the older layout an array.
+        const payload = Array.isArray(decoded)
+          ? decoded
+          : (() => {
+              const m = decoded as Record<string, unknown>;
+              return [m.ts, m.events, m.data_parallel_rank];
+            })();
         this.batches.push({
           seq: frames[1].readBigUInt64BE(0),
           ts: payload[0] as number,
@@ -168,7 +176,10 @@ for (const encoding of ["array", "map"] as const) {
       const [plain, salted] = col.events("BlockStored").slice(before).map(stored);
       assert.deepEqual(plain.tokens, salted.tokens);
       assert.notEqual(plain.hashes[0], salted.hashes[0]);
-      assert.ok(plain.extraKeys === null || plain.extraKeys === undefined);
+      // vLLM's newest layout has one extra_keys entry per block, null without salt/LoRA/mm
+      // (vllm/v1/core/block_pool.py: `extra_keys=extra_keys_list if extra_keys_list else None`).
+      if (encoding === "map") assert.deepEqual(plain.extraKeys, [null]);
+      else assert.ok(plain.extraKeys === null || plain.extraKeys === undefined);
       assert.deepEqual(salted.extraKeys, [["tenant-a"]]);
     });
 

@@ -199,7 +199,6 @@ describe("sim OpenAI API (spawned, official openai client)", () => {
       "vllm:num_requests_running",
       "vllm:num_requests_waiting",
       "vllm:kv_cache_usage_perc",
-      "vllm:gpu_cache_usage_perc",
       "vllm:prefix_cache_queries_total",
       "vllm:prompt_tokens_total",
       "vllm:generation_tokens_total",
@@ -211,6 +210,8 @@ describe("sim OpenAI API (spawned, official openai client)", () => {
       assert.notEqual(parseMetric(m, name, { model_name: "sim-model", engine: "0" }), undefined, name);
     }
     assert.equal(parseMetric(m, "vllm:cache_config_info", { block_size: "16" }), 1);
+    // Retired in vLLM V1 (vllm/v1/metrics/loggers.py serves vllm:kv_cache_usage_perc only).
+    assert.equal(parseMetric(m, "vllm:gpu_cache_usage_perc"), undefined);
     assert.ok((parseMetric(m, "vllm:generation_tokens_total") ?? 0) > 0);
   });
 });
