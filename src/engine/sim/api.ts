@@ -290,6 +290,7 @@ async function handleCompletion(
     streamInterval: cfg.streamInterval,
     logprobs: r.logprobs,
     echoTexts: r.echoTexts,
+    echoOnly: r.echoOnly,
     lpModel: r.logprobs !== null || r.echoTexts ? deps.lpModel : null,
     writer: deps.writer,
   });

@@ -21,6 +21,8 @@ export interface SimRequest {
   logprobs: number | null;
   /** `echo`: text put before each choice's text, per prompt (completions: the prompt; chat: a final assistant message). */
   echoTexts: string[] | null;
+  /** Completions `echo` with `max_tokens: 0`: the prompt alone, the one sampled token not returned. */
+  echoOnly: boolean;
   body: Record<string, unknown>;
 }
 
@@ -182,10 +184,16 @@ export function parseSimRequest(
     optNumber(body, k);
   }
   const n = optInt(body, "n", 1, 128) ?? 1;
-  const maxTokens =
+  // Completions with `echo` take max_tokens 0: the prompt comes back alone (vLLM samples one
+  // token it does not return) — vllm-project/vllm vllm/entrypoints/openai/serving_completion.py
+  // @ 00463e627b4cbe549b5e9815a2bdb0100ae88ea9 ("if request.max_tokens == 0: only return the prompt").
+  const echoAsked = kind === "completion" && optBool(body, "echo");
+  const askedMax =
     kind === "chat"
       ? (optInt(body, "max_completion_tokens", 1) ?? optInt(body, "max_tokens", 1))
-      : optInt(body, "max_tokens", 1);
+      : optInt(body, "max_tokens", echoAsked ? 0 : 1);
+  const echoOnly = askedMax === 0;
+  const maxTokens = echoOnly ? 1 : askedMax;
   optInt(body, "min_tokens", 0);
   const seed = optInt(body, "seed", Number.MIN_SAFE_INTEGER);
   const stream = optBool(body, "stream");
@@ -205,7 +213,7 @@ export function parseSimRequest(
     throw new BadRequestError("'kv_transfer_params' must be an object", "kv_transfer_params");
   }
   const logprobs = parseLogprobs(kind, body, limits.maxLogprobs);
-  const echo = kind === "completion" && optBool(body, "echo");
+  const echo = echoAsked;
   for (const p of prompts) {
     if (p.length === 0)
       throw new BadRequestError("The prompt is empty", kind === "chat" ? "messages" : "prompt");
@@ -229,6 +237,7 @@ export function parseSimRequest(
     kvTransferParams: (ktp as Obj | undefined) ?? null,
     logprobs,
     echoTexts: echo ? echoTexts(body.prompt, prompts, tok) : chatEcho ? [chatEcho] : null,
+    echoOnly,
     body,
   };
 }

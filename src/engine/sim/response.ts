@@ -31,6 +31,8 @@ export interface ResponseMeta {
   logprobs: number | null;
   /** `echo`: text put before each choice's text, per prompt (completions: the prompt; chat: a final assistant message). */
   echoTexts: string[] | null;
+  /** `echo` with `max_tokens: 0`: the generated token's text is not returned. */
+  echoOnly?: boolean;
   /** Needed when `logprobs` or `echo` is set. */
   lpModel: LogprobModel | null;
   /** Batches this stream's events with the others' into one system call per tick (--io-uring), or null. */
@@ -117,7 +119,7 @@ export class RequestResponder implements SeqSink {
   onToken(seq: Sequence): void {
     if (!this.meta.stream || this.ended) return;
     const delta = seq.output.takeDelta(false);
-    if (delta.length === 0) return;
+    if (delta.length === 0 || this.meta.echoOnly) return;
     this.seqText[seq.index] += delta;
     this.pendingTokens++;
     this.queueFlush();
@@ -126,7 +128,8 @@ export class RequestResponder implements SeqSink {
   onFinish(seq: Sequence, reason: FinishReason): void {
     if (this.ended || reason === "abort") return;
     if (this.meta.stream) {
-      const text = this.seqText[seq.index] + seq.output.takeDelta(true);
+      const last = seq.output.takeDelta(true);
+      const text = this.meta.echoOnly ? "" : this.seqText[seq.index] + last;
       this.seqText[seq.index] = "";
       this.start();
       this.out += this.event(seq.index, text, reason);
@@ -358,10 +361,14 @@ export class RequestResponder implements SeqSink {
             }
           : {
               index: s.index,
-              text: this.echoText(s) + s.output.text,
+              text: this.meta.echoOnly ? this.echoText(s) : this.echoText(s) + s.output.text,
               logprobs: wantLp
                 ? this.completionLp(
-                    this.meta.echoTexts ? [...this.promptLp(s), ...this.outputLp(s, 0)] : this.outputLp(s, 0),
+                    this.meta.echoOnly
+                      ? this.promptLp(s)
+                      : this.meta.echoTexts
+                        ? [...this.promptLp(s), ...this.outputLp(s, 0)]
+                        : this.outputLp(s, 0),
                     0,
                   )
                 : null,

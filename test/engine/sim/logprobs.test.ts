@@ -33,6 +33,31 @@ describe("sim logprobs and echo (spawned, official openai client)", () => {
 
   const messages = [{ role: "user" as const, content: "Tell me about logprobs." }];
 
+  // vLLM returns the prompt alone for echo with max_tokens 0 (the one token it samples is not
+  // returned, but counted) and refuses max_tokens 0 without echo (SamplingParams: at least 1):
+  // vllm-project/vllm vllm/entrypoints/openai/serving_completion.py @ 00463e627b4cbe549b5e9815a2bdb0100ae88ea9.
+  it("completions echo with max_tokens 0: the prompt alone, streamed and not; without echo a 400", async () => {
+    const prompt = "Once upon a time";
+    const whole = await client.completions.create({ model: "sim-model", prompt, max_tokens: 0, echo: true });
+    assert.equal(whole.choices[0].text, prompt);
+    assert.equal(whole.choices[0].finish_reason, "length");
+    assert.equal(whole.usage?.completion_tokens, 1);
+    const stream = await client.completions.create({
+      model: "sim-model",
+      prompt,
+      max_tokens: 0,
+      echo: true,
+      stream: true,
+    });
+    let text = "";
+    for await (const c of stream) text += c.choices[0]?.text ?? "";
+    assert.equal(text, prompt);
+    await assert.rejects(
+      client.completions.create({ model: "sim-model", prompt, max_tokens: 0 }),
+      (e: unknown) => e instanceof OpenAI.APIError && e.status === 400,
+    );
+  });
+
   it("chat: one entry per output token, joining to the text, ranked alternatives, repeatable", async () => {
     const ask = () =>
       client.chat.completions.create({
