@@ -1,5 +1,6 @@
 import { Command } from "commander";
 import { registerBench } from "./bench.ts";
+import { registerDeploy } from "./deploy.ts";
 import { registerEngine } from "./engine.ts";
 import { registerKvd } from "./kvd.ts";
 import { registerServer } from "./server.ts";
@@ -19,6 +20,7 @@ export function buildProgram(): Command {
   registerEngine(program);
   registerKvd(program);
   registerBench(program);
+  registerDeploy(program);
   return program;
 }
 
