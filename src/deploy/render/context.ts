@@ -55,7 +55,7 @@ export function meta(
 }
 
 export const poolName = (p: PoolSpec): string => p.name ?? p.role;
-export const workerObjectName = (ctx: RenderContext, m: ModelSpec, p: PoolSpec): string =>
+export const workerObjectName = (ctx: Pick<RenderContext, "name">, m: ModelSpec, p: PoolSpec): string =>
   `${ctx.name}-${m.name}-${poolName(p)}`;
 export function workerLabels(ctx: RenderContext, m: ModelSpec, p: PoolSpec): Record<string, string> {
   return {
@@ -67,14 +67,14 @@ export function workerLabels(ctx: RenderContext, m: ModelSpec, p: PoolSpec): Rec
 }
 
 export const names = {
-  etcd: (ctx: RenderContext) => `${ctx.name}-etcd`,
-  nats: (ctx: RenderContext) => `${ctx.name}-nats`,
-  natsConfig: (ctx: RenderContext) => `${ctx.name}-nats-config`,
+  etcd: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-etcd`,
+  nats: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-nats`,
+  natsConfig: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-nats-config`,
   natsSecret: (ctx: RenderContext) => ctx.spec.auth.natsCredentialsSecret ?? `${ctx.name}-nats-credentials`,
-  server: (ctx: RenderContext) => `${ctx.name}-server`,
-  serverConfig: (ctx: RenderContext) => `${ctx.name}-server-config`,
-  kvd: (ctx: RenderContext) => `${ctx.name}-kvd`,
-  dashboard: (ctx: RenderContext) => `${ctx.name}-grafana-dashboard`,
+  server: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-server`,
+  serverConfig: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-server-config`,
+  kvd: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-kvd`,
+  dashboard: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-grafana-dashboard`,
 };
 
 export function etcdEndpoints(ctx: RenderContext): string[] {

@@ -4,6 +4,7 @@
  * /ready (at least one worker in rotation) for readiness.
  */
 
+import { createHash } from "node:crypto";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { HorizontalPodAutoscaler } from "kubernetes-models/autoscaling/v2";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
@@ -71,11 +72,12 @@ export function serverObjects(ctx: RenderContext) {
     volumeMounts.push({ name: "tls", mountPath: "/etc/infera/tls", readOnly: true });
     volumes.push({ name: "tls", secret: { secretName: ctx.spec.auth.tlsSecret } });
   }
+  const configText = stringify(serverConfigFile(ctx));
   const out = [];
   out.push(
     new ConfigMap({
       metadata: meta(ctx, "server", names.serverConfig(ctx)),
-      data: { "server.yaml": stringify(serverConfigFile(ctx)) },
+      data: { "server.yaml": configText },
     }),
   );
   if (ctx.secrets === "generate" && ctx.spec.auth.apiKeys) {
@@ -95,7 +97,13 @@ export function serverObjects(ctx: RenderContext) {
         selector: { matchLabels: labels },
         strategy: { type: "RollingUpdate", rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } },
         template: {
-          metadata: { labels },
+          // The server reads its config at start: a changed config must roll the pods.
+          metadata: {
+            labels,
+            annotations: {
+              "infera.dev/config-hash": createHash("sha256").update(configText).digest("hex").slice(0, 16),
+            },
+          },
           spec: {
             securityContext: { runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001 },
             terminationGracePeriodSeconds: 60,
