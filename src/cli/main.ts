@@ -3,6 +3,7 @@ import { registerBench } from "./bench.ts";
 import { registerDeploy } from "./deploy.ts";
 import { registerEngine } from "./engine.ts";
 import { registerKvd } from "./kvd.ts";
+import { registerOperator } from "./operator.ts";
 import { registerServer } from "./server.ts";
 import { registerUp } from "./up.ts";
 
@@ -21,6 +22,7 @@ export function buildProgram(): Command {
   registerKvd(program);
   registerBench(program);
   registerDeploy(program);
+  registerOperator(program);
   return program;
 }
 

@@ -61,8 +61,13 @@ export interface ClusterStatus {
   conditions: Condition[];
 }
 
-export interface InferaClusterResource extends ObjectLike {
-  status?: ClusterStatus & Record<string, unknown>;
+export interface InferaClusterResource {
+  apiVersion: string;
+  kind: string;
+  metadata: ObjectMetaLike;
+  /** Unvalidated: reconcile parses it. */
+  spec?: unknown;
+  status?: ClusterStatus;
 }
 
 export type Action =
@@ -92,6 +97,8 @@ export interface ReconcileOptions {
   now: Date;
   /** Source of generated secret values. */
   random?: () => string;
+  /** `apiVersion/kind` the cluster does not serve (e.g. no Prometheus Operator): not desired. */
+  unserved?: ReadonlySet<string>;
 }
 
 export function reconcile(
@@ -136,6 +143,7 @@ export function reconcile(
   const actions: Action[] = [];
   const keep = new Set<string>();
   for (const d of desired) {
+    if (opts.unserved?.has(`${d.apiVersion}/${d.kind}`)) continue;
     const key = kindKey(d.apiVersion, d.kind, d.metadata.name);
     keep.add(key);
     // Generated secrets are written once: re-applying would rotate them under running pods.
