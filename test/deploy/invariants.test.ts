@@ -173,7 +173,7 @@ test("kvd: DaemonSet with the socket hostPath shared with workers; workers get I
   const o = objs("kvd.yaml");
   const ds = o.find((x) => x.kind === "DaemonSet")!;
   const cmd = ds.spec.template.spec.containers[0].command as string[];
-  assert.deepEqual(cmd.slice(0, 4), ["/infera/bin/infera", "kvd", "--socket", "/run/infera/kvd.sock"]);
+  assert.deepEqual(cmd.slice(0, 4), ["/usr/local/bin/infera", "kvd", "--socket", "/run/infera/kvd.sock"]);
   assert.ok(cmd.includes("--disk-dir") && cmd.includes("--remote"));
   for (const sts of workers(o)) {
     const env = engineContainer(sts).env as Obj[];

@@ -18,6 +18,11 @@ export const KVD_METRICS_PORT = 9400;
 /** Where the init container puts the launcher in engine pods (single-executable build). */
 export const LAUNCHER_DIR = "/infera/bin";
 export const LAUNCHER_BIN = `${LAUNCHER_DIR}/infera`;
+/**
+ * The full program in the infera image (Node + node_modules: the server, kvd). The
+ * single-executable copy above is only for engine images, which have no Node.
+ */
+export const IMAGE_BIN = "/usr/local/bin/infera";
 export const KVD_SOCKET_DIR = "/run/infera";
 export const MANAGED_BY = "infera";
 

@@ -9,9 +9,9 @@ import type { IVolume } from "kubernetes-models/v1/Volume";
 import { parseSize } from "../../kvd/size.ts";
 import {
   componentLabels,
+  IMAGE_BIN,
   KVD_METRICS_PORT,
   KVD_SOCKET_DIR,
-  LAUNCHER_BIN,
   meta,
   names,
   type RenderContext,
@@ -22,7 +22,7 @@ export function kvdObjects(ctx: RenderContext): DaemonSet[] {
   if (!k.enabled) return [];
   const labels = componentLabels(ctx, "kvd");
   const command = [
-    LAUNCHER_BIN,
+    IMAGE_BIN,
     "kvd",
     "--socket",
     `${KVD_SOCKET_DIR}/kvd.sock`,

@@ -14,7 +14,7 @@ import { stringify } from "yaml";
 import {
   componentLabels,
   etcdEndpoints,
-  LAUNCHER_BIN,
+  IMAGE_BIN,
   MORIIO_PROXY_PORT,
   meta,
   names,
@@ -111,7 +111,7 @@ export function serverObjects(ctx: RenderContext) {
               {
                 name: "server",
                 image: ctx.spec.image,
-                command: [LAUNCHER_BIN, "server", "--config", "/etc/infera/server.yaml"],
+                command: [IMAGE_BIN, "server", "--config", "/etc/infera/server.yaml"],
                 env,
                 ports,
                 readinessProbe: { httpGet: { path: "/ready", port: "http" }, periodSeconds: 5 },

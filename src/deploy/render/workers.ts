@@ -126,7 +126,8 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
             {
               name: "infera-launcher",
               image: ctx.spec.image,
-              command: ["cp", LAUNCHER_BIN, "/shared/infera"],
+              // The executable and the native addons it loads from node_modules/ beside it.
+              command: ["cp", "-a", `${LAUNCHER_DIR}/.`, "/shared/"],
               volumeMounts: [{ name: "infera-bin", mountPath: "/shared" }],
               securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
             },
