@@ -176,3 +176,10 @@ test("deploy/operator.yaml validates and its ClusterRole covers every kind the o
   }
   assert.ok(rules.some((x) => x.resources.includes("inferaclusters/status") && x.verbs.includes("patch")));
 });
+
+test("the example specs quoted in docs/deploy-kubernetes.md are the files the tests render", () => {
+  const md = readFileSync("docs/deploy-kubernetes.md", "utf8");
+  const blocks = [...md.matchAll(/<!-- example: (\S+) -->\n```yaml\n([\s\S]*?)\n```/g)];
+  assert.ok(blocks.length >= 2);
+  for (const [, file, body] of blocks) assert.equal(`${body}\n`, readFileSync(file!, "utf8"), file);
+});
