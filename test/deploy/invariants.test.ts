@@ -92,6 +92,10 @@ test("1p1d: RDMA attachment, GID auto resolved by show_gids, GPUs and IPC_LOCK",
   }
 });
 
+// vLLM's MoRIIOConnector reads proxy_ip / proxy_ping_port from kv_connector_extra_config with no
+// default (vllm-project/vllm vllm/distributed/kv_transfer/kv_connector/v1/moriio/moriio_common.py
+// @ 028a39c286ca87e0d302e66eda00bdb1a00b8c03, MoRIIOConfig.from_vllm_config); 36367 is the
+// proxy ping port vLLM's MoRIIO examples use.
 test("2p2d-moriio: workers point at the server's MoRIIO proxy, the server discovers through it", async () => {
   const o = objs("2p2d-moriio.yaml");
   const cfg = parse(o.find((x) => x.metadata.name === "moriio-server-config")!.data["server.yaml"]) as Obj;
