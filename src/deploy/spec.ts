@@ -164,6 +164,10 @@ export const clusterSpecSchema = z
         replicas: z.number().int().min(1).max(7).default(1),
         storage: quantity.default("2Gi"),
         image: z.string().default("quay.io/coreos/etcd:v3.5.17"),
+        /** External etcd: Secret with `ca.crt` (and `tls.crt`/`tls.key` for mutual TLS), mounted into server and workers. */
+        tlsSecret: dns1123.optional(),
+        /** External etcd: Secret with `username` and `password`. */
+        credentialsSecret: dns1123.optional(),
       })
       .strict()
       .default({}),
@@ -182,8 +186,6 @@ export const clusterSpecSchema = z
         apiKeys: secretRef.optional(),
         /** Secret with `user` and `password` for NATS; the generator references it, never writes it. */
         natsCredentialsSecret: dns1123.optional(),
-        /** TLS secret (tls.crt/tls.key/ca.crt) mounted into the server for its clients' NATS/etcd TLS. */
-        tlsSecret: dns1123.optional(),
       })
       .strict()
       .default({}),
@@ -202,6 +204,14 @@ export const clusterSpecSchema = z
   })
   .strict()
   .superRefine((s, ctx) => {
+    if ((s.etcd.tlsSecret || s.etcd.credentialsSecret) && !s.etcd.external) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["etcd", s.etcd.tlsSecret ? "tlsSecret" : "credentialsSecret"],
+        message:
+          "etcd TLS/credentials are for etcd.external (the in-cluster etcd is reached only through NetworkPolicy)",
+      });
+    }
     const names = new Set<string>();
     s.models.forEach((m, i) => {
       if (names.has(m.name))

@@ -117,6 +117,37 @@ test("2p2d-moriio: workers point at the server's MoRIIO proxy, the server discov
   }
 });
 
+test("external etcd: TLS files and credentials reach the server and every launcher, secrets not in argv", async () => {
+  const o = objs("sglang-mooncake.yaml");
+  assert.equal(o.filter((x) => x.metadata.name.includes("-etcd")).length, 0, "no in-cluster etcd");
+  const cfg = parse(o.find((x) => x.metadata.name === "sgl-server-config")!.data["server.yaml"]) as Obj;
+  assert.deepEqual(cfg.discovery.etcdEndpoints, [
+    "https://etcd-0.platform.svc:2379",
+    "https://etcd-1.platform.svc:2379",
+  ]);
+  assert.equal(cfg.discovery.options.caFile, "/etc/infera/etcd-tls/ca.crt");
+  const server = o.find((x) => x.kind === "Deployment")!.spec.template.spec.containers[0];
+  assert.deepEqual(server.command.slice(4), [
+    "--etcd-user",
+    "$(INFERA_ETCD_USER)",
+    "--etcd-password",
+    "$(INFERA_ETCD_PASSWORD)",
+  ]);
+  const ws = workers(o);
+  for (const sts of ws) {
+    const c = engineContainer(sts);
+    assert.ok(!c.command.some((w: string) => w.includes("PASSWORD")), "password stays in env");
+    assert.equal(
+      c.env.find((e: Obj) => e.name === "INFERA_ETCD_PASSWORD").valueFrom.secretKeyRef.name,
+      "etcd-infera-user",
+    );
+    assert.ok(c.volumeMounts.some((m: Obj) => m.mountPath === "/etc/infera/etcd-tls"));
+  }
+  // The launcher accepts the TLS flags (dry run: files are read only when connecting).
+  const outs = await engineDryRuns(ws.map(engineContainer), VARS);
+  assert.equal(outs.length, 2);
+});
+
 test("server: probes on /health and /ready, HPA or fixed replicas, PDB, config file", () => {
   for (const file of examples) {
     const o = objs(file);
@@ -124,7 +155,7 @@ test("server: probes on /health and /ready, HPA or fixed replicas, PDB, config f
     const c = dep.spec.template.spec.containers[0];
     assert.equal(c.readinessProbe.httpGet.path, "/ready");
     assert.equal(c.livenessProbe.httpGet.path, "/health");
-    assert.deepEqual(c.command.slice(1), ["server", "--config", "/etc/infera/server.yaml"]);
+    assert.deepEqual(c.command.slice(1, 4), ["server", "--config", "/etc/infera/server.yaml"]);
     const hpa = o.find((x) => x.kind === "HorizontalPodAutoscaler");
     assert.equal(dep.spec.replicas === undefined, hpa !== undefined, `${file}: replicas xor HPA`);
     const spec = load(file).spec;

@@ -3,6 +3,7 @@
  * the pods it selects, or a NetworkPolicy and the pods it guards, come from one place.
  */
 import type { IConfigMap } from "kubernetes-models/v1/ConfigMap";
+import type { IVolume } from "kubernetes-models/v1/Volume";
 import type { ClusterSpec, ModelSpec, PoolSpec } from "../spec.ts";
 
 export type IObjectMeta = NonNullable<IConfigMap["metadata"]>;
@@ -86,6 +87,41 @@ export function etcdEndpoints(ctx: RenderContext): string[] {
   const e = ctx.spec.etcd;
   if (e.external) return e.external;
   return [`http://${names.etcd(ctx)}.${ctx.namespace}.svc:${ETCD_PORT}`];
+}
+
+export const ETCD_TLS_DIR = "/etc/infera/etcd-tls";
+
+/** Mount, env and flags for a client of an external etcd with TLS and/or credentials. */
+export function etcdClientAccess(ctx: RenderContext): {
+  volume?: IVolume;
+  mount?: { name: string; mountPath: string; readOnly: boolean };
+  env: { name: string; valueFrom: object }[];
+  tlsFiles?: { caFile: string; certFile: string; keyFile: string };
+} {
+  const e = ctx.spec.etcd;
+  const env = e.credentialsSecret
+    ? [
+        {
+          name: "INFERA_ETCD_USER",
+          valueFrom: { secretKeyRef: { name: e.credentialsSecret, key: "username" } },
+        },
+        {
+          name: "INFERA_ETCD_PASSWORD",
+          valueFrom: { secretKeyRef: { name: e.credentialsSecret, key: "password" } },
+        },
+      ]
+    : [];
+  if (!e.tlsSecret) return { env };
+  return {
+    volume: { name: "etcd-tls", secret: { secretName: e.tlsSecret } },
+    mount: { name: "etcd-tls", mountPath: ETCD_TLS_DIR, readOnly: true },
+    env,
+    tlsFiles: {
+      caFile: `${ETCD_TLS_DIR}/ca.crt`,
+      certFile: `${ETCD_TLS_DIR}/tls.crt`,
+      keyFile: `${ETCD_TLS_DIR}/tls.key`,
+    },
+  };
 }
 
 export const natsUrl = (ctx: RenderContext): string | undefined =>

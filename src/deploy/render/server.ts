@@ -13,6 +13,7 @@ import type { IVolume } from "kubernetes-models/v1/Volume";
 import { stringify } from "yaml";
 import {
   componentLabels,
+  etcdClientAccess,
   etcdEndpoints,
   IMAGE_BIN,
   MORIIO_PROXY_PORT,
@@ -41,7 +42,12 @@ export function serverConfigFile(ctx: RenderContext): Record<string, unknown> {
           ...(moriio.maxModelLen ? { maxModelLen: moriio.maxModelLen } : {}),
         },
       }
-    : { kind: "etcd", etcdEndpoints: etcdEndpoints(ctx), prefix: "/infera" };
+    : {
+        kind: "etcd",
+        etcdEndpoints: etcdEndpoints(ctx),
+        prefix: "/infera",
+        ...(etcdClientAccess(ctx).tlsFiles ? { options: etcdClientAccess(ctx).tlsFiles } : {}),
+      };
   return {
     host: "0.0.0.0",
     port: SERVER_PORT,
@@ -68,10 +74,16 @@ export function serverObjects(ctx: RenderContext) {
   if (moriio) ports.push({ name: "moriio-proxy", containerPort: MORIIO_PROXY_PORT });
   const volumeMounts = [{ name: "config", mountPath: "/etc/infera", readOnly: true }];
   const volumes: IVolume[] = [{ name: "config", configMap: { name: names.serverConfig(ctx) } }];
-  if (ctx.spec.auth.tlsSecret) {
-    volumeMounts.push({ name: "tls", mountPath: "/etc/infera/tls", readOnly: true });
-    volumes.push({ name: "tls", secret: { secretName: ctx.spec.auth.tlsSecret } });
+  const etcd = etcdClientAccess(ctx);
+  if (etcd.volume && etcd.mount) {
+    volumeMounts.push(etcd.mount);
+    volumes.push(etcd.volume);
   }
+  env.push(...etcd.env);
+  // The server takes etcd credentials as flags only; the kubelet expands them from the env.
+  const etcdAuthArgs = ctx.spec.etcd.credentialsSecret
+    ? ["--etcd-user", "$(INFERA_ETCD_USER)", "--etcd-password", "$(INFERA_ETCD_PASSWORD)"]
+    : [];
   const configText = stringify(serverConfigFile(ctx));
   const out = [];
   out.push(
@@ -111,7 +123,7 @@ export function serverObjects(ctx: RenderContext) {
               {
                 name: "server",
                 image: ctx.spec.image,
-                command: [IMAGE_BIN, "server", "--config", "/etc/infera/server.yaml"],
+                command: [IMAGE_BIN, "server", "--config", "/etc/infera/server.yaml", ...etcdAuthArgs],
                 env,
                 ports,
                 readinessProbe: { httpGet: { path: "/ready", port: "http" }, periodSeconds: 5 },

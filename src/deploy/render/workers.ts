@@ -12,6 +12,7 @@ import type { IVolume } from "kubernetes-models/v1/Volume";
 import type { ModelSpec, PoolSpec } from "../spec.ts";
 import {
   ENGINE_PORT,
+  etcdClientAccess,
   etcdEndpoints,
   gpusOf,
   KVD_SOCKET_DIR,
@@ -55,6 +56,9 @@ export function engineCommand(ctx: RenderContext, m: ModelSpec, p: PoolSpec): st
   }
   argv.push("--discovery", "etcd");
   for (const e of etcdEndpoints(ctx)) argv.push("--etcd", e);
+  // Credentials come from INFERA_ETCD_USER / INFERA_ETCD_PASSWORD (env), never argv.
+  const tls = etcdClientAccess(ctx).tlsFiles;
+  if (tls) argv.push("--etcd-ca", tls.caFile, "--etcd-cert", tls.certFile, "--etcd-key", tls.keyFile);
   // Stop the engine well within the pod's grace period.
   argv.push("--stop-timeout", "60");
   if (p.engineArgs.length > 0) argv.push("--", ...p.engineArgs);
@@ -77,6 +81,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
     { name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
     { name: "POD_IP", valueFrom: { fieldRef: { fieldPath: "status.podIP" } } },
     ...natsClientEnv(ctx),
+    ...etcdClientAccess(ctx).env,
   ];
   const volumeMounts: { name: string; mountPath: string; readOnly?: boolean }[] = [
     { name: "infera-bin", mountPath: LAUNCHER_DIR, readOnly: true },
@@ -87,6 +92,11 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
     { name: "infera-bin", emptyDir: {} },
     { name: "dshm", emptyDir: { medium: "Memory" } },
   ];
+  const etcd = etcdClientAccess(ctx);
+  if (etcd.volume && etcd.mount) {
+    volumeMounts.push(etcd.mount);
+    volumes.push(etcd.volume);
+  }
   if (m.modelCacheHostPath) {
     volumeMounts.push({ name: "models", mountPath: m.modelCacheHostPath, readOnly: true });
     volumes.push({ name: "models", hostPath: { path: m.modelCacheHostPath, type: "Directory" } });
