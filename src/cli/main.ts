@@ -1,7 +1,9 @@
 import { Command } from "commander";
 import { registerBench } from "./bench.ts";
+import { registerDeploy } from "./deploy.ts";
 import { registerEngine } from "./engine.ts";
 import { registerKvd } from "./kvd.ts";
+import { registerOperator } from "./operator.ts";
 import { registerServer } from "./server.ts";
 import { registerUp } from "./up.ts";
 
@@ -19,6 +21,8 @@ export function buildProgram(): Command {
   registerEngine(program);
   registerKvd(program);
   registerBench(program);
+  registerDeploy(program);
+  registerOperator(program);
   return program;
 }
 

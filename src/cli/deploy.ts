@@ -1,0 +1,40 @@
+import type { Command } from "commander";
+
+interface DeployK8sFlags {
+  file: string;
+  output?: string;
+  generateSecrets?: boolean;
+}
+
+/**
+ * `infera deploy k8s -f cluster.yaml [-o out.yaml|dir/]`: renders a cluster spec to manifests
+ * for `kubectl apply -f`; `infera deploy crd`: prints the InferaCluster CRD for the operator.
+ */
+export function registerDeploy(program: Command): void {
+  const deploy = program.command("deploy").description("render Kubernetes manifests for an Infera cluster");
+  deploy
+    .command("k8s")
+    .description("render a cluster spec (InferaCluster YAML) to multi-document YAML for kubectl apply")
+    .requiredOption("-f, --file <cluster.yaml>", "cluster spec (an InferaCluster document)")
+    .option(
+      "-o, --output <path>",
+      "write here instead of stdout; a path ending in / (or a dir) gets one file per object",
+    )
+    .option("--generate-secrets", "also emit Secrets (NATS credentials, API keys) with random values")
+    .action(async (f: DeployK8sFlags, cmd: Command) => {
+      const { renderFile, writeOutput } = await import("../deploy/cli-action.ts");
+      try {
+        const objects = renderFile(f.file, { secrets: f.generateSecrets ? "generate" : "reference" });
+        writeOutput(objects, f.output);
+      } catch (err) {
+        cmd.error(`infera deploy k8s: ${err instanceof Error ? err.message : String(err)}`, { exitCode: 2 });
+      }
+    });
+  deploy
+    .command("crd")
+    .description("print the InferaCluster CustomResourceDefinition (schema generated from the spec)")
+    .action(async () => {
+      const { crdYaml } = await import("../deploy/crd.ts");
+      process.stdout.write(crdYaml());
+    });
+}

@@ -1,0 +1,47 @@
+import type { Command } from "commander";
+
+interface OperatorFlags {
+  kubeconfig?: string;
+  namespace?: string;
+  resync: string;
+}
+
+/** `infera operator`: reconciles InferaCluster resources (install the CRD with `infera deploy crd`). */
+export function registerOperator(program: Command): void {
+  program
+    .command("operator")
+    .description("watch InferaCluster resources and reconcile their Kubernetes objects")
+    .option("--kubeconfig <file>", "kubeconfig (default: in-cluster service account, then ~/.kube/config)")
+    .option("--namespace <ns>", "watch only this namespace (default: all)")
+    .option("--resync <seconds>", "re-reconcile every cluster this often (status of children)", "30")
+    .action(async (f: OperatorFlags) => {
+      const [{ KubeConfig }, { KubeClusterApi }, { Controller }, { createLogger }] = await Promise.all([
+        import("@kubernetes/client-node"),
+        import("../operator/kube-api.ts"),
+        import("../operator/controller.ts"),
+        import("../util/log.ts"),
+      ]);
+      const log = createLogger("operator");
+      const kc = new KubeConfig();
+      if (f.kubeconfig) kc.loadFromFile(f.kubeconfig);
+      else kc.loadFromDefault();
+      const resync = Number(f.resync);
+      if (!(resync > 0)) throw new Error(`--resync must be a positive number (got '${f.resync}')`);
+      const c = new Controller({
+        api: new KubeClusterApi(kc),
+        logger: log,
+        namespace: f.namespace,
+        resyncMs: resync * 1000,
+      });
+      await c.start();
+      log.info({ namespace: f.namespace ?? "(all)" }, "operator started");
+      const stop = () => {
+        c.stop().then(
+          () => process.exit(0),
+          () => process.exit(1),
+        );
+      };
+      process.on("SIGINT", stop);
+      process.on("SIGTERM", stop);
+    });
+}

@@ -1,0 +1,36 @@
+/** File in, YAML out, for `infera deploy k8s`. */
+import { mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { parse } from "yaml";
+import { type KubeObject, type RenderOptions, renderCluster, toYaml } from "./render/index.ts";
+import { parseClusterDocument } from "./spec.ts";
+
+export function renderFile(path: string, opts: RenderOptions = {}): KubeObject[] {
+  const doc = parseClusterDocument(parse(readFileSync(path, "utf8")));
+  return renderCluster(doc, opts);
+}
+
+const isDir = (p: string): boolean => {
+  try {
+    return statSync(p).isDirectory();
+  } catch {
+    return false;
+  }
+};
+
+/** stdout, one file, or (for a directory) one numbered file per object in apply order. */
+export function writeOutput(objects: readonly KubeObject[], output: string | undefined): void {
+  if (output === undefined || output === "-") {
+    process.stdout.write(toYaml(objects));
+    return;
+  }
+  if (output.endsWith("/") || isDir(output)) {
+    mkdirSync(output, { recursive: true });
+    objects.forEach((o, i) => {
+      const file = `${String(i).padStart(2, "0")}-${o.kind.toLowerCase()}-${o.metadata?.name ?? "object"}.yaml`;
+      writeFileSync(join(output, file), toYaml([o]));
+    });
+    return;
+  }
+  writeFileSync(output, toYaml(objects));
+}

@@ -1,0 +1,134 @@
+/**
+ * Names, labels and shared constants every manifest builder uses, so a Service's selector and
+ * the pods it selects, or a NetworkPolicy and the pods it guards, come from one place.
+ */
+import type { IConfigMap } from "kubernetes-models/v1/ConfigMap";
+import type { IVolume } from "kubernetes-models/v1/Volume";
+import type { ClusterSpec, ModelSpec, PoolSpec } from "../spec.ts";
+
+export type IObjectMeta = NonNullable<IConfigMap["metadata"]>;
+
+export const SERVER_PORT = 8000;
+export const ENGINE_PORT = 8000;
+export const ETCD_PORT = 2379;
+export const NATS_PORT = 4222;
+export const NATS_MONITOR_PORT = 8222;
+/** The server's MoRIIO registration socket (`discovery: moriio`), vLLM's proxy_ping_port. */
+export const MORIIO_PROXY_PORT = 36367;
+export const KVD_METRICS_PORT = 9400;
+/** Where the init container puts the launcher in engine pods (single-executable build). */
+export const LAUNCHER_DIR = "/infera/bin";
+export const LAUNCHER_BIN = `${LAUNCHER_DIR}/infera`;
+/**
+ * The full program in the infera image (Node + node_modules: the server, kvd). The
+ * single-executable copy above is only for engine images, which have no Node.
+ */
+export const IMAGE_BIN = "/usr/local/bin/infera";
+export const KVD_SOCKET_DIR = "/run/infera";
+export const MANAGED_BY = "infera";
+
+export type Component = "etcd" | "nats" | "server" | "worker" | "kvd";
+
+/** What the builders need besides the spec. */
+export interface RenderContext {
+  name: string;
+  namespace: string;
+  spec: ClusterSpec;
+  /** Secret values: generated with this source, or only referenced (the user creates them). */
+  secrets: "reference" | "generate";
+  random: () => string;
+}
+
+export function componentLabels(ctx: RenderContext, component: Component): Record<string, string> {
+  return {
+    "app.kubernetes.io/name": "infera",
+    "app.kubernetes.io/instance": ctx.name,
+    "app.kubernetes.io/component": component,
+  };
+}
+
+export function meta(
+  ctx: RenderContext,
+  component: Component,
+  name: string,
+  extra: Record<string, string> = {},
+): IObjectMeta {
+  return {
+    name,
+    namespace: ctx.namespace,
+    labels: { ...componentLabels(ctx, component), "app.kubernetes.io/managed-by": MANAGED_BY, ...extra },
+  };
+}
+
+export const poolName = (p: PoolSpec): string => p.name ?? p.role;
+export const workerObjectName = (ctx: Pick<RenderContext, "name">, m: ModelSpec, p: PoolSpec): string =>
+  `${ctx.name}-${m.name}-${poolName(p)}`;
+export function workerLabels(ctx: RenderContext, m: ModelSpec, p: PoolSpec): Record<string, string> {
+  return {
+    ...componentLabels(ctx, "worker"),
+    "infera.dev/model": m.name,
+    "infera.dev/pool": poolName(p),
+    "infera.dev/role": p.role,
+  };
+}
+
+export const names = {
+  etcd: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-etcd`,
+  nats: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-nats`,
+  natsConfig: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-nats-config`,
+  natsSecret: (ctx: RenderContext) => ctx.spec.auth.natsCredentialsSecret ?? `${ctx.name}-nats-credentials`,
+  server: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-server`,
+  serverConfig: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-server-config`,
+  kvd: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-kvd`,
+  dashboard: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-grafana-dashboard`,
+};
+
+export function etcdEndpoints(ctx: RenderContext): string[] {
+  const e = ctx.spec.etcd;
+  if (e.external) return e.external;
+  return [`http://${names.etcd(ctx)}.${ctx.namespace}.svc:${ETCD_PORT}`];
+}
+
+export const ETCD_TLS_DIR = "/etc/infera/etcd-tls";
+
+/** Mount, env and flags for a client of an external etcd with TLS and/or credentials. */
+export function etcdClientAccess(ctx: RenderContext): {
+  volume?: IVolume;
+  mount?: { name: string; mountPath: string; readOnly: boolean };
+  env: { name: string; valueFrom: object }[];
+  tlsFiles?: { caFile: string; certFile: string; keyFile: string };
+} {
+  const e = ctx.spec.etcd;
+  const env = e.credentialsSecret
+    ? [
+        {
+          name: "INFERA_ETCD_USER",
+          valueFrom: { secretKeyRef: { name: e.credentialsSecret, key: "username" } },
+        },
+        {
+          name: "INFERA_ETCD_PASSWORD",
+          valueFrom: { secretKeyRef: { name: e.credentialsSecret, key: "password" } },
+        },
+      ]
+    : [];
+  if (!e.tlsSecret) return { env };
+  return {
+    volume: { name: "etcd-tls", secret: { secretName: e.tlsSecret } },
+    mount: { name: "etcd-tls", mountPath: ETCD_TLS_DIR, readOnly: true },
+    env,
+    tlsFiles: {
+      caFile: `${ETCD_TLS_DIR}/ca.crt`,
+      certFile: `${ETCD_TLS_DIR}/tls.crt`,
+      keyFile: `${ETCD_TLS_DIR}/tls.key`,
+    },
+  };
+}
+
+export const natsUrl = (ctx: RenderContext): string | undefined =>
+  ctx.spec.planes.kind === "nats" ? `nats://${names.nats(ctx)}.${ctx.namespace}.svc:${NATS_PORT}` : undefined;
+
+/** vLLM's MoRIIO connector needs the server's registration socket; the server then discovers through it. */
+export const usesMoriioProxy = (m: ModelSpec): boolean =>
+  m.engine.kind === "vllm" && m.connector === "moriio" && m.pools.some((p) => p.role !== "mixed");
+
+export const gpusOf = (p: PoolSpec): number => p.gpus ?? (p.tp ?? 1) * (p.dp ?? 1);

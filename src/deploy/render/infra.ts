@@ -1,0 +1,201 @@
+/** The control planes: etcd (discovery registry) and NATS (request and event planes). */
+import { StatefulSet } from "kubernetes-models/apps/v1";
+import { ConfigMap, Secret, Service } from "kubernetes-models/v1";
+import {
+  componentLabels,
+  ETCD_PORT,
+  meta,
+  NATS_MONITOR_PORT,
+  NATS_PORT,
+  names,
+  type RenderContext,
+} from "./context.ts";
+
+/** A single- or multi-member etcd StatefulSet behind a headless Service (stable peer names). */
+export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
+  const e = ctx.spec.etcd;
+  if (e.external) return [];
+  const name = names.etcd(ctx);
+  const labels = componentLabels(ctx, "etcd");
+  const peers = Array.from(
+    { length: e.replicas },
+    (_, i) => `${name}-${i}=http://${name}-${i}.${name}.${ctx.namespace}.svc:2380`,
+  ).join(",");
+  const svc = new Service({
+    metadata: meta(ctx, "etcd", name),
+    spec: {
+      clusterIP: "None",
+      // Peers must find each other before they are ready.
+      publishNotReadyAddresses: true,
+      selector: labels,
+      ports: [
+        { name: "client", port: ETCD_PORT, targetPort: "client" },
+        { name: "peer", port: 2380, targetPort: "peer" },
+      ],
+    },
+  });
+  const sts = new StatefulSet({
+    metadata: meta(ctx, "etcd", name),
+    spec: {
+      serviceName: name,
+      replicas: e.replicas,
+      podManagementPolicy: "Parallel",
+      selector: { matchLabels: labels },
+      template: {
+        metadata: { labels },
+        spec: {
+          securityContext: { runAsNonRoot: true, runAsUser: 1000, fsGroup: 1000 },
+          containers: [
+            {
+              name: "etcd",
+              image: e.image,
+              command: [
+                "etcd",
+                "--name=$(POD_NAME)",
+                "--data-dir=/var/lib/etcd",
+                `--listen-client-urls=http://0.0.0.0:${ETCD_PORT}`,
+                `--advertise-client-urls=http://$(POD_NAME).${name}.${ctx.namespace}.svc:${ETCD_PORT}`,
+                "--listen-peer-urls=http://0.0.0.0:2380",
+                `--initial-advertise-peer-urls=http://$(POD_NAME).${name}.${ctx.namespace}.svc:2380`,
+                `--initial-cluster=${peers}`,
+                "--initial-cluster-state=new",
+                `--initial-cluster-token=${name}`,
+              ],
+              env: [{ name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } }],
+              ports: [
+                { name: "client", containerPort: ETCD_PORT },
+                { name: "peer", containerPort: 2380 },
+              ],
+              readinessProbe: { httpGet: { path: "/health", port: "client" }, periodSeconds: 5 },
+              livenessProbe: {
+                httpGet: { path: "/health", port: "client" },
+                periodSeconds: 10,
+                failureThreshold: 6,
+              },
+              volumeMounts: [{ name: "data", mountPath: "/var/lib/etcd" }],
+            },
+          ],
+        },
+      },
+      volumeClaimTemplates: [
+        {
+          metadata: { name: "data" },
+          spec: { accessModes: ["ReadWriteOnce"], resources: { requests: { storage: e.storage } } },
+        },
+      ],
+    },
+  });
+  return [svc, sts];
+}
+
+/**
+ * NATS with user/password auth. The config file names environment variables (NATS config
+ * syntax `$VAR`), filled from the credentials Secret, so no secret lands in a ConfigMap.
+ */
+export function natsObjects(ctx: RenderContext): (StatefulSet | Service | ConfigMap | Secret)[] {
+  const p = ctx.spec.planes;
+  if (p.kind !== "nats") return [];
+  const name = names.nats(ctx);
+  const labels = componentLabels(ctx, "nats");
+  const routes = Array.from(
+    { length: p.natsReplicas },
+    (_, i) => `    nats://${name}-${i}.${name}-cluster.${ctx.namespace}.svc:6222`,
+  ).join("\n");
+  const conf = [
+    `port: ${NATS_PORT}`,
+    `http_port: ${NATS_MONITOR_PORT}`,
+    "authorization {",
+    "  user: $NATS_USER",
+    "  password: $NATS_PASSWORD",
+    "}",
+    ...(p.natsReplicas > 1
+      ? [
+          "cluster {",
+          `  name: ${name}`,
+          "  port: 6222",
+          "  authorization { user: $NATS_USER, password: $NATS_PASSWORD }",
+          "  routes: [",
+          routes,
+          "  ]",
+          "}",
+        ]
+      : []),
+    "",
+  ].join("\n");
+  const secretName = names.natsSecret(ctx);
+  const out: (StatefulSet | Service | ConfigMap | Secret)[] = [
+    new ConfigMap({ metadata: meta(ctx, "nats", names.natsConfig(ctx)), data: { "nats.conf": conf } }),
+    new Service({
+      metadata: meta(ctx, "nats", name),
+      spec: { selector: labels, ports: [{ name: "client", port: NATS_PORT, targetPort: "client" }] },
+    }),
+    new Service({
+      metadata: meta(ctx, "nats", `${name}-cluster`),
+      spec: {
+        clusterIP: "None",
+        publishNotReadyAddresses: true,
+        selector: labels,
+        ports: [{ name: "cluster", port: 6222, targetPort: "cluster" }],
+      },
+    }),
+    new StatefulSet({
+      metadata: meta(ctx, "nats", name),
+      spec: {
+        serviceName: `${name}-cluster`,
+        replicas: p.natsReplicas,
+        podManagementPolicy: "Parallel",
+        selector: { matchLabels: labels },
+        template: {
+          metadata: { labels },
+          spec: {
+            securityContext: { runAsNonRoot: true, runAsUser: 1000 },
+            containers: [
+              {
+                name: "nats",
+                image: p.natsImage,
+                args: ["--config", "/etc/nats/nats.conf"],
+                env: [
+                  { name: "NATS_USER", valueFrom: { secretKeyRef: { name: secretName, key: "user" } } },
+                  {
+                    name: "NATS_PASSWORD",
+                    valueFrom: { secretKeyRef: { name: secretName, key: "password" } },
+                  },
+                ],
+                ports: [
+                  { name: "client", containerPort: NATS_PORT },
+                  { name: "cluster", containerPort: 6222 },
+                  { name: "monitor", containerPort: NATS_MONITOR_PORT },
+                ],
+                readinessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 5 },
+                livenessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 10 },
+                volumeMounts: [{ name: "config", mountPath: "/etc/nats" }],
+              },
+            ],
+            volumes: [{ name: "config", configMap: { name: names.natsConfig(ctx) } }],
+          },
+        },
+      },
+    }),
+  ];
+  if (ctx.secrets === "generate" && !ctx.spec.auth.natsCredentialsSecret) {
+    out.push(
+      new Secret({
+        metadata: meta(ctx, "nats", secretName),
+        type: "Opaque",
+        stringData: { user: "infera", password: ctx.random() },
+      }),
+    );
+  }
+  return out;
+}
+
+/** The env entries a NATS client (server, launcher) reads its credentials from. */
+export function natsClientEnv(ctx: RenderContext): { name: string; value?: string; valueFrom?: object }[] {
+  if (ctx.spec.planes.kind !== "nats") return [];
+  const secretName = names.natsSecret(ctx);
+  return [
+    { name: "INFERA_NATS_URL", value: `nats://${names.nats(ctx)}.${ctx.namespace}.svc:${NATS_PORT}` },
+    { name: "INFERA_NATS_USER", valueFrom: { secretKeyRef: { name: secretName, key: "user" } } },
+    { name: "INFERA_NATS_PASSWORD", valueFrom: { secretKeyRef: { name: secretName, key: "password" } } },
+  ];
+}

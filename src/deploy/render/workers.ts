@@ -1,0 +1,180 @@
+/**
+ * Engine pools. Each pool is a StatefulSet (stable pod names become worker ids) whose container
+ * is the engine's own image running `infera engine <kind> ...`: the launcher builds the engine's
+ * real command line, waits for health and registers the worker. Engine images have no Node, so
+ * an init container copies the single-executable launcher from the infera image into a shared
+ * emptyDir mounted at /infera/bin.
+ */
+
+import { StatefulSet } from "kubernetes-models/apps/v1";
+import { Service } from "kubernetes-models/v1";
+import type { IVolume } from "kubernetes-models/v1/Volume";
+import type { ModelSpec, PoolSpec } from "../spec.ts";
+import {
+  ENGINE_PORT,
+  etcdClientAccess,
+  etcdEndpoints,
+  gpusOf,
+  KVD_SOCKET_DIR,
+  LAUNCHER_BIN,
+  LAUNCHER_DIR,
+  MORIIO_PROXY_PORT,
+  meta,
+  names,
+  type RenderContext,
+  usesMoriioProxy,
+  workerLabels,
+  workerObjectName,
+} from "./context.ts";
+import { natsClientEnv } from "./infra.ts";
+
+/** The container's command: the launcher and its flags (`infera engine --help`). */
+export function engineCommand(ctx: RenderContext, m: ModelSpec, p: PoolSpec): string[] {
+  const argv = [LAUNCHER_BIN, "engine", m.engine.kind, "--model", m.model];
+  const add = (flag: string, v: string | number | undefined) => {
+    if (v !== undefined) argv.push(flag, String(v));
+  };
+  add("--served-model-name", m.servedModelName);
+  // $(VAR) is expanded by the kubelet from the container's env (downward API below).
+  argv.push("--port", String(ENGINE_PORT), "--advertise-host", "$(POD_IP)", "--worker-id", "$(POD_NAME)");
+  argv.push("--role", p.role);
+  if (p.role !== "mixed") add("--connector", m.connector);
+  add("--tp", p.tp);
+  add("--dp", p.dp);
+  add("--quantization", p.quantization);
+  add("--kv-cache-dtype", p.kvCacheDtype);
+  add("--block-size", m.blockSize);
+  add("--max-model-len", m.maxModelLen);
+  if (!(p.kvEvents ?? m.kvEvents)) argv.push("--no-kv-events");
+  const rdma = ctx.spec.rdma;
+  if (rdma && p.role !== "mixed") {
+    add("--ib-device", rdma.device);
+    add("--gid-index", rdma.gidIndex);
+  }
+  if (usesMoriioProxy(m) && p.role !== "mixed") {
+    add("--moriio-proxy", `${names.server(ctx)}-moriio.${ctx.namespace}.svc:${MORIIO_PROXY_PORT}`);
+  }
+  argv.push("--discovery", "etcd");
+  for (const e of etcdEndpoints(ctx)) argv.push("--etcd", e);
+  // Credentials come from INFERA_ETCD_USER / INFERA_ETCD_PASSWORD (env), never argv.
+  const tls = etcdClientAccess(ctx).tlsFiles;
+  if (tls) argv.push("--etcd-ca", tls.caFile, "--etcd-cert", tls.certFile, "--etcd-key", tls.keyFile);
+  // Stop the engine well within the pod's grace period.
+  argv.push("--stop-timeout", "60");
+  if (p.engineArgs.length > 0) argv.push("--", ...p.engineArgs);
+  return argv;
+}
+
+export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (StatefulSet | Service)[] {
+  const name = workerObjectName(ctx, m, p);
+  const labels = workerLabels(ctx, m, p);
+  const rdma = ctx.spec.rdma;
+  const rdmaPool = rdma !== undefined && p.role !== "mixed";
+  const gpus = gpusOf(p);
+  const limits: Record<string, string> = {};
+  if (gpus > 0) limits["amd.com/gpu"] = String(gpus);
+  if (rdmaPool && rdma.resourceName) limits[rdma.resourceName] = "1";
+  if (p.resources?.memory) limits.memory = p.resources.memory;
+  const requests: Record<string, string> = { ...limits };
+  if (p.resources?.cpu) requests.cpu = p.resources.cpu;
+  const env: { name: string; value?: string; valueFrom?: object }[] = [
+    { name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
+    { name: "POD_IP", valueFrom: { fieldRef: { fieldPath: "status.podIP" } } },
+    ...natsClientEnv(ctx),
+    ...etcdClientAccess(ctx).env,
+  ];
+  const volumeMounts: { name: string; mountPath: string; readOnly?: boolean }[] = [
+    { name: "infera-bin", mountPath: LAUNCHER_DIR, readOnly: true },
+    // ROCm/RCCL and the engines' IPC use /dev/shm well past the 64 MiB default.
+    { name: "dshm", mountPath: "/dev/shm" },
+  ];
+  const volumes: IVolume[] = [
+    { name: "infera-bin", emptyDir: {} },
+    { name: "dshm", emptyDir: { medium: "Memory" } },
+  ];
+  const etcd = etcdClientAccess(ctx);
+  if (etcd.volume && etcd.mount) {
+    volumeMounts.push(etcd.mount);
+    volumes.push(etcd.volume);
+  }
+  if (m.modelCacheHostPath) {
+    volumeMounts.push({ name: "models", mountPath: m.modelCacheHostPath, readOnly: true });
+    volumes.push({ name: "models", hostPath: { path: m.modelCacheHostPath, type: "Directory" } });
+  }
+  if (ctx.spec.kvd.enabled) {
+    env.push({ name: "INFERA_KVD_SOCKET", value: `${KVD_SOCKET_DIR}/kvd.sock` });
+    volumeMounts.push({ name: "kvd", mountPath: KVD_SOCKET_DIR });
+    volumes.push({ name: "kvd", hostPath: { path: KVD_SOCKET_DIR, type: "DirectoryOrCreate" } });
+  }
+  const annotations: Record<string, string> = {};
+  if (rdmaPool && rdma.mode === "attachment") annotations["k8s.v1.cni.cncf.io/networks"] = rdma.networks!;
+  const hostNetwork = rdmaPool && rdma.mode === "hostNetwork";
+  const svc = new Service({
+    metadata: meta(ctx, "worker", name, { "infera.dev/model": m.name, "infera.dev/pool": p.name ?? p.role }),
+    spec: {
+      clusterIP: "None",
+      selector: labels,
+      ports: [{ name: "http", port: ENGINE_PORT, targetPort: "http" }],
+    },
+  });
+  const sts = new StatefulSet({
+    metadata: meta(ctx, "worker", name, { "infera.dev/model": m.name, "infera.dev/pool": p.name ?? p.role }),
+    spec: {
+      serviceName: name,
+      replicas: p.replicas,
+      // Workers are independent: start and replace them in parallel.
+      podManagementPolicy: "Parallel",
+      updateStrategy: { type: "RollingUpdate", rollingUpdate: { partition: 0 } },
+      selector: { matchLabels: labels },
+      template: {
+        metadata: { labels, ...(Object.keys(annotations).length > 0 ? { annotations } : {}) },
+        spec: {
+          ...(hostNetwork ? { hostNetwork: true, dnsPolicy: "ClusterFirstWithHostNet" } : {}),
+          ...(p.nodeSelector ? { nodeSelector: p.nodeSelector } : {}),
+          terminationGracePeriodSeconds: 90,
+          initContainers: [
+            {
+              name: "infera-launcher",
+              image: ctx.spec.image,
+              // The executable and the native addons it loads from node_modules/ beside it.
+              command: ["cp", "-a", `${LAUNCHER_DIR}/.`, "/shared/"],
+              volumeMounts: [{ name: "infera-bin", mountPath: "/shared" }],
+              securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
+            },
+          ],
+          containers: [
+            {
+              name: "engine",
+              image: m.engine.image,
+              command: engineCommand(ctx, m, p),
+              env,
+              ports: [
+                { name: "http", containerPort: ENGINE_PORT },
+                { name: "kv-events", containerPort: 5557 },
+              ],
+              // The launcher exits when the engine dies; readiness is the engine's /health.
+              readinessProbe: { httpGet: { path: "/health", port: "http" }, periodSeconds: 10 },
+              startupProbe: {
+                httpGet: { path: "/health", port: "http" },
+                periodSeconds: 10,
+                // Weights load for up to 30 minutes (the launcher's --health-timeout).
+                failureThreshold: 180,
+              },
+              livenessProbe: {
+                httpGet: { path: "/health", port: "http" },
+                periodSeconds: 15,
+                failureThreshold: 4,
+              },
+              resources: { limits, requests },
+              // RDMA needs locked memory and the RDMA devices.
+              ...(rdmaPool ? { securityContext: { capabilities: { add: ["IPC_LOCK"] } } } : {}),
+              volumeMounts,
+            },
+          ],
+          volumes,
+        },
+      },
+    },
+  });
+  return [svc, sts];
+}

@@ -1,0 +1,316 @@
+/**
+ * The cluster spec: one document that says what an Infera deployment is (models, engine pools,
+ * connector, RDMA, kvd, planes, server, auth). `infera deploy k8s` renders it to manifests and
+ * the `InferaCluster` custom resource carries it as its `spec`; the CRD's OpenAPI schema is
+ * generated from this zod schema (./openapi.ts), so the two cannot drift.
+ *
+ * Defaults live here (zod `.default`), not in the renderer, so a spec read back from the API
+ * server renders exactly like the file it came from.
+ */
+import { z } from "zod";
+import { parseSize } from "../kvd/size.ts";
+
+const dns1123 = z
+  .string()
+  .min(1)
+  .max(40)
+  .regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, "must be a DNS-1123 label (lowercase letters, digits, '-')");
+
+/** A Kubernetes quantity such as `64Gi` or `500m`. */
+const quantity = z
+  .string()
+  .regex(/^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE])?$/, "must be a quantity, e.g. 64Gi");
+
+const resourcesSchema = z
+  .object({
+    cpu: quantity.optional(),
+    memory: quantity.optional(),
+  })
+  .strict();
+
+export const engineKinds = ["vllm", "sglang", "atom"] as const;
+export const poolRoles = ["mixed", "prefill", "decode"] as const;
+/** Connector names as `infera engine --connector` takes them. */
+export const connectors = ["nixl", "mooncake", "moriio", "sglang", "atom"] as const;
+
+const poolSchema = z
+  .object({
+    /** Suffix of the StatefulSet name; defaults to the role (must be unique within a model). */
+    name: dns1123.optional(),
+    role: z.enum(poolRoles),
+    replicas: z.number().int().min(0).max(1024).default(1),
+    tp: z.number().int().min(1).max(64).optional(),
+    dp: z.number().int().min(1).max(64).optional(),
+    quantization: z.string().min(1).optional(),
+    kvCacheDtype: z.string().min(1).optional(),
+    /** GPUs per pod (`amd.com/gpu`); default tp × dp. */
+    gpus: z.number().int().min(0).max(64).optional(),
+    /** Overrides the model's KV-events choice for this pool (e.g. ATOM with dp > 1). */
+    kvEvents: z.boolean().optional(),
+    resources: resourcesSchema.optional(),
+    nodeSelector: z.record(z.string()).optional(),
+    /** Passed to the engine after `--`, untouched. */
+    engineArgs: z.array(z.string()).default([]),
+  })
+  .strict();
+
+const modelSchema = z
+  .object({
+    /** Short name used in object names. */
+    name: dns1123,
+    /** Model path or hub id the engine loads (`--model`). */
+    model: z.string().min(1),
+    /** Name clients use; default: `model`. */
+    servedModelName: z.string().min(1).optional(),
+    engine: z
+      .object({
+        kind: z.enum(engineKinds),
+        image: z.string().min(1),
+      })
+      .strict(),
+    /** KV transfer for prefill/decode pools; default the engine's PD default. */
+    connector: z.enum(connectors).optional(),
+    maxModelLen: z.number().int().min(1).optional(),
+    blockSize: z.number().int().min(1).optional(),
+    kvEvents: z.boolean().default(true),
+    /** Host path with the weights, mounted read-only at the same path. */
+    modelCacheHostPath: z.string().startsWith("/").optional(),
+    pools: z.array(poolSchema).min(1),
+  })
+  .strict();
+
+const rdmaSchema = z
+  .object({
+    /** `hostNetwork`: pods use the node's RoCE NICs directly; `attachment`: a Multus network. */
+    mode: z.enum(["hostNetwork", "attachment"]),
+    /** `k8s.v1.cni.cncf.io/networks` value, e.g. `infera/roce-net` (attachment mode). */
+    networks: z.string().min(1).optional(),
+    /** RDMA device (SGLang --disaggregation-ib-device, show_gids filter), e.g. `rdma0`. */
+    device: z.string().min(1).optional(),
+    /** RoCEv2 GID index, or `auto` (the launcher runs show_gids). */
+    gidIndex: z.union([z.number().int().min(0).max(255), z.literal("auto")]).optional(),
+    /** Extended resource the RDMA device plugin exposes, e.g. `rdma/hca_shared_devices_a`. */
+    resourceName: z.string().min(1).optional(),
+  })
+  .strict()
+  .refine((r) => r.mode !== "attachment" || r.networks !== undefined, {
+    message: "rdma.mode attachment needs rdma.networks",
+    path: ["networks"],
+  });
+
+/** A byte size as `infera kvd` takes it (`8GiB`, `512MiB`, `4096`). */
+const byteSize = z.string().refine(
+  (v) => {
+    try {
+      return parseSize(v) > 0;
+    } catch {
+      return false;
+    }
+  },
+  { message: "must be a byte size such as 8GiB, 512MiB or 4096" },
+);
+
+const kvdSchema = z
+  .object({
+    enabled: z.boolean().default(false),
+    ramBytes: byteSize.default("8GiB"),
+    disk: z
+      .object({
+        hostPath: z.string().startsWith("/"),
+        bytes: byteSize.default("100GiB"),
+      })
+      .strict()
+      .optional(),
+    /** L4 store, e.g. `redis://redis:6379/0`. */
+    remote: z.string().min(1).optional(),
+    port: z.number().int().min(1).max(65535).default(7070),
+  })
+  .strict();
+
+const secretRef = z.object({ name: dns1123, key: z.string().min(1) }).strict();
+
+const serverSchema = z
+  .object({
+    replicas: z.number().int().min(1).max(1000).default(2),
+    policy: z.enum(["round-robin", "kv-aware", "approx-prefix"]).default("kv-aware"),
+    router: z.enum(["auto", "mixed", "disagg"]).default("auto"),
+    autoscaling: z
+      .object({
+        minReplicas: z.number().int().min(1).default(2),
+        maxReplicas: z.number().int().min(1).default(8),
+        targetCPUUtilization: z.number().int().min(1).max(100).default(70),
+      })
+      .strict()
+      .refine((a) => a.maxReplicas >= a.minReplicas, {
+        message: "maxReplicas must be >= minReplicas",
+        path: ["maxReplicas"],
+      })
+      .optional(),
+    resources: resourcesSchema.optional(),
+    serviceType: z.enum(["ClusterIP", "LoadBalancer", "NodePort"]).default("ClusterIP"),
+  })
+  .strict();
+
+export const clusterSpecSchema = z
+  .object({
+    /** The infera image (server, kvd, and the launcher binary copied into engine pods). */
+    image: z.string().min(1),
+    models: z.array(modelSchema).min(1),
+    server: serverSchema.default({}),
+    etcd: z
+      .object({
+        /** Use these endpoints instead of deploying etcd. */
+        external: z.array(z.string().url()).min(1).optional(),
+        replicas: z.number().int().min(1).max(7).default(1),
+        storage: quantity.default("2Gi"),
+        image: z.string().default("quay.io/coreos/etcd:v3.5.17"),
+        /** External etcd: Secret with `ca.crt` (and `tls.crt`/`tls.key` for mutual TLS), mounted into server and workers. */
+        tlsSecret: dns1123.optional(),
+        /** External etcd: Secret with `username` and `password`. */
+        credentialsSecret: dns1123.optional(),
+      })
+      .strict()
+      .default({}),
+    planes: z
+      .object({
+        /** `nats` (default): requests and KV events over NATS; `direct`: HTTP + each engine's ZMQ socket. */
+        kind: z.enum(["nats", "direct"]).default("nats"),
+        natsReplicas: z.number().int().min(1).max(5).default(1),
+        natsImage: z.string().default("nats:2.10-alpine"),
+      })
+      .strict()
+      .default({}),
+    auth: z
+      .object({
+        /** Secret holding the API keys (comma-separated) the server accepts; none = open. */
+        apiKeys: secretRef.optional(),
+        /** Secret with `user` and `password` for NATS; the generator references it, never writes it. */
+        natsCredentialsSecret: dns1123.optional(),
+      })
+      .strict()
+      .default({}),
+    rdma: rdmaSchema.optional(),
+    kvd: kvdSchema.default({}),
+    monitoring: z
+      .object({
+        serviceMonitor: z.boolean().default(true),
+        dashboard: z.boolean().default(true),
+        /** Namespace Prometheus runs in (allowed through the NetworkPolicies). */
+        prometheusNamespace: z.string().default("monitoring"),
+      })
+      .strict()
+      .default({}),
+    networkPolicies: z.boolean().default(true),
+  })
+  .strict()
+  .superRefine((s, ctx) => {
+    if ((s.etcd.tlsSecret || s.etcd.credentialsSecret) && !s.etcd.external) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["etcd", s.etcd.tlsSecret ? "tlsSecret" : "credentialsSecret"],
+        message:
+          "etcd TLS/credentials are for etcd.external (the in-cluster etcd is reached only through NetworkPolicy)",
+      });
+    }
+    const names = new Set<string>();
+    s.models.forEach((m, i) => {
+      if (names.has(m.name))
+        ctx.addIssue({ code: "custom", path: ["models", i, "name"], message: `duplicate model '${m.name}'` });
+      names.add(m.name);
+      const pools = new Set<string>();
+      m.pools.forEach((p, j) => {
+        const n = p.name ?? p.role;
+        if (pools.has(n))
+          ctx.addIssue({
+            code: "custom",
+            path: ["models", i, "pools", j, "name"],
+            message: `duplicate pool '${n}' (give pools of one role a name)`,
+          });
+        pools.add(n);
+      });
+      // vLLM's MoRIIO workers register by pinging one server's socket: that server then
+      // discovers through it (discovery kind moriio), for this model only.
+      if (m.engine.kind === "vllm" && m.connector === "moriio") {
+        if (s.models.length > 1)
+          ctx.addIssue({
+            code: "custom",
+            path: ["models", i, "connector"],
+            message: "vllm + moriio: the server discovers through the MoRIIO proxy, one model per cluster",
+          });
+        if (s.server.replicas !== 1 || s.server.autoscaling)
+          ctx.addIssue({
+            code: "custom",
+            path: ["server", "replicas"],
+            message:
+              "vllm + moriio: workers register with one server's MoRIIO proxy; use replicas 1, no autoscaling",
+          });
+      }
+      const roles = new Set(m.pools.map((p) => p.role));
+      if (roles.has("prefill") !== roles.has("decode")) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["models", i, "pools"],
+          message: "a disaggregated model needs both a prefill and a decode pool",
+        });
+      }
+    });
+  });
+
+/** The spec as written (defaults optional). */
+export type ClusterSpecInput = z.input<typeof clusterSpecSchema>;
+/** The spec with defaults applied. */
+export type ClusterSpec = z.output<typeof clusterSpecSchema>;
+export type ModelSpec = ClusterSpec["models"][number];
+export type PoolSpec = ModelSpec["pools"][number];
+
+/** The file form: an `InferaCluster` document (or a bare spec with a `name`). */
+export interface ClusterDocument {
+  name: string;
+  namespace: string;
+  spec: ClusterSpec;
+}
+
+export class ClusterSpecError extends Error {
+  constructor(readonly issues: readonly { path: string; message: string }[]) {
+    super(issues.map((i) => `${i.path || "(root)"}: ${i.message}`).join("\n"));
+    this.name = "ClusterSpecError";
+  }
+}
+
+/** Validates a spec; errors name the key path (`spec.models[0].pools[1].replicas: ...`). */
+export function parseClusterSpec(input: unknown, pathPrefix = "spec"): ClusterSpec {
+  const r = clusterSpecSchema.safeParse(input);
+  if (r.success) return r.data;
+  throw new ClusterSpecError(
+    r.error.issues.map((i) => ({ path: formatPath([pathPrefix, ...i.path]), message: i.message })),
+  );
+}
+
+export function formatPath(path: readonly (string | number)[]): string {
+  let out = "";
+  for (const p of path) {
+    if (p === "") continue;
+    out += typeof p === "number" ? `[${p}]` : out === "" ? p : `.${p}`;
+  }
+  return out;
+}
+
+/** Reads an `InferaCluster` document (apiVersion/kind/metadata/spec). */
+export function parseClusterDocument(doc: unknown): ClusterDocument {
+  if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
+    throw new ClusterSpecError([{ path: "", message: "expected an InferaCluster mapping" }]);
+  }
+  const d = doc as Record<string, unknown>;
+  if (d.kind !== undefined && d.kind !== "InferaCluster") {
+    throw new ClusterSpecError([
+      { path: "kind", message: `expected InferaCluster, got '${String(d.kind)}'` },
+    ]);
+  }
+  const meta = (d.metadata ?? {}) as Record<string, unknown>;
+  const name = dns1123.safeParse(meta.name);
+  if (!name.success) {
+    throw new ClusterSpecError([{ path: "metadata.name", message: name.error.issues[0]!.message }]);
+  }
+  const ns = meta.namespace === undefined ? "default" : String(meta.namespace);
+  return { name: name.data, namespace: ns, spec: parseClusterSpec(d.spec) };
+}

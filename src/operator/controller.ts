@@ -1,0 +1,133 @@
+/**
+ * The operator loop: list + watch InferaClusters, and reconcile each one (serially per cluster)
+ * on every change and every resync period, since the children's readiness (status) changes
+ * without the custom resource changing. A failed pass is retried with backoff; a closed or
+ * expired watch is re-listed and re-opened.
+ */
+import type { Logger } from "../util/log.ts";
+import type { ClusterApi } from "./kube-api.ts";
+import { type Action, type ClusterStatus, type InferaClusterResource, reconcile } from "./reconcile.ts";
+
+export interface ControllerOptions {
+  api: ClusterApi;
+  logger: Logger;
+  /** Watch one namespace; all when absent. */
+  namespace?: string;
+  resyncMs?: number;
+  retryMs?: number;
+}
+
+const keyOf = (c: InferaClusterResource) => `${c.metadata.namespace ?? "default"}/${c.metadata.name}`;
+
+export class Controller {
+  private readonly clusters = new Map<string, InferaClusterResource>();
+  private readonly queued = new Set<string>();
+  private readonly running = new Map<string, Promise<void>>();
+  /**
+   * The status this operator last wrote per cluster. Only the operator writes status, so this is
+   * newer than any cached copy: a watch event still in flight must not make a pass write it again.
+   */
+  private readonly written = new Map<string, ClusterStatus>();
+  private watch?: { abort(): void };
+  private resync?: NodeJS.Timeout;
+  private stopped = false;
+  /** Passes completed (for tests and logs). */
+  passes = 0;
+
+  constructor(private readonly o: ControllerOptions) {}
+
+  async start(): Promise<void> {
+    await this.listAndWatch();
+    this.resync = setInterval(() => {
+      for (const k of this.clusters.keys()) this.enqueue(k);
+    }, this.o.resyncMs ?? 30_000);
+    this.resync.unref();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearInterval(this.resync);
+    this.watch?.abort();
+    await Promise.allSettled([...this.running.values()]);
+  }
+
+  private async listAndWatch(): Promise<void> {
+    const { items, resourceVersion } = await this.o.api.listClusters(this.o.namespace);
+    this.clusters.clear();
+    for (const c of items) {
+      this.clusters.set(keyOf(c), c);
+      this.enqueue(keyOf(c));
+    }
+    this.watch = await this.o.api.watchClusters(
+      this.o.namespace,
+      resourceVersion,
+      (phase, obj) => {
+        if (phase === "BOOKMARK" || phase === "ERROR") return;
+        const key = keyOf(obj);
+        if (phase === "DELETED") {
+          this.clusters.delete(key);
+          this.written.delete(key);
+        } else {
+          this.clusters.set(key, obj);
+          this.enqueue(key);
+        }
+      },
+      (err) => {
+        if (this.stopped) return;
+        if (err) this.o.logger.warn({ err: String(err) }, "watch ended; re-listing");
+        setTimeout(() => {
+          if (!this.stopped)
+            this.listAndWatch().catch((e) => this.o.logger.error({ err: String(e) }, "re-list failed"));
+        }, this.o.retryMs ?? 1000).unref();
+      },
+    );
+  }
+
+  /** Serial per cluster: a key changed during a pass runs once more after it. */
+  private enqueue(key: string): void {
+    if (this.stopped) return;
+    if (this.running.has(key)) {
+      this.queued.add(key);
+      return;
+    }
+    const p = this.pass(key).finally(() => {
+      this.running.delete(key);
+      if (this.queued.delete(key)) this.enqueue(key);
+    });
+    this.running.set(key, p);
+  }
+
+  private async pass(key: string): Promise<void> {
+    const cached = this.clusters.get(key);
+    if (!cached) return;
+    const last = this.written.get(key);
+    const cr = last ? { ...cached, status: last } : cached;
+    const ns = cr.metadata.namespace ?? "default";
+    try {
+      const observed = await this.o.api.listOwned(ns, cr.metadata.name);
+      const actions = reconcile(cr, observed, { now: new Date(), unserved: this.o.api.skipped });
+      await this.execute(ns, key, cr, actions);
+      this.passes++;
+      if (actions.length > 0) this.o.logger.info({ cluster: key, actions: actions.length }, "reconciled");
+    } catch (err) {
+      this.o.logger.warn({ cluster: key, err: String(err) }, "reconcile failed; retrying");
+      setTimeout(() => this.enqueue(key), this.o.retryMs ?? 1000).unref();
+    }
+  }
+
+  private async execute(
+    ns: string,
+    key: string,
+    cr: InferaClusterResource,
+    actions: Action[],
+  ): Promise<void> {
+    for (const a of actions) {
+      if (a.type === "apply") await this.o.api.apply(a.object);
+      else if (a.type === "delete") await this.o.api.delete(a);
+      else {
+        await this.o.api.patchStatus(ns, cr.metadata.name, a.status);
+        this.written.set(key, a.status);
+      }
+    }
+  }
+}

@@ -1,0 +1,155 @@
+/**
+ * The operator end to end against the API test double: @kubernetes/client-node talks HTTP to
+ * it; the controller lists and watches the custom resource, server-side applies the objects
+ * (content type application/apply-patch+yaml, fieldManager infera-operator, force), writes
+ * status through the status subresource, follows spec changes, and deletes orphans.
+ */
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { after, before, test } from "node:test";
+import { KubeConfig } from "@kubernetes/client-node";
+import { parse } from "yaml";
+import { Controller } from "../../src/operator/controller.ts";
+import { KubeClusterApi } from "../../src/operator/kube-api.ts";
+import { HASH_ANNOTATION } from "../../src/operator/reconcile.ts";
+import { createLogger } from "../../src/util/log.ts";
+import { FakeApiServer } from "./fake-apiserver.ts";
+
+// biome-ignore lint/suspicious/noExplicitAny: the test edits nested specs
+type Obj = Record<string, any>;
+
+const api = new FakeApiServer();
+let controller: Controller;
+let kubeApi: KubeClusterApi;
+
+async function until(what: string, f: () => boolean, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!f()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+before(async () => {
+  await api.start();
+  // No Prometheus Operator in this "cluster": its kinds are 404 (skipped, the rest converges).
+  api.missingGroups.add("monitoring.coreos.com/v1");
+  const kc = new KubeConfig();
+  kc.loadFromOptions({
+    clusters: [{ name: "fake", server: api.url, skipTLSVerify: true }],
+    users: [{ name: "op", token: "t0ken" }],
+    contexts: [{ name: "fake", cluster: "fake", user: "op" }],
+    currentContext: "fake",
+  });
+  kubeApi = new KubeClusterApi(kc);
+  controller = new Controller({
+    api: kubeApi,
+    logger: createLogger("operator-test"),
+    resyncMs: 100,
+    retryMs: 50,
+  });
+  await controller.start();
+});
+
+after(async () => {
+  await controller.stop();
+  await api.close();
+});
+
+const doc = parse(readFileSync("deploy/examples/kvd.yaml", "utf8")) as Obj;
+
+test("a new InferaCluster is applied with SSA and gets a status", async () => {
+  api.putCluster(doc);
+  await until("server Deployment", () => api.get("Deployment", "infera", "kvd-server") !== undefined);
+  await until("status", () => api.get("InferaCluster", "infera", "kvd")?.status !== undefined);
+  const applies = api.requests.filter((r) => r.method === "PATCH" && !r.path.endsWith("/status"));
+  assert.ok(applies.length > 10);
+  for (const r of applies) {
+    assert.equal(r.contentType, "application/apply-patch+yaml");
+    assert.equal(r.query.fieldManager, "infera-operator");
+    assert.equal(r.query.force, "true");
+  }
+  const sts = api.get("StatefulSet", "infera", "kvd-llama-mixed")!;
+  assert.equal(sts.spec.replicas, 8);
+  assert.equal(sts.metadata.ownerReferences[0].kind, "InferaCluster");
+  assert.equal(sts.metadata.ownerReferences[0].uid, api.get("InferaCluster", "infera", "kvd")!.metadata.uid);
+  assert.equal(sts.spec.template.spec.containers[0].command[0], "/infera/bin/infera");
+  const statusPatch = api.requests.find((r) => r.path.endsWith("/inferaclusters/kvd/status"))!;
+  assert.equal(statusPatch.method, "PATCH");
+  assert.equal(statusPatch.contentType, "application/merge-patch+json");
+  assert.equal(statusPatch.path, "/apis/infera.dev/v1alpha1/namespaces/infera/inferaclusters/kvd/status");
+  assert.deepEqual([...kubeApi.skipped].sort(), [
+    "monitoring.coreos.com/v1/PodMonitor",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+  ]);
+  assert.ok(api.get("ConfigMap", "infera", "kvd-grafana-dashboard"));
+  const st = api.get("InferaCluster", "infera", "kvd")!.status;
+  assert.equal(st.conditions.find((c: Obj) => c.type === "Ready").status, "False");
+});
+
+test("ready children → Ready=True, then steady state sends no writes", async () => {
+  api.setReady("StatefulSet", "infera", "kvd-llama-mixed", 8);
+  api.setReady("Deployment", "infera", "kvd-server", 3);
+  await until("Ready=True", () =>
+    api
+      .get("InferaCluster", "infera", "kvd")
+      ?.status?.conditions?.some((c: Obj) => c.type === "Ready" && c.status === "True"),
+  );
+  const passes = controller.passes;
+  const writes = api.requests.filter((r) => r.method !== "GET").length;
+  await until("three more resync passes", () => controller.passes >= passes + 3);
+  const extra = api.requests.filter((r) => r.method !== "GET").slice(writes);
+  assert.deepEqual(
+    extra.map((r) => `${r.method} ${r.path} ${JSON.stringify(r.body)}`),
+    [],
+    "no-op passes write nothing",
+  );
+});
+
+test("scale change in the custom resource → the StatefulSet is re-applied with the new replicas", async () => {
+  const next = structuredClone(doc);
+  next.spec.models[0].pools[0].replicas = 10;
+  const before = api.get("StatefulSet", "infera", "kvd-llama-mixed")!.metadata.annotations[HASH_ANNOTATION];
+  api.putCluster(next);
+  await until("replicas 10", () => api.get("StatefulSet", "infera", "kvd-llama-mixed")?.spec.replicas === 10);
+  assert.notEqual(
+    api.get("StatefulSet", "infera", "kvd-llama-mixed")!.metadata.annotations[HASH_ANNOTATION],
+    before,
+  );
+  await until(
+    "observedGeneration 2",
+    () => api.get("InferaCluster", "infera", "kvd")?.status?.observedGeneration === 2,
+  );
+});
+
+test("kvd turned off → its DaemonSet and NetworkPolicy are deleted through DELETE", async () => {
+  const next = structuredClone(doc);
+  next.spec.models[0].pools[0].replicas = 10;
+  next.spec.kvd.enabled = false;
+  api.putCluster(next);
+  await until("DaemonSet gone", () => api.get("DaemonSet", "infera", "kvd-kvd") === undefined);
+  await until("policy gone", () => api.get("NetworkPolicy", "infera", "kvd-kvd-from-workers") === undefined);
+  const del = api.requests.filter((r) => r.method === "DELETE").map((r) => r.path);
+  assert.ok(del.includes("/apis/apps/v1/namespaces/infera/daemonsets/kvd-kvd"), del.join("\n"));
+  assert.equal(api.requests.find((r) => r.method === "DELETE")?.query.propagationPolicy, "Background");
+});
+
+test("an invalid spec is reported in status and changes nothing", async () => {
+  const writes = api.requests.filter((r) => r.method === "PATCH" && !r.path.endsWith("/status")).length;
+  const bad = structuredClone(doc);
+  bad.spec.models[0].engine.kind = "tgi";
+  api.putCluster(bad);
+  await until("SpecValid=False", () =>
+    api
+      .get("InferaCluster", "infera", "kvd")
+      ?.status?.conditions?.some((c: Obj) => c.type === "SpecValid" && c.status === "False"),
+  );
+  const msg = api
+    .get("InferaCluster", "infera", "kvd")!
+    .status.conditions.find((c: Obj) => c.type === "SpecValid").message;
+  assert.match(msg, /spec\.models\[0\]\.engine\.kind/);
+  assert.equal(
+    api.requests.filter((r) => r.method === "PATCH" && !r.path.endsWith("/status")).length,
+    writes,
+  );
+});

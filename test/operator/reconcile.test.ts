@@ -1,0 +1,240 @@
+/**
+ * The reconcile core against an in-memory "cluster": actions are applied to a map the way the
+ * API server would (apply stores, delete removes, status replaces), and each scenario checks the
+ * exact actions the next pass emits.
+ */
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { test } from "node:test";
+import { parse } from "yaml";
+import { kindKey } from "../../src/operator/kinds.ts";
+import {
+  type Action,
+  HASH_ANNOTATION,
+  type InferaClusterResource,
+  type ObjectLike,
+  reconcile,
+} from "../../src/operator/reconcile.ts";
+
+// biome-ignore lint/suspicious/noExplicitAny: the test edits nested specs
+type Obj = Record<string, any>;
+
+const now = new Date("2026-01-01T00:00:00Z");
+const later = new Date("2026-01-01T00:05:00Z");
+
+function cr(file: string, uid = "uid-1"): InferaClusterResource {
+  const doc = parse(readFileSync(`deploy/examples/${file}`, "utf8")) as Obj;
+  return {
+    apiVersion: "infera.dev/v1alpha1",
+    kind: "InferaCluster",
+    metadata: { name: doc.metadata.name, namespace: doc.metadata.namespace, uid, generation: 1 },
+    spec: doc.spec,
+  };
+}
+
+class FakeCluster {
+  readonly objects = new Map<string, ObjectLike>();
+  run(c: InferaClusterResource, actions: Action[]): void {
+    for (const a of actions) {
+      if (a.type === "apply")
+        this.objects.set(
+          kindKey(a.object.apiVersion, a.object.kind, a.object.metadata.name),
+          structuredClone(a.object),
+        );
+      else if (a.type === "delete")
+        assert.ok(this.objects.delete(kindKey(a.apiVersion, a.kind, a.name)), `delete ${a.name}`);
+      else c.status = structuredClone(a.status) as never;
+    }
+  }
+  list(): ObjectLike[] {
+    return [...this.objects.values()];
+  }
+  /** What the StatefulSet / Deployment controllers would report once pods are up. */
+  allReady(): void {
+    for (const o of this.objects.values())
+      if (o.kind === "StatefulSet" || o.kind === "Deployment")
+        o.status = { readyReplicas: (o.spec?.replicas as number | undefined) ?? 2 };
+  }
+}
+
+const kinds = (as: Action[]) =>
+  as.map((a) =>
+    a.type === "apply"
+      ? `apply ${a.object.kind}/${a.object.metadata.name}`
+      : a.type === "delete"
+        ? `delete ${a.kind}/${a.name}`
+        : "status",
+  );
+
+function converge(file: string) {
+  const c = cr(file);
+  const k = new FakeCluster();
+  k.run(c, reconcile(c, k.list(), { now }));
+  k.allReady();
+  k.run(c, reconcile(c, k.list(), { now }));
+  return { c, k };
+}
+
+test("first pass applies every object with an owner reference and a content hash", () => {
+  const c = cr("1p1d.yaml");
+  const actions = reconcile(c, [], { now });
+  const applies = actions.filter((a) => a.type === "apply");
+  assert.ok(applies.length > 15);
+  for (const a of applies) {
+    assert.equal(a.object.kind === "Namespace", false, "a namespaced CR cannot own a Namespace");
+    assert.deepEqual(a.object.metadata.ownerReferences, [
+      {
+        apiVersion: "infera.dev/v1alpha1",
+        kind: "InferaCluster",
+        name: "pd",
+        uid: "uid-1",
+        controller: true,
+        blockOwnerDeletion: true,
+      },
+    ]);
+    assert.match(a.object.metadata.annotations![HASH_ANNOTATION]!, /^[0-9a-f]{16}$/);
+  }
+  const st = actions.at(-1)!;
+  assert.equal(st.type, "status");
+  if (st.type === "status") {
+    assert.equal(st.status.conditions.find((x) => x.type === "Ready")?.status, "False");
+    assert.equal(st.status.conditions.find((x) => x.type === "Progressing")?.status, "True");
+  }
+});
+
+test("unchanged spec and ready objects → no-op (no apply, no delete, no status write)", () => {
+  const { c, k } = converge("mixed.yaml");
+  const st = c.status!;
+  assert.equal(st.conditions.find((x) => x.type === "Ready")?.status, "True");
+  assert.deepEqual(st.pools, [{ model: "llama", pool: "mixed", role: "mixed", ready: 4, desired: 4 }]);
+  assert.deepEqual(reconcile(c, k.list(), { now: later }), []);
+});
+
+test("scale change → exactly the pool's StatefulSet is applied with the new replica count", () => {
+  const { c, k } = converge("1p1d.yaml");
+  (c.spec as Obj).models[0].pools[1].replicas = 3;
+  c.metadata.generation = 2;
+  const actions = reconcile(c, k.list(), { now: later });
+  assert.deepEqual(kinds(actions), ["apply StatefulSet/pd-dsr1-decode", "status"]);
+  const sts = (actions[0] as { object: Obj }).object;
+  assert.equal(sts.spec.replicas, 3);
+  const st = (actions[1] as { status: Obj }).status;
+  assert.equal(st.observedGeneration, 2);
+  assert.equal(st.conditions.find((x: Obj) => x.type === "Ready").status, "False");
+  // The Ready transition time moves; SpecValid's (still True) is kept.
+  assert.equal(st.conditions.find((x: Obj) => x.type === "SpecValid").lastTransitionTime, now.toISOString());
+  assert.equal(st.conditions.find((x: Obj) => x.type === "Ready").lastTransitionTime, later.toISOString());
+});
+
+test("engine image change → the model's StatefulSets get a new pod template (rolling update)", () => {
+  const { c, k } = converge("sglang-mooncake.yaml");
+  const before = k.list().filter((o) => o.kind === "StatefulSet" && o.metadata.name.startsWith("sgl-qwen"));
+  (c.spec as Obj).models[0].engine.image = "lmsysorg/sglang:v0.5.0-rocm";
+  const actions = reconcile(c, k.list(), { now: later });
+  assert.deepEqual(kinds(actions), [
+    "apply StatefulSet/sgl-qwen-prefill",
+    "apply StatefulSet/sgl-qwen-decode",
+    "status",
+  ]);
+  for (const a of actions.slice(0, 2) as { object: Obj }[]) {
+    assert.equal(a.object.spec.template.spec.containers[0].image, "lmsysorg/sglang:v0.5.0-rocm");
+    assert.equal(a.object.spec.updateStrategy.type, "RollingUpdate");
+    const old = before.find((b) => b.metadata.name === a.object.metadata.name)!;
+    assert.notEqual(
+      a.object.metadata.annotations[HASH_ANNOTATION],
+      old.metadata.annotations![HASH_ANNOTATION],
+    );
+  }
+});
+
+test("server policy change → the config and the Deployment (config hash in its pod template) are applied", () => {
+  const { c, k } = converge("mixed.yaml");
+  (c.spec as Obj).server.policy = "round-robin";
+  const actions = reconcile(c, k.list(), { now: later });
+  assert.deepEqual(
+    kinds(actions).filter((s) => s !== "status"),
+    ["apply ConfigMap/mixed-server-config", "apply Deployment/mixed-server"],
+  );
+});
+
+test("removed features → owned objects no longer desired are deleted; others' objects are not", () => {
+  const { c, k } = converge("kvd.yaml");
+  // An object with the same labels but another owner must survive.
+  k.objects.set("x", {
+    apiVersion: "v1",
+    kind: "ConfigMap",
+    metadata: {
+      name: "foreign",
+      labels: { "app.kubernetes.io/managed-by": "infera" },
+      ownerReferences: [{ apiVersion: "v1", kind: "X", name: "x", uid: "other" }],
+    },
+  });
+  (c.spec as Obj).kvd.enabled = false;
+  (c.spec as Obj).monitoring = { serviceMonitor: false, dashboard: true };
+  const actions = reconcile(c, k.list(), { now: later });
+  assert.deepEqual(
+    kinds(actions)
+      .filter((s) => s.startsWith("delete"))
+      .sort(),
+    [
+      "delete DaemonSet/kvd-kvd",
+      "delete NetworkPolicy/kvd-kvd-from-workers",
+      "delete PodMonitor/kvd-kvd",
+      "delete ServiceMonitor/kvd",
+    ],
+  );
+  // Workers lose the kvd socket mount: applied again.
+  assert.ok(kinds(actions).includes("apply StatefulSet/kvd-llama-mixed"));
+  k.run(c, actions);
+  assert.ok(k.objects.has("x"));
+});
+
+test("deletion → nothing to do (owner references let the garbage collector remove children)", () => {
+  const { c, k } = converge("mixed.yaml");
+  c.metadata.deletionTimestamp = later.toISOString();
+  assert.deepEqual(reconcile(c, k.list(), { now: later }), []);
+});
+
+test("invalid spec → only a status naming the key path; nothing applied or deleted", () => {
+  const { c, k } = converge("mixed.yaml");
+  (c.spec as Obj).models[0].pools[0].replicas = -2;
+  const actions = reconcile(c, k.list(), { now: later });
+  assert.deepEqual(kinds(actions), ["status"]);
+  const st = (actions[0] as { status: Obj }).status;
+  const valid = st.conditions.find((x: Obj) => x.type === "SpecValid");
+  assert.equal(valid.status, "False");
+  assert.match(valid.message, /spec\.models\[0\]\.pools\[0\]\.replicas/);
+});
+
+test("generated secrets are created once, never re-applied (no rotation under running pods)", () => {
+  const { c, k } = converge("mixed.yaml");
+  const secret = k.list().find((o) => o.kind === "Secret" && o.metadata.name === "mixed-nats-credentials")!;
+  assert.ok(secret);
+  // A different random source must not matter on later passes.
+  const actions = reconcile(c, k.list(), { now: later, random: () => "rotated" });
+  assert.deepEqual(actions, []);
+  k.objects.delete(kindKey("v1", "Secret", "mixed-nats-credentials"));
+  const again = reconcile(c, k.list(), { now: later, random: () => "fresh" });
+  assert.deepEqual(
+    kinds(again).filter((s) => s !== "status"),
+    ["apply Secret/mixed-nats-credentials"],
+  );
+});
+
+test("status counts ready workers per pool and the server", () => {
+  const c = cr("sglang-mooncake.yaml");
+  const k = new FakeCluster();
+  k.run(c, reconcile(c, [], { now }));
+  const sts = k.list().find((o) => o.kind === "StatefulSet" && o.metadata.name === "sgl-qwen-decode")!;
+  sts.status = { readyReplicas: 1 };
+  k.run(c, reconcile(c, k.list(), { now }));
+  assert.deepEqual(c.status!.pools, [
+    { model: "qwen", pool: "prefill", role: "prefill", ready: 0, desired: 1 },
+    { model: "qwen", pool: "decode", role: "decode", ready: 1, desired: 2 },
+  ]);
+  assert.deepEqual(c.status!.server, { ready: 0, desired: 2 });
+  assert.match(
+    c.status!.conditions.find((x) => x.type === "Ready")!.message,
+    /server 0\/2, qwen\/prefill 0\/1, qwen\/decode 1\/2/,
+  );
+});
