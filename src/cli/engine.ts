@@ -60,7 +60,7 @@ export function registerEngine(program: Command): void {
     .option("--notify-port <port>", "MoRIIO notify port", "61005")
     .option(
       "--moriio-proxy <host:port>",
-      "MoRIIO registration socket of the infera server (--discovery moriio-proxy; port 36367 by " +
+      "MoRIIO registration socket of the infera server (--discovery moriio; port 36367 by " +
         "default; env INFERA_MORIIO_PROXY): proxy_ip, proxy_ping_port. Required for vllm --connector moriio",
     )
     .option(

@@ -47,7 +47,7 @@ export function validateVllmMoriio(spec: LaunchSpec): void {
     throw new BadRequestError(
       `${spec.engine}: MoRIIO needs --moriio-proxy HOST[:PORT] (or INFERA_MORIIO_PROXY): the ` +
         "infera server's MoRIIO registration socket (a server started with --discovery " +
-        "moriio-proxy, port 36367 by default); vLLM reads proxy_ip/proxy_ping_port without defaults",
+        "moriio, port 36367 by default); vLLM reads proxy_ip/proxy_ping_port without defaults",
       "moriio-proxy",
     );
   }
