@@ -32,6 +32,8 @@ export interface StartSimOptions {
   kvEvents?: Record<string, unknown>;
   /** Health wait limit (default 20 s). */
   timeoutMs?: number;
+  /** HTTP port (default: a free one); for configs that must name it, e.g. MoRIIO's http_port. */
+  port?: number;
 }
 
 const BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
@@ -47,7 +49,7 @@ export function startSim(opts: StartSimOptions = {}): Promise<SimProcess> {
 
 async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
   const model = opts.model ?? "sim-model";
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   const kvPort = await freePort();
   const replayPort = await freePort();
   const kvEndpoint = `tcp://127.0.0.1:${kvPort}`;
