@@ -9,6 +9,7 @@ import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
+import * as zmq from "zeromq";
 import { EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { serverArgs, spawnInfera } from "../helpers/infera.ts";
@@ -30,8 +31,24 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
   const procs: ChildProcess[] = [];
   const pids: number[] = [];
   let serverLog = () => "";
+  // MoRIIO workers ping a registration ROUTER (vLLM's `_ping`); this server finds them in
+  // etcd, so the test owns one for their `--moriio-proxy` (vLLM needs proxy_ip/proxy_ping_port).
+  const moriioProxy = new zmq.Router({ linger: 0 });
+  let moriioProxyPort = 0;
 
   before(async () => {
+    await moriioProxy.bind("tcp://127.0.0.1:*");
+    const ep = moriioProxy.lastEndpoint ?? "";
+    moriioProxyPort = Number(ep.slice(ep.lastIndexOf(":") + 1));
+    void (async () => {
+      try {
+        for await (const _ of moriioProxy) {
+          // registrations are not needed here
+        }
+      } catch {
+        // closed
+      }
+    })();
     etcd = await startEtcd();
     watcher = new EtcdWatcher({ endpoints: [etcd.endpoint], prefix: PREFIX });
     await watcher.start();
@@ -67,6 +84,7 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
     }
     await watcher?.close();
     await etcd?.dispose();
+    moriioProxy.close();
   });
 
   async function launch(kind: string, role: "prefill" | "decode", model: string): Promise<ChildProcess> {
@@ -101,6 +119,7 @@ describe("PD pairs launched by infera engine sim, routed by infera server over e
         PREFIX,
         "--lease-ttl",
         "3",
+        ...(kind === "moriio" ? ["--moriio-proxy", `127.0.0.1:${moriioProxyPort}`] : []),
         "--",
         "--speed",
         "50",

@@ -37,6 +37,8 @@ export interface StartSimOptions {
    * atom: `--model`, `--server-port` and KV events through ATOM_KV_EVENTS_* (ATOM framing, no replay).
    */
   engine?: "vllm" | "sglang" | "atom";
+  /** HTTP port (default: a free one); for configs that must name it, e.g. MoRIIO's http_port. */
+  port?: number;
 }
 
 const BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
@@ -52,7 +54,7 @@ export function startSim(opts: StartSimOptions = {}): Promise<SimProcess> {
 
 async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
   const model = opts.model ?? "sim-model";
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   const kvPort = await freePort();
   const replayPort = await freePort();
   const kvEndpoint = `tcp://127.0.0.1:${kvPort}`;

@@ -19,11 +19,18 @@ import {
 
 const KINDS: PdKind[] = ["nixl", "mooncake", "moriio", "sglang", "atom"];
 
-for (const kind of KINDS) {
-  describe(`e2e 1P1D ${kind}`, () => {
+// MoRIIO also in WRITE mode (vLLM's default: moriio_common.py get_moriio_mode), where the
+// router sends both halves at once and D's engine/block ids stay null.
+const CASES: Array<{ kind: PdKind; moriioMode?: "READ" | "WRITE" }> = [
+  ...KINDS.map((kind) => ({ kind })),
+  { kind: "moriio", moriioMode: "WRITE" },
+];
+
+for (const { kind, moriioMode } of CASES) {
+  describe(`e2e 1P1D ${kind}${moriioMode ? ` ${moriioMode}` : ""}`, () => {
     let c: PdCluster;
     before(async () => {
-      c = await startPdCluster({ kind });
+      c = await startPdCluster({ kind, moriioMode });
     });
     after(async () => {
       await c?.close();

@@ -135,9 +135,13 @@ describe("MoRIIO workers register with the server's proxy socket", () => {
     proxy = new MoriioProxyDiscovery({ port: 0, model: MODEL, staleMs: 1500, logger });
     await proxy.start();
     const sim = async (role: "prefill" | "decode") => {
+      const port = await freePort();
       const extra = {
         proxy_ip: "127.0.0.1",
         proxy_ping_port: proxy.port,
+        // The registration's http_address is `<host ip>:<http_port>`; vLLM reads http_port
+        // from this config without a default (moriio_common.py MoRIIOConfig.from_vllm_config).
+        http_port: port,
         handshake_port: await freePort(),
         notify_port: await freePort(),
         read_mode: true,
@@ -145,6 +149,7 @@ describe("MoRIIO workers register with the server's proxy socket", () => {
       };
       const s = await startSim({
         model: MODEL,
+        port,
         timeoutMs: 60_000,
         args: [
           "--role",

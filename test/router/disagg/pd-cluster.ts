@@ -13,6 +13,7 @@ import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
 import OpenAI, { APIError } from "openai";
+import * as zmq from "zeromq";
 import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
 import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.ts";
 import { serverArgs } from "../../helpers/infera.ts";
@@ -51,6 +52,15 @@ export interface PdClusterOptions {
   serverArgs?: string[];
   /** Extra kv_connector_extra_config for D (e.g. sim_pull_timeout_ms). */
   decodeExtra?: Record<string, unknown>;
+  /** MoRIIO transfer mode (default READ: `read_mode: true`). */
+  moriioMode?: "READ" | "WRITE";
+}
+
+/** Where MoRIIO workers send their registration pings (a ROUTER the cluster owns). */
+interface MoriioProxy {
+  port: number;
+  /** Registrations received so far (msgpack maps, undecoded). */
+  count(): number;
 }
 
 const ROOT = fileURLToPath(new URL("../../../", import.meta.url));
@@ -59,10 +69,13 @@ export const MODEL = "sim-model";
 
 /** The connector config a worker of `kind` and `role` is launched with, and what its record says. */
 async function connectorSetup(
-  kind: PdKind,
+  o: PdClusterOptions,
   role: "prefill" | "decode",
   extra: Record<string, unknown>,
+  httpPort: number,
+  proxy: MoriioProxy | null,
 ): Promise<{ cfg: Record<string, unknown>; info: ConnectorInfo }> {
+  const kind = o.kind;
   const host = "127.0.0.1";
   switch (kind) {
     case "nixl": {
@@ -89,13 +102,26 @@ async function connectorSetup(
     }
     case "moriio": {
       const [hs, nt] = [await freePort(), await freePort()];
+      const mode = o.moriioMode ?? "READ";
       return {
         cfg: {
           kv_connector: "MoRIIOConnector",
           kv_role: role === "prefill" ? "kv_producer" : "kv_consumer",
-          kv_connector_extra_config: { handshake_port: hs, notify_port: nt, read_mode: true, ...extra },
+          // MoRIIOConfig.from_vllm_config reads proxy_ip, proxy_ping_port and http_port with
+          // no default (vllm-project/vllm vllm/distributed/kv_transfer/kv_connector/v1/moriio/
+          // moriio_common.py @ 42fa4c096d406754b7e5c6d93835fe390487c8af): a worker without
+          // them does not start. read_mode picks READ; WRITE is the default.
+          kv_connector_extra_config: {
+            proxy_ip: host,
+            proxy_ping_port: proxy?.port ?? 0,
+            http_port: httpPort,
+            handshake_port: hs,
+            notify_port: nt,
+            read_mode: mode === "READ",
+            ...extra,
+          },
         },
-        info: { kind, bootstrapHost: host, handshakePort: hs, notifyPort: nt },
+        info: { kind, bootstrapHost: host, handshakePort: hs, notifyPort: nt, transferMode: mode },
       };
     }
     case "sglang": {
@@ -121,18 +147,27 @@ async function connectorSetup(
 }
 
 /** A worker on fresh ports, retried when a port picked for it was taken meanwhile. */
-function startWorker(o: PdClusterOptions, role: "prefill" | "decode", i: number): Promise<PdWorker> {
-  return retryOnPortRace(() => startWorkerOnce(o, role, i));
+function startWorker(
+  o: PdClusterOptions,
+  role: "prefill" | "decode",
+  i: number,
+  proxy: MoriioProxy | null,
+): Promise<PdWorker> {
+  return retryOnPortRace(() => startWorkerOnce(o, role, i, proxy));
 }
 
 async function startWorkerOnce(
   o: PdClusterOptions,
   role: "prefill" | "decode",
   i: number,
+  proxy: MoriioProxy | null,
 ): Promise<PdWorker> {
-  const { cfg, info } = await connectorSetup(o.kind, role, role === "decode" ? (o.decodeExtra ?? {}) : {});
+  const port = await freePort();
+  const extra = role === "decode" ? (o.decodeExtra ?? {}) : {};
+  const { cfg, info } = await connectorSetup(o, role, extra, port, proxy);
   const sim = await startSim({
     model: MODEL,
+    port,
     timeoutMs: 60_000,
     args: [
       "--role",
@@ -168,17 +203,42 @@ async function startWorkerOnce(
   return { sim, role, record };
 }
 
+/**
+ * A ROUTER for MoRIIO's registration pings (vLLM's `_ping` is a DEALER to the proxy's
+ * ROUTER). This cluster finds its workers through the workers file, so it only counts them.
+ */
+async function startMoriioProxy(): Promise<{ proxy: MoriioProxy; close(): void }> {
+  const sock = new zmq.Router({ linger: 0 });
+  await sock.bind("tcp://127.0.0.1:*");
+  const ep = sock.lastEndpoint ?? "";
+  let n = 0;
+  void (async () => {
+    try {
+      for await (const _ of sock) n++;
+    } catch {
+      // closed
+    }
+  })();
+  return {
+    proxy: { port: Number(ep.slice(ep.lastIndexOf(":") + 1)), count: () => n },
+    close: () => sock.close(),
+  };
+}
+
 export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
   const nP = o.prefills ?? 1;
   const nD = o.decodes ?? 1;
+  const moriio = o.kind === "moriio" ? await startMoriioProxy() : null;
+  const proxy = moriio?.proxy ?? null;
   const started = await Promise.allSettled([
-    ...Array.from({ length: nP }, (_, i) => startWorker(o, "prefill", i)),
-    ...Array.from({ length: nD }, (_, i) => startWorker(o, "decode", i)),
+    ...Array.from({ length: nP }, (_, i) => startWorker(o, "prefill", i, proxy)),
+    ...Array.from({ length: nD }, (_, i) => startWorker(o, "decode", i, proxy)),
   ]);
   const failed = started.find((r) => r.status === "rejected");
   if (failed) {
     // Stop the workers that did start: left running, they keep this test process alive.
     await Promise.all(started.map((r) => (r.status === "fulfilled" ? r.value.sim.stop() : undefined)));
+    moriio?.close();
     throw (failed as PromiseRejectedResult).reason;
   }
   const workers = started.map((r) => (r as PromiseFulfilledResult<PdWorker>).value);
@@ -225,6 +285,7 @@ export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
       });
     }
     await Promise.all([...prefills, ...decodes].map((w) => w.sim.stop()));
+    moriio?.close();
     rmSync(dir, { recursive: true, force: true });
   };
   // Generous: the test machine is shared and often heavily loaded.

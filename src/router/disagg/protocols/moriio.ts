@@ -113,12 +113,16 @@ export const moriioProtocol: SerialProtocol = {
   ...common,
   mode: "serial",
   prefillBody,
-  async releasePrefill({ prefill, requestId }, p) {
+  async releasePrefill(input, p) {
+    const { prefill } = input;
     const host = typeof p.remote_host === "string" ? p.remote_host : connectorHost(prefill);
-    const port =
+    // P's notify listener for DP rank r is notify_port + r (get_port_offset); D reads there too.
+    const rank = input.prefillDpRank ?? (typeof p.remote_dp_rank === "number" ? p.remote_dp_rank : 0);
+    const base =
       typeof p.remote_notify_port === "number" ? p.remote_notify_port : prefill.connector.notifyPort;
-    const id = typeof p.remote_request_id === "string" ? p.remote_request_id : requestId;
-    if (port) await sendMoriioNotify(host, port, id);
+    // P releases by transfer id (moriio_engine.py _handle_release_message).
+    const id = typeof p.transfer_id === "string" ? p.transfer_id : transferId(input);
+    if (base) await sendMoriioNotify(host, base + rank, id);
   },
   decodeBody,
 };
