@@ -183,7 +183,9 @@ export class MooncakeSimConnector extends SideChannelConnector {
     let answer: Record<string, MooncakeEngineEntry>;
     try {
       const res = await fetch(`${bootstrap}/query`, {
-        signal: AbortSignal.any([signal, AbortSignal.timeout(this.settings.pullTimeoutMs)]),
+        // The bootstrap lookup has its own bound: a short pull timeout (tests use 400 ms) must
+        // not turn a slow but live bootstrap server into a connect failure on a busy host.
+        signal: AbortSignal.any([signal, AbortSignal.timeout(Math.max(this.settings.pullTimeoutMs, 10_000))]),
       });
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       answer = (await res.json()) as Record<string, MooncakeEngineEntry>;
