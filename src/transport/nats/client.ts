@@ -15,7 +15,7 @@
  * re-subscribed yet: "no responders" within the same bound is retried too.
  */
 import { createInbox, type NatsConnection, headers as natsHeaders } from "@nats-io/transport-node";
-import { InferaError, TimeoutError } from "../../protocol/errors.ts";
+import { InferaError, TimeoutError, UpstreamError } from "../../protocol/errors.ts";
 import { WorkerUnreachableError } from "../../router/errors.ts";
 import type {
   EndpointKind,
@@ -147,7 +147,10 @@ export class NatsRequestExecutor implements RequestExecutor {
       }
       const stream = this.publish(subject, rec.id, rec.url, endpoint, payload, opts, headDeadline);
       try {
-        return await stream.head;
+        const head = await stream.head;
+        // A non-streamed answer reaches the client only whole, so until it is whole nothing has
+        // been sent: a disconnect meanwhile re-sends it like a request without a head.
+        return body.stream === true ? head : await bufferWhole(head, stream);
       } catch (err) {
         if (stream.replay === null || opts.signal.aborted || this.closed) throw err;
         waitUntil ??= Date.now() + this.reconnectWaitMs;
@@ -289,7 +292,7 @@ export class NatsRequestExecutor implements RequestExecutor {
           "nats disconnected; re-sending requests without a response head after the reconnect",
         );
         for (const s of [...this.active]) {
-          if (!s.hasHead && this.reconnectWaitMs > 0) s.replay = "disconnect";
+          if ((!s.hasHead || s.buffering) && this.reconnectWaitMs > 0) s.replay = "disconnect";
           this.orphans.push(s);
           s.unreachable("reset", "NATS connection lost mid-request");
         }
@@ -330,4 +333,55 @@ function abortableSleep(ms: number, signal: AbortLike): Promise<void> {
     );
     signal.addEventListener("abort", onAbort, { once: true });
   });
+}
+
+/** Non-streamed answers held in the replay window; past this they are relayed as they come. */
+const WHOLE_ANSWER_LIMIT = 16 * 1024 * 1024;
+
+/**
+ * Reads a non-streamed answer to its end (up to WHOLE_ANSWER_LIMIT) so that a disconnect while
+ * it arrives fails the attempt (and send() re-sends it) rather than the client's request.
+ */
+async function bufferWhole(head: UpstreamResponse, stream: NatsStream): Promise<UpstreamResponse> {
+  const parts: Uint8Array[] = [];
+  let len = 0;
+  const it = stream[Symbol.asyncIterator]();
+  let done = false;
+  stream.buffering = true;
+  try {
+    while (len <= WHOLE_ANSWER_LIMIT) {
+      const r = await it.next();
+      if (r.done) {
+        done = true;
+        break;
+      }
+      parts.push(r.value);
+      len += r.value.length;
+    }
+  } finally {
+    stream.buffering = false;
+  }
+  async function* body(): AsyncGenerator<Uint8Array> {
+    yield* parts;
+    if (!done) yield* stream;
+  }
+  return {
+    status: head.status,
+    headers: head.headers,
+    body: body(),
+    json: async () => {
+      const rest: Uint8Array[] = [...parts];
+      if (!done) for await (const c of stream) rest.push(c);
+      try {
+        return JSON.parse(Buffer.concat(rest).toString("utf8"));
+      } catch {
+        throw new UpstreamError(
+          `worker ${stream.workerId} answered with invalid JSON`,
+          502,
+          "upstream_bad_response",
+        );
+      }
+    },
+    abort: () => head.abort(),
+  };
 }

@@ -49,10 +49,15 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
   lastPing = Date.now();
   /**
    * Set by the executor when this send failed for the plane's sake, not the worker's, before
-   * any head: the request is sent again (lost with the connection, or no agent subscribed yet
-   * just after a reconnect).
+   * any head (or while a non-streamed answer is read whole): the request is sent again (lost
+   * with the connection, or no agent subscribed yet just after a reconnect).
    */
   replay: "disconnect" | "no-responders" | null = null;
+  /**
+   * Set while the executor reads a non-streamed answer whole: nothing has reached the client
+   * yet, so a disconnect re-sends it like a request without a head.
+   */
+  buffering = false;
   /** Called before a "no responders" answer fails the stream (the executor may set `replay`). */
   onNoResponders?: () => void;
   private queue: (Uint8Array | undefined)[] = [];
