@@ -19,7 +19,10 @@ import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { KvIndex } from "../../src/kv/index.ts";
 import { KvIngest } from "../../src/kv/ingest.ts";
 import { createLogger } from "../../src/util/log.ts";
-import { FakePublisher, removedEv, storedEv, waitFor } from "./fake-publisher.ts";
+import { FakePublisher, removedEv, storedEv, waitFor } from "../kv/fake-publisher.ts";
+import { fileDone, fileStarted, record as recordFigure } from "./summary.ts";
+
+fileStarted(import.meta.url);
 
 const BS = 4;
 const logger = createLogger("test", {});
@@ -57,6 +60,7 @@ function record(id: string, pubs: FakePublisher[]): WorkerRecord {
 const closers: (() => Promise<void>)[] = [];
 after(async () => {
   for (const c of closers.reverse()) await c();
+  fileDone(import.meta.url);
 });
 
 async function setup(ranks = 1) {
@@ -148,6 +152,13 @@ test("an engine restart whose first batches were missed resets the rank and rebu
   await fresh.publish([storedEv([60], null, toks(4, 7000), BS)]);
   await waitFor(() => sub.stats.lastSeq === next, 3000, "new engine's live batch");
   assert.deepEqual([...index.overlaps(toks(4, 7000), ["w"])], [1]);
+  recordFigure(
+    import.meta.url,
+    "KV events: engine restart with its first batches missed",
+    `restart detected (${seen} anomaly counted, 1 reset); old engine's blocks matched afterwards: ${index.overlaps(a, ["w"])[0]}; new engine's blocks rebuilt by replay: ${index.overlaps(b, ["w"])[0]}/2; later live batches applied`,
+    "0 blocks of the old engine routed to (was 6/6 misroutes); the new engine's state rebuilt; counted",
+    true,
+  );
 });
 
 test("an engine restart seen before any live batch (all came by replay) is detected and rebuilt", async () => {
@@ -192,6 +203,13 @@ test("a forward jump the replay cannot fill resets the rank and is counted", asy
   assert.deepEqual([...index.overlaps(toks(4, 20), ["w"])], [1]);
   assert.equal(await counter(registry, "infera_kv_sequence_anomalies_total", { kind: "jump" }), 1);
   assert.equal(await counter(registry, "infera_kv_sequence_anomalies_total", { kind: "gap" }), 1);
+  recordFigure(
+    import.meta.url,
+    "KV events: forward jump past the replay buffer",
+    "gap → replay could not fill it → rank reset (jump counted); stale block matched afterwards: 0; new block: 1",
+    "a jump the replay cannot fill resets the worker and is counted",
+    true,
+  );
 });
 
 test("SGLang snapshot topic: a new epoch is a restart; the epoch suffix does not break topic matching", async () => {
