@@ -81,3 +81,27 @@ export function waitExit(child: ChildProcess): Promise<void> {
     else child.once("exit", () => resolve());
   });
 }
+
+const PY = process.env.PYTHON ?? "python3";
+/** The repository root (for python/ and test/kvd/py/ scripts). */
+export const REPO_ROOT = join(import.meta.dirname, "../..");
+
+/** Runs a Python script with `python3` (or $PYTHON), killed after 30 s; its exit code and output. */
+export function runPython(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const p = spawn(PY, args, { stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    p.stdout.on("data", (d) => {
+      stdout += d;
+    });
+    p.stderr.on("data", (d) => {
+      stderr += d;
+    });
+    const t = setTimeout(() => p.kill("SIGKILL"), 30000);
+    p.on("close", (code) => {
+      clearTimeout(t);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}

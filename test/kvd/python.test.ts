@@ -1,31 +1,8 @@
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import type { KvdDaemon } from "../../src/kvd/daemon.ts";
-import { MiB, startTestKvd, tempDir } from "./helpers.ts";
-
-const PY = process.env.PYTHON ?? "python3";
-const ROOT = join(import.meta.dirname, "../..");
-
-function runPython(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(PY, args, { stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    p.stdout.on("data", (d) => {
-      stdout += d;
-    });
-    p.stderr.on("data", (d) => {
-      stderr += d;
-    });
-    const t = setTimeout(() => p.kill("SIGKILL"), 30000);
-    p.on("close", (code) => {
-      clearTimeout(t);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
+import { MiB, REPO_ROOT as ROOT, runPython, startTestKvd, tempDir } from "./helpers.ts";
 
 describe("python client (stdlib) against the real daemon", () => {
   const tmp = tempDir();
