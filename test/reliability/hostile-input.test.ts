@@ -7,7 +7,6 @@
  * recorded with its goal.
  */
 import assert from "node:assert/strict";
-import { createServer, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, test } from "node:test";
 import { Etcd3 } from "etcd3";
@@ -15,6 +14,7 @@ import { EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { type InferaServer, startServer } from "../../src/server/index.ts";
+import { misbehavingWorker } from "../helpers/broken-worker.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { mixedRecord } from "../helpers/records.ts";
 import { waitUntil } from "../helpers/wait.ts";
@@ -23,62 +23,15 @@ import { fileDone, fileStarted, record } from "./summary.ts";
 process.env.INFERA_LOG_LEVEL ??= "silent";
 fileStarted(import.meta.url);
 
-const CHUNK = JSON.stringify({
-  id: "c",
-  object: "chat.completion.chunk",
-  choices: [{ index: 0, delta: { content: "x" } }],
-});
-const OK = JSON.stringify({
-  id: "ok",
-  object: "chat.completion",
-  choices: [{ index: 0, message: { role: "assistant", content: "ok" }, finish_reason: "stop" }],
-  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
-});
-
-/** Answers by model name: well, or in one of the broken ways a worker can answer. */
-function answer(model: string, res: ServerResponse): void {
-  switch (model) {
-    case "bad-json":
-      res.writeHead(200, { "content-type": "application/json" });
-      res.end('{"id": "x", "choices": [');
-      return;
-    case "bad-status":
-      res.writeHead(700, { "content-type": "application/json" });
-      res.end("{}");
-      return;
-    case "garbage-sse":
-      res.writeHead(200, { "content-type": "text/event-stream" });
-      res.end(`data: ${CHUNK}\n\n<html>502 Bad Gateway</html>\n\n`);
-      return;
-    default:
-      res.writeHead(200, { "content-type": "application/json" });
-      res.end(OK);
-  }
-}
-
-let worker: Server;
+let worker: ReturnType<typeof misbehavingWorker>;
 let url: string;
 let server: InferaServer;
 let etcd: EtcdHandle | undefined;
 
 before(async () => {
-  worker = createServer((req, res) => {
-    let body = "";
-    req.on("data", (c) => {
-      body += c;
-    });
-    req.on("end", () => {
-      let model = "";
-      try {
-        model = (JSON.parse(body) as { model?: string }).model ?? "";
-      } catch {
-        // a GET
-      }
-      answer(model, res);
-    });
-  });
-  await new Promise<void>((r) => worker.listen(0, "127.0.0.1", r));
-  url = `http://127.0.0.1:${(worker.address() as AddressInfo).port}`;
+  worker = misbehavingWorker();
+  await new Promise<void>((r) => worker.server.listen(0, "127.0.0.1", r));
+  url = `http://127.0.0.1:${(worker.server.address() as AddressInfo).port}`;
   const good = (id: string, model: string): WorkerRecord => mixedRecord({ id, model, url });
   // Bad records beside the good one for model "m" (item 2): the memory backend validates too.
   const memory = new MemoryDiscovery([
@@ -95,8 +48,9 @@ before(async () => {
 
 after(async () => {
   await server?.close();
-  worker?.closeAllConnections();
-  await new Promise((r) => worker?.close(r));
+  worker?.release();
+  for (const s of worker?.sockets ?? []) s.destroy();
+  await new Promise((r) => worker?.server.close(r));
   await etcd?.dispose();
   fileDone(import.meta.url);
 });
