@@ -7,7 +7,7 @@
 
 import { Counter, Histogram } from "prom-client";
 import type { KvIngestFactory, KvIngest as ServerKvIngest } from "../server/extensions.ts";
-import { KvIngest } from "./ingest.ts";
+import { KvIngest, kvMaxBlocksOption } from "./ingest.ts";
 
 export interface ServerKvIngestHandle extends ServerKvIngest {
   /** The ingest itself (null when the policy does not use KV events). */
@@ -21,14 +21,13 @@ export const createServerKvIngest: KvIngestFactory = (ctx): ServerKvIngestHandle
   if (!KV_POLICIES.has(ctx.config.policy))
     return { ingest: null, indexFor: () => undefined, close: async () => {} };
   const replay = Number(ctx.config.policyOptions.kvReplayTimeoutMs);
-  const maxBlocks = Number(ctx.config.policyOptions.kvMaxBlocksPerWorker);
   const ingest = new KvIngest({
     watcher: ctx.discovery,
     logger: ctx.logger.child({ component: "kv-ingest" }),
     registry: ctx.registry,
     replayTimeoutMs: Number.isFinite(replay) && replay > 0 ? replay : undefined,
     // Index cap per DP rank for workers whose record has no kvBlocks.
-    maxBlocksPerWorker: Number.isFinite(maxBlocks) && maxBlocks > 0 ? maxBlocks : undefined,
+    maxBlocksPerWorker: kvMaxBlocksOption(ctx.config.policyOptions),
   });
   const decisions = new Counter({
     name: "infera_kv_routing_decisions_total",

@@ -15,7 +15,7 @@
  * re-subscribed yet: "no responders" within the same bound is retried too.
  */
 import { createInbox, type NatsConnection, headers as natsHeaders } from "@nats-io/transport-node";
-import { InferaError, TimeoutError, UpstreamError } from "../../protocol/errors.ts";
+import { InferaError, TimeoutError } from "../../protocol/errors.ts";
 import { WorkerUnreachableError } from "../../router/errors.ts";
 import type {
   EndpointKind,
@@ -27,7 +27,7 @@ import type {
 import type { AbortLike } from "../../util/abort.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { DEFAULT_WINDOW, H_ENDPOINT, H_PING_MS, H_WINDOW } from "./frames.ts";
-import { AbortError, NatsStream } from "./stream.ts";
+import { AbortError, NatsStream, parseAnswerJson } from "./stream.ts";
 import { controlSubject, requestSubject } from "./subjects.ts";
 
 export interface NatsExecutorOptions {
@@ -370,17 +370,9 @@ async function bufferWhole(head: UpstreamResponse, stream: NatsStream): Promise<
     headers: head.headers,
     body: body(),
     json: async () => {
-      const rest: Uint8Array[] = [...parts];
-      if (!done) for await (const c of stream) rest.push(c);
-      try {
-        return JSON.parse(Buffer.concat(rest).toString("utf8"));
-      } catch {
-        throw new UpstreamError(
-          `worker ${stream.workerId} answered with invalid JSON`,
-          502,
-          "upstream_bad_response",
-        );
-      }
+      const all: Uint8Array[] = [...parts];
+      if (!done) for await (const c of stream) all.push(c);
+      return parseAnswerJson(all, stream.workerId);
     },
     abort: () => head.abort(),
   };

@@ -5,6 +5,7 @@
  * close(), so the server's lifecycle needs nothing NATS-specific.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
+import { kvMaxBlocksOption } from "../../kv/ingest.ts";
 import type {
   ExecutorFactory,
   KvIngest,
@@ -55,14 +56,12 @@ export const createNatsKvIngest: KvIngestFactory = async (ctx) => {
   // As the ZMQ ingest: only the kv-aware policy reads the index.
   if (ctx.config.policy !== "kv-aware") return { indexFor: () => undefined, close: async () => {} };
   const nc: NatsConnection = await connectNats(natsOptions(ctx, "kv"));
-  // Same index cap option as the ZMQ plane (kv/server-ingest.ts).
-  const maxBlocks = Number(ctx.config.policyOptions.kvMaxBlocksPerWorker);
   const ingest = new NatsKvIngest({
     nc,
     watcher: ctx.discovery,
     logger: ctx.logger,
     registry: ctx.registry,
-    maxBlocksPerWorker: Number.isFinite(maxBlocks) && maxBlocks > 0 ? maxBlocks : undefined,
+    maxBlocksPerWorker: kvMaxBlocksOption(ctx.config.policyOptions),
   });
   ingest.start();
   const out: KvIngest & { inner: NatsKvIngest } = {

@@ -237,21 +237,8 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
 
   private async readJson(): Promise<unknown> {
     const parts: Uint8Array[] = [];
-    let len = 0;
-    for await (const c of this) {
-      parts.push(c);
-      len += c.length;
-    }
-    const buf = Buffer.concat(parts, len);
-    try {
-      return JSON.parse(buf.toString("utf8"));
-    } catch {
-      throw new UpstreamError(
-        `worker ${this.workerId} answered with invalid JSON`,
-        502,
-        "upstream_bad_response",
-      );
-    }
+    for await (const c of this) parts.push(c);
+    return parseAnswerJson(parts, this.workerId);
   }
 
   /** Cancels the request at the agent (and so at the engine); idempotent. */
@@ -329,5 +316,14 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
       // already closed
     }
     this.hooks.onFinish(this);
+  }
+}
+
+/** A non-streamed answer's chunks as JSON; invalid JSON is the worker's fault (502). */
+export function parseAnswerJson(parts: readonly Uint8Array[], workerId: string): unknown {
+  try {
+    return JSON.parse(Buffer.concat(parts).toString("utf8"));
+  } catch {
+    throw new UpstreamError(`worker ${workerId} answered with invalid JSON`, 502, "upstream_bad_response");
   }
 }
