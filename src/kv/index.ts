@@ -17,6 +17,7 @@
  */
 import type { BlockStored, KvEvent } from "./events.ts";
 import { hashBlock, hashPrompt, rootSeed } from "./hash.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
 import { F64U32Map, U32MultiSet } from "./tables.ts";
 
 interface RankBlocks {
@@ -97,7 +98,7 @@ export function saltFromExtraKeys(extraKeys: unknown, loraName: string | null = 
   return null;
 }
 
-export class KvIndex {
+export class KvIndex implements PrefixIndex {
   private readonly workers = new Map<string, WorkerBlocks>();
   readonly counters: KvIndexCounters = {
     stored: 0,

@@ -6,6 +6,8 @@
  * auto mode a model with PD workers and mixed workers routes disaggregated only while an
  * available PD pair exists, else on its mixed workers (./pd-or-mixed.ts).
  */
+
+import type { PrefixIndex } from "../kv/prefix-index.ts";
 import { InferaError, ModelNotFoundError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
 import { MixedRouter, type RouterObserver } from "./mixed.ts";
@@ -25,7 +27,7 @@ export interface AutoRouterOptions {
   maxRetries?: number;
   logger: Logger;
   /** The KV prefix index of a model, when the server ingests KV events (kv-aware policies). */
-  kvIndexFor?: (model: string) => unknown;
+  kvIndexFor?: (model: string) => PrefixIndex | undefined;
   observer?: RouterObserver;
 }
 

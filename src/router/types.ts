@@ -7,6 +7,7 @@
  * registry in ./policies/index.ts.
  */
 import type { WorkerRecord } from "../discovery/types.ts";
+import type { PrefixIndex } from "../kv/prefix-index.ts";
 import type { AbortLike } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 
@@ -82,8 +83,8 @@ export interface PolicyContext {
   logger: Logger;
   /** Policy-specific options from flags/config, e.g. `{ overlapWeight: 1, temperature: 0 }`. */
   options: Readonly<Record<string, unknown>>;
-  /** The shared KV prefix index, when KV events are ingested. Typed by the kv module. */
-  kvIndex?: unknown;
+  /** The shared KV prefix index, when KV events are ingested. */
+  kvIndex?: PrefixIndex;
 }
 
 export type PolicyFactory = (ctx: PolicyContext) => RoutingPolicy;

@@ -4,6 +4,7 @@
  */
 import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
+import type { PrefixIndex } from "../kv/prefix-index.ts";
 import { createServerKvIngest } from "../kv/server-ingest.ts";
 import type { Tokenizer } from "../kv/tokenizer.ts";
 import { createDisaggRouter } from "../router/disagg/index.ts";
@@ -16,7 +17,7 @@ import type { ServerConfig } from "./config.ts";
 /** KV event ingestion for kv-aware routing: follows the WorkerSet, subscribes to each worker's events. */
 export interface KvIngest {
   /** The model's KV prefix index, handed to policies as `PolicyContext.kvIndex`. */
-  indexFor(model: string): unknown;
+  indexFor(model: string): PrefixIndex | undefined;
   close(): Promise<void>;
 }
 

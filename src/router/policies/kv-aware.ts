@@ -57,7 +57,6 @@
  */
 import { ApproxPrefixTree } from "../../kv/approx-tree.ts";
 import { hashString } from "../../kv/hash.ts";
-import { KvIndex } from "../../kv/index.ts";
 import { isImbalanced, leastLoaded, numOption, requestLoad } from "../../kv/policy-util.ts";
 import type { PolicyFactory, RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
 
@@ -106,7 +105,7 @@ function drawFor(requestId: string): number {
 
 export const createKvAware: PolicyFactory = (ctx) => {
   const w = readWeights(ctx.options);
-  const index = ctx.kvIndex instanceof KvIndex ? ctx.kvIndex : null;
+  const index = ctx.kvIndex ?? null;
   const tree = new ApproxPrefixTree({
     chunkChars: numOption(ctx.options, "chunkChars", 64),
     maxNodesPerWorker: numOption(ctx.options, "maxNodesPerWorker", 100_000),
