@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import type { EngineKind } from "../../src/discovery/types.ts";
 import { WorkerSet } from "../../src/router/worker-set.ts";
-import { LoadScraper } from "../../src/server/load-scraper.ts";
+import { LoadScraper, parseEngineLoad } from "../../src/server/load-scraper.ts";
 import { createLogger } from "../../src/util/log.ts";
 import { mixedRecord } from "../helpers/records.ts";
 
@@ -105,5 +105,32 @@ describe("LoadScraper reads each engine's own gauges (issue #16)", () => {
     const l = await scrape("atom");
     assert.ok(l);
     assert.deepEqual([l.running, l.waiting, l.kvUsage], [2, 6, 0.75]);
+  });
+});
+
+describe("parseEngineLoad", () => {
+  it("reads vLLM (summing engines), SGLang and ATOM gauges", () => {
+    const vllm = [
+      "# HELP vllm:num_requests_running x",
+      'vllm:num_requests_running{model_name="m",engine="0"} 3',
+      'vllm:num_requests_running{model_name="m",engine="1"} 2',
+      'vllm:num_requests_waiting{model_name="m",engine="0"} 4',
+      'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.5',
+      'vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.25',
+      'vllm:num_requests_running_other{model_name="m"} 99',
+    ].join("\n");
+    const v = parseEngineLoad(vllm, 1)!;
+    assert.deepEqual(v, { running: 5, waiting: 4, kvUsage: 0.375, scrapedAt: 1 });
+    const s = parseEngineLoad(
+      'sglang:num_running_reqs{tp_rank="0"} 1.0\nsglang:num_queue_reqs 2\nsglang:token_usage 0.1\n',
+      2,
+    )!;
+    assert.deepEqual(s, { running: 1, waiting: 2, kvUsage: 0.1, scrapedAt: 2 });
+    const a = parseEngineLoad(
+      "atom:requests_running 6\natom:requests_waiting 0\natom:kv_cache_usage_ratio 0.9 1700000000\n",
+      3,
+    )!;
+    assert.deepEqual(a, { running: 6, waiting: 0, kvUsage: 0.9, scrapedAt: 3 });
+    assert.equal(parseEngineLoad("other_metric 1\n"), null);
   });
 });
