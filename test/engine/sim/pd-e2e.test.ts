@@ -5,7 +5,7 @@ import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 // Two spawned sims with the real Nixl connector: P prefills and holds, D pulls over the side
 // channel and decodes. Checks the core's PD hooks end to end (connector internals are tested
-// in test/engine/sim-pd).
+// in test/engine/sim/pd).
 describe("sim PD end to end (nixl, two processes)", () => {
   let p: SimProcess;
   let d: SimProcess;

@@ -4,7 +4,7 @@ import { freePort } from "../../helpers/ports.ts";
 import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 // Mooncake is concurrent: P and D get their requests at the same time, D waits for P's KV.
-// This exercises the core's PD hooks under that race (connector internals: test/engine/sim-pd).
+// This exercises the core's PD hooks under that race (connector internals: test/engine/sim/pd).
 describe("sim PD end to end (mooncake, concurrent, two processes)", () => {
   let p: SimProcess;
   let d: SimProcess;

@@ -4,7 +4,7 @@ import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 // The serial protocols besides Nixl (see pd-e2e.test.ts): P answers with kv_transfer_params,
 // the caller forwards them to D. Exercises the core's PD hooks per connector; connector
-// internals are tested in test/engine/sim-pd.
+// internals are tested in test/engine/sim/pd.
 const cases = [
   {
     name: "moriio (read mode)",

@@ -5,7 +5,7 @@ import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 // SGLang bootstrap: the identical body (with bootstrap_host/port/room at the top level) goes to
 // P and D at once; D's answer is the client's. Exercises the core's PD hooks for a protocol
-// without kv_transfer_params (connector internals: test/engine/sim-pd).
+// without kv_transfer_params (connector internals: test/engine/sim/pd).
 describe("sim PD end to end (sglang bootstrap, concurrent, two processes)", () => {
   let p: SimProcess;
   let d: SimProcess;

@@ -5,9 +5,9 @@
  */
 import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
-import type { ConnectorInfo } from "../../../src/discovery/types.ts";
-import { freePort } from "../../helpers/ports.ts";
-import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+import type { ConnectorInfo } from "../../../../src/discovery/types.ts";
+import { freePort } from "../../../helpers/ports.ts";
+import { parseMetric, type SimProcess, startSim } from "../../../helpers/sim.ts";
 import { contentOf, drivePd, simRecord, usageOf } from "./drive.ts";
 
 const sims: SimProcess[] = [];

@@ -3,9 +3,9 @@
  * protocol modules build the bodies, plain fetch sends them (serial: P then D; concurrent:
  * both at once), one X-Request-Id for both halves.
  */
-import type { ConnectorInfo, WorkerRecord } from "../../../src/discovery/types.ts";
-import { pdProtocols } from "../../../src/router/disagg/protocols/index.ts";
-import type { SimProcess } from "../../helpers/sim.ts";
+import type { ConnectorInfo, WorkerRecord } from "../../../../src/discovery/types.ts";
+import { pdProtocols } from "../../../../src/router/disagg/protocols/index.ts";
+import type { SimProcess } from "../../../helpers/sim.ts";
 
 export function simRecord(
   sim: SimProcess,

@@ -7,11 +7,11 @@ import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
 import { unpack } from "msgpackr";
 import * as zmq from "zeromq";
-import { createSimConnector } from "../../../src/engine/sim/pd/index.ts";
-import { parseMoriioRequestId, parseMoriioZmqAddress } from "../../../src/engine/sim/pd/moriio.ts";
-import { normalizeRooms } from "../../../src/engine/sim/pd/sglang.ts";
-import type { SimConnector } from "../../../src/engine/sim/pd/types.ts";
-import { InferaError } from "../../../src/protocol/errors.ts";
+import { createSimConnector } from "../../../../src/engine/sim/pd/index.ts";
+import { parseMoriioRequestId, parseMoriioZmqAddress } from "../../../../src/engine/sim/pd/moriio.ts";
+import { normalizeRooms } from "../../../../src/engine/sim/pd/sglang.ts";
+import type { SimConnector } from "../../../../src/engine/sim/pd/types.ts";
+import { InferaError } from "../../../../src/protocol/errors.ts";
 import { connectorOpts, FakeKvHost, pdReq, prompt } from "./fake-host.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";

@@ -6,8 +6,8 @@
  */
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
-import { freePort } from "../../helpers/ports.ts";
-import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+import { freePort } from "../../../helpers/ports.ts";
+import { parseMetric, type SimProcess, startSim } from "../../../helpers/sim.ts";
 
 const sims: SimProcess[] = [];
 after(async () => {

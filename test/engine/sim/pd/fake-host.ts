@@ -3,7 +3,7 @@ import type {
   PdRequestInfo,
   SimConnectorOptions,
   SimKvHost,
-} from "../../../src/engine/sim/pd/types.ts";
+} from "../../../../src/engine/sim/pd/types.ts";
 
 /** A SimKvHost stand-in that records holds, releases and imports, for connector-level tests. */
 export class FakeKvHost implements SimKvHost {

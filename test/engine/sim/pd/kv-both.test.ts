@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
-import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
+import { parseMetric, type SimProcess, startSim } from "../../../helpers/sim.ts";
 import { drivePd, simRecord, usageOf } from "./drive.ts";
 
 const sims: SimProcess[] = [];
