@@ -11,15 +11,14 @@
  *             (floor-server.mjs): what any Node implementation pays for these writes here;
  *   sim       `infera-sim` with defaults (one event per token, as vLLM's --stream-interval 1),
  *             compiled (dist/, built first when stale), publishing KV events over ZMQ as a
- *             worker behind kv-aware routing does (so do tsx and sim4). Its SSE events leave through the io_uring batch writer where available
- *             (--io-uring auto: one system call per tick for all streams);
- *   nodewrite the same with --io-uring off: one socket.write per event;
+ *             worker behind kv-aware routing does (so do tsx and sim4); one socket.write per
+ *             stream per tick;
  *   nokv      the same as sim with KV events off, vLLM's default;
  *   tsx       the same sim run from the TypeScript sources through tsx: what the build buys;
  *   sim4      `infera-sim --stream-interval 4`.
  *
  *   node --import tsx bench/sim-cpu/run.ts [--streams 64] [--seconds 6] [--rounds 3] [--max-tokens 256]
- *     [--rows floor,sim,nodewrite,nokv,tsx,sim4]
+ *     [--rows floor,sim,nokv,tsx,sim4]
  *
  * INFERA_SIM_CPU_PROF=FILE writes a V8 CPU profile of the (first) sim row (see main.ts).
  */
@@ -36,7 +35,7 @@ function arg(name: string, dflt: number): number {
   return i >= 0 ? Number(process.argv[i + 1]) : dflt;
 }
 const rowsArg = process.argv.indexOf("--rows");
-const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,nodewrite,nokv,tsx,sim4").split(",");
+const ROWS = (rowsArg >= 0 ? process.argv[rowsArg + 1] : "floor,sim,nokv,tsx,sim4").split(",");
 
 const STREAMS = arg("streams", 64);
 const SECONDS = arg("seconds", 6);
@@ -251,7 +250,7 @@ function ensureDist(): "dist" | "src" {
   return chooseEntry();
 }
 
-const entry = ROWS.some((r) => ["sim", "sim4", "nokv", "nodewrite"].includes(r)) ? ensureDist() : "src";
+const entry = ROWS.some((r) => ["sim", "sim4", "nokv"].includes(r)) ? ensureDist() : "src";
 const SIM_NAME = `sim (per token, ${entry})`;
 
 async function startRow(row: string): Promise<Target> {
@@ -260,9 +259,6 @@ async function startRow(row: string): Promise<Target> {
       return startSimRow(SIM_NAME, [], { INFERA_DIST: "1" });
     case "tsx":
       return startSimRow("sim (per token, tsx)", [], { INFERA_DIST: "0" });
-    case "nodewrite":
-      // Every event through Node's socket.write, as before the io_uring batch writer.
-      return startSimRow("sim, --io-uring off", ["--io-uring", "off"], { INFERA_DIST: "1" });
     case "nokv":
       // The other rows publish KV events over ZMQ, as a worker behind kv-aware routing does;
       // this one runs as vLLM does by default (no KV events), showing what publishing costs.

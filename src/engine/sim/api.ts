@@ -27,7 +27,6 @@ import {
 } from "./personality-routes.ts";
 import { RequestResponder } from "./response.ts";
 import { Sequence } from "./sequence.ts";
-import type { UringWriter } from "./uring-writer.ts";
 
 const MAX_BODY = 64 * 1024 * 1024;
 
@@ -38,8 +37,6 @@ export interface ApiDeps {
   tokenizer: Tokenizer;
   vocab: OutputVocab;
   lpModel: LogprobModel;
-  /** The io_uring batch writer for SSE events (--io-uring), or null for Node's socket writes. */
-  writer: UringWriter | null;
   kvHost: SimKvHostImpl;
   /** Set once the connector has started (null for mixed workers). */
   connector: () => SimConnector | null;
@@ -292,7 +289,6 @@ async function handleCompletion(
     echoTexts: r.echoTexts,
     echoOnly: r.echoOnly,
     lpModel: r.logprobs !== null || r.echoTexts ? deps.lpModel : null,
-    writer: deps.writer,
   });
   res.on("close", () => {
     if (responder.finished) return;

@@ -212,9 +212,6 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
   if (!Number.isFinite(speed) || speed <= 0)
     throw new ArgParseError("argument --speed: must be a positive number", prog);
 
-  const ioUring = values.get("io-uring") ?? "auto";
-  if (ioUring !== "auto" && ioUring !== "on" && ioUring !== "off")
-    throw new ArgParseError("argument --io-uring: invalid choice (choose from auto, on, off)", prog);
   const kvEventsRaw = values.get("kv-events-config");
   let kvEvents: SimConfig["kvEvents"] = null;
   try {
@@ -259,7 +256,6 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     holdTimeoutMs: int("kv-hold-timeout-ms", 120000),
     streamInterval: int("stream-interval", 1),
     maxLogprobs: int("max-logprobs", 20, 0),
-    ioUring,
   };
   applyPersonality(config, raw, env);
   return { config, help: raw.help, ignored: raw.ignored, unknown: [] };
@@ -287,6 +283,5 @@ Sim-only, in every personality:
                                 positional arrays (default without --engine)
   --kv-events-framing seq|atom  override the frame layout
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
-  --io-uring auto|on|off        send each tick's SSE events for all streams in one io_uring call (auto)
   --tokenizer-dir DIR           HF model dir for the tokenizer (vLLM's --tokenizer, SGLang's --tokenizer-path)
 Flags the engine does not declare fail with exit 2, as argparse does.`;

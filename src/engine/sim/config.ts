@@ -65,8 +65,6 @@ export interface SimConfig {
   streamInterval: number;
   /** vLLM `--max-logprobs`: the most logprob alternatives a request may ask for. */
   maxLogprobs: number;
-  /** Sim-only `--io-uring`: send each tick's SSE events in one io_uring call (auto: when available). */
-  ioUring: "auto" | "on" | "off";
 }
 
 export function defaultKvEventsConfig(): KvEventsConfig {

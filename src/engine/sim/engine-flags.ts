@@ -40,7 +40,6 @@ export const SIM_FLAGS: Table = {
   "--profile": v("profile"),
   "--seed": v("seed"),
   "--num-gpu-blocks": v("num-gpu-blocks"),
-  "--io-uring": v("io-uring"),
   "--kv-hold-timeout-ms": v("kv-hold-timeout-ms"),
   "--kv-events-encoding": v("kv-events-encoding"),
   "--kv-events-framing": v("kv-events-framing"),

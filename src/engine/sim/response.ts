@@ -3,7 +3,6 @@ import type { Socket } from "node:net";
 import { chatLogprobs, completionLogprobs, type LogprobModel, type TokenLogprob } from "./logprobs.ts";
 import type { FinishReason } from "./output.ts";
 import type { SeqSink, Sequence } from "./sequence.ts";
-import { flushSharedUringWriter, type UringWriter } from "./uring-writer.ts";
 
 /**
  * Turns the sequences of one request into the OpenAI answer: SSE events as tokens arrive,
@@ -35,8 +34,6 @@ export interface ResponseMeta {
   echoOnly?: boolean;
   /** Needed when `logprobs` or `echo` is set. */
   lpModel: LogprobModel | null;
-  /** Batches this stream's events with the others' into one system call per tick (--io-uring), or null. */
-  writer: UringWriter | null;
 }
 
 export interface Usage {
@@ -58,8 +55,6 @@ function flushDirty(): void {
       // A socket that failed mid-write is closing; its 'close' handler aborts the request.
     }
   }
-  // Responders using io_uring (--io-uring) queued their events; they leave now, in one call.
-  flushSharedUringWriter();
 }
 
 export class RequestResponder implements SeqSink {
@@ -167,11 +162,8 @@ export class RequestResponder implements SeqSink {
     const sock = this.direct;
     // Node's res.write costs four buffered sends, a cork and a tick per chunk; once the
     // headers are out on a chunked HTTP/1.1 response, the chunk is framed here instead.
-    if (sock && !sock.destroyed) {
-      const bytes = Buffer.byteLength(text);
-      const chunk = `${bytes.toString(16)}\r\n${text}\r\n`;
-      if (!this.meta.writer?.add(sock, chunk, bytes === text.length)) sock.write(chunk);
-    } else {
+    if (sock && !sock.destroyed) sock.write(`${Buffer.byteLength(text).toString(16)}\r\n${text}\r\n`);
+    else {
       this.res.write(text);
       this.useDirectWrites();
     }

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import { loadTokenizer } from "../../kv/tokenizer.ts";
-import { createLogger, type Logger } from "../../util/log.ts";
+import { createLogger } from "../../util/log.ts";
 import { createSimServer } from "./api.ts";
 import { parseSimArgs } from "./args.ts";
 import { kvPubMode, offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
@@ -13,7 +13,6 @@ import { itlFamilyFor } from "./metrics.ts";
 import { OutputVocab } from "./output.ts";
 import { createSimConnector } from "./pd/index.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts";
-import { sharedUringWriter, type UringWriter } from "./uring-writer.ts";
 
 /** Builds the PD connector; the default is pd/index.ts's createSimConnector (tests inject fakes). */
 export type ConnectorFactory = (opts: SimConnectorOptions, host: SimKvHost) => SimConnector | null;
@@ -61,18 +60,6 @@ export async function startSimEngine(opts: SimStartOptions = {}): Promise<SimHan
   }
   if (kvEvents !== undefined) cfg.kvEvents = kvEvents === null ? null : parseKvEventsConfig(kvEvents);
   return startWithConfig(cfg, connectorFactory);
-}
-
-/** --io-uring auto|on|off: the batch writer for SSE events, or null (Node's socket writes). */
-function sseWriter(cfg: SimConfig, log: Logger): UringWriter | null {
-  if (cfg.ioUring === "off") return null;
-  const w = sharedUringWriter();
-  if (!w && cfg.ioUring === "on") throw new Error("--io-uring on: io_uring is not available on this machine");
-  log.info(
-    { sseWriter: w ? "io_uring" : "node" },
-    w ? "SSE events batched through io_uring" : "SSE events written through Node (io_uring unavailable)",
-  );
-  return w;
 }
 
 export async function startWithConfig(
@@ -146,7 +133,6 @@ export async function startWithConfig(
     tokenizer,
     vocab,
     lpModel: new LogprobModel(vocab, tokenizer),
-    writer: sseWriter(cfg, log),
     kvHost,
     connector: () => connector,
     log,

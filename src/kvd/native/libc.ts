@@ -1,7 +1,6 @@
 /**
  * The handful of libc calls kvd needs that Node 20 does not expose: memfd_create, ftruncate,
- * mmap/munmap, fcntl(F_ADD_SEALS), dup, close, posix_fadvise, and SO_SNDBUF on a Unix socket;
- * plus raw `syscall` for the sim's io_uring SSE writer (src/engine/sim/uring-writer.ts).
+ * mmap/munmap, fcntl(F_ADD_SEALS), dup, close, posix_fadvise, and SO_SNDBUF on a Unix socket.
  *
  * Why koffi (an FFI) rather than a small N-API addon: koffi ships prebuilt binaries for
  * Node 20 on linux-x64/arm64, so there is no node-gyp/compiler step on install or in CI, and
@@ -26,10 +25,6 @@ interface Libc {
   setsockopt: (fd: number, level: number, name: number, val: Buffer, len: number) => number;
   getsockopt: (fd: number, level: number, name: number, val: Buffer, len: number[]) => number;
   errno: () => number;
-  /** syscall(n, a, b) with a pointer as the second argument (io_uring_setup). */
-  syscallPtr: (n: number, a: number, p: Buffer) => number | bigint;
-  /** syscall(n, a..f) with integer arguments (io_uring_enter). */
-  syscall6: (n: number, a: number, b: number, c: number, d: number, e: number, f: number) => number | bigint;
 }
 
 export const MFD_CLOEXEC = 0x0001;
@@ -69,12 +64,6 @@ export function libc(): Libc {
       "int getsockopt(int fd, int level, int name, _Out_ void *val, _Inout_ uint32_t *len)",
     ) as Libc["getsockopt"],
     errno: () => koffi.decode(errnoLoc(), "int") as number,
-    // Declared with fixed arguments: glibc's syscall() reads them as longs from the same
-    // registers either way on x86-64 and aarch64.
-    syscallPtr: lib.func("long syscall(long n, long a, _Inout_ uint8_t *p)") as Libc["syscallPtr"],
-    syscall6: lib.func(
-      "long syscall(long n, long a, long b, long c, long d, long e, long f)",
-    ) as Libc["syscall6"],
   };
   return cached;
 }
