@@ -8,13 +8,13 @@ import { after, before, describe, test } from "node:test";
 import { pack } from "msgpackr";
 import OpenAI from "openai";
 import * as zmq from "zeromq";
-import { createDiscoveryWatcher } from "../../../src/discovery/index.ts";
-import { MoriioProxyDiscovery, parseMoriioRegistration } from "../../../src/router/disagg/moriio-proxy.ts";
-import { type InferaServer, startServer } from "../../../src/server/index.ts";
-import { createLogger } from "../../../src/util/log.ts";
-import { freePort } from "../../helpers/ports.ts";
-import { type SimProcess, startSim } from "../../helpers/sim.ts";
-import { longPrompt, MODEL, promptSources, waitFor } from "./pd-cluster.ts";
+import { createDiscoveryWatcher } from "../../src/discovery/index.ts";
+import { MoriioProxyDiscovery, parseMoriioRegistration } from "../../src/discovery/moriio-proxy.ts";
+import { type InferaServer, startServer } from "../../src/server/index.ts";
+import { createLogger } from "../../src/util/log.ts";
+import { freePort } from "../helpers/ports.ts";
+import { type SimProcess, startSim } from "../helpers/sim.ts";
+import { longPrompt, MODEL, promptSources, waitFor } from "../router/disagg/pd-cluster.ts";
 
 test("registration messages: the current map, the older form, WRITE mode", () => {
   assert.deepEqual(

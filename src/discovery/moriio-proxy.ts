@@ -15,14 +15,8 @@
  */
 import { unpack } from "msgpackr";
 import * as zmq from "zeromq";
-import type {
-  DiscoveryEvent,
-  DiscoveryWatcher,
-  EngineKind,
-  WorkerRecord,
-  WorkerRole,
-} from "../../discovery/types.ts";
-import { createLogger, type Logger } from "../../util/log.ts";
+import { createLogger, type Logger } from "../util/log.ts";
+import type { DiscoveryEvent, DiscoveryWatcher, EngineKind, WorkerRecord, WorkerRole } from "./types.ts";
 
 export const MORIIO_DEFAULT_PROXY_PING_PORT = 36367;
 
