@@ -57,7 +57,7 @@ export async function runEngineCommand(
     const leaseTtl = seconds("lease-ttl", flags.leaseTtl, 1);
     let registrar: DiscoveryRegistrar | null = null;
     if (flags.discovery === "etcd") {
-      const { EtcdRegistrar } = await import("../../discovery/etcd.ts");
+      const { EtcdRegistrar } = await import("../../discovery/etcd-registrar.ts");
       registrar = new EtcdRegistrar({
         ...etcdOptionsFromFlags(flags),
         leaseTtlSeconds: leaseTtl,
