@@ -12,7 +12,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { Etcd3, type Lease } from "etcd3";
-import { EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { startEtcd } from "../../test/helpers/etcd.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";

@@ -1,17 +1,7 @@
 import type { Command } from "commander";
-import { addEtcdFlags, type EtcdFlagValues } from "../discovery/etcd-client.ts";
-import type { LaunchFlags } from "../engine/launcher/options.ts";
-import { addNatsOptions, type NatsCliValues } from "../transport/nats/cli-options.ts";
-
-interface EngineCliFlags extends LaunchFlags, EtcdFlagValues, NatsCliValues {
-  dryRun?: boolean;
-  discovery: string;
-  leaseTtl: string;
-  healthTimeout: string;
-  healthInterval: string;
-  stopTimeout: string;
-  drainTimeout: string;
-}
+import { addEtcdFlags } from "../discovery/etcd-client.ts";
+import type { EngineCliFlags } from "../engine/launcher/cli-action.ts";
+import { addNatsOptions } from "../transport/nats/cli-options.ts";
 
 const collect = (v: string, prev: string[] = []) => [...prev, v];
 
@@ -96,5 +86,3 @@ export function registerEngine(program: Command): void {
     process.exitCode = await runEngineCommand(engine, engineArgs, flags);
   });
 }
-
-export type { EngineCliFlags };

@@ -33,9 +33,9 @@ export const discoveryBackends: Record<string, DiscoveryBackendFactory> = {
   memory: () => new MemoryDiscovery(),
   static: (c, logger) =>
     new StaticDiscovery({ urls: c.workers, workersFile: c.workersFile, records: c.records, logger }),
-  etcd: async (c, logger) => (await import("./etcd.ts")).createEtcdWatcherFromConfig(c, logger),
+  etcd: async (c, logger) => (await import("./etcd-watcher.ts")).createEtcdWatcherFromConfig(c, logger),
   moriio: async (c, logger) =>
-    (await import("../router/disagg/moriio-proxy.ts")).createMoriioProxyDiscoveryFromConfig(c, logger),
+    (await import("./moriio-proxy.ts")).createMoriioProxyDiscoveryFromConfig(c, logger),
 };
 
 /** Builds (does not start) the watcher for `config.kind`. */

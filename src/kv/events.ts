@@ -311,7 +311,7 @@ function unpackPayload(payload: Uint8Array): unknown {
   }
 }
 
-const fast: FastDecoders = { decodeEvent, blockStored, int };
+const fast: FastDecoders<KvEvent> = { decodeEvent, blockStored, int };
 
 /** Decodes an `EventBatch` payload. */
 export function decodeBatch(payload: Uint8Array): EventBatch | DecodeError {

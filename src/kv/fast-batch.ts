@@ -3,12 +3,22 @@
  * bytes into events, without first building generic arrays for each event. Anything unusual
  * (map-encoded events, other tags) goes through the general `decodeEvent`, and a payload this
  * reader rejects is handed back to the general decoder by the caller.
+ *
+ * Generic over the event type `E` (./events.ts instantiates it with `KvEvent`) so that this
+ * module needs nothing from ./events.ts, which imports it: no import cycle between the two.
  */
-import type { EventBatch, KvEvent } from "./events.ts";
 import { MsgpackReader } from "./msgpack-read.ts";
 
-export interface FastDecoders {
-  decodeEvent(raw: unknown): KvEvent | null;
+/** What ./events.ts's `EventBatch` is when `E` is its `KvEvent`. */
+export interface FastBatch<E> {
+  ts: number;
+  events: E[];
+  dpRank: number | null;
+  skipped: number;
+}
+
+export interface FastDecoders<E> {
+  decodeEvent(raw: unknown): E | null;
   blockStored(
     hashes: unknown,
     parent: unknown,
@@ -21,23 +31,23 @@ export interface FastDecoders {
     groupIdx: unknown,
     specKind: unknown,
     slidingWindow: unknown,
-  ): KvEvent | null;
+  ): E | null;
   int(v: unknown): number | null;
 }
 
 /** Throws (RangeError) on malformed msgpack; returns null when the batch is not an array. */
-export function fastDecodeBatch(payload: Uint8Array, d: FastDecoders): EventBatch | null {
+export function fastDecodeBatch<E>(payload: Uint8Array, d: FastDecoders<E>): FastBatch<E> | null {
   const r = new MsgpackReader(payload);
   const n = r.arrayHeader();
   if (n < 2) return null;
   const ts = r.read();
   const m = r.arrayHeader();
   if (m < 0) return null;
-  const events: KvEvent[] = [];
+  const events: E[] = [];
   let skipped = 0;
   for (let e = 0; e < m; e++) {
     const c = r.arrayHeader();
-    let ev: KvEvent | null;
+    let ev: E | null;
     if (c < 0) ev = d.decodeEvent(r.read());
     else if (c === 0) ev = null;
     else {

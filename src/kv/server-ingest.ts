@@ -6,7 +6,7 @@
  */
 
 import { Counter, Histogram } from "prom-client";
-import type { KvIngestFactory, KvIngest as ServerKvIngest } from "../server/extensions.ts";
+import type { KvIngestFactory, KvIngest as ServerKvIngest } from "../server/extension-api.ts";
 import { KvIngest, kvMaxBlocksOption } from "./ingest.ts";
 
 export interface ServerKvIngestHandle extends ServerKvIngest {

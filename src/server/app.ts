@@ -15,14 +15,9 @@ import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { ApiKeyAuth } from "./auth.ts";
+import { builtinExtensions } from "./builtin-extensions.ts";
 import { mergeConfig, type ServerConfig, type ServerConfigInput } from "./config.ts";
-import {
-  builtinExtensions,
-  type KvIngest,
-  type ManagedExecutor,
-  type ServerComponentContext,
-  type ServerExtensions,
-} from "./extensions.ts";
+import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtensions } from "./extension-api.ts";
 import { sendError, sendJson } from "./http-util.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";

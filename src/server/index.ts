@@ -1,13 +1,16 @@
 export { type InferaServer, type StartServerOptions, startServer } from "./app.ts";
+export { builtinExtensions } from "./builtin-extensions.ts";
 export {
   defaultServerConfig,
   resolveServerConfig,
   type ServerConfig,
   type ServerConfigInput,
 } from "./config.ts";
-export {
-  builtinExtensions,
-  type KvIngest,
-  type KvIngestFactory,
-  type ServerExtensions,
-} from "./extensions.ts";
+export type {
+  ExecutorFactory,
+  KvIngest,
+  KvIngestFactory,
+  ManagedExecutor,
+  ServerComponentContext,
+  ServerExtensions,
+} from "./extension-api.ts";

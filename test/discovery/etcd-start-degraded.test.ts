@@ -7,7 +7,8 @@
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import { after, describe, it } from "node:test";
-import { EtcdRegistrar, EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { EtcdRegistrar } from "../../src/discovery/etcd-registrar.ts";
+import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import { type EtcdHandle, etcdctl, startEtcd } from "../helpers/etcd.ts";
 import { serverArgs, spawnInfera } from "../helpers/infera.ts";
 import { freePort } from "../helpers/ports.ts";

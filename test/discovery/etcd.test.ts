@@ -1,8 +1,9 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { Etcd3 } from "etcd3";
-import { EtcdRegistrar, EtcdWatcher } from "../../src/discovery/etcd.ts";
 import { parseEndpoints, workersPrefix } from "../../src/discovery/etcd-client.ts";
+import { EtcdRegistrar } from "../../src/discovery/etcd-registrar.ts";
+import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import type { DiscoveryEvent, WorkerRecord } from "../../src/discovery/types.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { mixedRecord } from "../helpers/records.ts";

@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import * as zmq from "zeromq";
-import { EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { serverArgs, spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";

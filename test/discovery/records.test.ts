@@ -13,7 +13,7 @@ import { Writable } from "node:stream";
 import { after, before, describe, it } from "node:test";
 import { Etcd3 } from "etcd3";
 import { type Logger, pino } from "pino";
-import { EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import { KeyedWorkerSet } from "../../src/discovery/keyed-set.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { validateWorkerRecord } from "../../src/discovery/schema.ts";

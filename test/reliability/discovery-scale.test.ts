@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { Etcd3 } from "etcd3";
-import { EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { mixedRecord } from "../helpers/records.ts";
 import { waitUntil } from "../helpers/wait.ts";

@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import type { AddressInfo } from "node:net";
 import { after, before, test } from "node:test";
 import { Etcd3 } from "etcd3";
-import { EtcdWatcher } from "../../src/discovery/etcd.ts";
+import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { type InferaServer, startServer } from "../../src/server/index.ts";

@@ -1,15 +1,30 @@
 /** The action behind `infera engine ...`: flags → spec → command → (dry run | lifecycle). */
-import type { EngineCliFlags } from "../../cli/engine.ts";
-import { etcdOptionsFromFlags } from "../../discovery/etcd-client.ts";
+import { type EtcdFlagValues, etcdOptionsFromFlags } from "../../discovery/etcd-client.ts";
 import type { DiscoveryRegistrar } from "../../discovery/types.ts";
 import { InferaError } from "../../protocol/errors.ts";
+import type { NatsCliValues } from "../../transport/nats/cli-options.ts";
 import { createLogger } from "../../util/log.ts";
 import { shellLine } from "./common.ts";
 import { blocksOverride } from "./facts.ts";
 import { engineAdapters } from "./index.ts";
 import { healthBaseUrl, runLifecycle } from "./lifecycle.ts";
-import { buildLaunchSpec, parseEngineKind } from "./options.ts";
+import { buildLaunchSpec, type LaunchFlags, parseEngineKind } from "./options.ts";
 import { buildWorkerRecord } from "./record.ts";
+
+/**
+ * The parsed flags of `infera engine` (commander camel-cases them; numbers stay strings and are
+ * checked here). Owned by the launcher, which reads them: src/cli/engine.ts declares the same
+ * flags and hands them over as this type.
+ */
+export interface EngineCliFlags extends LaunchFlags, EtcdFlagValues, NatsCliValues {
+  dryRun?: boolean;
+  discovery: string;
+  leaseTtl: string;
+  healthTimeout: string;
+  healthInterval: string;
+  stopTimeout: string;
+  drainTimeout: string;
+}
 
 function seconds(flag: string, v: string, min: number): number {
   const n = Number(v);
@@ -42,7 +57,7 @@ export async function runEngineCommand(
     const leaseTtl = seconds("lease-ttl", flags.leaseTtl, 1);
     let registrar: DiscoveryRegistrar | null = null;
     if (flags.discovery === "etcd") {
-      const { EtcdRegistrar } = await import("../../discovery/etcd.ts");
+      const { EtcdRegistrar } = await import("../../discovery/etcd-registrar.ts");
       registrar = new EtcdRegistrar({
         ...etcdOptionsFromFlags(flags),
         leaseTtlSeconds: leaseTtl,

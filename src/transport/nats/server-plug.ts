@@ -1,6 +1,6 @@
 /**
  * How `infera server` plugs the NATS planes in through its extension seams
- * (src/server/extensions.ts): a request-plane executor factory, and a KV-ingest factory for
+ * (src/server/extension-api.ts): a request-plane executor factory, and a KV-ingest factory for
  * `--event-plane nats`. Each opens its own NATS connection from `config.nats` and closes it on
  * close(), so the server's lifecycle needs nothing NATS-specific.
  */
@@ -12,7 +12,7 @@ import type {
   KvIngestFactory,
   ManagedExecutor,
   ServerComponentContext,
-} from "../../server/extensions.ts";
+} from "../../server/extension-api.ts";
 import { HttpExecutor } from "../http.ts";
 import { NatsRequestExecutor } from "./client.ts";
 import { connectNats, type NatsConnectOptions } from "./connection.ts";

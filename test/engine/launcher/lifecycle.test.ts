@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { type ChildProcess, execFileSync } from "node:child_process";
 import { after, before, describe, it } from "node:test";
-import { EtcdWatcher } from "../../../src/discovery/etcd.ts";
+import { EtcdWatcher } from "../../../src/discovery/etcd-watcher.ts";
 import { type EtcdHandle, startEtcd } from "../../helpers/etcd.ts";
 import { INFERA_BIN, spawnInfera } from "../../helpers/infera.ts";
 import { engineListenArgs } from "../../helpers/launcher.ts";

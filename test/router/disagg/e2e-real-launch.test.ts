@@ -28,7 +28,7 @@ import { fileURLToPath } from "node:url";
 import { unpack } from "msgpackr";
 import OpenAI from "openai";
 import * as zmq from "zeromq";
-import { EtcdWatcher } from "../../../src/discovery/etcd.ts";
+import { EtcdWatcher } from "../../../src/discovery/etcd-watcher.ts";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import { type EtcdHandle, startEtcd } from "../../helpers/etcd.ts";
 import { serverArgs, spawnInfera } from "../../helpers/infera.ts";

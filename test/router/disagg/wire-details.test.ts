@@ -11,9 +11,9 @@
 import assert from "node:assert/strict";
 import http from "node:http";
 import { after, before, describe, test } from "node:test";
+import { parseMoriioRegistration } from "../../../src/discovery/moriio-proxy.ts";
 import type { ConnectorInfo, WorkerRecord } from "../../../src/discovery/types.ts";
 import { makeDisaggRouterFactory } from "../../../src/router/disagg/index.ts";
-import { parseMoriioRegistration } from "../../../src/router/disagg/moriio-proxy.ts";
 import { pdProtocols } from "../../../src/router/disagg/protocols/index.ts";
 import { engineIdFromQuery } from "../../../src/router/disagg/protocols/mooncake.ts";
 import type { ModelRouter, WorkerState } from "../../../src/router/types.ts";

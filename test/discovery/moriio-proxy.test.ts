@@ -4,17 +4,19 @@
  * pinging is removed.
  */
 import assert from "node:assert/strict";
+import { Writable } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import { pack } from "msgpackr";
 import OpenAI from "openai";
+import { pino } from "pino";
 import * as zmq from "zeromq";
-import { createDiscoveryWatcher } from "../../../src/discovery/index.ts";
-import { MoriioProxyDiscovery, parseMoriioRegistration } from "../../../src/router/disagg/moriio-proxy.ts";
-import { type InferaServer, startServer } from "../../../src/server/index.ts";
-import { createLogger } from "../../../src/util/log.ts";
-import { freePort } from "../../helpers/ports.ts";
-import { type SimProcess, startSim } from "../../helpers/sim.ts";
-import { longPrompt, MODEL, promptSources, waitFor } from "./pd-cluster.ts";
+import { createDiscoveryWatcher } from "../../src/discovery/index.ts";
+import { MoriioProxyDiscovery, parseMoriioRegistration } from "../../src/discovery/moriio-proxy.ts";
+import { type InferaServer, startServer } from "../../src/server/index.ts";
+import { createLogger } from "../../src/util/log.ts";
+import { freePort } from "../helpers/ports.ts";
+import { type SimProcess, startSim } from "../helpers/sim.ts";
+import { longPrompt, MODEL, promptSources, waitFor } from "../router/disagg/pd-cluster.ts";
 
 test("registration messages: the current map, the older form, WRITE mode", () => {
   assert.deepEqual(
@@ -119,6 +121,65 @@ test("a WRITE-mode registration becomes a record with connector.transferMode WRI
       notifyPort: 12,
       transferMode: "WRITE",
     });
+  } finally {
+    dealer.close();
+    await w.close();
+  }
+});
+
+test("a registration whose record fails the schema is skipped with one warning naming it", async () => {
+  // Registrations are unauthenticated msgpack; the other backends (etcd, static, memory) pass
+  // every record through validateWorkerRecord (src/discovery/schema.ts), this one did not, so
+  // `dp_size: 0` or a port past 65535 reached the routers.
+  const lines: Array<Record<string, unknown>> = [];
+  const out = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      for (const l of chunk.toString().split("\n")) if (l.trim()) lines.push(JSON.parse(l));
+      cb();
+    },
+  });
+  const w = new MoriioProxyDiscovery({
+    port: 0,
+    model: "m",
+    staleMs: 5000,
+    logger: pino({ level: "warn" }, out),
+  });
+  await w.start();
+  const dealer = new zmq.Dealer({ linger: 0 });
+  dealer.connect(`tcp://127.0.0.1:${w.port}`);
+  const reg = (http: string, extra: Record<string, unknown>) =>
+    pack({
+      type: "P",
+      http_address: http,
+      zmq_address: "host:127.0.0.1,handshake:11,notify:12",
+      dp_size: 1,
+      tp_size: 1,
+      ...extra,
+    });
+  try {
+    // Re-sent like a real worker's pings: the warning must not repeat with them.
+    for (let i = 0; i < 3; i++) {
+      await dealer.send(reg("127.0.0.1:9001", { dp_size: 0 }));
+      await dealer.send(reg("127.0.0.1:9002", { zmq_address: "host:127.0.0.1,handshake:70000,notify:12" }));
+    }
+    await dealer.send(reg("127.0.0.1:9003", {}));
+    // One DEALER connection delivers in order: the valid one arrives after the invalid ones.
+    await waitFor(async () => w.workers().length > 0, 3000, "the valid registration");
+    assert.deepEqual(
+      w.workers().map((r) => r.url),
+      ["http://127.0.0.1:9003"],
+    );
+    const warns = lines.filter((l) => l.level === 40 && l.msg === "ignoring invalid worker record");
+    assert.deepEqual(
+      warns.map((l) => [l.key, l.error]),
+      [
+        ["moriio-prefill-127.0.0.1:9001", "dpSize: Number must be greater than or equal to 1"],
+        [
+          "moriio-prefill-127.0.0.1:9002",
+          "connector.handshakePort: Number must be less than or equal to 65535",
+        ],
+      ],
+    );
   } finally {
     dealer.close();
     await w.close();

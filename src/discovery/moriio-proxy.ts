@@ -12,19 +12,22 @@
  * `http://10.0.0.2:9000/v1/completions`: only its host and port are kept). The registered
  * `transfer_mode` goes into the record (`connector.transferMode`): the DisaggRouter runs
  * READ workers serially and WRITE workers concurrently, and pairs only workers of one mode.
+ *
+ * Every record passes the same schema as the other discovery backends (schema.ts): a
+ * registration whose record fails it (a port out of range, `dp_size: 0`, an address that is no
+ * host:port) is skipped with one warning naming the worker, repeated only when the error
+ * changes, since the worker re-sends the same registration every few seconds.
  */
 import { unpack } from "msgpackr";
 import * as zmq from "zeromq";
-import type {
-  DiscoveryEvent,
-  DiscoveryWatcher,
-  EngineKind,
-  WorkerRecord,
-  WorkerRole,
-} from "../../discovery/types.ts";
-import { createLogger, type Logger } from "../../util/log.ts";
+import { createLogger, type Logger } from "../util/log.ts";
+import { validateWorkerRecord } from "./schema.ts";
+import type { DiscoveryEvent, DiscoveryWatcher, EngineKind, WorkerRecord, WorkerRole } from "./types.ts";
 
 export const MORIIO_DEFAULT_PROXY_PING_PORT = 36367;
+
+/** Bounds the warned-about set: registrations are unauthenticated, ids are sender-chosen. */
+const MAX_REJECTED = 1024;
 
 export interface MoriioProxyOptions {
   /** Address to bind (default 127.0.0.1; `0.0.0.0` to accept workers from other hosts). */
@@ -116,6 +119,8 @@ export class MoriioProxyDiscovery implements DiscoveryWatcher {
   private readonly sock = new zmq.Router({ linger: 0 });
   private readonly records = new Map<string, { rec: WorkerRecord; lastSeen: number }>();
   private readonly listeners = new Set<(ev: DiscoveryEvent) => void>();
+  /** Worker id → the schema error last warned about, so a re-sent bad registration warns once. */
+  private readonly rejected = new Map<string, string>();
   private readonly log: Logger;
   private sweeper: NodeJS.Timeout | null = null;
   private closed = false;
@@ -215,6 +220,17 @@ export class MoriioProxyDiscovery implements DiscoveryWatcher {
       startedAt: prev?.rec.startedAt ?? new Date(now).toISOString(),
       labels: { registeredVia: "moriio-proxy", transferMode: reg.transferMode },
     };
+    const v = validateWorkerRecord(rec);
+    if (!v.ok) {
+      // Not admitted and not refreshed: a valid record of this id registered earlier ages out.
+      if (this.rejected.get(id) !== v.error) {
+        if (this.rejected.size >= MAX_REJECTED) this.rejected.clear();
+        this.rejected.set(id, v.error);
+        this.log.warn({ key: id, error: v.error }, "ignoring invalid worker record");
+      }
+      return;
+    }
+    this.rejected.delete(id);
     this.records.set(id, { rec, lastSeen: now });
     if (!prev || JSON.stringify(prev.rec) !== JSON.stringify(rec)) {
       if (!prev) this.log.info({ id, url: rec.url, role: rec.role }, "MoRIIO worker registered");

@@ -1,16 +1,16 @@
 /**
- * Seams where other components plug into the server without editing it. Owners of those
- * components add ONE line to `builtinExtensions`; `startServer` also takes overrides.
+ * The server's extension API: the seams where other components plug into the server without
+ * editing it. Types only, so a component implementing a seam (src/kv/server-ingest.ts,
+ * src/transport/nats/server-plug.ts) imports its contract without importing the server or the
+ * other components. What ships plugged in is wired in ./builtin-extensions.ts; `startServer`
+ * also takes overrides.
  */
 import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import type { PrefixIndex } from "../kv/prefix-index.ts";
-import { createServerKvIngest } from "../kv/server-ingest.ts";
 import type { Tokenizer } from "../kv/tokenizer.ts";
-import { createDisaggRouter } from "../router/disagg/index.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
-import { createNatsExecutor, selectKvIngestFactory } from "../transport/nats/server-plug.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
 
@@ -50,11 +50,3 @@ export interface ServerExtensions {
   /** Extra request planes by `requestPlane` name (`http` is built in). */
   executors?: Record<string, ExecutorFactory>;
 }
-
-/** One line per built-in extension. */
-export const builtinExtensions: ServerExtensions = {
-  disaggRouterFactory: createDisaggRouter,
-  executors: { nats: createNatsExecutor },
-  // --event-plane nats → the NATS relays; otherwise each engine's ZMQ events (src/kv/server-ingest.ts).
-  kvIngestFactory: selectKvIngestFactory(createServerKvIngest),
-};

@@ -4,7 +4,9 @@
  * the last known set), re-lists with backoff, diffs, and resumes watching. Every value passes
  * the record schema (schema.ts; an invalid one is skipped with one warning per stored value);
  * state is kept per etcd key, and when several keys carry one worker id the key created first
- * is served (keyed-set.ts). The registrar is in etcd-registrar.ts (re-exported here).
+ * is served (keyed-set.ts). This is the server's side; the engine's side (lease, heartbeat,
+ * put) is the registrar in etcd-registrar.ts, and what both share (client, flags, backoff) is in
+ * etcd-client.ts.
  */
 import { type Etcd3, type IKeyValue, Range, type Watcher } from "etcd3";
 import { createLogger, type Logger } from "../util/log.ts";
@@ -22,9 +24,6 @@ import type { DiscoveryConfig } from "./index.ts";
 import { KeyedWorkerSet } from "./keyed-set.ts";
 import { parseWorkerRecordText } from "./schema.ts";
 import type { DiscoveryEvent, DiscoveryWatcher, WorkerRecord } from "./types.ts";
-
-export type { Backoff } from "./etcd-client.ts";
-export { EtcdRegistrar, type EtcdRegistrarOptions } from "./etcd-registrar.ts";
 
 /** Start-up waits keep the process alive (background retries use `sleep`, which does not). */
 const refSleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
