@@ -142,7 +142,7 @@ describe("a claimed answer over HTTP", () => {
       break;
     }
     go();
-    await waitUntil(() => w.inFlight === 0, 2000);
+    await waitUntil(() => w.inFlight === 0, 2000, "the claim released");
     assert.ok(claim.isReleased);
   });
 
@@ -180,7 +180,7 @@ describe("a claimed answer over HTTP", () => {
     assert.equal(w.inFlight, 1);
     up.abort();
     assert.deepEqual([w.inFlight, w.pendingPrefillTokens, aborts], [0, 0, 1]);
-    await waitUntil(() => upstreamClosed, 2000);
+    await waitUntil(() => upstreamClosed, 2000, "the upstream request closed");
   });
 
   it("json() releases", async () => {
@@ -244,7 +244,7 @@ describe("a claimed answer with another kind of body", () => {
     );
     assert.equal(up.body, src);
     await pump(up.body, null, () => true);
-    await waitUntil(() => w.inFlight === 0, 2000);
+    await waitUntil(() => w.inFlight === 0, 2000, "the claim released");
   });
 
   it("the server relays any RelayBody with plain calls, never iterating it", async () => {
