@@ -5,8 +5,10 @@
  * upstream through the real HttpExecutor.
  */
 import assert from "node:assert/strict";
+import { readdirSync, readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { join, relative } from "node:path";
 import { Readable } from "node:stream";
 import { after, before, beforeEach, describe, it } from "node:test";
 import { InferaError, TimeoutError } from "../../src/protocol/errors.ts";
@@ -448,5 +450,32 @@ describe("routers on the one path", () => {
     await assert.rejects(r.handle(routingRequest({ model: "m" }), exec, signal()), WorkerUnreachableError);
     assert.deepEqual(health.log, ["d1:connect"]);
     assert.deepEqual([d.inFlight, d.pendingPrefillTokens, d.routed], [0, 0, 1]);
+  });
+});
+
+describe("module boundaries", () => {
+  const SRC = new URL("../../src/", import.meta.url).pathname;
+  const sources = (dir: string): string[] =>
+    readdirSync(dir, { withFileTypes: true }).flatMap((e) =>
+      e.isDirectory() ? sources(join(dir, e.name)) : e.name.endsWith(".ts") ? [join(dir, e.name)] : [],
+    );
+  const importsOf = (file: string): string[] =>
+    [...readFileSync(file, "utf8").matchAll(/\bfrom "([^"]+)"/g)].map((m) => m[1]!);
+
+  it("router/ imports the transport's contract only, never an implementation", () => {
+    const bad = sources(join(SRC, "router")).flatMap((f) =>
+      importsOf(f)
+        .filter((i) => i.includes("/transport/") && !i.endsWith("/transport/types.ts"))
+        .map((i) => `${relative(SRC, f)} → ${i}`),
+    );
+    assert.deepEqual(bad, []);
+  });
+
+  it("nothing outside the transport tests for PushBody", () => {
+    const bad = sources(SRC)
+      .filter((f) => !relative(SRC, f).startsWith("transport/"))
+      .filter((f) => /instanceof PushBody|push-body\.ts"/.test(readFileSync(f, "utf8")))
+      .map((f) => relative(SRC, f));
+    assert.deepEqual(bad, []);
   });
 });
