@@ -6,6 +6,11 @@
  * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
  *
  *   node --import tsx bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
+ *     [--baseline <checkout>]
+ *
+ * `--baseline` adds (f): `infera server` run from another checkout (e.g. a `git worktree` of
+ * the previous commit, built like this one), interleaved with the others, so a change to the
+ * request path is compared side by side under the same load.
  *
  * The server and nginx run as child processes (nginx: one worker process, upstream
  * keepalive), so the load generator here (undici) does not share their event loop. Rounds
@@ -36,11 +41,12 @@ const LATENCY_REQUESTS = Number(args.get("latency-requests") ?? 1000);
 const WARMUP = Number(args.get("warmup") ?? 3000);
 const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
+const BASELINE = args.get("baseline");
 
 const children: ChildProcess[] = [];
-function start(cmd: string, argv: string[], env: Record<string, string> = {}): ChildProcess {
+function start(cmd: string, argv: string[], env: Record<string, string> = {}, cwd = ROOT): ChildProcess {
   const p = spawn(cmd, argv, {
-    cwd: ROOT,
+    cwd,
     stdio: ["ignore", "ignore", "pipe"],
     env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...env },
   });
@@ -281,35 +287,48 @@ async function main(): Promise<void> {
     const bareProc = start(process.execPath, [join(dir, "bare-proxy.mjs"), String(barePort), simUrl]);
     const bareUrl = `http://127.0.0.1:${barePort}`;
     await waitHttp(`${bareUrl}/health`);
-    const targets = {
+    type Key = "a_direct" | "b_infera" | "c_nginx" | "d_bare_node" | "e_infera_tsx" | "f_baseline";
+    const targets: Partial<Record<Key, string>> = {
       a_direct: simUrl,
       b_infera: serverUrl,
       c_nginx: nginxUrl,
       d_bare_node: bareUrl,
       e_infera_tsx: tsxUrl,
-    } as const;
-    type Key = keyof typeof targets;
-    const pids: Record<Key, number> = {
+    };
+    const pids: Partial<Record<Key, number>> = {
       a_direct: simProc.pid!,
       b_infera: serverProc.pid!,
       c_nginx: nginxProc.pid!,
       d_bare_node: bareProc.pid!,
       e_infera_tsx: tsxProc.pid!,
     };
+    if (BASELINE) {
+      const basePort = await freePort();
+      const baseProc = start(
+        process.execPath,
+        ["bin/infera.js", ...serverArgs(basePort), "--worker", simUrl, "--scrape-interval", "0"],
+        {},
+        BASELINE,
+      );
+      targets.f_baseline = `http://127.0.0.1:${basePort}`;
+      pids.f_baseline = baseProc.pid!;
+      await waitHttp(`${targets.f_baseline}/ready`);
+    }
+    const keys = Object.keys(targets) as Key[];
     const results: Record<string, Record<Key, Agg>> = {};
     for (const stream of [false, true]) {
       const mode = stream ? "streamed" : "non-streamed";
       const agg = {} as Record<Key, Agg>;
-      for (const k of Object.keys(targets) as Key[]) {
+      for (const k of keys) {
         agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, reads: 0, writes: 0 };
-        await load(targets[k], stream, WARMUP, CONCURRENCY); // warm-up (JIT, pools)
+        await load(targets[k]!, stream, WARMUP, CONCURRENCY); // warm-up (JIT, pools)
       }
       for (let r = 0; r < ROUNDS; r++) {
-        for (const k of Object.keys(targets) as Key[]) {
-          const cpuPid = pids[k];
+        for (const k of keys) {
+          const cpuPid = pids[k]!;
           const cpu0 = cpuSeconds(cpuPid);
           const io0 = syscalls(cpuPid);
-          const res = await load(targets[k], stream, REQUESTS, CONCURRENCY);
+          const res = await load(targets[k]!, stream, REQUESTS, CONCURRENCY);
           agg[k].cpu += cpuSeconds(cpuPid) - cpu0;
           const io1 = syscalls(cpuPid);
           agg[k].reads += io1[0] - io0[0];
@@ -319,7 +338,7 @@ async function main(): Promise<void> {
           agg[k].count += res.latencies.length;
           agg[k].errors += res.errors;
           // Concurrency 1: the added latency of one hop, without queueing.
-          const low = await load(targets[k], stream, LATENCY_REQUESTS, 1);
+          const low = await load(targets[k]!, stream, LATENCY_REQUESTS, 1);
           agg[k].lowConc.push(...low.latencies);
         }
       }
@@ -352,6 +371,7 @@ async function main(): Promise<void> {
       const c = stat("c_nginx");
       const d = stat("d_bare_node");
       const e = stat("e_infera_tsx");
+      const f = BASELINE ? stat("f_baseline") : null;
       out(`\n${mode}`);
       out(
         "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | read/write syscalls per req | errors |",
@@ -363,6 +383,7 @@ async function main(): Promise<void> {
         ["c nginx", c],
         ["d bare node:http+undici proxy", d],
         ["e infera server, src via tsx", e],
+        ...(f ? ([[`f baseline infera server (${BASELINE})`, f]] as const) : []),
       ] as const) {
         out(
           `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.sys} | ${s.errors} |`,
@@ -380,6 +401,11 @@ async function main(): Promise<void> {
       out(
         `infera CPU per request, b (${serverFrom}) vs e (src via tsx): ${b.cpuUs.toFixed(0)} vs ${e.cpuUs.toFixed(0)} µs (b/e ${(b.cpuUs / e.cpuUs).toFixed(2)}); throughput b/e ${(b.rps / e.rps).toFixed(2)}, e/c ${(e.rps / c.rps).toFixed(2)}`,
       );
+      if (f) {
+        out(
+          `this checkout (b) vs baseline (f): CPU ${b.cpuUs.toFixed(0)} vs ${f.cpuUs.toFixed(0)} µs/req (b/f ${(b.cpuUs / f.cpuUs).toFixed(2)}); req/s ${b.rps.toFixed(0)} vs ${f.rps.toFixed(0)} (b/f ${(b.rps / f.rps).toFixed(2)}); c=1 p50 ${b.l50.toFixed(3)} vs ${f.l50.toFixed(3)} ms, p99 ${b.l99.toFixed(3)} vs ${f.l99.toFixed(3)} ms; f/c ${(f.rps / c.rps).toFixed(2)}`,
+        );
+      }
       out(
         `proxy CPU per request: infera ${b.cpuUs.toFixed(0)} µs, nginx ${c.cpuUs.toFixed(0)} µs → one core sustains ≈ ${(1e6 / b.cpuUs).toFixed(0)} vs ${(1e6 / c.cpuUs).toFixed(0)} req/s (ratio ${(c.cpuUs / b.cpuUs).toFixed(2)}); bare Node proxy ${d.cpuUs.toFixed(0)} µs`,
       );

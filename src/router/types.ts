@@ -2,16 +2,25 @@
  * Router contracts. The server parses and validates a request into a `RoutingRequest`,
  * asks the `AutoRouter` for the model's router (`MixedRouter` or `DisaggRouter`), and hands
  * it a `RequestExecutor` that knows how to send a body to a worker over the request plane
- * (HTTP or NATS). The router returns the upstream response the server streams to the client.
+ * (HTTP or NATS; the contract is src/transport/types.ts). The router returns the upstream
+ * response the server streams to the client.
  * Policies rank workers; each lives in one file under ./policies and one line of the
  * registry in ./policies/index.ts.
  */
 import type { WorkerRecord } from "../discovery/types.ts";
 import type { PrefixIndex } from "../kv/prefix-index.ts";
+import type {
+  EndpointKind,
+  FailureKind,
+  RequestExecutor,
+  SendOptions,
+  UpstreamResponse,
+} from "../transport/types.ts";
 import type { AbortLike } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 
-export type EndpointKind = "chat" | "completion";
+// The request plane's contract, re-exported for the modules that read it from the router.
+export type { EndpointKind, RequestExecutor, SendOptions, UpstreamResponse };
 
 export interface RoutingRequest {
   requestId: string;
@@ -40,6 +49,8 @@ export interface WorkerState {
   engineLoad?: EngineLoad;
   /** False while the circuit breaker has the worker out of rotation. */
   available: boolean;
+  /** Requests this server sent to the worker (lifetime), where the server keeps the count. */
+  routed?: number;
 }
 
 export interface EngineLoad {
@@ -89,36 +100,6 @@ export interface PolicyContext {
 
 export type PolicyFactory = (ctx: PolicyContext) => RoutingPolicy;
 
-/** An upstream answer: status, headers and a byte stream, whatever the transport. */
-export interface UpstreamResponse {
-  status: number;
-  headers: Record<string, string>;
-  /** The content-type header, when the transport can give it without building `headers`. */
-  readonly contentType?: string;
-  body: AsyncIterable<Uint8Array>;
-  /** Reads the whole body as JSON (non-streamed answers). */
-  json(): Promise<unknown>;
-  /** Aborts the upstream request; idempotent. */
-  abort(): void;
-}
-
-export interface SendOptions {
-  signal: AbortLike;
-  headers?: Record<string, string>;
-  /** Per-phase timeout; the executor aborts and throws TimeoutError past it. */
-  timeoutMs?: number;
-}
-
-/** Provided by the server: sends a body to a worker over the configured request plane. */
-export interface RequestExecutor {
-  send(
-    worker: WorkerState,
-    endpoint: EndpointKind,
-    body: Record<string, unknown>,
-    opts: SendOptions,
-  ): Promise<UpstreamResponse>;
-}
-
 /** MixedRouter and DisaggRouter implement this; AutoRouter picks one per model. */
 export interface ModelRouter {
   readonly kind: "mixed" | "disagg";
@@ -137,7 +118,7 @@ export interface DisaggFactoryContext {
   logger: Logger;
   options: Readonly<Record<string, unknown>>;
   /** Additive: the circuit breaker's inputs (only connection errors and 5xx count), when the server has one. */
-  reportFailure?(worker: WorkerState, kind: "connect" | "reset" | "5xx"): void;
+  reportFailure?(worker: WorkerState, kind: FailureKind): void;
   reportSuccess?(worker: WorkerState): void;
 }
 

@@ -10,9 +10,13 @@ import type { Tokenizer } from "../kv/tokenizer.ts";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { assertBodyDepth, parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
-import { contentTypeOf } from "../router/mixed.ts";
-import type { EndpointKind, RequestExecutor, UpstreamResponse } from "../router/types.ts";
 import { setRawBody } from "../transport/http.ts";
+import {
+  contentTypeOf,
+  type EndpointKind,
+  type RequestExecutor,
+  type UpstreamResponse,
+} from "../transport/types.ts";
 import { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";

@@ -1,11 +1,10 @@
 /**
- * Pumps a worker's answer body into a callback with backpressure: a PushBody (the HTTP
+ * Pumps a worker's answer body into a callback with backpressure: a relay body (the HTTP
  * executor's) with plain calls, a Node stream with events, anything else with for-await.
  */
 import type { ServerResponse } from "node:http";
 import type { Readable } from "node:stream";
-import { isReadable } from "../router/mixed.ts";
-import { type BodySink, PushBody } from "../transport/push-body.ts";
+import { type BodySink, isReadable, isRelayBody, type RelayBody } from "../transport/types.ts";
 
 /**
  * Feeds every chunk of `body` to `onChunk`; when it returns false (the client's socket is
@@ -17,7 +16,7 @@ export async function pump(
   res: ServerResponse | null,
   onChunk: (c: Uint8Array) => boolean,
 ): Promise<void> {
-  if (body instanceof PushBody) {
+  if (isRelayBody(body)) {
     await new Promise<void>((resolve, reject) =>
       body.attach(new SinkPump(body, res, onChunk, resolve, reject)),
     );
@@ -30,10 +29,10 @@ export async function pump(
   await new Promise<void>((resolve, reject) => new EventPump(body, res, onChunk, resolve, reject).start());
 }
 
-/** Relays a PushBody (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */
+/** Relays a relay body (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */
 class SinkPump implements BodySink {
   constructor(
-    private readonly body: PushBody,
+    private readonly body: RelayBody,
     private readonly res: ServerResponse | null,
     private readonly onChunk: (c: Uint8Array) => boolean,
     readonly onEnd: () => void,

@@ -1,9 +1,7 @@
 /** Relaying a non-streamed worker answer: checked while small, relayed as it comes when large. */
 import type { ServerResponse } from "node:http";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
-import { connectionFailureKind } from "../router/errors.ts";
-import { contentTypeOf } from "../router/mixed.ts";
-import type { UpstreamResponse } from "../router/types.ts";
+import { connectionFailureKind, contentTypeOf, type UpstreamResponse } from "../transport/types.ts";
 import type { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import { pump } from "./pump.ts";

@@ -8,16 +8,17 @@
  */
 import { Pool } from "undici";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
-import { connectionFailureKind, WorkerUnreachableError } from "../router/errors.ts";
-import type {
-  EndpointKind,
-  RequestExecutor,
-  SendOptions,
-  UpstreamResponse,
-  WorkerState,
-} from "../router/types.ts";
 import type { AbortLike } from "../util/abort.ts";
 import { type BodySource, PushBody } from "./push-body.ts";
+import {
+  connectionFailureKind,
+  type EndpointKind,
+  type RequestExecutor,
+  type SendOptions,
+  type SendTarget,
+  type UpstreamResponse,
+  WorkerUnreachableError,
+} from "./types.ts";
 
 export interface HttpExecutorOptions {
   /** Max open connections per worker. */
@@ -64,7 +65,7 @@ export class HttpExecutor implements RequestExecutor {
   }
 
   send(
-    worker: WorkerState,
+    worker: SendTarget,
     endpoint: EndpointKind,
     body: Record<string, unknown>,
     opts: SendOptions,

@@ -8,6 +8,10 @@
  * Backpressure: a sink that returns false from `onData` pauses the source until `resume()`.
  */
 
+import type { BodySink, RelayBody } from "./types.ts";
+
+export type { BodySink } from "./types.ts";
+
 /**
  * What the body asks of its transport. There is no pause(): `push` returning false is the
  * pause signal (undici stops reading when its onData hook returns false).
@@ -18,14 +22,6 @@ export interface BodySource {
   abort(reason: Error): void;
 }
 
-/** The one consumer of a body, called in order: onData* then onEnd or onError, once. */
-export interface BodySink {
-  /** Returns false to pause the source until `resume()`. */
-  onData(chunk: Uint8Array): boolean;
-  onEnd(): void;
-  onError(err: Error): void;
-}
-
 /** Chunks buffered before a reader attaches, past which the source is paused. */
 const UNREAD_CHUNKS = 16;
 
@@ -33,7 +29,7 @@ const OPEN = 0;
 const ENDED = 1;
 const FAILED = 2;
 
-export class PushBody implements AsyncIterable<Uint8Array> {
+export class PushBody implements RelayBody {
   private sink: BodySink | null = null;
   /** Chunks that arrived before a sink was attached. */
   private queue: Uint8Array[] | null = null;

@@ -14,15 +14,10 @@
  * frees the held blocks on its own hold timeout (or when D's aborted pull ends).
  */
 import { InferaError, NoWorkerError, TimeoutError, UpstreamError } from "../../protocol/errors.ts";
+import type { RequestExecutor, UpstreamResponse } from "../../transport/types.ts";
 import { type AbortLike, toAbortSignal } from "../../util/abort.ts";
-import type {
-  DisaggFactoryContext,
-  ModelRouter,
-  RequestExecutor,
-  RoutingRequest,
-  UpstreamResponse,
-  WorkerState,
-} from "../types.ts";
+import { WorkerClaim } from "../dispatch.ts";
+import type { DisaggFactoryContext, ModelRouter, RoutingRequest, WorkerState } from "../types.ts";
 import { PeerInfoCache } from "./peer-info.ts";
 import {
   type ConcurrentProtocol,
@@ -31,15 +26,7 @@ import {
   type SerialProtocol,
 } from "./protocols/index.ts";
 import { choosePair, leastLoaded } from "./select.ts";
-import {
-  describeError,
-  drain,
-  errorMessage,
-  failureKind,
-  isTimeout,
-  tracked,
-  WorkerSlot,
-} from "./upstream.ts";
+import { describeError, drain, errorMessage, isTimeout } from "./upstream.ts";
 
 export interface DisaggOptions {
   /** Limit for P's half (to its answer). */
@@ -110,19 +97,19 @@ export class DisaggRouter implements ModelRouter {
       );
       const proto = protocolForPair(pair.kind, p.record);
       // Claimed before any await, so concurrent requests see each other's choices.
-      const pSlot = new WorkerSlot(p, this.prefillTokens(req));
-      const dSlot = new WorkerSlot(pair.decode);
+      const pClaim = new WorkerClaim(p, ctx, this.prefillTokens(req));
+      const dClaim = new WorkerClaim(pair.decode, ctx);
       try {
         return proto.mode === "serial"
-          ? await this.serial(req, exec, signal, proto, pSlot, dSlot)
-          : await this.concurrent(req, exec, signal, proto, pSlot, dSlot);
+          ? await this.serial(req, exec, signal, proto, pClaim, dClaim)
+          : await this.concurrent(req, exec, signal, proto, pClaim, dClaim);
       } catch (err) {
-        pSlot.release();
-        dSlot.release();
+        pClaim.release();
+        dClaim.release();
         if (!(err instanceof PrefillFailure)) throw err;
         if (signal.aborted) throw err.reason;
-        const kind = failureKind(err.reason);
-        if (kind) ctx.reportFailure?.(p, kind);
+        // Counted once per claim: a connection failure or 5xx answer already was, in send.
+        pClaim.fail(err.reason);
         ctx.logger.warn(
           { requestId: req.requestId, worker: p.record.id, err: err.message },
           "prefill failed",
@@ -197,16 +184,16 @@ export class DisaggRouter implements ModelRouter {
     exec: RequestExecutor,
     signal: AbortLike,
     proto: SerialProtocol,
-    pSlot: WorkerSlot,
-    dSlot: WorkerSlot,
+    pClaim: WorkerClaim,
+    dClaim: WorkerClaim,
   ): Promise<UpstreamResponse> {
-    const p = pSlot.worker;
-    const { input, ranks } = await this.input(req, proto, p, dSlot.worker, signal);
+    const p = pClaim.worker;
+    const { input, ranks } = await this.input(req, proto, p, dClaim.worker, signal);
     const headers = { "x-request-id": input.requestId };
     let params: Record<string, unknown>;
     try {
-      const up = await exec
-        .send(p, req.endpoint, proto.prefillBody(input), {
+      const up = await pClaim
+        .send(exec, req.endpoint, proto.prefillBody(input), {
           signal,
           headers: this.prefillHeaders(input, ranks),
           timeoutMs: this.o.prefillTimeoutMs,
@@ -228,12 +215,12 @@ export class DisaggRouter implements ModelRouter {
         throw new PrefillFailure(p, new UpstreamError("prefill answer carries no kv_transfer_params"));
       }
       params = kvp as Record<string, unknown>;
-      this.ctx.reportSuccess?.(p);
+      pClaim.succeed();
     } finally {
-      pSlot.release();
+      pClaim.release();
     }
     try {
-      return await this.decode(req, exec, signal, dSlot, proto.decodeBody(input, params), headers);
+      return await this.decode(req, exec, signal, dClaim, proto.decodeBody(input, params), headers);
     } catch (err) {
       // D will never pull what P holds: free it now where the protocol can.
       proto.releasePrefill?.(input, params).catch(() => {});
@@ -245,30 +232,33 @@ export class DisaggRouter implements ModelRouter {
     req: RoutingRequest,
     exec: RequestExecutor,
     signal: AbortLike,
-    dSlot: WorkerSlot,
+    dClaim: WorkerClaim,
     body: Record<string, unknown>,
     headers: Record<string, string>,
     onAbort?: () => void,
   ): Promise<UpstreamResponse> {
-    const d = dSlot.worker;
+    const d = dClaim.worker;
     let up: UpstreamResponse;
     try {
-      up = await exec.send(d, req.endpoint, body, { signal, headers, timeoutMs: this.o.decodeTimeoutMs });
+      up = await dClaim.send(exec, req.endpoint, body, {
+        signal,
+        headers,
+        timeoutMs: this.o.decodeTimeoutMs,
+      });
     } catch (err) {
-      dSlot.release();
+      // The claim has ended (and counted a connection failure); timeouts count here.
       if (signal.aborted) throw err;
-      const kind = failureKind(err);
-      if (kind) this.ctx.reportFailure?.(d, kind);
+      dClaim.fail(err);
       throw decodeError(d, err);
     }
     if (up.status >= 500) {
+      // Counted as a 5xx by send.
       const msg = await errorMessage(up);
-      dSlot.release();
-      this.ctx.reportFailure?.(d, "5xx");
+      dClaim.release();
       throw decodeError(d, new UpstreamError(msg, up.status));
     }
-    this.ctx.reportSuccess?.(d);
-    return tracked(up, dSlot, onAbort);
+    dClaim.succeed();
+    return dClaim.wrap(up, onAbort);
   }
 
   private async concurrent(
@@ -276,16 +266,16 @@ export class DisaggRouter implements ModelRouter {
     exec: RequestExecutor,
     signal: AbortLike,
     proto: ConcurrentProtocol,
-    pSlot: WorkerSlot,
-    dSlot: WorkerSlot,
+    pClaim: WorkerClaim,
+    dClaim: WorkerClaim,
   ): Promise<UpstreamResponse> {
-    const p = pSlot.worker;
-    const { input, ranks } = await this.input(req, proto, p, dSlot.worker, signal);
+    const p = pClaim.worker;
+    const { input, ranks } = await this.input(req, proto, p, dClaim.worker, signal);
     const headers = { "x-request-id": input.requestId };
     const bodies = proto.bodies(input);
     const pCtl = new AbortController();
     const dCtl = new AbortController();
-    const prefill = exec.send(p, req.endpoint, bodies.prefill, {
+    const prefill = pClaim.send(exec, req.endpoint, bodies.prefill, {
       signal: AbortSignal.any([toAbortSignal(signal), pCtl.signal]),
       headers: this.prefillHeaders(input, ranks),
       timeoutMs: this.o.prefillTimeoutMs,
@@ -294,7 +284,7 @@ export class DisaggRouter implements ModelRouter {
       req,
       exec,
       AbortSignal.any([toAbortSignal(signal), dCtl.signal]),
-      dSlot,
+      dClaim,
       bodies.decode,
       headers,
       () => pCtl.abort(),
@@ -319,8 +309,9 @@ export class DisaggRouter implements ModelRouter {
       if (pUp.status < 500) throw new InferaError(pUp.status, msg, { code: "prefill_rejected" });
       throw new PrefillFailure(p, new UpstreamError(msg, pUp.status));
     }
-    this.ctx.reportSuccess?.(p);
-    void drain(pUp).finally(() => pSlot.release());
+    pClaim.succeed();
+    // P's claim (and its prompt's pending prefill) ends with its half.
+    void drain(pUp).finally(pClaim.releaser());
     try {
       return await decode;
     } catch (err) {
@@ -340,19 +331,15 @@ export class DisaggRouter implements ModelRouter {
       "no prefill worker; running mixed on D",
     );
     const headers = { "x-request-id": req.requestId };
-    const slot = new WorkerSlot(d, this.prefillTokens(req));
-    let up: UpstreamResponse;
-    try {
-      up = await exec.send(d, req.endpoint, req.body as Record<string, unknown>, {
-        signal,
-        headers,
-        timeoutMs: this.o.decodeTimeoutMs,
-      });
-    } catch (err) {
-      slot.release();
-      throw err;
-    }
-    return tracked(up, slot);
+    // An ordinary request, dispatched like the MixedRouter's (without its retries).
+    const claim = new WorkerClaim(d, this.ctx, this.prefillTokens(req));
+    const up = await claim.send(exec, req.endpoint, req.body as Record<string, unknown>, {
+      signal,
+      headers,
+      timeoutMs: this.o.decodeTimeoutMs,
+    });
+    if (up.status < 500) claim.succeed();
+    return claim.wrap(up);
   }
 }
 

@@ -15,8 +15,8 @@ import {
   type Subscription,
 } from "@nats-io/transport-node";
 import { Pool } from "undici";
-import { connectionFailureKind } from "../../router/errors.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
+import { connectionFailureKind } from "../types.ts";
 import {
   CTL_ABORT,
   CTL_CREDIT,

@@ -16,16 +16,16 @@
  */
 import { createInbox, type NatsConnection, headers as natsHeaders } from "@nats-io/transport-node";
 import { InferaError, TimeoutError } from "../../protocol/errors.ts";
-import { WorkerUnreachableError } from "../../router/errors.ts";
-import type {
-  EndpointKind,
-  RequestExecutor,
-  SendOptions,
-  UpstreamResponse,
-  WorkerState,
-} from "../../router/types.ts";
 import type { AbortLike } from "../../util/abort.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
+import {
+  type EndpointKind,
+  type RequestExecutor,
+  type SendOptions,
+  type SendTarget,
+  type UpstreamResponse,
+  WorkerUnreachableError,
+} from "../types.ts";
 import { DEFAULT_WINDOW, H_ENDPOINT, H_PING_MS, H_WINDOW } from "./frames.ts";
 import { AbortError, NatsStream, parseAnswerJson } from "./stream.ts";
 import { controlSubject, requestSubject } from "./subjects.ts";
@@ -107,7 +107,7 @@ export class NatsRequestExecutor implements RequestExecutor {
   }
 
   async send(
-    worker: WorkerState,
+    worker: SendTarget,
     endpoint: EndpointKind,
     body: Record<string, unknown>,
     opts: SendOptions,

@@ -6,8 +6,7 @@
  */
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { TimeoutError, UpstreamError } from "../../protocol/errors.ts";
-import { type ConnectionFailureKind, WorkerUnreachableError } from "../../router/errors.ts";
-import type { UpstreamResponse } from "../../router/types.ts";
+import { type ConnectionFailureKind, type UpstreamResponse, WorkerUnreachableError } from "../types.ts";
 import {
   CTL_ABORT,
   CTL_CREDIT,

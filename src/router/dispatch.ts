@@ -1,0 +1,263 @@
+/**
+ * The one dispatch path every router builds on. A `WorkerClaim` is one request's hold on one
+ * worker: counted in the worker's `inFlight` (and its prompt in `pendingPrefillTokens`) from
+ * the moment the router picks it, so concurrent picks see it before any await, until it is
+ * released, exactly once. It sends through the request plane (`send`), tells the circuit
+ * breaker what the worker did (`send` itself for connection failures and 5xx answers,
+ * `fail` / `succeed` for what only the router can judge), and wraps the answer (`wrap`) so
+ * the claim ends with the answer however that ends: body end, failure or destroy, `json()`,
+ * `abort()`. The prompt's tokens leave `pendingPrefillTokens` at the answer's first byte.
+ *
+ * The MixedRouter's attempts and the DisaggRouter's prefill and decode halves are claims; the
+ * routers keep only their own decisions (which worker, when to retry, what a failure means).
+ */
+import {
+  type BodySink,
+  connectionKindOf,
+  contentTypeOf,
+  type EndpointKind,
+  type FailureKind,
+  failureKind,
+  isReadable,
+  isRelayBody,
+  type RelayBody,
+  type RequestExecutor,
+  type SendOptions,
+  type UpstreamResponse,
+} from "../transport/types.ts";
+import type { WorkerState } from "./types.ts";
+
+/** Where a claim reports what its worker did: the circuit breaker's inputs. Both optional. */
+export interface HealthReporter {
+  reportFailure?(worker: WorkerState, kind: FailureKind): void;
+  reportSuccess?(worker: WorkerState): void;
+}
+
+/**
+ * One request's claim on a worker (a class with prototype methods: per-request closures each
+ * cost a `__name` defineProperty under tsx, so the one closure, `releaser`, is made lazily).
+ */
+export class WorkerClaim {
+  private released = false;
+  private prefillPending: boolean;
+  /** A failure was reported for this claim: it counts once against the worker. */
+  private judged = false;
+  private releaseFn: (() => void) | null = null;
+
+  /** Claims `worker` at once: `inFlight`, `routed` (where kept) and `prefillTokens` pending prefill. */
+  constructor(
+    readonly worker: WorkerState,
+    private readonly health: HealthReporter,
+    private readonly prefillTokens = 0,
+  ) {
+    worker.inFlight++;
+    if (worker.routed !== undefined) worker.routed++;
+    worker.pendingPrefillTokens += prefillTokens;
+    this.prefillPending = prefillTokens > 0;
+  }
+
+  /** True once the claim ended. */
+  get isReleased(): boolean {
+    return this.released;
+  }
+
+  /** True while the prompt's tokens still count as pending prefill on the worker. */
+  get isPrefillPending(): boolean {
+    return this.prefillPending;
+  }
+
+  /** The worker produced its first byte: its prefill is done (idempotent). */
+  firstByte(): void {
+    if (this.prefillPending) {
+      this.prefillPending = false;
+      this.worker.pendingPrefillTokens -= this.prefillTokens;
+    }
+  }
+
+  /** Ends the claim (idempotent): the worker's counts drop by what it added. */
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    this.firstByte();
+    this.worker.inFlight--;
+  }
+
+  /** `release`, bound once, for close listeners and promise callbacks. */
+  releaser(): () => void {
+    if (this.releaseFn === null) this.releaseFn = () => this.release();
+    return this.releaseFn;
+  }
+
+  /**
+   * Sends through the request plane. A rejection ends the claim (nothing is held) and, unless
+   * the caller aborted, counts a connection failure against the worker; the original error is
+   * rethrown (`connectionKindOf` tells whether it may be retried elsewhere). An answer of
+   * status ≥ 500 counts as a `5xx`; the claim stays until the answer is wrapped or released.
+   */
+  async send(
+    exec: RequestExecutor,
+    endpoint: EndpointKind,
+    body: Record<string, unknown>,
+    opts: SendOptions,
+  ): Promise<UpstreamResponse> {
+    let up: UpstreamResponse;
+    try {
+      up = await exec.send(this.worker, endpoint, body, opts);
+    } catch (err) {
+      this.release();
+      if (!opts.signal.aborted) {
+        const kind = connectionKindOf(err);
+        if (kind !== null) this.report(kind);
+      }
+      throw err;
+    }
+    if (up.status >= 500) this.report("5xx");
+    return up;
+  }
+
+  /**
+   * Counts `err` against the worker as the breaker sees it (`failureKind`: connection
+   * failures, typed errors ≥ 500), unless a failure was already counted for this claim.
+   */
+  fail(err: unknown): void {
+    const kind = failureKind(err);
+    if (kind !== null) this.report(kind);
+  }
+
+  /** The worker gave a usable answer. */
+  succeed(): void {
+    this.health.reportSuccess?.(this.worker);
+  }
+
+  /**
+   * The answer, holding the claim until it ends however it ends; `onAbort` runs when the
+   * answer is aborted (the server's client went away), e.g. to cancel a request's other half.
+   */
+  wrap(up: UpstreamResponse, onAbort?: () => void): UpstreamResponse {
+    return new ClaimedAnswer(up, this, onAbort);
+  }
+
+  private report(kind: FailureKind): void {
+    if (this.judged) return;
+    this.judged = true;
+    this.health.reportFailure?.(this.worker, kind);
+  }
+}
+
+/**
+ * An answer that ends its claim exactly once. Relay bodies (the HTTP executor's) and Node
+ * streams are handed through unwrapped where possible, so the server relays them with plain
+ * calls or events instead of a promise per chunk; their close ends the claim.
+ */
+class ClaimedAnswer implements UpstreamResponse {
+  readonly status: number;
+  readonly body: AsyncIterable<Uint8Array>;
+
+  constructor(
+    private readonly up: UpstreamResponse,
+    private readonly claim: WorkerClaim,
+    private readonly onAbort: (() => void) | undefined,
+  ) {
+    this.status = up.status;
+    const src = up.body;
+    if (isRelayBody(src)) {
+      // onClose follows end, failure or destroy; the first byte is seen by a thin sink.
+      src.onClose(claim.releaser());
+      this.body = claim.isPrefillPending ? new FirstByteBody(src, claim) : src;
+    } else if (!claim.isPrefillPending && isReadable(src)) {
+      // 'close' follows end, error or destroy.
+      src.once("close", claim.releaser());
+      this.body = src;
+    } else {
+      this.body = claimedChunks(src, claim);
+    }
+  }
+
+  // Getters: the wrapped answer may build its headers lazily.
+  get headers(): Record<string, string> {
+    return this.up.headers;
+  }
+
+  get contentType(): string | undefined {
+    return contentTypeOf(this.up);
+  }
+
+  json(): Promise<unknown> {
+    return this.up.json().finally(this.claim.releaser());
+  }
+
+  abort(): void {
+    this.up.abort();
+    this.onAbort?.();
+    this.claim.release();
+  }
+}
+
+/** A relay body whose first chunk ends its claim's pending prefill; everything else is passed on. */
+class FirstByteBody implements RelayBody, BodySink {
+  private sink: BodySink | null = null;
+
+  constructor(
+    private readonly src: RelayBody,
+    private readonly claim: WorkerClaim,
+  ) {}
+
+  attach(sink: BodySink): void {
+    this.sink = sink;
+    this.src.attach(this);
+  }
+
+  onData(chunk: Uint8Array): boolean {
+    this.claim.firstByte();
+    return this.sink!.onData(chunk);
+  }
+
+  onEnd(): void {
+    this.sink!.onEnd();
+  }
+
+  onError(err: Error): void {
+    this.sink!.onError(err);
+  }
+
+  resume(): void {
+    this.src.resume();
+  }
+
+  onClose(fn: () => void): void {
+    this.src.onClose(fn);
+  }
+
+  destroy(reason?: Error): void {
+    this.src.destroy(reason);
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<Uint8Array> {
+    return firstByteChunks(this.src, this.claim);
+  }
+}
+
+async function* firstByteChunks(
+  src: AsyncIterable<Uint8Array>,
+  claim: WorkerClaim,
+): AsyncGenerator<Uint8Array> {
+  for await (const chunk of src) {
+    claim.firstByte();
+    yield chunk;
+  }
+}
+
+/** Any other body: iterated through, the claim ending when the iteration does. */
+async function* claimedChunks(
+  src: AsyncIterable<Uint8Array>,
+  claim: WorkerClaim,
+): AsyncGenerator<Uint8Array> {
+  try {
+    for await (const chunk of src) {
+      claim.firstByte();
+      yield chunk;
+    }
+  } finally {
+    claim.release();
+  }
+}

@@ -1,0 +1,152 @@
+/**
+ * The request plane's contract, between the routers (which pick workers) and the transports
+ * (HTTP, NATS) that carry a request to one: the executor, the answer it gives back, the body
+ * the server relays, and the failure kinds the circuit breaker counts. Routers and the server
+ * depend on this module only, never on a transport's implementation.
+ *
+ * Besides types it holds the one typed error every executor raises for an unreachable worker,
+ * and the classifiers and guards over these types: each is a few lines, and keeping them with
+ * the contract spares the routers an import of any implementation.
+ */
+import type { Readable } from "node:stream";
+import type { WorkerRecord } from "../discovery/types.ts";
+import { InferaError, UpstreamError } from "../protocol/errors.ts";
+import type { AbortLike } from "../util/abort.ts";
+
+export type EndpointKind = "chat" | "completion";
+
+/** What an executor needs of a worker: its discovery record (URL, NATS subject, model). */
+export interface SendTarget {
+  readonly record: WorkerRecord;
+}
+
+export interface SendOptions {
+  signal: AbortLike;
+  headers?: Record<string, string>;
+  /** Per-phase timeout; the executor aborts and throws TimeoutError past it. */
+  timeoutMs?: number;
+}
+
+/** An upstream answer: status, headers and a byte stream, whatever the transport. */
+export interface UpstreamResponse {
+  status: number;
+  headers: Record<string, string>;
+  /** The content-type header, when the transport can give it without building `headers`. */
+  readonly contentType?: string;
+  /** Any AsyncIterable; a `RelayBody` (see `isRelayBody`) is relayed without a promise per chunk. */
+  body: AsyncIterable<Uint8Array>;
+  /** Reads the whole body as JSON (non-streamed answers). */
+  json(): Promise<unknown>;
+  /** Aborts the upstream request; idempotent. */
+  abort(): void;
+}
+
+/** Provided by the server: sends a body to a worker over the configured request plane. */
+export interface RequestExecutor {
+  send(
+    worker: SendTarget,
+    endpoint: EndpointKind,
+    body: Record<string, unknown>,
+    opts: SendOptions,
+  ): Promise<UpstreamResponse>;
+}
+
+// --- answer bodies ----------------------------------------------------------------------
+
+/** The one consumer of a `RelayBody`, called in order: onData* then onEnd or onError, once. */
+export interface BodySink {
+  /** Returns false to pause the source until the body's `resume()`. */
+  onData(chunk: Uint8Array): boolean;
+  onEnd(): void;
+  onError(err: Error): void;
+}
+
+/**
+ * A body its transport pushes chunk by chunk into one attached sink: the server relays it with
+ * plain calls (no promise per chunk), and whoever holds a claim on the worker learns of its end
+ * through `onClose` without wrapping it. The HTTP executor's bodies are these.
+ */
+export interface RelayBody extends AsyncIterable<Uint8Array> {
+  /** Attaches the one consumer; what arrived before is replayed to it at once. */
+  attach(sink: BodySink): void;
+  /** After the sink's `onData` returned false: let the source go on. */
+  resume(): void;
+  /** Runs `fn` once the body ended, failed or was destroyed (at once if it already has). */
+  onClose(fn: () => void): void;
+  /** The consumer gives up: the transfer stops and an attached sink sees the error. */
+  destroy(reason?: Error): void;
+}
+
+/** Whether an answer's body can be relayed through `attach` (a `RelayBody`). */
+export function isRelayBody(b: AsyncIterable<Uint8Array>): b is RelayBody {
+  return typeof (b as RelayBody).attach === "function";
+}
+
+/** Whether a body is a Node `Readable` (pumped with events rather than for-await). */
+export function isReadable(b: AsyncIterable<Uint8Array>): b is Readable {
+  return typeof (b as Readable).on === "function" && typeof (b as Readable).pause === "function";
+}
+
+/** An answer's content type: its `contentType` when the transport gives one, else from `headers`. */
+export function contentTypeOf(up: UpstreamResponse): string | undefined {
+  return "contentType" in up ? up.contentType : up.headers["content-type"];
+}
+
+// --- failures ---------------------------------------------------------------------------
+
+/** `connect`: nothing reached the worker (refused, unreachable); `reset`: it dropped the connection. */
+export type ConnectionFailureKind = "connect" | "reset";
+
+/** What the circuit breaker counts against a worker: connection failures and server errors, never 4xx. */
+export type FailureKind = ConnectionFailureKind | "5xx";
+
+/** The worker could not be reached, or dropped the connection before the first response byte. */
+export class WorkerUnreachableError extends UpstreamError {
+  constructor(
+    readonly url: string,
+    readonly kind: ConnectionFailureKind,
+    readonly detail: string,
+  ) {
+    super(`Worker ${url} is unreachable (${detail}).`, 502, "worker_unreachable");
+  }
+}
+
+const CONNECT_CODES = new Set([
+  "ECONNREFUSED",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "UND_ERR_CONNECT_TIMEOUT",
+]);
+const RESET_CODES = new Set(["ECONNRESET", "EPIPE", "ETIMEDOUT", "UND_ERR_SOCKET", "UND_ERR_CLOSED"]);
+
+/** A socket-level error's kind, from its `code` or its causes' (undici nests them); else null. */
+export function connectionFailureKind(err: unknown): ConnectionFailureKind | null {
+  for (let e = err as { code?: unknown; cause?: unknown } | undefined, depth = 0; e && depth < 4; depth++) {
+    if (typeof e.code === "string") {
+      if (CONNECT_CODES.has(e.code)) return "connect";
+      if (RESET_CODES.has(e.code)) return "reset";
+    }
+    e = e.cause as typeof e;
+  }
+  return null;
+}
+
+/**
+ * A send's failure as a connection failure (the worker was never reached or dropped the
+ * connection before answering): the only failures a request may be retried on elsewhere.
+ */
+export function connectionKindOf(err: unknown): ConnectionFailureKind | null {
+  return err instanceof WorkerUnreachableError ? err.kind : connectionFailureKind(err);
+}
+
+/**
+ * Any failure as the breaker sees it: connection failures, and typed errors of status ≥ 500
+ * (timeouts, broken answers) as `5xx`; everything else (4xx, plain errors) is not the worker's.
+ */
+export function failureKind(err: unknown): FailureKind | null {
+  if (err instanceof WorkerUnreachableError) return err.kind;
+  if (err instanceof InferaError) return err.status >= 500 ? "5xx" : null;
+  return connectionFailureKind(err);
+}
