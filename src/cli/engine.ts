@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { envVar } from "../config/env-table.ts";
 import { addEtcdFlags, type EtcdFlagValues } from "../discovery/etcd-client.ts";
 import type { LaunchFlags } from "../engine/launcher/options.ts";
 import { addNatsOptions, type NatsCliValues } from "../transport/nats/cli-options.ts";
@@ -78,7 +79,7 @@ export function registerEngine(program: Command): void {
         "environment, executable replaced by `node bin/infera-sim.js --engine <kind>`",
     )
     .option("--dry-run", "print the command, environment and record preview as JSON, then exit")
-    .option("--discovery <kind>", "etcd | none", process.env.INFERA_DISCOVERY ?? "etcd")
+    .option("--discovery <kind>", "etcd | none", envVar("INFERA_DISCOVERY") ?? "etcd")
     .option("--lease-ttl <seconds>", "etcd lease TTL", "10")
     .option("--health-timeout <seconds>", "how long to wait for the engine's /health", "1800")
     .option("--health-interval <seconds>", "health check period once registered (0 = off)", "5")
