@@ -14,6 +14,8 @@ import { parse as parseYaml } from "yaml";
 import { flagsToConfig } from "../../src/cli/server.ts";
 import { renderConfigDoc } from "../../src/config/doc.ts";
 import { ENV_TABLE } from "../../src/config/env-table.ts";
+import { plain, renderCluster } from "../../src/deploy/render/index.ts";
+import { parseClusterDocument } from "../../src/deploy/spec.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { AutoRouter } from "../../src/router/auto.ts";
 import type { DisaggFactoryContext } from "../../src/router/types.ts";
@@ -143,6 +145,25 @@ describe("errors name the layer and the key", () => {
     // Whatever profilesConfigSchema holds, an issue under it reads `profiles.<...>` with the layer.
     const r = parseLayerProblems({ profiles: 7 });
     assert.match(r[0]!, /^--config p\.yaml: profiles: /);
+  });
+});
+
+describe("what other code writes passes the strict schema", () => {
+  it("the server.yaml `infera deploy` renders for every example", () => {
+    const dirPath = join(ROOT, "deploy/examples");
+    const files = readdirSync(dirPath).filter((f) => f.endsWith(".yaml"));
+    assert.ok(files.length > 0);
+    for (const f of files) {
+      const doc = parseClusterDocument(parseYaml(readFileSync(join(dirPath, f), "utf8")));
+      const maps = renderCluster(doc, { secrets: "generate" })
+        .map(plain)
+        .filter((o) => (o.data as Record<string, string> | undefined)?.["server.yaml"] !== undefined);
+      assert.ok(maps.length > 0, f);
+      for (const m of maps) {
+        const text = (m.data as Record<string, string>)["server.yaml"]!;
+        assert.doesNotThrow(() => configFromFile(file(text)), f);
+      }
+    }
   });
 });
 
