@@ -4,8 +4,6 @@
  * then their defaults. Port 0 means "any free port" (tests); the bound port is reported by
  * the connector's `describe()`.
  */
-
-import { envVar } from "../../../config/env-table.ts";
 import type { SimConnectorOptions } from "./types.ts";
 
 export function extraConfig(opts: SimConnectorOptions): Record<string, unknown> {
@@ -34,7 +32,7 @@ export function configNumber(
     if (v !== undefined) return v;
   }
   for (const e of envNames) {
-    const v = asNumber(envVar(e));
+    const v = asNumber(process.env[e]);
     if (v !== undefined) return v;
   }
   return fallback;
@@ -51,7 +49,7 @@ export function configString(
     if (typeof v === "string" && v !== "") return v;
   }
   for (const e of envNames) {
-    const v = envVar(e);
+    const v = process.env[e];
     if (v) return v;
   }
   return undefined;
@@ -66,7 +64,7 @@ export function configBool(opts: SimConnectorOptions, keys: readonly string[], e
     if (v === "0" || v === "false") return false;
   }
   for (const e of envNames) {
-    const v = envVar(e);
+    const v = process.env[e];
     if (v === "1" || v === "true") return true;
     if (v === "0" || v === "false") return false;
   }
