@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { envVar } from "../config/env-table.ts";
 
 interface BenchCliOptions {
   url?: string;
@@ -123,7 +124,7 @@ async function runCli(o: BenchCliOptions): Promise<void> {
     stream: o.stream,
     maxTokens: num("max-tokens", o.maxTokens, { int: true, min: 1 }),
     endpoint: o.endpoint,
-    apiKey: o.apiKey ?? process.env.INFERA_API_KEY,
+    apiKey: o.apiKey ?? envVar("INFERA_API_KEY"),
     slo: {
       ttft_ms: num("slo-ttft-ms", o.sloTtftMs),
       itl_ms: num("slo-itl-ms", o.sloItlMs),

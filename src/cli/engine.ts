@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { envVar } from "../config/env-table.ts";
 import { addEtcdFlags } from "../discovery/etcd-client.ts";
 import type { EngineCliFlags } from "../engine/launcher/cli-action.ts";
 import { addNatsOptions } from "../transport/nats/cli-options.ts";
@@ -68,7 +69,7 @@ export function registerEngine(program: Command): void {
         "environment, executable replaced by `node bin/infera-sim.js --engine <kind>`",
     )
     .option("--dry-run", "print the command, environment and record preview as JSON, then exit")
-    .option("--discovery <kind>", "etcd | none", process.env.INFERA_DISCOVERY ?? "etcd")
+    .option("--discovery <kind>", "etcd | none", envVar("INFERA_DISCOVERY") ?? "etcd")
     .option("--lease-ttl <seconds>", "etcd lease TTL", "10")
     .option("--health-timeout <seconds>", "how long to wait for the engine's /health", "1800")
     .option("--health-interval <seconds>", "health check period once registered (0 = off)", "5")

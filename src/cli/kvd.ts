@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { envVar } from "../config/env-table.ts";
 import type { KvdConfig } from "../kvd/types.ts";
 
 interface KvdFlags {
@@ -87,7 +88,7 @@ export function registerKvd(program: Command): void {
           maxQueuedBytes: parseSize(f.maxQueuedBytes),
           tcpToken: f.tcpTokenFile
             ? readFileSync(f.tcpTokenFile, "utf8").trim()
-            : process.env.INFERA_KVD_TCP_TOKEN || undefined,
+            : envVar("INFERA_KVD_TCP_TOKEN"),
         };
       } catch (e) {
         cmd.error(`error: ${(e as Error).message}`);

@@ -1,6 +1,7 @@
 import type { Command } from "commander";
-import type { ServerConfigInput } from "../server/config.ts";
-import { addNatsOptions, type NatsCliValues, natsConnectFromCli } from "../transport/nats/cli-options.ts";
+import { type ConfigOptions, type ServerConfigInput, validateLayer } from "../server/config.ts";
+import { ConfigError, type LayerSource } from "../server/config-schema.ts";
+import { addNatsOptions, type NatsCliValues } from "../transport/nats/cli-options.ts";
 
 const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
 
@@ -17,7 +18,7 @@ function parseOptionPairs(pairs: string[] | undefined): Record<string, unknown> 
   const out: Record<string, unknown> = {};
   for (const p of pairs) {
     const eq = p.indexOf("=");
-    if (eq <= 0) throw new Error(`--policy-option expects key=value, got '${p}'`);
+    if (eq <= 0) throw new ConfigError([`--policy-option: expected key=value, got '${p}'`]);
     const raw = p.slice(eq + 1);
     const n = Number(raw);
     out[p.slice(0, eq)] =
@@ -32,10 +33,17 @@ function kvPolicyFlags(
   opts: Record<string, unknown> | undefined,
 ): Record<string, unknown> | undefined {
   const kv: Record<string, unknown> = {};
-  if (f.kvOverlapWeight !== undefined) kv.overlapWeight = Number(f.kvOverlapWeight);
-  if (f.kvTemperature !== undefined) kv.temperature = Number(f.kvTemperature);
-  if (f.kvBalanceAbs !== undefined) kv.balanceAbsThreshold = Number(f.kvBalanceAbs);
-  if (f.kvBalanceRel !== undefined) kv.balanceRelThreshold = Number(f.kvBalanceRel);
+  const n = (flag: string, v: string | undefined) => {
+    if (v === undefined) return undefined;
+    const x = Number(v);
+    if (v.trim() === "" || !Number.isFinite(x))
+      throw new ConfigError([`${flag}: expected a number, got "${v}"`]);
+    return x;
+  };
+  if (f.kvOverlapWeight !== undefined) kv.overlapWeight = n("--kv-overlap-weight", f.kvOverlapWeight);
+  if (f.kvTemperature !== undefined) kv.temperature = n("--kv-temperature", f.kvTemperature);
+  if (f.kvBalanceAbs !== undefined) kv.balanceAbsThreshold = n("--kv-balance-abs", f.kvBalanceAbs);
+  if (f.kvBalanceRel !== undefined) kv.balanceRelThreshold = n("--kv-balance-rel", f.kvBalanceRel);
   return Object.keys(kv).length === 0 ? opts : { ...kv, ...opts };
 }
 
@@ -72,33 +80,107 @@ interface ServerFlags extends NatsCliValues {
   scrapeInterval?: string;
   maxRetries?: string;
   requestPlane?: string;
+  printConfig?: boolean;
 }
 
-const optNum = (v: string | undefined): number | undefined => (v === undefined ? undefined : Number(v));
+/** A number from a flag's text; text that is not one stays text, so the schema names the flag. */
+const optNum = (v: string | undefined): number | string | undefined => {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  return v.trim() === "" || Number.isNaN(n) ? v : n;
+};
 
-/** The flag layer of the server config: only flags the user gave. */
-export function flagsToConfig(f: ServerFlags): ServerConfigInput {
-  return {
+function optSize(flag: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  try {
+    return parseSize(v);
+  } catch (e) {
+    throw new ConfigError([`${flag}: ${(e as Error).message}`]);
+  }
+}
+
+/** Config key → the flag that sets it, so the flag layer's errors name the flag (`--port: ...`). */
+export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
+  host: "--host",
+  port: "--port",
+  policy: "--policy",
+  "policyOptions.overlapWeight": "--kv-overlap-weight / --policy-option overlapWeight",
+  "policyOptions.temperature": "--kv-temperature / --policy-option temperature",
+  "policyOptions.balanceAbsThreshold": "--kv-balance-abs / --policy-option balanceAbsThreshold",
+  "policyOptions.balanceRelThreshold": "--kv-balance-rel / --policy-option balanceRelThreshold",
+  router: "--router",
+  apiKeys: "--api-key",
+  maxBodyBytes: "--max-body-size",
+  requestTimeoutMs: "--request-timeout",
+  maxResponseBufferBytes: "--max-response-buffer",
+  drainTimeoutS: "--drain-timeout",
+  metricsPublic: "--metrics-public",
+  "upstream.headersTimeoutMs": "--upstream-headers-timeout",
+  "upstream.bodyTimeoutMs": "--upstream-body-timeout",
+  tokenizer: "--tokenizer",
+  scrapeIntervalMs: "--scrape-interval",
+  maxRetries: "--max-retries",
+  requestPlane: "--request-plane",
+  eventPlane: "--event-plane",
+  "nats.url": "--nats-url",
+  "nats.token": "--nats-token",
+  "nats.user": "--nats-user",
+  "nats.password": "--nats-password",
+  "nats.nkeySeedFile": "--nats-nkey-seed-file",
+  "nats.tls.caFile": "--nats-tls-ca",
+  "nats.tls.certFile": "--nats-tls-cert",
+  "nats.tls.keyFile": "--nats-tls-key",
+  "nats.reconnectWaitMs": "--nats-reconnect-wait-ms",
+  "discovery.kind": "--discovery",
+  "discovery.workers": "--worker",
+  "discovery.workersFile": "--workers-file",
+  "discovery.etcdEndpoints": "--etcd",
+  "discovery.prefix": "--discovery-prefix",
+  "discovery.options.username": "--etcd-user",
+  "discovery.options.password": "--etcd-password",
+  "discovery.options.caFile": "--etcd-ca",
+  "discovery.options.certFile": "--etcd-cert",
+  "discovery.options.keyFile": "--etcd-key",
+};
+
+/** The flag layer's name in errors: the flag itself where one sets the key. */
+export const flagSource: LayerSource = {
+  label: "flags",
+  where: (path) => {
+    const strings = path.filter((p): p is string => typeof p === "string");
+    for (let n = strings.length; n > 0; n--) {
+      const flag = FLAG_FOR_KEY[strings.slice(0, n).join(".")];
+      if (flag) return flag;
+    }
+    if (strings[0] === "policyOptions" && strings[1]) return `--policy-option ${strings[1]}`;
+    return undefined;
+  },
+};
+
+/** The flag layer of the server config: only flags the user gave, validated (errors name the flag). */
+export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConfigInput {
+  const raw = {
     host: f.host,
-    port: f.port === undefined ? undefined : Number(f.port),
+    port: optNum(f.port),
     policy: f.policy,
     policyOptions: kvPolicyFlags(f, parseOptionPairs(f.policyOption)),
-    router: f.router as ServerConfigInput["router"],
+    router: f.router,
     apiKeys: f.apiKey,
-    maxBodyBytes: f.maxBodySize === undefined ? undefined : parseSize(f.maxBodySize),
+    maxBodyBytes: optSize("--max-body-size", f.maxBodySize),
     requestTimeoutMs: optNum(f.requestTimeout),
-    maxResponseBufferBytes: f.maxResponseBuffer === undefined ? undefined : parseSize(f.maxResponseBuffer),
+    maxResponseBufferBytes: optSize("--max-response-buffer", f.maxResponseBuffer),
+    drainTimeoutS: optNum(f.drainTimeout),
     metricsPublic: f.metricsPublic,
     upstream: {
       headersTimeoutMs: optNum(f.upstreamHeadersTimeout),
       bodyTimeoutMs: optNum(f.upstreamBodyTimeout),
     },
     tokenizer: f.tokenizer,
-    scrapeIntervalMs: f.scrapeInterval === undefined ? undefined : Number(f.scrapeInterval),
-    maxRetries: f.maxRetries === undefined ? undefined : Number(f.maxRetries),
+    scrapeIntervalMs: optNum(f.scrapeInterval),
+    maxRetries: optNum(f.maxRetries),
     requestPlane: f.requestPlane,
     eventPlane: f.eventPlane,
-    nats: natsConnectFromCli(f),
+    nats: natsFlags(f),
     discovery: {
       kind: f.discovery,
       workers: f.worker,
@@ -108,6 +190,28 @@ export function flagsToConfig(f: ServerFlags): ServerConfigInput {
       options: etcdAuthOptions(f),
     },
   };
+  return validateLayer(raw, flagSource, o);
+}
+
+/**
+ * The --nats-* flags given, each on its own (no URL needed: the URL may come from the file or
+ * the environment, and the layers merge field by field).
+ */
+function natsFlags(f: ServerFlags): Record<string, unknown> | undefined {
+  const tls =
+    f.natsTlsCa || f.natsTlsCert || f.natsTlsKey
+      ? { caFile: f.natsTlsCa, certFile: f.natsTlsCert, keyFile: f.natsTlsKey }
+      : undefined;
+  const o = {
+    url: f.natsUrl === "" ? undefined : f.natsUrl,
+    token: f.natsToken,
+    user: f.natsUser,
+    password: f.natsPassword,
+    nkeySeedFile: f.natsNkeySeedFile,
+    tls,
+    reconnectWaitMs: optNum(f.natsReconnectWaitMs),
+  };
+  return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }
 
 /** etcd auth/TLS flags → discovery `options` (read by the etcd backend); undefined when none given. */
@@ -171,17 +275,37 @@ export function registerServer(program: Command): void {
     .option(
       "--drain-timeout <seconds>",
       "on SIGTERM: stop accepting, answer /ready 503, and let requests in flight finish for up to " +
-        "this long before exiting (INFERA_DRAIN_TIMEOUT_S)",
-      process.env.INFERA_DRAIN_TIMEOUT_S ?? "30",
+        "this long before exiting (default 30; env INFERA_DRAIN_TIMEOUT_S)",
     )
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
     .option("--request-plane <kind>", "http (default; nats with --nats-url) or another registered plane")
-    .action(async (flags: ServerFlags) => {
+    .option("--print-config", "print the merged, validated config as YAML (secrets as ***) and exit")
+    .action(async (given: ServerFlags, cmd: Command) => {
       const { resolveServerConfig } = await import("../server/config.ts");
+      const warn = (m: string) => process.stderr.write(`infera server: warning: ${m}\n`);
+      // Values commander took from INFERA_* (the --nats-* options) belong to the env layer,
+      // which reads them itself and names them in errors.
+      const flags = { ...given } as Record<string, unknown>;
+      for (const key of Object.keys(flags)) if (cmd.getOptionValueSource(key) === "env") delete flags[key];
+      let config: Awaited<ReturnType<typeof resolveServerConfig>>;
+      try {
+        config = resolveServerConfig(() => flagsToConfig(flags as ServerFlags, { warn }), given.config, {
+          warn,
+          flagSource,
+        });
+      } catch (e) {
+        if (!(e instanceof ConfigError)) throw e;
+        process.stderr.write(`infera server: invalid config:\n  ${e.problems.join("\n  ")}\n`);
+        process.exit(2);
+      }
+      if (given.printConfig) {
+        const { printableConfig } = await import("../server/config-print.ts");
+        process.stdout.write(printableConfig(config));
+        return;
+      }
       const { startServer } = await import("../server/app.ts");
-      const config = resolveServerConfig(flagsToConfig(flags), flags.config);
       const server = await startServer(config);
       if (config.discovery.kind === "memory") {
         // Nothing outside this process can add to an in-memory registry.
@@ -190,13 +314,7 @@ export function registerServer(program: Command): void {
         );
       }
       process.stdout.write(`infera server listening on ${server.url}\n`);
-      const graceS = Number(flags.drainTimeout ?? "30");
-      if (!Number.isFinite(graceS) || graceS < 0) {
-        process.stderr.write(
-          `infera server: --drain-timeout: expected seconds >= 0, got ${flags.drainTimeout}\n`,
-        );
-        process.exit(2);
-      }
+      const graceS = config.drainTimeoutS;
       let stopping = false;
       // SIGTERM (a rolling update, kubectl delete) drains; SIGINT (Ctrl-C) stops at once.
       const stop = (sig: NodeJS.Signals) => {

@@ -119,12 +119,3 @@ export function startKvIngest(opts: KvIngestOptions): KvIngest {
   ingest.start();
   return ingest;
 }
-
-/**
- * `--policy-option kvMaxBlocksPerWorker=N`: the index cap per DP rank for workers whose record
- * has no kvBlocks (both event planes read it); undefined leaves the index's default.
- */
-export function kvMaxBlocksOption(policyOptions: Readonly<Record<string, unknown>>): number | undefined {
-  const n = Number(policyOptions.kvMaxBlocksPerWorker);
-  return Number.isFinite(n) && n > 0 ? n : undefined;
-}

@@ -7,7 +7,7 @@
 
 import { Counter, Histogram } from "prom-client";
 import type { KvIngestFactory, KvIngest as ServerKvIngest } from "../server/extension-api.ts";
-import { KvIngest, kvMaxBlocksOption } from "./ingest.ts";
+import { KvIngest } from "./ingest.ts";
 
 export interface ServerKvIngestHandle extends ServerKvIngest {
   /** The ingest itself (null when the policy does not use KV events). */
@@ -20,14 +20,14 @@ const KV_POLICIES = new Set(["kv-aware"]);
 export const createServerKvIngest: KvIngestFactory = (ctx): ServerKvIngestHandle => {
   if (!KV_POLICIES.has(ctx.config.policy))
     return { ingest: null, indexFor: () => undefined, close: async () => {} };
-  const replay = Number(ctx.config.policyOptions.kvReplayTimeoutMs);
   const ingest = new KvIngest({
     watcher: ctx.discovery,
     logger: ctx.logger.child({ component: "kv-ingest" }),
     registry: ctx.registry,
-    replayTimeoutMs: Number.isFinite(replay) && replay > 0 ? replay : undefined,
+    // The config's `ingest` section (validated; the old policy options are aliases of it).
+    replayTimeoutMs: ctx.config.ingest.kvReplayTimeoutMs,
     // Index cap per DP rank for workers whose record has no kvBlocks.
-    maxBlocksPerWorker: kvMaxBlocksOption(ctx.config.policyOptions),
+    maxBlocksPerWorker: ctx.config.ingest.kvMaxBlocksPerWorker,
   });
   const decisions = new Counter({
     name: "infera_kv_routing_decisions_total",

@@ -2,6 +2,7 @@
 import { chmodSync, chownSync, existsSync, lstatSync, readFileSync, unlinkSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
+import { envVar } from "../config/env-table.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { type AisStatus, probeAis } from "./ais.ts";
 import { type ArenaMapping, createArena } from "./arena.ts";
@@ -82,7 +83,7 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
       `refusing to listen on ${cfg.tcp.host}:${cfg.tcp.port} without a token: kvd's TCP port has no other ` +
         "authentication; give a token (--tcp-token-file / INFERA_KVD_TCP_TOKEN) or bind 127.0.0.1",
     );
-  const ais = probeAis(cfg.ais ?? process.env.INFERA_KVD_AIS === "1");
+  const ais = probeAis(cfg.ais ?? envVar("INFERA_KVD_AIS") === "1");
   log.info({ ais }, ais.active ? "kvd AIS GPU-direct path on" : "kvd AIS GPU-direct path off");
 
   const arena: ArenaMapping = createArena(cfg.ramBytes);
@@ -117,7 +118,7 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
     log,
     maxFrameBytes,
     stats,
-    directRead: cfg.directRead ?? process.env.INFERA_KVD_DIRECT_READ !== "0",
+    directRead: cfg.directRead ?? envVar("INFERA_KVD_DIRECT_READ") !== "0",
     reads,
     tcpToken,
     maxQueuedBytes: cfg.maxQueuedBytes ?? DEFAULT_MAX_QUEUED_BYTES,

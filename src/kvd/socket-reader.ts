@@ -12,6 +12,7 @@
  * fail if a connection silently fell back.
  */
 import type net from "node:net";
+import { envVar } from "../config/env-table.ts";
 import { readIntoBuffers } from "./direct-read.ts";
 import { libc, SO_SNDBUF, SOL_SOCKET } from "./native/libc.ts";
 import { type Frame, type FrameDecoder, ProtocolError } from "./protocol.ts";
@@ -107,7 +108,7 @@ export function readFrames(sock: net.Socket, src: FrameSource): "direct" | "data
  * reads. The kernel caps the request at net.core.wmem_max (208 KiB unless raised), so on a
  * stock kernel this changes nothing.
  */
-export const SEND_BUFFER_BYTES = Number(process.env.INFERA_KVD_SNDBUF ?? 4 * 1024 * 1024);
+export const SEND_BUFFER_BYTES = Number(envVar("INFERA_KVD_SNDBUF") ?? 4 * 1024 * 1024);
 
 /**
  * Asks for a `bytes` send buffer on a Unix socket; returns what the kernel granted (it

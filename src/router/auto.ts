@@ -13,7 +13,7 @@ import type { Logger } from "../util/log.ts";
 import { MixedRouter, type RouterObserver } from "./mixed.ts";
 import { mixedCandidates, PdOrMixedRouter } from "./pd-or-mixed.ts";
 import { policies, policyNames } from "./policies/index.ts";
-import type { DisaggRouterFactory, ModelRouter, RoutingPolicy } from "./types.ts";
+import type { DisaggRouterFactory, DisaggSettings, ModelRouter, RoutingPolicy } from "./types.ts";
 import type { LiveWorker, WorkerSet } from "./worker-set.ts";
 
 export type RouterMode = "auto" | "mixed" | "disagg";
@@ -24,6 +24,8 @@ export interface AutoRouterOptions {
   policyOptions?: Readonly<Record<string, unknown>>;
   mode?: RouterMode;
   disaggFactory?: DisaggRouterFactory;
+  /** The server config's `disagg` section, handed to the DisaggRouter factory. */
+  disagg?: DisaggSettings;
   maxRetries?: number;
   logger: Logger;
   /** The KV prefix index of a model, when the server ingests KV events (kv-aware policies). */
@@ -113,6 +115,7 @@ export class AutoRouter {
         policy,
         logger: this.o.logger.child({ model, router: "disagg" }),
         options: this.o.policyOptions ?? {},
+        disagg: this.o.disagg,
         reportFailure: (w, kind) => ws.reportFailure(w as LiveWorker, kind),
         reportSuccess: (w) => ws.reportSuccess(w as LiveWorker),
       });

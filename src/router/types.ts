@@ -107,6 +107,14 @@ export interface ModelRouter {
 }
 
 /** What AutoRouter gives the DisaggRouter factory for one model. */
+/** The server config's `disagg` section, as the DisaggRouter factory receives it. */
+export type DisaggSettings = {
+  prefillTimeoutMs?: number;
+  decodeTimeoutMs?: number;
+  pdFallbackMixed?: boolean;
+  maxPrefillAttempts?: number;
+};
+
 export interface DisaggFactoryContext {
   model: string;
   /** Live, available prefill workers of the model (re-read on every request). */
@@ -116,7 +124,10 @@ export interface DisaggFactoryContext {
   /** The server's configured policy (kv-aware, round-robin, ...), for choosing P. */
   policy: RoutingPolicy;
   logger: Logger;
+  /** The policy preset's knobs (`policyOptions`). */
   options: Readonly<Record<string, unknown>>;
+  /** The server config's `disagg` section (validated); absent = the factory's defaults. */
+  disagg?: DisaggSettings;
   /** Additive: the circuit breaker's inputs (only connection errors and 5xx count), when the server has one. */
   reportFailure?(worker: WorkerState, kind: FailureKind): void;
   reportSuccess?(worker: WorkerState): void;

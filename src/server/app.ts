@@ -116,6 +116,7 @@ export async function startServer(
     workers,
     policy: config.policy,
     policyOptions: config.policyOptions,
+    disagg: config.disagg,
     mode: config.router,
     disaggFactory: ext.disaggRouterFactory,
     maxRetries: config.maxRetries,

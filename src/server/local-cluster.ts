@@ -8,6 +8,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import { request } from "undici";
+import { envVar } from "../config/env-table.ts";
 import { completeRecord } from "../discovery/static.ts";
 import type { WorkerRecord } from "../discovery/types.ts";
 import { type InferaServer, startServer } from "./app.ts";
@@ -105,7 +106,7 @@ function spawnSim(index: number, o: UpOptions, port: number, kvPort: number, rep
   ];
   const proc = spawn(process.execPath, args, {
     stdio: ["ignore", "ignore", "pipe"],
-    env: { ...process.env, INFERA_LOG_LEVEL: process.env.INFERA_LOG_LEVEL ?? "warn" },
+    env: { ...process.env, INFERA_LOG_LEVEL: envVar("INFERA_LOG_LEVEL") ?? "warn" },
   });
   const sim: SimChild = {
     index,

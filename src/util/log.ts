@@ -1,4 +1,5 @@
 import { type Logger, pino } from "pino";
+import { envVar } from "../config/env-table.ts";
 
 export type { Logger };
 
@@ -7,6 +8,6 @@ export type { Logger };
  * tests set "silent" or "warn"). `name` is the component, e.g. "server", "sim", "kvd".
  */
 export function createLogger(name: string, bindings: Record<string, unknown> = {}): Logger {
-  const level = process.env.INFERA_LOG_LEVEL ?? "info";
+  const level = envVar("INFERA_LOG_LEVEL") ?? "info";
   return pino({ name, level, base: { pid: process.pid, ...bindings } });
 }

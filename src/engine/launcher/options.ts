@@ -6,6 +6,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { hostname, networkInterfaces } from "node:os";
+import { envVar } from "../../config/env-table.ts";
 import type { EngineKind, WorkerRole } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
 import { splitCommand } from "./common.ts";
@@ -111,7 +112,7 @@ export async function buildLaunchSpec(
   }
   const host = flags.host ?? "0.0.0.0";
   const httpPort = port("port", flags.port, 8000);
-  const proxy = flags.moriioProxy ?? process.env.INFERA_MORIIO_PROXY;
+  const proxy = flags.moriioProxy ?? envVar("INFERA_MORIIO_PROXY");
   const moriio = proxy ? parseHostPort(proxy, 36367) : undefined;
   const moriioMode = (flags.moriioMode ?? "read").toLowerCase();
   if (moriioMode !== "read" && moriioMode !== "write") {
@@ -120,7 +121,7 @@ export async function buildLaunchSpec(
       "moriio-mode",
     );
   }
-  const givenAdvertise = flags.advertiseHost ?? process.env.INFERA_ADVERTISE_HOST;
+  const givenAdvertise = flags.advertiseHost ?? envVar("INFERA_ADVERTISE_HOST");
   const dp = int("dp", flags.dp, 1);
   const spec: LaunchSpec = {
     engine,
@@ -160,7 +161,7 @@ export async function buildLaunchSpec(
     spec.engineBin = [process.execPath, SIM_BIN, "--engine", engine];
   }
   if (flags.gidIndex === "auto") {
-    const cmd = flags.showGidsCmd ?? process.env.INFERA_SHOW_GIDS_CMD ?? "show_gids";
+    const cmd = flags.showGidsCmd ?? envVar("INFERA_SHOW_GIDS_CMD") ?? "show_gids";
     spec.gidIndex = (await detectGidIndex(cmd, flags.ibDevice)).index;
   } else spec.gidIndex = int("gid-index", flags.gidIndex, 0, 255);
   adapter.validate(spec);

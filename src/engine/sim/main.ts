@@ -1,5 +1,6 @@
 import { writeFileSync } from "node:fs";
 import { Session } from "node:inspector/promises";
+import { envVar } from "../../config/env-table.ts";
 import { createLogger } from "../../util/log.ts";
 import { ArgParseError, parseSimArgs, SIM_HELP } from "./args.ts";
 import { startWithConfig } from "./server.ts";
@@ -35,7 +36,7 @@ export async function simMain(argv: string[]): Promise<void> {
     return;
   }
   // INFERA_SIM_CPU_PROF=FILE: write a V8 CPU profile of this process on stop (for bench/sim-cpu).
-  const profFile = process.env.INFERA_SIM_CPU_PROF;
+  const profFile = envVar("INFERA_SIM_CPU_PROF");
   let profiler: Session | null = null;
   if (profFile) {
     profiler = new Session();

@@ -1,8 +1,8 @@
 /**
  * Prefill/decode disaggregation for the server's AutoRouter: `createDisaggRouter` is the
  * `DisaggRouterFactory` it takes. Options come from the factory defaults, overridden by the
- * AutoRouter context's `options` (`prefillTimeoutMs`, `decodeTimeoutMs`, `pdFallbackMixed`,
- * `maxPrefillAttempts`, `trackPrefill`).
+ * server config's `disagg` section (`prefillTimeoutMs`, `decodeTimeoutMs`, `pdFallbackMixed`,
+ * `maxPrefillAttempts`), which the AutoRouter passes as `ctx.disagg`.
  */
 import type { DisaggRouterFactory } from "../types.ts";
 import { type DisaggOptions, DisaggRouter, disaggOptionsFrom } from "./router.ts";
@@ -11,7 +11,7 @@ export { pdProtocols, protocolFor, protocolForPair } from "./protocols/index.ts"
 export { type DisaggOptions, DisaggRouter } from "./router.ts";
 
 export function makeDisaggRouterFactory(defaults: DisaggOptions = {}): DisaggRouterFactory {
-  return (ctx) => new DisaggRouter(ctx, disaggOptionsFrom(ctx.options, defaults));
+  return (ctx) => new DisaggRouter(ctx, disaggOptionsFrom(ctx.disagg ?? {}, defaults));
 }
 
 export const createDisaggRouter: DisaggRouterFactory = makeDisaggRouterFactory();

@@ -5,7 +5,6 @@
  * close(), so the server's lifecycle needs nothing NATS-specific.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
-import { kvMaxBlocksOption } from "../../kv/ingest.ts";
 import type {
   ExecutorFactory,
   KvIngest,
@@ -61,7 +60,7 @@ export const createNatsKvIngest: KvIngestFactory = async (ctx) => {
     watcher: ctx.discovery,
     logger: ctx.logger,
     registry: ctx.registry,
-    maxBlocksPerWorker: kvMaxBlocksOption(ctx.config.policyOptions),
+    maxBlocksPerWorker: ctx.config.ingest.kvMaxBlocksPerWorker,
   });
   ingest.start();
   const out: KvIngest & { inner: NatsKvIngest } = {
