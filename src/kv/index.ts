@@ -1,29 +1,35 @@
 /**
  * The KV prefix index: which worker holds which prompt blocks, built from the engines' KV
- * events. Blocks are keyed on the router's own chained hash of their token ids (./hash.ts),
- * never on an engine's hash; each worker keeps a map from the engine's hash to the router's so
- * `BlockRemoved` (which carries only engine hashes) can be applied, and so a `BlockStored` whose
- * parent is an engine hash can continue the router's chain.
+ * events. Blocks are keyed on the router's own 64-bit chained hash of their token ids
+ * (./hash.ts), never on an engine's hash; each worker rank keeps a map from the engine's hash to
+ * the block's entry so `BlockRemoved` (which carries only engine hashes) can be applied, and so a
+ * `BlockStored` whose parent is an engine hash can continue the router's chain.
+ *
+ * All workers share one table, router hash → holders (./block-table.ts), so matching a prompt
+ * is one walk along its hash chain for the whole fleet: at each block the candidates that still
+ * match move on, and a worker's overlap is the depth where it drops out. The walk stops when no
+ * candidate is left, so its cost is the prompt's hashing plus the holders of the blocks the
+ * candidates share, not one probe per worker.
  *
  * A worker with several data-parallel ranks has one KV pool per rank (vLLM and SGLang publish
- * each rank's events on their own socket), so the tables are kept per rank: one rank's
+ * each rank's events on their own socket), so each rank is a holder of its own: one rank's
  * `BlockRemoved` never erases what another rank still holds. A worker's overlap for a prompt is
  * its best rank's, and `overlaps` can say which rank that is.
  *
- * Per rank the state is two typed-array tables (./tables.ts): 16 bytes per block at most,
- * so 1,000 workers × 100k blocks fit in about 2 GiB. Each rank is capped (`capFor`): an engine
- * cannot hold more blocks than its pool, so past the cap the index has missed removals, and new
- * stores are dropped (counted) rather than letting one publisher grow the heap without bound.
+ * Each rank is capped (`capFor`): an engine cannot hold more blocks than its pool, so past the
+ * cap the index has missed removals, and new stores are dropped (counted) rather than letting
+ * one publisher grow the heap without bound.
  */
-import type { BlockStored, KvEvent } from "./events.ts";
-import { hashBlock, hashPrompt, rootSeed } from "./hash.ts";
+import { BlockTable } from "./block-table.ts";
+import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
+import { hashBlockInto, hashPrompt, rootSeedInto } from "./hash.ts";
 import type { PrefixIndex } from "./prefix-index.ts";
-import { F64U32Map, U32MultiSet } from "./tables.ts";
+import { F64U32Map } from "./tables.ts";
 
 interface RankBlocks {
-  /** Router hashes of the blocks the rank holds (a multiset). */
-  blocks: U32MultiSet;
-  /** Engine block hash → router hash. */
+  /** The rank's holder id in the shared BlockTable. */
+  hid: number;
+  /** Engine block hash → the block's BlockTable entry id (one entry per engine hash held). */
   engine: F64U32Map;
   /** The KV-cache group that holds full attention, once an event named its kind. */
   fullGroup: number | null;
@@ -112,7 +118,16 @@ export class KvIndex implements PrefixIndex {
   };
   /** LoRA adapter names the engines' events have named (a request for one hashes with it). */
   private readonly loras = new Set<string>();
-  private scratch = new Uint32Array(1024);
+  /** Every rank's blocks, by router hash. */
+  private readonly table = new BlockTable();
+  /** Holder ids of dropped ranks, for reuse (the walk's marks are indexed by holder id). */
+  private readonly freeHids: number[] = [];
+  private nextHid = 0;
+  /** The walk's per-holder marks (see BlockTable.walk) and the next unused base. */
+  private marks = new Uint32Array(64);
+  private base = 1;
+  private scratch = new Uint32Array(2048);
+  private readonly lanes = new Uint32Array(2);
   private readonly defaultMax: number;
   private readonly margin: number;
   /** Told of blocks dropped at a rank's cap (the ingest hangs its metric here). */
@@ -159,6 +174,9 @@ export class KvIndex implements PrefixIndex {
 
   /** Drops a worker and all its entries (worker gone). */
   removeWorker(id: string): void {
+    const w = this.workers.get(id);
+    if (!w) return;
+    for (const r of w.rankList) this.dropRank(r);
     this.workers.delete(id);
   }
 
@@ -166,8 +184,15 @@ export class KvIndex implements PrefixIndex {
   clearWorker(id: string, rank?: number): void {
     const w = this.workers.get(id);
     if (!w) return;
-    if (rank === undefined) w.ranks.clear();
-    else w.ranks.delete(rank);
+    if (rank === undefined) {
+      for (const r of w.rankList) this.dropRank(r);
+      w.ranks.clear();
+    } else {
+      const r = w.ranks.get(rank);
+      if (!r) return;
+      this.dropRank(r);
+      w.ranks.delete(rank);
+    }
     w.rankIds = [...w.ranks.keys()];
     w.rankList = [...w.ranks.values()];
   }
@@ -180,9 +205,9 @@ export class KvIndex implements PrefixIndex {
   blockCount(id: string, rank?: number): number {
     const w = this.workers.get(id);
     if (!w) return 0;
-    if (rank !== undefined) return w.ranks.get(rank)?.blocks.size ?? 0;
+    if (rank !== undefined) return w.ranks.get(rank)?.engine.size ?? 0;
     let n = 0;
-    for (const r of w.ranks.values()) n += r.blocks.size;
+    for (const r of w.rankList) n += r.engine.size;
     return n;
   }
 
@@ -214,12 +239,33 @@ export class KvIndex implements PrefixIndex {
   private rankOf(w: WorkerBlocks, rank: number, expected = 0): RankBlocks {
     let r = w.ranks.get(rank);
     if (!r) {
-      r = { blocks: new U32MultiSet(expected), engine: new F64U32Map(expected), fullGroup: null };
+      const hid = this.freeHids.pop() ?? this.nextHid++;
+      if (hid >= this.marks.length) {
+        const grown = new Uint32Array(this.marks.length * 2);
+        grown.set(this.marks);
+        this.marks = grown;
+      }
+      r = { hid, engine: new F64U32Map(expected), fullGroup: null };
       w.ranks.set(rank, r);
       w.rankIds.push(rank);
       w.rankList.push(r);
     }
     return r;
+  }
+
+  /** Releases everything a rank holds (it keeps its holder id: see dropRank). */
+  private emptyRank(r: RankBlocks): void {
+    const table = this.table;
+    const hid = r.hid;
+    r.engine.forEachValue((e) => table.release(e, hid));
+    r.engine.clear();
+  }
+
+  /** Empties a rank that is going away and frees its holder id. */
+  private dropRank(r: RankBlocks): void {
+    this.emptyRank(r);
+    this.marks[r.hid] = 0;
+    this.freeHids.push(r.hid);
   }
 
   /**
@@ -269,8 +315,7 @@ export class KvIndex implements PrefixIndex {
           c.ignored++;
           return;
         }
-        r.blocks.clear();
-        r.engine.clear();
+        this.emptyRank(r);
         c.cleared++;
         return;
     }
@@ -289,30 +334,40 @@ export class KvIndex implements PrefixIndex {
     }
     w.blockSize = bs;
     if (ev.loraName) this.loras.add(ev.loraName);
-    let parent: number;
-    if (ev.parentBlockHash === null)
-      parent = rootSeed(ev.cacheSalt ?? saltFromExtraKeys(ev.extraKeys, ev.loraName), ev.loraName);
-    else {
+    const table = this.table;
+    const lanes = this.lanes;
+    let pLo: number;
+    let pHi: number;
+    if (ev.parentBlockHash === null) {
+      rootSeedInto(lanes, ev.cacheSalt ?? saltFromExtraKeys(ev.extraKeys, ev.loraName), ev.loraName);
+      pLo = lanes[0];
+      pHi = lanes[1];
+    } else {
       const slot = r.engine.find(ev.parentBlockHash);
       if (slot < 0) {
         c.orphans++;
         return;
       }
-      parent = r.engine.valueAt(slot);
+      const e = r.engine.valueAt(slot);
+      pLo = table.loOf(e);
+      pHi = table.hiOf(e);
     }
     const toks = ev.tokenIds;
+    const hid = r.hid;
     for (let b = 0; b < hashes.length; b++) {
       const end = (b + 1) * bs;
       if (end > toks.length) break;
-      const rh = hashBlock(parent, toks, b * bs, end);
-      const eh = hashes[b];
+      hashBlockInto(pLo, pHi, toks, b * bs, end, lanes, 0);
+      const lo = lanes[0];
+      const hi = lanes[1];
+      const eh: EngineBlockHash = hashes[b];
       const slot = r.engine.find(eh);
       if (slot >= 0) {
         const old = r.engine.valueAt(slot);
-        if (old !== rh) {
-          r.blocks.delete(old);
-          r.blocks.add(rh);
-          r.engine.setAt(slot, rh);
+        if (table.loOf(old) !== lo || table.hiOf(old) !== hi) {
+          // The engine reused its hash for other tokens: the rank now holds the new block only.
+          table.release(old, hid);
+          r.engine.setAt(slot, table.acquire(lo, hi, hid));
         }
       } else {
         if (r.engine.size >= w.cap) {
@@ -323,22 +378,22 @@ export class KvIndex implements PrefixIndex {
           this.onCapped?.(workerId, dropped);
           return;
         }
-        r.engine.insertNew(eh, rh);
-        r.blocks.add(rh);
+        r.engine.insertNew(eh, table.acquire(lo, hi, hid));
       }
-      parent = rh;
+      pLo = lo;
+      pHi = hi;
       c.stored++;
     }
   }
 
-  private removeHashes(r: RankBlocks, hashes: readonly number[]): void {
+  private removeHashes(r: RankBlocks, hashes: readonly EngineBlockHash[]): void {
     for (let i = 0; i < hashes.length; i++) {
       const slot = r.engine.find(hashes[i]);
       if (slot < 0) {
         this.counters.unknownRemovals++;
         continue;
       }
-      r.blocks.delete(r.engine.valueAt(slot));
+      this.table.release(r.engine.valueAt(slot), r.hid);
       r.engine.deleteAt(slot);
       this.counters.removed++;
     }
@@ -347,7 +402,8 @@ export class KvIndex implements PrefixIndex {
   /**
    * For each of `workerIds`, how many leading full blocks of `tokens` the worker's best rank
    * holds (-1 for a worker the index does not track). The prompt is hashed once per distinct
-   * block size. `bestRank`, when given, receives that rank per worker (-1 when none holds any).
+   * block size and walked once for all the workers of that size. `bestRank`, when given,
+   * receives that rank per worker (-1 when none holds any).
    */
   overlaps(
     tokens: ArrayLike<number>,
@@ -356,39 +412,67 @@ export class KvIndex implements PrefixIndex {
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array {
-    const out = new Int32Array(workerIds.length);
-    let chains: Map<number, Uint32Array> | null = null;
+    const n = workerIds.length;
+    const out = new Int32Array(n);
+    const ws = new Array<WorkerBlocks | undefined>(n);
     let firstBs = 0;
-    let firstChain: Uint32Array | null = null;
-    for (let i = 0; i < workerIds.length; i++) {
+    let otherSizes: number[] | null = null;
+    for (let i = 0; i < n; i++) {
       const w = this.workers.get(workerIds[i]);
+      ws[i] = w;
       if (bestRank) bestRank[i] = -1;
       if (!w) {
         out[i] = -1;
         continue;
       }
-      let chain: Uint32Array | undefined;
-      if (firstChain !== null && w.blockSize === firstBs) chain = firstChain;
-      else if (firstChain === null) {
-        const need = Math.floor(tokens.length / w.blockSize);
-        if (this.scratch.length < need) this.scratch = new Uint32Array(need * 2);
-        firstChain = hashPrompt(tokens, w.blockSize, cacheSalt, this.scratch, loraName);
-        firstBs = w.blockSize;
-        chain = firstChain;
-      } else {
-        chains ??= new Map();
-        chain = chains.get(w.blockSize);
-        if (!chain) {
-          chain = hashPrompt(tokens, w.blockSize, cacheSalt, undefined, loraName);
-          chains.set(w.blockSize, chain);
-        }
+      if (firstBs === 0) firstBs = w.blockSize;
+      else if (w.blockSize !== firstBs) {
+        otherSizes ??= [];
+        if (!otherSizes.includes(w.blockSize)) otherSizes.push(w.blockSize);
       }
+    }
+    if (firstBs === 0) return out;
+    this.walkSize(tokens, firstBs, ws, out, cacheSalt, loraName, bestRank);
+    if (otherSizes) for (const bs of otherSizes) this.walkSize(tokens, bs, ws, out, cacheSalt, loraName, bestRank);
+    return out;
+  }
+
+  /** One walk of the prompt's chain at block size `bs` for the workers of that size. */
+  private walkSize(
+    tokens: ArrayLike<number>,
+    bs: number,
+    ws: readonly (WorkerBlocks | undefined)[],
+    out: Int32Array,
+    cacheSalt: string | null | undefined,
+    loraName: string | null | undefined,
+    bestRank: Int32Array | undefined,
+  ): void {
+    const need = 2 * Math.floor(tokens.length / bs);
+    if (this.scratch.length < need) this.scratch = new Uint32Array(need * 2);
+    const chain = hashPrompt(tokens, bs, cacheSalt, this.scratch, loraName);
+    const blocks = chain.length >>> 1;
+    // Marks from earlier walks are all below `base`, so they never read as candidates.
+    if (this.base + blocks + 2 >= 0xffffffff) {
+      this.marks.fill(0);
+      this.base = 1;
+    }
+    const base = this.base;
+    this.base += blocks + 2;
+    const marks = this.marks;
+    for (let i = 0; i < ws.length; i++) {
+      const w = ws[i];
+      if (w === undefined || w.blockSize !== bs) continue;
+      const list = w.rankList;
+      for (let j = 0; j < list.length; j++) marks[list[j].hid] = base;
+    }
+    if (blocks > 0) this.table.walk(chain, blocks, marks, base);
+    for (let i = 0; i < ws.length; i++) {
+      const w = ws[i];
+      if (w === undefined || w.blockSize !== bs) continue;
       let best = 0;
       const list = w.rankList;
       for (let j = 0; j < list.length; j++) {
-        const blocks = list[j].blocks;
-        let k = 0;
-        while (k < chain.length && blocks.has(chain[k])) k++;
+        const k = marks[list[j].hid] - base;
         if (k > best) {
           best = k;
           if (bestRank) bestRank[i] = w.rankIds[j];
@@ -396,20 +480,24 @@ export class KvIndex implements PrefixIndex {
       }
       out[i] = best;
     }
-    return out;
   }
 
   /** Memory held by the tables, in bytes (typed arrays only). */
   bytes(): number {
-    let n = 0;
-    for (const w of this.workers.values())
-      for (const r of w.ranks.values()) n += r.blocks.bytes() + r.engine.bytes();
+    let n = this.table.bytes() + this.marks.byteLength;
+    for (const w of this.workers.values()) for (const r of w.rankList) n += r.engine.bytes();
     return n;
   }
 
+  /** Blocks held, all workers and ranks together (a block held by two ranks counts twice). */
   totalBlocks(): number {
     let n = 0;
-    for (const w of this.workers.values()) for (const r of w.ranks.values()) n += r.blocks.size;
+    for (const w of this.workers.values()) for (const r of w.rankList) n += r.engine.size;
     return n;
+  }
+
+  /** Distinct router hashes held across the fleet. */
+  distinctBlocks(): number {
+    return this.table.size;
   }
 }
