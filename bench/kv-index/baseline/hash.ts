@@ -1,3 +1,4 @@
+// Frozen copy of src/kv/hash.ts before the 64-bit router hashes (bench/kv-index baseline); do not edit.
 /**
  * The router's own block hashing. Engines hash blocks differently (vLLM sha256 with a random
  * seed, SGLang sha256 over uint32 tokens, ATOM xxh64), so the index never uses an engine's hash

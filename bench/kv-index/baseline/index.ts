@@ -1,3 +1,4 @@
+// Frozen copy of src/kv/index.ts before the one-walk rewrite (bench/kv-index baseline); do not edit.
 /**
  * The KV prefix index: which worker holds which prompt blocks, built from the engines' KV
  * events. Blocks are keyed on the router's own chained hash of their token ids (./hash.ts),

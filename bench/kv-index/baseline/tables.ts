@@ -1,3 +1,4 @@
+// Frozen copy of src/kv/tables.ts before the one-walk rewrite (bench/kv-index baseline); do not edit.
 /**
  * Compact open-addressing hash tables on typed arrays (linear probing, backward-shift deletion,
  * so no tombstones build up under the store/evict churn of a KV cache). A JS Map costs ~50-80
