@@ -10,7 +10,16 @@ import { Packr } from "msgpackr";
 import { decodeMessage, encodeSeq, isDecodeError, type KvEvent } from "../../src/kv/events.ts";
 import { KvIndex } from "../../src/kv/index.ts";
 import { KvIndex as BaselineIndex } from "./baseline/index.ts";
-import { BS, buildFleet, type FleetIndex, type FleetShape, PROBE, SYSTEM_PROBE, type Timing, timeMatch } from "./fleet.ts";
+import {
+  BS,
+  buildFleet,
+  type FleetIndex,
+  type FleetShape,
+  PROBE,
+  SYSTEM_PROBE,
+  type Timing,
+  timeMatch,
+} from "./fleet.ts";
 
 const args = process.argv.slice(2);
 const arg = (name: string, def: number) => {
@@ -183,8 +192,20 @@ for (let r = 0; r < 4; r++)
 const full = ingestRates(messages, null);
 const applyOnly = ingestRates(messages, decoded);
 const dec = decodeRate(messages);
-row("ingest, decode + apply (M events/s, CPU time)", fmt(full[0] / 1e6), fmt(full[1] / 1e6), ratio(full[1], full[0]), "≥ 2");
-row("ingest, apply only (M events/s)", fmt(applyOnly[0] / 1e6), fmt(applyOnly[1] / 1e6), ratio(applyOnly[1], applyOnly[0]), "");
+row(
+  "ingest, decode + apply (M events/s, CPU time)",
+  fmt(full[0] / 1e6),
+  fmt(full[1] / 1e6),
+  ratio(full[1], full[0]),
+  "≥ 2",
+);
+row(
+  "ingest, apply only (M events/s)",
+  fmt(applyOnly[0] / 1e6),
+  fmt(applyOnly[1] / 1e6),
+  ratio(applyOnly[1], applyOnly[0]),
+  "",
+);
 row("decode only, same for both (M events/s)", fmt(dec / 1e6), fmt(dec / 1e6), "", "");
 if (args.includes("--ingest-only")) {
   for (const r of rows) console.log(`| ${r.join(" | ")} |`);
@@ -197,7 +218,8 @@ const fr = SIDES.map((s) => {
   console.error(`${s.name}: built ${shapeText} in ${fmt(r.buildS, 1)} s`);
   return r;
 });
-if (fr[0].check.join() !== fr[1].check.join()) throw new Error(`overlaps differ: ${fr[0].check} vs ${fr[1].check}`);
+if (fr[0].check.join() !== fr[1].check.join())
+  throw new Error(`overlaps differ: ${fr[0].check} vs ${fr[1].check}`);
 row(
   "match 8k prompt vs all workers (8 hold it), p50 / p99",
   us(fr[0].all),
@@ -205,7 +227,13 @@ row(
   ratio(fr[1].all.p50, fr[0].all.p50),
   "p50 ≤ 50 µs",
 );
-row("match 8k prompt vs its 8 holders, p50 / p99", us(fr[0].eight), us(fr[1].eight), ratio(fr[1].eight.p50, fr[0].eight.p50), "");
+row(
+  "match 8k prompt vs its 8 holders, p50 / p99",
+  us(fr[0].eight),
+  us(fr[1].eight),
+  ratio(fr[1].eight.p50, fr[0].eight.p50),
+  "",
+);
 row(
   "match 64-block system prompt held by all + 448 unheld, vs all",
   us(fr[0].system),
@@ -220,8 +248,20 @@ row(
   ratio(fr[1].measured, fr[0].measured),
   "≤ 2 GiB",
 );
-row("  of which typed-array tables", gib(fr[0].tableBytes), gib(fr[1].tableBytes), ratio(fr[1].tableBytes, fr[0].tableBytes), "");
-row("build time (s, wall)", fmt(fr[0].buildS, 1), fmt(fr[1].buildS, 1), ratio(fr[1].buildS, fr[0].buildS), "");
+row(
+  "  of which typed-array tables",
+  gib(fr[0].tableBytes),
+  gib(fr[1].tableBytes),
+  ratio(fr[1].tableBytes, fr[0].tableBytes),
+  "",
+);
+row(
+  "build time (s, wall)",
+  fmt(fr[0].buildS, 1),
+  fmt(fr[1].buildS, 1),
+  ratio(fr[1].buildS, fr[0].buildS),
+  "",
+);
 if (NO_SHARING_RUN) {
   // The baseline's per-worker tables do not depend on sharing: only the one-walk index is rebuilt.
   const ns = fleet(SIDES[1].make, { ...SHAPE, shared: 0 }, false);
@@ -234,7 +274,9 @@ if (NO_SHARING_RUN) {
   );
 }
 
-console.log(`kv-index benchmark: baseline (per-worker walk, 32-bit hashes) vs one-walk (fleet table, 64-bit)`);
+console.log(
+  `kv-index benchmark: baseline (per-worker walk, 32-bit hashes) vs one-walk (fleet table, 64-bit)`,
+);
 console.log(`| figure | baseline | one-walk | one-walk / baseline | goal |`);
 console.log(`|---|---|---|---|---|`);
 for (const r of rows) console.log(`| ${r.join(" | ")} |`);

@@ -141,7 +141,9 @@ export function hashPrompt(
   loraName?: string | null,
 ): RouterHashChain {
   const n = Math.floor(tokens.length / blockSize);
-  const res = (out && out.length >= 2 * n ? out.subarray(0, 2 * n) : new Uint32Array(2 * n)) as RouterHashChain;
+  const res = (
+    out && out.length >= 2 * n ? out.subarray(0, 2 * n) : new Uint32Array(2 * n)
+  ) as RouterHashChain;
   rootSeedInto(seedScratch, cacheSalt, loraName);
   let lo = seedScratch[0];
   let hi = seedScratch[1];

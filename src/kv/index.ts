@@ -21,10 +21,12 @@
  * one publisher grow the heap without bound.
  */
 import { BlockTable } from "./block-table.ts";
+import { FULL_KINDS, isGpu, saltFromExtraKeys } from "./event-keys.ts";
 import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
-import { hashBlockInto, hashPrompt, rootSeedInto } from "./hash.ts";
+import { hashBlockInto, rootSeedInto } from "./hash.ts";
 import type { PrefixIndex } from "./prefix-index.ts";
 import { F64U32Map } from "./tables.ts";
+import { FleetWalk } from "./walk.ts";
 
 interface RankBlocks {
   /** The rank's holder id in the shared BlockTable. */
@@ -71,38 +73,7 @@ export interface KvIndexOptions {
 
 export const DEFAULT_MAX_BLOCKS = 524_288;
 
-/** vLLM KVCacheSpecKind values whose blocks make full-prefix hits (vllm/v1/kv_cache_interface.py). */
-const FULL_KINDS = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
-
-function isGpu(medium: string | null): boolean {
-  return medium === null || medium.toUpperCase() === "GPU";
-}
-
-/**
- * The cache salt in vLLM's extra keys of a sequence's first block. vLLM builds them as
- * `lora_name? + mm keys (tuples) + [cache_salt] (first block only) + prompt-embeds digests (bytes)`
- * (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys), so the salt is the string
- * after the leading LoRA name. Accepts a per-block list (`[[...first block keys], null, ...]`), a
- * flat list, a bare string or a map with `cache_salt`.
- */
-export function saltFromExtraKeys(extraKeys: unknown, loraName: string | null = null): string | null {
-  if (extraKeys == null) return null;
-  if (typeof extraKeys === "string") return extraKeys === loraName ? null : extraKeys;
-  if (Array.isArray(extraKeys)) {
-    if (extraKeys.length === 0) return null;
-    const perBlock = extraKeys.every((k) => k === null || Array.isArray(k));
-    const keys: unknown = perBlock ? extraKeys[0] : extraKeys;
-    if (!Array.isArray(keys)) return saltFromExtraKeys(keys, loraName);
-    const from = loraName !== null && keys[0] === loraName ? 1 : 0;
-    for (let i = keys.length - 1; i >= from; i--) if (typeof keys[i] === "string") return keys[i] as string;
-    return null;
-  }
-  if (typeof extraKeys === "object") {
-    const salt = (extraKeys as Record<string, unknown>).cache_salt;
-    return typeof salt === "string" ? salt : null;
-  }
-  return null;
-}
+export { saltFromExtraKeys };
 
 export class KvIndex implements PrefixIndex {
   private readonly workers = new Map<string, WorkerBlocks>();
@@ -123,10 +94,7 @@ export class KvIndex implements PrefixIndex {
   /** Holder ids of dropped ranks, for reuse (the walk's marks are indexed by holder id). */
   private readonly freeHids: number[] = [];
   private nextHid = 0;
-  /** The walk's per-holder marks (see BlockTable.walk) and the next unused base. */
-  private marks = new Uint32Array(64);
-  private base = 1;
-  private scratch = new Uint32Array(2048);
+  private readonly walker = new FleetWalk();
   private readonly lanes = new Uint32Array(2);
   private readonly defaultMax: number;
   private readonly margin: number;
@@ -240,11 +208,7 @@ export class KvIndex implements PrefixIndex {
     let r = w.ranks.get(rank);
     if (!r) {
       const hid = this.freeHids.pop() ?? this.nextHid++;
-      if (hid >= this.marks.length) {
-        const grown = new Uint32Array(this.marks.length * 2);
-        grown.set(this.marks);
-        this.marks = grown;
-      }
+      this.walker.holder(hid);
       r = { hid, engine: new F64U32Map(expected), fullGroup: null };
       w.ranks.set(rank, r);
       w.rankIds.push(rank);
@@ -264,7 +228,6 @@ export class KvIndex implements PrefixIndex {
   /** Empties a rank that is going away and frees its holder id. */
   private dropRank(r: RankBlocks): void {
     this.emptyRank(r);
-    this.marks[r.hid] = 0;
     this.freeHids.push(r.hid);
   }
 
@@ -402,8 +365,8 @@ export class KvIndex implements PrefixIndex {
   /**
    * For each of `workerIds`, how many leading full blocks of `tokens` the worker's best rank
    * holds (-1 for a worker the index does not track). The prompt is hashed once per distinct
-   * block size and walked once for all the workers of that size. `bestRank`, when given,
-   * receives that rank per worker (-1 when none holds any).
+   * block size and walked once for all the workers of that size (./walk.ts). `bestRank`, when
+   * given, receives that rank per worker (-1 when none holds any).
    */
   overlaps(
     tokens: ArrayLike<number>,
@@ -412,79 +375,14 @@ export class KvIndex implements PrefixIndex {
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array {
-    const n = workerIds.length;
-    const out = new Int32Array(n);
-    const ws = new Array<WorkerBlocks | undefined>(n);
-    let firstBs = 0;
-    let otherSizes: number[] | null = null;
-    for (let i = 0; i < n; i++) {
-      const w = this.workers.get(workerIds[i]);
-      ws[i] = w;
-      if (bestRank) bestRank[i] = -1;
-      if (!w) {
-        out[i] = -1;
-        continue;
-      }
-      if (firstBs === 0) firstBs = w.blockSize;
-      else if (w.blockSize !== firstBs) {
-        otherSizes ??= [];
-        if (!otherSizes.includes(w.blockSize)) otherSizes.push(w.blockSize);
-      }
-    }
-    if (firstBs === 0) return out;
-    this.walkSize(tokens, firstBs, ws, out, cacheSalt, loraName, bestRank);
-    if (otherSizes) for (const bs of otherSizes) this.walkSize(tokens, bs, ws, out, cacheSalt, loraName, bestRank);
-    return out;
-  }
-
-  /** One walk of the prompt's chain at block size `bs` for the workers of that size. */
-  private walkSize(
-    tokens: ArrayLike<number>,
-    bs: number,
-    ws: readonly (WorkerBlocks | undefined)[],
-    out: Int32Array,
-    cacheSalt: string | null | undefined,
-    loraName: string | null | undefined,
-    bestRank: Int32Array | undefined,
-  ): void {
-    const need = 2 * Math.floor(tokens.length / bs);
-    if (this.scratch.length < need) this.scratch = new Uint32Array(need * 2);
-    const chain = hashPrompt(tokens, bs, cacheSalt, this.scratch, loraName);
-    const blocks = chain.length >>> 1;
-    // Marks from earlier walks are all below `base`, so they never read as candidates.
-    if (this.base + blocks + 2 >= 0xffffffff) {
-      this.marks.fill(0);
-      this.base = 1;
-    }
-    const base = this.base;
-    this.base += blocks + 2;
-    const marks = this.marks;
-    for (let i = 0; i < ws.length; i++) {
-      const w = ws[i];
-      if (w === undefined || w.blockSize !== bs) continue;
-      const list = w.rankList;
-      for (let j = 0; j < list.length; j++) marks[list[j].hid] = base;
-    }
-    if (blocks > 0) this.table.walk(chain, blocks, marks, base);
-    for (let i = 0; i < ws.length; i++) {
-      const w = ws[i];
-      if (w === undefined || w.blockSize !== bs) continue;
-      let best = 0;
-      const list = w.rankList;
-      for (let j = 0; j < list.length; j++) {
-        const k = marks[list[j].hid] - base;
-        if (k > best) {
-          best = k;
-          if (bestRank) bestRank[i] = w.rankIds[j];
-        }
-      }
-      out[i] = best;
-    }
+    const ws = new Array<WorkerBlocks | undefined>(workerIds.length);
+    for (let i = 0; i < workerIds.length; i++) ws[i] = this.workers.get(workerIds[i]);
+    return this.walker.overlaps(this.table, tokens, ws, cacheSalt, loraName, bestRank);
   }
 
   /** Memory held by the tables, in bytes (typed arrays only). */
   bytes(): number {
-    let n = this.table.bytes() + this.marks.byteLength;
+    let n = this.table.bytes() + this.walker.bytes();
     for (const w of this.workers.values()) for (const r of w.rankList) n += r.engine.bytes();
     return n;
   }

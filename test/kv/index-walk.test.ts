@@ -153,7 +153,10 @@ test("one walk gives the per-worker index's overlaps, best ranks and counters un
   assert.deepEqual(newIdx.counters, oldIdx.counters);
   // The walk saw every path: DP ranks, caps, orphans, removals, clears.
   const c = newIdx.counters;
-  assert.ok(c.capped > 0 && c.orphans > 0 && c.removed > 0 && c.unknownRemovals > 0 && c.cleared > 0, JSON.stringify(c));
+  assert.ok(
+    c.capped > 0 && c.orphans > 0 && c.removed > 0 && c.unknownRemovals > 0 && c.cleared > 0,
+    JSON.stringify(c),
+  );
   assert.ok(newIdx.isLora("adapter-x"));
 });
 
@@ -201,13 +204,22 @@ test("many holders of one block: the shared holder list grows and shrinks", () =
   const idx = new KvIndex();
   const toks = Array.from({ length: 8 }, (_, i) => 40 + i);
   const ids = Array.from({ length: 40 }, (_, i) => `w${i}`);
-  ids.forEach((id, i) => idx.apply(id, stored([i + 1, 1000 + i], null, toks, 4), 4));
-  assert.deepEqual([...idx.overlaps(toks, ids)], ids.map(() => 2));
+  ids.forEach((id, i) => {
+    idx.apply(id, stored([i + 1, 1000 + i], null, toks, 4), 4);
+  });
+  assert.deepEqual(
+    [...idx.overlaps(toks, ids)],
+    ids.map(() => 2),
+  );
   // Every other worker evicts the second block.
   ids.forEach((id, i) => {
-    if (i % 2) idx.apply(id, { type: "BlockRemoved", blockHashes: [1000 + i], medium: "GPU", groupIdx: null });
+    if (i % 2)
+      idx.apply(id, { type: "BlockRemoved", blockHashes: [1000 + i], medium: "GPU", groupIdx: null });
   });
-  assert.deepEqual([...idx.overlaps(toks, ids)], ids.map((_, i) => (i % 2 ? 1 : 2)));
+  assert.deepEqual(
+    [...idx.overlaps(toks, ids)],
+    ids.map((_, i) => (i % 2 ? 1 : 2)),
+  );
   for (const id of ids.slice(0, 39)) idx.removeWorker(id);
   assert.deepEqual([...idx.overlaps(toks, ["w39", "w0"])], [1, -1]);
   assert.equal(idx.distinctBlocks(), 1);

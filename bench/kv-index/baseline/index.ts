@@ -17,8 +17,8 @@
  * stores are dropped (counted) rather than letting one publisher grow the heap without bound.
  */
 import type { BlockStored, KvEvent } from "../../../src/kv/events.ts";
-import { hashBlock, hashPrompt, rootSeed } from "./hash.ts";
 import type { PrefixIndex } from "../../../src/kv/prefix-index.ts";
+import { hashBlock, hashPrompt, rootSeed } from "./hash.ts";
 import { F64U32Map, U32MultiSet } from "./tables.ts";
 
 interface RankBlocks {
