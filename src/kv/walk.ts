@@ -48,8 +48,12 @@ export class FleetWalk {
   ): Int32Array {
     const n = ws.length;
     const out = new Int32Array(n);
-    let firstBs = 0;
-    let otherSizes: number[] | null = null;
+    // The first tracked worker's block size is marked in the same pass that sorts out the rest
+    // (one pass over 1,000 workers is a good part of a match's cost).
+    let bs = 0;
+    let base = 0;
+    let others = false;
+    const marks = this.marks;
     for (let i = 0; i < n; i++) {
       const w = ws[i];
       if (bestRank) bestRank[i] = -1;
@@ -57,24 +61,53 @@ export class FleetWalk {
         out[i] = -1;
         continue;
       }
-      if (firstBs === 0) firstBs = w.blockSize;
-      else if (w.blockSize !== firstBs) {
-        otherSizes ??= [];
-        if (!otherSizes.includes(w.blockSize)) otherSizes.push(w.blockSize);
+      if (bs === 0) {
+        bs = w.blockSize;
+        base = this.reserve(Math.floor(tokens.length / bs));
+      } else if (w.blockSize !== bs) {
+        others = true;
+        continue;
       }
+      const list = w.rankList;
+      for (let j = 0; j < list.length; j++) marks[list[j].hid] = base;
     }
-    if (firstBs === 0) return out;
-    this.walkSize(table, tokens, firstBs, ws, out, cacheSalt, loraName, bestRank);
-    if (otherSizes)
-      for (const bs of otherSizes) this.walkSize(table, tokens, bs, ws, out, cacheSalt, loraName, bestRank);
+    if (bs === 0) return out;
+    this.walkSize(table, tokens, bs, base, ws, out, cacheSalt, loraName, bestRank);
+    if (!others) return out;
+    const done = [bs];
+    for (let i = 0; i < n; i++) {
+      const w = ws[i];
+      if (w === undefined || done.includes(w.blockSize)) continue;
+      const size = w.blockSize;
+      done.push(size);
+      const b = this.reserve(Math.floor(tokens.length / size));
+      for (let k = i; k < n; k++) {
+        const v = ws[k];
+        if (v === undefined || v.blockSize !== size) continue;
+        for (let j = 0; j < v.rankList.length; j++) marks[v.rankList[j].hid] = b;
+      }
+      this.walkSize(table, tokens, size, b, ws, out, cacheSalt, loraName, bestRank);
+    }
     return out;
   }
 
-  /** One walk of the prompt's chain at block size `bs` for the workers of that size. */
+  /** A mark base for a walk of `blocks` blocks, above every mark earlier walks left. */
+  private reserve(blocks: number): number {
+    if (this.base + blocks + 2 >= 0xffffffff) {
+      this.marks.fill(0);
+      this.base = 1;
+    }
+    const base = this.base;
+    this.base += blocks + 2;
+    return base;
+  }
+
+  /** Hashes and walks the prompt at block size `bs` (candidates marked with `base`), then reads the depths. */
   private walkSize(
     table: BlockTable,
     tokens: ArrayLike<number>,
     bs: number,
+    base: number,
     ws: readonly (WalkWorker | undefined)[],
     out: Int32Array,
     cacheSalt: string | null | undefined,
@@ -85,19 +118,7 @@ export class FleetWalk {
     if (this.scratch.length < need) this.scratch = new Uint32Array(need * 2);
     const chain = hashPrompt(tokens, bs, cacheSalt, this.scratch, loraName);
     const blocks = chain.length >>> 1;
-    if (this.base + blocks + 2 >= 0xffffffff) {
-      this.marks.fill(0);
-      this.base = 1;
-    }
-    const base = this.base;
-    this.base += blocks + 2;
     const marks = this.marks;
-    for (let i = 0; i < ws.length; i++) {
-      const w = ws[i];
-      if (w === undefined || w.blockSize !== bs) continue;
-      const list = w.rankList;
-      for (let j = 0; j < list.length; j++) marks[list[j].hid] = base;
-    }
     if (blocks > 0) table.walk(chain, blocks, marks, base);
     for (let i = 0; i < ws.length; i++) {
       const w = ws[i];
