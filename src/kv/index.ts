@@ -95,6 +95,11 @@ export class KvIndex implements PrefixIndex {
   private readonly freeHids: number[] = [];
   private nextHid = 0;
   private readonly walker = new FleetWalk();
+  /** Bumped when a worker is added or removed (invalidates the resolved candidate list). */
+  private version = 0;
+  private lastVersion = -1;
+  private lastIds: readonly string[] = [];
+  private lastWs: readonly (WorkerBlocks | undefined)[] = [];
   private readonly lanes = new Uint32Array(2);
   private readonly defaultMax: number;
   private readonly margin: number;
@@ -129,6 +134,7 @@ export class KvIndex implements PrefixIndex {
       cap: this.capFor(kvBlocks),
     };
     this.workers.set(id, w);
+    this.version++;
     if (expectedBlocks > 0) this.rankOf(w, 0, expectedBlocks);
   }
 
@@ -146,6 +152,7 @@ export class KvIndex implements PrefixIndex {
     if (!w) return;
     for (const r of w.rankList) this.dropRank(r);
     this.workers.delete(id);
+    this.version++;
   }
 
   /** Empties a worker, or only one of its ranks (AllBlocksCleared, a restart, an unfillable gap). */
@@ -375,9 +382,25 @@ export class KvIndex implements PrefixIndex {
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array {
-    const ws = new Array<WorkerBlocks | undefined>(workerIds.length);
-    for (let i = 0; i < workerIds.length; i++) ws[i] = this.workers.get(workerIds[i]);
-    return this.walker.overlaps(this.table, tokens, ws, cacheSalt, loraName, bestRank);
+    return this.walker.overlaps(this.table, tokens, this.resolve(workerIds), cacheSalt, loraName, bestRank);
+  }
+
+  /**
+   * The workers behind `ids`. Consecutive matches for one model pass the same candidates, so the
+   * last list is kept and reused while the ids are the same (compared, not trusted by identity)
+   * and no worker came or went: 1,000 `Map.get`s are a fifth of a fleet-wide match.
+   */
+  private resolve(ids: readonly string[]): readonly (WorkerBlocks | undefined)[] {
+    const last = this.lastIds;
+    let same = last.length === ids.length && this.lastVersion === this.version;
+    for (let i = 0; same && i < ids.length; i++) same = last[i] === ids[i];
+    if (same) return this.lastWs;
+    const ws = new Array<WorkerBlocks | undefined>(ids.length);
+    for (let i = 0; i < ids.length; i++) ws[i] = this.workers.get(ids[i]);
+    this.lastIds = ids.slice();
+    this.lastWs = ws;
+    this.lastVersion = this.version;
+    return ws;
   }
 
   /** Memory held by the tables, in bytes (typed arrays only). */

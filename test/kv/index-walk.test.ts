@@ -269,3 +269,17 @@ test("engine and router block hashes are distinct types", () => {
   assert.equal(typeof back, "number");
   assert.equal(notChain.length, 2);
 });
+
+test("the reused candidate list follows workers that come and go, and ids changed in place", () => {
+  const idx = new KvIndex();
+  const toks = [1, 2, 3, 4, 5, 6, 7, 8];
+  const ids = ["a", "b"];
+  idx.apply("a", stored([1, 2], null, toks, 4), 4);
+  assert.deepEqual([...idx.overlaps(toks, ids)], [2, -1]);
+  idx.apply("b", stored([3], null, toks, 4), 4);
+  assert.deepEqual([...idx.overlaps(toks, ids)], [2, 1]);
+  idx.removeWorker("a");
+  assert.deepEqual([...idx.overlaps(toks, ids)], [-1, 1]);
+  ids[0] = "b";
+  assert.deepEqual([...idx.overlaps(toks, ids)], [1, 1]);
+});
