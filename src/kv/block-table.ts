@@ -11,7 +11,7 @@
  *   addressing with backward-shift deletion would not);
  * - `hold[id]`: 0 for a free entry; `h + 1` (top bit clear) for one holder `h`, the common case,
  *   stored inline; `SHARED | offset` for a holder list in `slab`: `[length, capacity, h...]`,
- *   capacities 4, 8, 16, … with a free list per capacity.
+ *   capacities 2, 4, 8, … with a free list per capacity.
  * A rank that holds two blocks with one router hash appears twice in the list (a multiset), so
  * removing one leaves the other, as the per-rank multisets before did.
  */
@@ -21,7 +21,7 @@ const OFFSET = 0x7fffffff;
 const MIN_BUCKETS = 16;
 /** Chains may average this many entries before the bucket array doubles (memory vs. probes). */
 const BUCKET_LOAD = 1;
-const FIRST_CLASS = 2; // capacity 4
+const FIRST_CLASS = 1; // capacity 2: most shared blocks have few holders
 
 export class BlockTable {
   private lo = new Uint32Array(16);
@@ -215,8 +215,8 @@ export class BlockTable {
       o = this.slabTop;
       const need = o + 2 + cap;
       if (need > this.slab.length) {
-        let n = this.slab.length * 2;
-        while (n < need) n *= 2;
+        let n = Math.ceil(this.slab.length * 1.5);
+        while (n < need) n = Math.ceil(n * 1.5);
         const grown = new Uint32Array(n);
         grown.set(this.slab);
         this.slab = grown;
