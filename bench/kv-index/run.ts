@@ -1,33 +1,45 @@
 /**
- * KvIndex benchmark: ingest rate, match time for an 8k-token prompt, memory per block.
- *   node --import tsx bench/kv-index/run.ts [--workers 1000] [--blocks 100000]
- * Goals (issue 5): ≥ 1M events/s, ≤ 50 µs match, ≤ 2 GiB at 1,000 workers × 100k blocks.
+ * KvIndex benchmark, today's one-walk index (src/kv/index.ts) side by side with the frozen
+ * per-worker index it replaced (./baseline), in one run:
+ *   node --expose-gc --max-old-space-size=16384 --import tsx bench/kv-index/run.ts \
+ *     [--workers 1000] [--blocks 100000] [--shared 0.5] [--replicas 8] [--no-sharing-run 1]
+ * Goals (issue 18): match of an 8k-token prompt against 1,000 workers ≤ 50 µs p50; ingest
+ * ≥ 2 M events/s (decode + apply); memory ≤ 2 GiB at 1,000 workers × 100k blocks.
  */
 import { Packr } from "msgpackr";
 import { decodeMessage, encodeSeq, isDecodeError, type KvEvent } from "../../src/kv/events.ts";
 import { KvIndex } from "../../src/kv/index.ts";
+import { KvIndex as BaselineIndex } from "./baseline/index.ts";
+import {
+  BS,
+  buildFleet,
+  type FleetIndex,
+  type FleetShape,
+  PROBE,
+  SYSTEM_PROBE,
+  type Timing,
+  timeMatch,
+} from "./fleet.ts";
 
 const args = process.argv.slice(2);
 const arg = (name: string, def: number) => {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? Number(args[i + 1]) : def;
 };
-const WORKERS = arg("workers", 1000);
-const BLOCKS = arg("blocks", 100_000);
-const BS = 16;
+const SHAPE: FleetShape = {
+  workers: arg("workers", 1000),
+  blocks: arg("blocks", 100_000),
+  shared: arg("shared", 0.5),
+  replicas: arg("replicas", 8),
+};
+const NO_SHARING_RUN = arg("no-sharing-run", 1) !== 0;
 const packr = new Packr({ useRecords: false });
 
-function tokensFor(seed: number, n: number): number[] {
-  const out = new Array<number>(n);
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    out[i] = (x >>> 0) % 200_000;
-  }
-  return out;
-}
+type Make = () => FleetIndex & { applyEvents(id: string, evs: readonly KvEvent[]): void };
+const SIDES: { name: string; make: Make }[] = [
+  { name: "baseline", make: () => new BaselineIndex() },
+  { name: "one-walk", make: () => new KvIndex() },
+];
 
 /** A vLLM-like 64-bit block hash: spread over the whole uint64 range (distinct as doubles too). */
 function engineHash64(h: number): bigint {
@@ -39,12 +51,12 @@ function fmt(n: number, digits = 2): string {
 }
 
 // ---- 1. Ingest: vLLM-format messages (3 frames, msgpack, array events), decode + apply.
-function ingestBench(): { decodeApply: number; applyOnly: number } {
+function ingestMessages(): Buffer[][] {
   const perBatch = 32;
-  const batches = 2000; // 64k events, replayed several times over fresh workers
+  const batches = 2000; // 64k events, replayed over fresh workers
   const messages: Buffer[][] = [];
-  const decoded: KvEvent[][] = [];
   let hash = 1;
+  const toks = new Array<number>(BS);
   for (let b = 0; b < batches; b++) {
     const evs: unknown[] = [];
     for (let e = 0; e < perBatch; e++) {
@@ -52,13 +64,14 @@ function ingestBench(): { decodeApply: number; applyOnly: number } {
       // during decode), with a removal every 4th event (eviction churn).
       const h = hash++;
       const parent = h % 64 === 1 ? null : h - 1;
+      for (let i = 0; i < BS; i++) toks[i] = (h * 31 + i * 7) % 200_000;
       if (e % 4 === 3) evs.push(["BlockRemoved", [engineHash64(h - 2)], "GPU", 0]);
       else
         evs.push([
           "BlockStored",
           [engineHash64(h)],
           parent === null ? null : engineHash64(parent),
-          tokensFor(h, BS),
+          [...toks],
           BS,
           null,
           "GPU",
@@ -69,140 +82,202 @@ function ingestBench(): { decodeApply: number; applyOnly: number } {
     }
     messages.push([Buffer.from("kv"), encodeSeq(b), Buffer.from(packr.pack([b, evs, 0]))]);
   }
-  const total = batches * perBatch;
-  const rounds = 6;
-  // Warm-up, then timed rounds; each round a fresh worker so the tables grow as in real life.
-  const run = (withDecode: boolean): number => {
-    const idx = new KvIndex();
-    let best = 0;
-    for (let r = 0; r < rounds; r++) {
+  return messages;
+}
+
+/**
+ * Events per CPU-second of decode + apply (or apply only, from `decoded`), best of several
+ * rounds; the two sides alternate round by round so both see the same machine load and JIT state.
+ */
+function ingestRates(messages: Buffer[][], decoded: KvEvent[][] | null): number[] {
+  const total = messages.length * 32;
+  const idx = SIDES.map((s) => s.make());
+  const best = SIDES.map(() => 0);
+  for (let r = 0; r < 10; r++) {
+    for (let s = 0; s < SIDES.length; s++) {
+      // Each round a fresh worker, so the tables grow as in real life.
       const wid = `w${r}`;
-      idx.addWorker(wid, BS);
-      const t0 = process.cpuUsage();
-      for (let b = 0; b < batches; b++) {
-        if (withDecode) {
-          const m = decodeMessage(messages[b], "seq");
-          if (!isDecodeError(m)) idx.applyEvents(wid, m.batch.events);
-        } else idx.applyEvents(wid, decoded[b]);
-      }
+      idx[s].addWorker(wid, BS);
       // CPU time, not wall time: this 2-core machine is shared, and the figure should be the index's.
+      const t0 = process.cpuUsage();
+      for (let b = 0; b < messages.length; b++) {
+        if (decoded) idx[s].applyEvents(wid, decoded[b]);
+        else {
+          const m = decodeMessage(messages[b], "seq");
+          if (!isDecodeError(m)) idx[s].applyEvents(wid, m.batch.events);
+        }
+      }
       const cu = process.cpuUsage(t0);
-      const s = (cu.user + cu.system) / 1e6;
-      if (r > 0) best = Math.max(best, total / s);
+      if (r > 1) best[s] = Math.max(best[s], total / ((cu.user + cu.system) / 1e6));
     }
-    return best;
+  }
+  return best;
+}
+
+/** Decode alone, events per CPU-second (best of several rounds). */
+function decodeRate(messages: Buffer[][]): number {
+  let best = 0;
+  for (let r = 0; r < 6; r++) {
+    const t0 = process.cpuUsage();
+    for (const m of messages) decodeMessage(m, "seq");
+    const cu = process.cpuUsage(t0);
+    best = Math.max(best, (messages.length * 32) / ((cu.user + cu.system) / 1e6));
+  }
+  return best;
+}
+
+// ---- 2 + 3. Build the fleet, measure memory, then match an 8k prompt.
+interface FleetResult {
+  buildS: number;
+  blocks: number;
+  tableBytes: number;
+  measured: number;
+  all: Timing;
+  eight: Timing;
+  system: Timing;
+  check: number[];
+}
+
+function gc(): void {
+  if (global.gc) {
+    global.gc();
+    global.gc();
+  }
+}
+
+function fleet(make: Make, shape: FleetShape, match: boolean): FleetResult {
+  gc();
+  const before = process.memoryUsage();
+  const idx = make();
+  const t0 = Date.now();
+  buildFleet(idx, shape);
+  const buildS = (Date.now() - t0) / 1000;
+  gc();
+  const after = process.memoryUsage();
+  const measured = after.arrayBuffers + after.heapUsed - (before.arrayBuffers + before.heapUsed);
+  const all = Array.from({ length: shape.workers }, (_, i) => `worker-${i}`);
+  const eight = all.slice(0, 8);
+  const none: Timing = { p50: Number.NaN, p99: Number.NaN, cpu50: Number.NaN };
+  const res: FleetResult = {
+    buildS,
+    blocks: idx.totalBlocks(),
+    tableBytes: idx.bytes(),
+    measured,
+    all: match ? timeMatch(idx, PROBE, all, 1000) : none,
+    eight: match ? timeMatch(idx, PROBE, eight, 2000) : none,
+    system: match ? timeMatch(idx, SYSTEM_PROBE, all, 300) : none,
+    check: [...idx.overlaps(PROBE, all.slice(0, 9)), ...idx.overlaps(SYSTEM_PROBE, all.slice(-2))],
   };
-  // Decode + apply first, while the heap holds only the wire messages (as a live server would).
-  const decodeApply = run(true);
-  for (const m of messages) {
+  return res;
+}
+
+const gib = (b: number) => `${fmt(b / 1024 ** 3, 3)} GiB`;
+const us = (t: Timing) => `${fmt(t.p50, 1)} / ${fmt(t.p99, 1)} µs (CPU ${fmt(t.cpu50, 1)} µs)`;
+const ratio = (a: number, b: number) => `${fmt(a / b, 2)}×`;
+
+const rows: string[][] = [];
+const row = (...cells: string[]) => {
+  rows.push(cells);
+};
+
+const messages = ingestMessages();
+let decoded: KvEvent[][] = [];
+// Warm the decoder up first (the JIT needs a few rounds), as a live server's would be.
+for (let r = 0; r < 4; r++)
+  decoded = messages.map((m) => {
     const d = decodeMessage(m, "seq");
     if (isDecodeError(d)) throw new Error(d.error);
-    decoded.push(d.batch.events);
-  }
-  return { decodeApply, applyOnly: run(false) };
+    return d.batch.events;
+  });
+const skipIngest = args.includes("--skip-ingest");
+const full = skipIngest ? [0, 0] : ingestRates(messages, null);
+const applyOnly = skipIngest ? [0, 0] : ingestRates(messages, decoded);
+const dec = skipIngest ? 0 : decodeRate(messages);
+row(
+  "ingest, decode + apply (M events/s, CPU time)",
+  fmt(full[0] / 1e6),
+  fmt(full[1] / 1e6),
+  ratio(full[1], full[0]),
+  "≥ 2",
+);
+row(
+  "ingest, apply only (M events/s)",
+  fmt(applyOnly[0] / 1e6),
+  fmt(applyOnly[1] / 1e6),
+  ratio(applyOnly[1], applyOnly[0]),
+  "",
+);
+row("decode only, same for both (M events/s)", fmt(dec / 1e6), fmt(dec / 1e6), "", "");
+if (args.includes("--ingest-only")) {
+  for (const r of rows) console.log(`| ${r.join(" | ")} |`);
+  process.exit(0);
 }
 
-// ---- 2 + 3. Build 1,000 workers × 100k blocks, measure memory, then match an 8k prompt.
-function gib(b: number): string {
-  return `${fmt(b / 1024 ** 3, 3)} GiB`;
+const shapeText = `${fmt(SHAPE.workers, 0)} workers × ${fmt(SHAPE.blocks, 0)} blocks, ${fmt(SHAPE.shared * 100, 0)} % in chains held by ${SHAPE.replicas} workers`;
+const fr = SIDES.map((s) => {
+  const r = fleet(s.make, SHAPE, true);
+  console.error(`${s.name}: built ${shapeText} in ${fmt(r.buildS, 1)} s`);
+  return r;
+});
+if (fr[0].check.join() !== fr[1].check.join())
+  throw new Error(`overlaps differ: ${fr[0].check} vs ${fr[1].check}`);
+row(
+  "match 8k prompt vs all workers (8 hold it), p50 / p99 wall (CPU p50)",
+  us(fr[0].all),
+  us(fr[1].all),
+  ratio(fr[1].all.p50, fr[0].all.p50),
+  "p50 ≤ 50 µs",
+);
+row(
+  "match 8k prompt vs its 8 holders, p50 / p99",
+  us(fr[0].eight),
+  us(fr[1].eight),
+  ratio(fr[1].eight.p50, fr[0].eight.p50),
+  "",
+);
+row(
+  "match 64-block system prompt held by all + 448 unheld, vs all",
+  us(fr[0].system),
+  us(fr[1].system),
+  ratio(fr[1].system.p50, fr[0].system.p50),
+  "",
+);
+row(
+  `memory, ${shapeText} (heap + arrayBuffers growth)`,
+  `${gib(fr[0].measured)} (${fmt(fr[0].measured / fr[0].blocks, 1)} B/block)`,
+  `${gib(fr[1].measured)} (${fmt(fr[1].measured / fr[1].blocks, 1)} B/block)`,
+  ratio(fr[1].measured, fr[0].measured),
+  "≤ 2 GiB",
+);
+row(
+  "  of which typed-array tables",
+  gib(fr[0].tableBytes),
+  gib(fr[1].tableBytes),
+  ratio(fr[1].tableBytes, fr[0].tableBytes),
+  "",
+);
+row(
+  "build time (s, wall)",
+  fmt(fr[0].buildS, 1),
+  fmt(fr[1].buildS, 1),
+  ratio(fr[1].buildS, fr[0].buildS),
+  "",
+);
+if (NO_SHARING_RUN) {
+  // The baseline's per-worker tables do not depend on sharing: only the one-walk index is rebuilt.
+  const ns = fleet(SIDES[1].make, { ...SHAPE, shared: 0 }, false);
+  row(
+    `memory, no sharing (only the system prompt and the 8-replica document shared)`,
+    `${gib(fr[0].measured)} (same tables)`,
+    `${gib(ns.measured)} (${fmt(ns.measured / ns.blocks, 1)} B/block)`,
+    ratio(ns.measured, fr[0].measured),
+    "≤ 2 GiB",
+  );
 }
 
-function buildAndMatch() {
-  if (global.gc) global.gc();
-  const before = process.memoryUsage();
-  const idx = new KvIndex();
-  const chainLen = 64;
-  const t0 = Date.now();
-  const prompt = tokensFor(424242, 8192);
-  const promptBlocks = 8192 / BS;
-  let engineHash = 1;
-  for (let w = 0; w < WORKERS; w++) {
-    const id = `worker-${w}`;
-    idx.addWorker(id, BS, BLOCKS);
-    let stored = 0;
-    // The first 8 workers hold the 8k prompt in full (a shared document), the rest only other data.
-    if (w < 8) {
-      idx.apply(id, {
-        type: "BlockStored",
-        blockHashes: Array.from({ length: promptBlocks }, () => engineHash++),
-        parentBlockHash: null,
-        tokenIds: prompt,
-        blockSize: BS,
-        loraId: null,
-        medium: "GPU",
-        loraName: null,
-        extraKeys: null,
-        groupIdx: null,
-      });
-      stored += promptBlocks;
-    }
-    const toks = tokensFor(w * 7919 + 1, chainLen * BS);
-    while (stored < BLOCKS) {
-      const n = Math.min(chainLen, BLOCKS - stored);
-      toks[0] = stored; // a different root per chain
-      const hashes = new Array<number>(n);
-      for (let i = 0; i < n; i++) hashes[i] = engineHash++;
-      idx.apply(id, {
-        type: "BlockStored",
-        blockHashes: hashes,
-        parentBlockHash: null,
-        tokenIds: toks,
-        blockSize: BS,
-        loraId: null,
-        medium: "GPU",
-        loraName: null,
-        extraKeys: null,
-        groupIdx: null,
-      });
-      stored += n;
-    }
-  }
-  const buildS = (Date.now() - t0) / 1000;
-  if (global.gc) global.gc();
-  const after = process.memoryUsage();
-  const tableBytes = idx.bytes();
-  const measured = after.arrayBuffers + after.heapUsed - (before.arrayBuffers + before.heapUsed);
-  const blocks = idx.totalBlocks();
-
-  // Match: the typical fleet query (8 candidates all holding the full 8k prefix = worst case for
-  // the walk), and the same prompt against all 1,000 workers.
-  const time = (ids: string[], iters: number) => {
-    const samples: number[] = [];
-    for (let i = 0; i < iters; i++) {
-      const t = process.hrtime.bigint();
-      idx.overlaps(prompt, ids);
-      samples.push(Number(process.hrtime.bigint() - t) / 1000);
-    }
-    samples.sort((a, b) => a - b);
-    return { p50: samples[Math.floor(iters / 2)], p99: samples[Math.floor(iters * 0.99)] };
-  };
-  const eight = Array.from({ length: 8 }, (_, i) => `worker-${i}`);
-  const all = Array.from({ length: WORKERS }, (_, i) => `worker-${i}`);
-  time(eight, 200);
-  const m8 = time(eight, 2000);
-  const mAll = time(all, 300);
-  const check = idx.overlaps(prompt, eight);
-  if (check[0] !== promptBlocks) throw new Error(`match sanity check failed: ${check[0]}`);
-  return { buildS, tableBytes, measured, blocks, m8, mAll };
-}
-
-const ing = ingestBench();
-console.log("kv-index benchmark");
 console.log(
-  `ingest (decode + apply, vLLM 3-frame msgpack): ${fmt(ing.decodeApply / 1e6, 2)} M events/s   goal ≥ 1 M/s  ${ing.decodeApply >= 1e6 ? "OK" : "MISS"}`,
+  `kv-index benchmark: baseline (per-worker walk, 32-bit hashes) vs one-walk (fleet table, 64-bit)`,
 );
-console.log(`ingest (apply only, pre-decoded):              ${fmt(ing.applyOnly / 1e6, 2)} M events/s`);
-const r = buildAndMatch();
-console.log(
-  `index of ${fmt(WORKERS, 0)} workers × ${fmt(BLOCKS, 0)} blocks = ${fmt(r.blocks, 0)} blocks built in ${fmt(r.buildS, 1)} s (${fmt(r.blocks / r.buildS / 1e6, 2)} M blocks/s)`,
-);
-const goalBytes = 2 * 1024 ** 3;
-console.log(
-  `memory: tables ${gib(r.tableBytes)}, measured heap+arrayBuffers growth ${gib(r.measured)} = ${fmt(r.measured / r.blocks, 1)} B/block   goal ≤ 2 GiB  ${r.measured <= goalBytes ? "OK" : "MISS"} (${fmt(r.measured / goalBytes, 2)}× of goal)`,
-);
-console.log(
-  `match 8k-token prompt, 8 candidates holding all 512 blocks: p50 ${fmt(r.m8.p50, 1)} µs, p99 ${fmt(r.m8.p99, 1)} µs   goal ≤ 50 µs  ${r.m8.p50 <= 50 ? "OK" : "MISS"}`,
-);
-console.log(
-  `match 8k-token prompt against all ${fmt(WORKERS, 0)} workers (8 hold it): p50 ${fmt(r.mAll.p50, 1)} µs, p99 ${fmt(r.mAll.p99, 1)} µs`,
-);
+console.log(`| figure | baseline | one-walk | one-walk / baseline | goal |`);
+console.log(`|---|---|---|---|---|`);
+for (const r of rows) console.log(`| ${r.join(" | ")} |`);

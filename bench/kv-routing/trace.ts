@@ -6,7 +6,7 @@
  */
 import { Prng, words } from "../../src/bench/prng.ts";
 import type { BenchMessage, BenchRequest } from "../../src/bench/types.ts";
-import { hashPrompt } from "../../src/kv/hash.ts";
+import { chainBlocks, hashPrompt, type RouterBlockHash, routerHashAt } from "../../src/kv/hash.ts";
 import type { Tokenizer } from "../../src/kv/tokenizer.ts";
 
 export interface TraceOptions {
@@ -111,7 +111,7 @@ export function reachableReuse(
   tok: Tokenizer,
   blockSize: number,
 ): { reachable: number; prompt: number; byGroup: Record<string, { reachable: number; prompt: number }> } {
-  const seen = new Set<number>();
+  const seen = new Set<RouterBlockHash>();
   let reachable = 0;
   let prompt = 0;
   const byGroup: Record<string, { reachable: number; prompt: number }> = {};
@@ -119,8 +119,9 @@ export function reachableReuse(
     const ids = tok.encode(tok.applyChatTemplate(r.messages ?? []));
     prompt += ids.length;
     const chain = hashPrompt(ids, blockSize);
+    const n = chainBlocks(chain);
     let k = 0;
-    while (k < chain.length && seen.has(chain[k])) k++;
+    while (k < n && seen.has(routerHashAt(chain, k))) k++;
     // The engine always computes at least the prompt's last token.
     const got = Math.min(k * blockSize, Math.floor((ids.length - 1) / blockSize) * blockSize);
     reachable += got;
@@ -129,7 +130,7 @@ export function reachableReuse(
     const g = byGroup[key];
     g.reachable += got;
     g.prompt += ids.length;
-    for (const h of chain) seen.add(h);
+    for (let b = 0; b < n; b++) seen.add(routerHashAt(chain, b));
   }
   return { reachable, prompt, byGroup };
 }

@@ -14,9 +14,14 @@ import { unpackValue } from "./msgpack-read.ts";
 
 /**
  * An engine block hash normalised to a number: ints as they are (uint64 above 2^53 rounded to
- * the nearest double, still unique in practice), bytes folded into 52 bits.
+ * the nearest double, still unique in practice), bytes folded into 52 bits. The brand is
+ * optional so a decoded number (or a test's literal) is one, while the router's own hashes
+ * (./hash.ts `RouterBlockHash`, `RouterHashChain`) are refused where an engine hash is expected,
+ * and an engine hash where a router hash is.
  */
-export type EngineHash = number;
+export type EngineBlockHash = number & { readonly __brand?: "engine-block-hash" };
+/** The former name of EngineBlockHash. */
+export type EngineHash = EngineBlockHash;
 
 export interface BlockStored {
   type: "BlockStored";

@@ -53,7 +53,8 @@ export function fastDecodeBatch<E>(payload: Uint8Array, d: FastDecoders<E>): Fas
     else {
       const tag = r.read();
       if (tag === "BlockStored" && c >= 4) {
-        const hashes = r.read();
+        // Integer hashes (vLLM, SGLang) read straight into numbers; bytes etc. the general way.
+        const hashes = r.tryNumberArray() ?? r.read();
         const parent = r.read();
         const tokens = r.numberArray();
         const bs = c > 4 ? r.read() : null;

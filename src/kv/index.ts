@@ -1,29 +1,37 @@
 /**
  * The KV prefix index: which worker holds which prompt blocks, built from the engines' KV
- * events. Blocks are keyed on the router's own chained hash of their token ids (./hash.ts),
- * never on an engine's hash; each worker keeps a map from the engine's hash to the router's so
- * `BlockRemoved` (which carries only engine hashes) can be applied, and so a `BlockStored` whose
- * parent is an engine hash can continue the router's chain.
+ * events. Blocks are keyed on the router's own 64-bit chained hash of their token ids
+ * (./hash.ts), never on an engine's hash; each worker rank keeps a map from the engine's hash to
+ * the block's entry so `BlockRemoved` (which carries only engine hashes) can be applied, and so a
+ * `BlockStored` whose parent is an engine hash can continue the router's chain.
+ *
+ * All workers share one table, router hash → holders (./block-table.ts), so matching a prompt
+ * is one walk along its hash chain for the whole fleet: at each block the candidates that still
+ * match move on, and a worker's overlap is the depth where it drops out. The walk stops when no
+ * candidate is left, so its cost is the prompt's hashing plus the holders of the blocks the
+ * candidates share, not one probe per worker.
  *
  * A worker with several data-parallel ranks has one KV pool per rank (vLLM and SGLang publish
- * each rank's events on their own socket), so the tables are kept per rank: one rank's
+ * each rank's events on their own socket), so each rank is a holder of its own: one rank's
  * `BlockRemoved` never erases what another rank still holds. A worker's overlap for a prompt is
  * its best rank's, and `overlaps` can say which rank that is.
  *
- * Per rank the state is two typed-array tables (./tables.ts): 16 bytes per block at most,
- * so 1,000 workers × 100k blocks fit in about 2 GiB. Each rank is capped (`capFor`): an engine
- * cannot hold more blocks than its pool, so past the cap the index has missed removals, and new
- * stores are dropped (counted) rather than letting one publisher grow the heap without bound.
+ * Each rank is capped (`capFor`): an engine cannot hold more blocks than its pool, so past the
+ * cap the index has missed removals, and new stores are dropped (counted) rather than letting
+ * one publisher grow the heap without bound.
  */
-import type { BlockStored, KvEvent } from "./events.ts";
-import { hashBlock, hashPrompt, rootSeed } from "./hash.ts";
+import { BlockTable } from "./block-table.ts";
+import { FULL_KINDS, isGpu, saltFromExtraKeys } from "./event-keys.ts";
+import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
+import { hashBlockInto, rootSeedInto } from "./hash.ts";
 import type { PrefixIndex } from "./prefix-index.ts";
-import { F64U32Map, U32MultiSet } from "./tables.ts";
+import { F64U32Map } from "./tables.ts";
+import { FleetWalk } from "./walk.ts";
 
 interface RankBlocks {
-  /** Router hashes of the blocks the rank holds (a multiset). */
-  blocks: U32MultiSet;
-  /** Engine block hash → router hash. */
+  /** The rank's holder id in the shared BlockTable. */
+  hid: number;
+  /** Engine block hash → the block's BlockTable entry id (one entry per engine hash held). */
   engine: F64U32Map;
   /** The KV-cache group that holds full attention, once an event named its kind. */
   fullGroup: number | null;
@@ -65,38 +73,7 @@ export interface KvIndexOptions {
 
 export const DEFAULT_MAX_BLOCKS = 524_288;
 
-/** vLLM KVCacheSpecKind values whose blocks make full-prefix hits (vllm/v1/kv_cache_interface.py). */
-const FULL_KINDS = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
-
-function isGpu(medium: string | null): boolean {
-  return medium === null || medium.toUpperCase() === "GPU";
-}
-
-/**
- * The cache salt in vLLM's extra keys of a sequence's first block. vLLM builds them as
- * `lora_name? + mm keys (tuples) + [cache_salt] (first block only) + prompt-embeds digests (bytes)`
- * (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys), so the salt is the string
- * after the leading LoRA name. Accepts a per-block list (`[[...first block keys], null, ...]`), a
- * flat list, a bare string or a map with `cache_salt`.
- */
-export function saltFromExtraKeys(extraKeys: unknown, loraName: string | null = null): string | null {
-  if (extraKeys == null) return null;
-  if (typeof extraKeys === "string") return extraKeys === loraName ? null : extraKeys;
-  if (Array.isArray(extraKeys)) {
-    if (extraKeys.length === 0) return null;
-    const perBlock = extraKeys.every((k) => k === null || Array.isArray(k));
-    const keys: unknown = perBlock ? extraKeys[0] : extraKeys;
-    if (!Array.isArray(keys)) return saltFromExtraKeys(keys, loraName);
-    const from = loraName !== null && keys[0] === loraName ? 1 : 0;
-    for (let i = keys.length - 1; i >= from; i--) if (typeof keys[i] === "string") return keys[i] as string;
-    return null;
-  }
-  if (typeof extraKeys === "object") {
-    const salt = (extraKeys as Record<string, unknown>).cache_salt;
-    return typeof salt === "string" ? salt : null;
-  }
-  return null;
-}
+export { saltFromExtraKeys };
 
 export class KvIndex implements PrefixIndex {
   private readonly workers = new Map<string, WorkerBlocks>();
@@ -112,7 +89,18 @@ export class KvIndex implements PrefixIndex {
   };
   /** LoRA adapter names the engines' events have named (a request for one hashes with it). */
   private readonly loras = new Set<string>();
-  private scratch = new Uint32Array(1024);
+  /** Every rank's blocks, by router hash. */
+  private readonly table = new BlockTable();
+  /** Holder ids of dropped ranks, for reuse (the walk's marks are indexed by holder id). */
+  private readonly freeHids: number[] = [];
+  private nextHid = 0;
+  private readonly walker = new FleetWalk();
+  /** Bumped when a worker is added or removed (invalidates the resolved candidate list). */
+  private version = 0;
+  private lastVersion = -1;
+  private lastIds: readonly string[] = [];
+  private lastWs: readonly (WorkerBlocks | undefined)[] = [];
+  private readonly lanes = new Uint32Array(2);
   private readonly defaultMax: number;
   private readonly margin: number;
   /** Told of blocks dropped at a rank's cap (the ingest hangs its metric here). */
@@ -146,6 +134,7 @@ export class KvIndex implements PrefixIndex {
       cap: this.capFor(kvBlocks),
     };
     this.workers.set(id, w);
+    this.version++;
     if (expectedBlocks > 0) this.rankOf(w, 0, expectedBlocks);
   }
 
@@ -159,15 +148,26 @@ export class KvIndex implements PrefixIndex {
 
   /** Drops a worker and all its entries (worker gone). */
   removeWorker(id: string): void {
+    const w = this.workers.get(id);
+    if (!w) return;
+    for (const r of w.rankList) this.dropRank(r);
     this.workers.delete(id);
+    this.version++;
   }
 
   /** Empties a worker, or only one of its ranks (AllBlocksCleared, a restart, an unfillable gap). */
   clearWorker(id: string, rank?: number): void {
     const w = this.workers.get(id);
     if (!w) return;
-    if (rank === undefined) w.ranks.clear();
-    else w.ranks.delete(rank);
+    if (rank === undefined) {
+      for (const r of w.rankList) this.dropRank(r);
+      w.ranks.clear();
+    } else {
+      const r = w.ranks.get(rank);
+      if (!r) return;
+      this.dropRank(r);
+      w.ranks.delete(rank);
+    }
     w.rankIds = [...w.ranks.keys()];
     w.rankList = [...w.ranks.values()];
   }
@@ -180,9 +180,9 @@ export class KvIndex implements PrefixIndex {
   blockCount(id: string, rank?: number): number {
     const w = this.workers.get(id);
     if (!w) return 0;
-    if (rank !== undefined) return w.ranks.get(rank)?.blocks.size ?? 0;
+    if (rank !== undefined) return w.ranks.get(rank)?.engine.size ?? 0;
     let n = 0;
-    for (const r of w.ranks.values()) n += r.blocks.size;
+    for (const r of w.rankList) n += r.engine.size;
     return n;
   }
 
@@ -214,12 +214,28 @@ export class KvIndex implements PrefixIndex {
   private rankOf(w: WorkerBlocks, rank: number, expected = 0): RankBlocks {
     let r = w.ranks.get(rank);
     if (!r) {
-      r = { blocks: new U32MultiSet(expected), engine: new F64U32Map(expected), fullGroup: null };
+      const hid = this.freeHids.pop() ?? this.nextHid++;
+      this.walker.holder(hid);
+      r = { hid, engine: new F64U32Map(expected), fullGroup: null };
       w.ranks.set(rank, r);
       w.rankIds.push(rank);
       w.rankList.push(r);
     }
     return r;
+  }
+
+  /** Releases everything a rank holds (it keeps its holder id: see dropRank). */
+  private emptyRank(r: RankBlocks): void {
+    const table = this.table;
+    const hid = r.hid;
+    r.engine.forEachValue((e) => table.release(e, hid));
+    r.engine.clear();
+  }
+
+  /** Empties a rank that is going away and frees its holder id. */
+  private dropRank(r: RankBlocks): void {
+    this.emptyRank(r);
+    this.freeHids.push(r.hid);
   }
 
   /**
@@ -269,8 +285,7 @@ export class KvIndex implements PrefixIndex {
           c.ignored++;
           return;
         }
-        r.blocks.clear();
-        r.engine.clear();
+        this.emptyRank(r);
         c.cleared++;
         return;
     }
@@ -289,30 +304,40 @@ export class KvIndex implements PrefixIndex {
     }
     w.blockSize = bs;
     if (ev.loraName) this.loras.add(ev.loraName);
-    let parent: number;
-    if (ev.parentBlockHash === null)
-      parent = rootSeed(ev.cacheSalt ?? saltFromExtraKeys(ev.extraKeys, ev.loraName), ev.loraName);
-    else {
+    const table = this.table;
+    const lanes = this.lanes;
+    let pLo: number;
+    let pHi: number;
+    if (ev.parentBlockHash === null) {
+      rootSeedInto(lanes, ev.cacheSalt ?? saltFromExtraKeys(ev.extraKeys, ev.loraName), ev.loraName);
+      pLo = lanes[0];
+      pHi = lanes[1];
+    } else {
       const slot = r.engine.find(ev.parentBlockHash);
       if (slot < 0) {
         c.orphans++;
         return;
       }
-      parent = r.engine.valueAt(slot);
+      const e = r.engine.valueAt(slot);
+      pLo = table.loOf(e);
+      pHi = table.hiOf(e);
     }
     const toks = ev.tokenIds;
+    const hid = r.hid;
     for (let b = 0; b < hashes.length; b++) {
       const end = (b + 1) * bs;
       if (end > toks.length) break;
-      const rh = hashBlock(parent, toks, b * bs, end);
-      const eh = hashes[b];
+      hashBlockInto(pLo, pHi, toks, b * bs, end, lanes, 0);
+      const lo = lanes[0];
+      const hi = lanes[1];
+      const eh: EngineBlockHash = hashes[b];
       const slot = r.engine.find(eh);
       if (slot >= 0) {
         const old = r.engine.valueAt(slot);
-        if (old !== rh) {
-          r.blocks.delete(old);
-          r.blocks.add(rh);
-          r.engine.setAt(slot, rh);
+        if (table.loOf(old) !== lo || table.hiOf(old) !== hi) {
+          // The engine reused its hash for other tokens: the rank now holds the new block only.
+          table.release(old, hid);
+          r.engine.setAt(slot, table.acquire(lo, hi, hid));
         }
       } else {
         if (r.engine.size >= w.cap) {
@@ -323,22 +348,22 @@ export class KvIndex implements PrefixIndex {
           this.onCapped?.(workerId, dropped);
           return;
         }
-        r.engine.insertNew(eh, rh);
-        r.blocks.add(rh);
+        r.engine.insertNew(eh, table.acquire(lo, hi, hid));
       }
-      parent = rh;
+      pLo = lo;
+      pHi = hi;
       c.stored++;
     }
   }
 
-  private removeHashes(r: RankBlocks, hashes: readonly number[]): void {
+  private removeHashes(r: RankBlocks, hashes: readonly EngineBlockHash[]): void {
     for (let i = 0; i < hashes.length; i++) {
       const slot = r.engine.find(hashes[i]);
       if (slot < 0) {
         this.counters.unknownRemovals++;
         continue;
       }
-      r.blocks.delete(r.engine.valueAt(slot));
+      this.table.release(r.engine.valueAt(slot), r.hid);
       r.engine.deleteAt(slot);
       this.counters.removed++;
     }
@@ -347,7 +372,8 @@ export class KvIndex implements PrefixIndex {
   /**
    * For each of `workerIds`, how many leading full blocks of `tokens` the worker's best rank
    * holds (-1 for a worker the index does not track). The prompt is hashed once per distinct
-   * block size. `bestRank`, when given, receives that rank per worker (-1 when none holds any).
+   * block size and walked once for all the workers of that size (./walk.ts). `bestRank`, when
+   * given, receives that rank per worker (-1 when none holds any).
    */
   overlaps(
     tokens: ArrayLike<number>,
@@ -356,60 +382,43 @@ export class KvIndex implements PrefixIndex {
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array {
-    const out = new Int32Array(workerIds.length);
-    let chains: Map<number, Uint32Array> | null = null;
-    let firstBs = 0;
-    let firstChain: Uint32Array | null = null;
-    for (let i = 0; i < workerIds.length; i++) {
-      const w = this.workers.get(workerIds[i]);
-      if (bestRank) bestRank[i] = -1;
-      if (!w) {
-        out[i] = -1;
-        continue;
-      }
-      let chain: Uint32Array | undefined;
-      if (firstChain !== null && w.blockSize === firstBs) chain = firstChain;
-      else if (firstChain === null) {
-        const need = Math.floor(tokens.length / w.blockSize);
-        if (this.scratch.length < need) this.scratch = new Uint32Array(need * 2);
-        firstChain = hashPrompt(tokens, w.blockSize, cacheSalt, this.scratch, loraName);
-        firstBs = w.blockSize;
-        chain = firstChain;
-      } else {
-        chains ??= new Map();
-        chain = chains.get(w.blockSize);
-        if (!chain) {
-          chain = hashPrompt(tokens, w.blockSize, cacheSalt, undefined, loraName);
-          chains.set(w.blockSize, chain);
-        }
-      }
-      let best = 0;
-      const list = w.rankList;
-      for (let j = 0; j < list.length; j++) {
-        const blocks = list[j].blocks;
-        let k = 0;
-        while (k < chain.length && blocks.has(chain[k])) k++;
-        if (k > best) {
-          best = k;
-          if (bestRank) bestRank[i] = w.rankIds[j];
-        }
-      }
-      out[i] = best;
-    }
-    return out;
+    return this.walker.overlaps(this.table, tokens, this.resolve(workerIds), cacheSalt, loraName, bestRank);
+  }
+
+  /**
+   * The workers behind `ids`. Consecutive matches for one model pass the same candidates, so the
+   * last list is kept and reused while the ids are the same (compared, not trusted by identity)
+   * and no worker came or went: 1,000 `Map.get`s are a fifth of a fleet-wide match.
+   */
+  private resolve(ids: readonly string[]): readonly (WorkerBlocks | undefined)[] {
+    const last = this.lastIds;
+    let same = last.length === ids.length && this.lastVersion === this.version;
+    for (let i = 0; same && i < ids.length; i++) same = last[i] === ids[i];
+    if (same) return this.lastWs;
+    const ws = new Array<WorkerBlocks | undefined>(ids.length);
+    for (let i = 0; i < ids.length; i++) ws[i] = this.workers.get(ids[i]);
+    this.lastIds = ids.slice();
+    this.lastWs = ws;
+    this.lastVersion = this.version;
+    return ws;
   }
 
   /** Memory held by the tables, in bytes (typed arrays only). */
   bytes(): number {
-    let n = 0;
-    for (const w of this.workers.values())
-      for (const r of w.ranks.values()) n += r.blocks.bytes() + r.engine.bytes();
+    let n = this.table.bytes() + this.walker.bytes();
+    for (const w of this.workers.values()) for (const r of w.rankList) n += r.engine.bytes();
     return n;
   }
 
+  /** Blocks held, all workers and ranks together (a block held by two ranks counts twice). */
   totalBlocks(): number {
     let n = 0;
-    for (const w of this.workers.values()) for (const r of w.ranks.values()) n += r.blocks.size;
+    for (const w of this.workers.values()) for (const r of w.rankList) n += r.engine.size;
     return n;
+  }
+
+  /** Distinct router hashes held across the fleet. */
+  distinctBlocks(): number {
+    return this.table.size;
   }
 }

@@ -108,13 +108,11 @@ export class MsgpackReader {
       return null;
     }
     const out = new Array<number>(n);
-    const b = this.buf;
     let ok = true;
     for (let i = 0; i < n; i++) {
-      const t = this.pos < b.length ? b[this.pos] : -1;
-      if (t >= 0 && t < 0x80) {
-        this.pos++;
-        out[i] = t;
+      const x = this.uint();
+      if (x >= 0) {
+        out[i] = x;
         continue;
       }
       const v = this.read();
@@ -122,6 +120,42 @@ export class MsgpackReader {
       else ok = false;
     }
     return ok ? out : null;
+  }
+
+  /**
+   * Reads an array of numbers (block hashes as uint64 become doubles); null, consuming nothing,
+   * when the next value is anything else, so the caller can read it the general way.
+   */
+  tryNumberArray(): number[] | null {
+    const start = this.pos;
+    const out = this.numberArray();
+    if (out === null) this.pos = start;
+    return out;
+  }
+
+  /**
+   * The next value when it is an unsigned int (positive fixint, uint 8-64), inlined without a
+   * DataView (token ids and hashes are most of an event's bytes); -1, consuming nothing, otherwise.
+   */
+  private uint(): number {
+    const b = this.buf;
+    const p = this.pos;
+    if (p >= b.length) return -1;
+    const t = b[p];
+    if (t < 0x80) {
+      this.pos = p + 1;
+      return t;
+    }
+    if (t < 0xcc || t > 0xcf) return -1;
+    const w = 1 << (t - 0xcc);
+    if (p + 1 + w > b.length) return -1;
+    this.pos = p + 1 + w;
+    if (w === 1) return b[p + 1];
+    if (w === 2) return (b[p + 1] << 8) | b[p + 2];
+    const hi = ((b[p + 1] << 24) | (b[p + 2] << 16) | (b[p + 3] << 8) | b[p + 4]) >>> 0;
+    if (w === 4) return hi;
+    const lo = ((b[p + 5] << 24) | (b[p + 6] << 16) | (b[p + 7] << 8) | b[p + 8]) >>> 0;
+    return hi * TWO32 + lo;
   }
 
   /** Reads one value. */

@@ -2,7 +2,7 @@
  * Compact open-addressing hash tables on typed arrays (linear probing, backward-shift deletion,
  * so no tombstones build up under the store/evict churn of a KV cache). A JS Map costs ~50-80
  * bytes per entry; these cost 4 (set) and 12 (map) bytes per slot at ≤ 80% load, which is what
- * lets the index hold 1,000 workers × 100k blocks in under 2 GiB.
+ * keeps the index's per-rank engine-hash maps at 12 bytes per slot.
  */
 
 const MAX_LOAD = 0.8;
@@ -131,7 +131,7 @@ function mixDouble(k: number): number {
 
 /**
  * Map from a numeric key (an engine's block hash folded to a double; never -Infinity) to a
- * uint32 value (the router's hash of that block).
+ * uint32 value (the index stores the block's entry id in the fleet-wide BlockTable).
  */
 export class F64U32Map {
   private keys: Float64Array;
@@ -209,6 +209,13 @@ export class F64U32Map {
     }
     keys[i] = EMPTY;
     this.size--;
+  }
+
+  /** Calls `fn` with every value (e.g. to release what a rank held before clearing it). */
+  forEachValue(fn: (value: number) => void): void {
+    const keys = this.keys;
+    const vals = this.vals;
+    for (let i = 0; i < keys.length; i++) if (keys[i] !== EMPTY) fn(vals[i]);
   }
 
   clear(): void {
