@@ -4,9 +4,11 @@
  * that an etcd outage is noticed quickly and recovery is not held back by the client's
  * default circuit breaker (5 s open after 3 failures) — our own loops retry with backoff.
  */
+
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { Etcd3, type IOptions, isRecoverableError } from "etcd3";
+import { envVar } from "../config/env-table.ts";
 import { BadRequestError } from "../protocol/errors.ts";
 import { parseWorkerRecordText } from "./schema.ts";
 import type { WorkerRecord } from "./types.ts";
@@ -143,19 +145,15 @@ export function addEtcdFlags(cmd: Command): Command {
     .option(
       "--etcd-endpoints <list>",
       "comma-separated etcd endpoints",
-      process.env.INFERA_ETCD_ENDPOINTS ?? process.env.INFERA_ETCD ?? "http://127.0.0.1:2379",
+      envVar("INFERA_ETCD_ENDPOINTS") ?? envVar("INFERA_ETCD") ?? "http://127.0.0.1:2379",
     )
     .option(
       "--etcd <url>",
       "etcd endpoint (repeatable; same as the server's flag; wins over --etcd-endpoints)",
       collect,
     )
-    .option(
-      "--etcd-prefix <prefix>",
-      "etcd key prefix",
-      process.env.INFERA_ETCD_PREFIX ?? DEFAULT_ETCD_PREFIX,
-    )
-    .option("--etcd-user <user>", "etcd user name (auth)", process.env.INFERA_ETCD_USER)
+    .option("--etcd-prefix <prefix>", "etcd key prefix", envVar("INFERA_ETCD_PREFIX") ?? DEFAULT_ETCD_PREFIX)
+    .option("--etcd-user <user>", "etcd user name (auth)", envVar("INFERA_ETCD_USER"))
     .option("--etcd-password <password>", "etcd password (or env INFERA_ETCD_PASSWORD)")
     .option("--etcd-ca <file>", "CA certificate (PEM) for TLS to etcd")
     .option("--etcd-cert <file>", "client certificate (PEM) for mutual TLS")
@@ -180,7 +178,7 @@ export function etcdOptionsFromFlags(flags: EtcdFlagValues): EtcdOptions {
     endpoints: parseEndpoints(flags.etcd && flags.etcd.length > 0 ? flags.etcd : flags.etcdEndpoints),
     prefix: flags.etcdPrefix,
     username: flags.etcdUser,
-    password: flags.etcdPassword ?? process.env.INFERA_ETCD_PASSWORD,
+    password: flags.etcdPassword ?? envVar("INFERA_ETCD_PASSWORD"),
     caFile: flags.etcdCa,
     certFile: flags.etcdCert,
     keyFile: flags.etcdKey,

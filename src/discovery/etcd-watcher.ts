@@ -8,7 +8,9 @@
  * put) is the registrar in etcd-registrar.ts, and what both share (client, flags, backoff) is in
  * etcd-client.ts.
  */
+
 import { type Etcd3, type IKeyValue, Range, type Watcher } from "etcd3";
+import { envVar } from "../config/env-table.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import {
   type Backoff,
@@ -309,10 +311,10 @@ export function createEtcdWatcherFromConfig(c: DiscoveryConfig, logger: Logger):
   const endpoints = parseEndpoints([...(c.etcdEndpoints ?? [])]);
   return new EtcdWatcher({
     endpoints:
-      endpoints.length > 0 ? endpoints : parseEndpoints(process.env.INFERA_ETCD ?? "http://127.0.0.1:2379"),
+      endpoints.length > 0 ? endpoints : parseEndpoints(envVar("INFERA_ETCD") ?? "http://127.0.0.1:2379"),
     prefix: c.prefix,
     username: str("username"),
-    password: str("password") ?? process.env.INFERA_ETCD_PASSWORD,
+    password: str("password") ?? envVar("INFERA_ETCD_PASSWORD"),
     caFile: str("caFile"),
     certFile: str("certFile"),
     keyFile: str("keyFile"),
