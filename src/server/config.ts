@@ -7,6 +7,7 @@ import { readFileSync } from "node:fs";
 import { parse as parseYaml } from "yaml";
 import type { DiscoveryConfig } from "../discovery/index.ts";
 import type { RouterMode } from "../router/auto.ts";
+import type { ProfilesConfig } from "../router/pipeline/config-schema.ts";
 import type { BreakerOptions } from "../router/worker-set.ts";
 import type { HttpExecutorOptions } from "../transport/http.ts";
 import { natsConnectFromEnv } from "../transport/nats/cli-options.ts";
@@ -19,6 +20,8 @@ export interface ServerConfig {
   discovery: DiscoveryConfig;
   policy: string;
   policyOptions: Record<string, unknown>;
+  /** Step profiles overriding the policy preset's (src/router/pipeline/config-schema.ts). */
+  profiles?: ProfilesConfig;
   router: RouterMode;
   apiKeys: string[];
   /** Request bodies larger than this are refused with 413. */
