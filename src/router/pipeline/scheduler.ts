@@ -126,7 +126,9 @@ export class StepPolicy implements RoutingPolicy {
     private readonly stats: SchedulerStats,
     private readonly log: DecisionLog | undefined,
   ) {
-    this.filters = (spec.filters ?? []).map((f) => build(filterDefs, "filter", f.name).build(scope, f.params));
+    this.filters = (spec.filters ?? []).map((f) =>
+      build(filterDefs, "filter", f.name).build(scope, f.params),
+    );
     this.scorers = spec.scorers.map((s) => build(scorerDefs, "scorer", s.name).build(scope, s.params));
     this.weights = spec.scorers.map((s) => s.weight);
     this.scorerNames = spec.scorers.map((s) => s.name);
@@ -162,7 +164,14 @@ export class StepPolicy implements RoutingPolicy {
     else if (ctx.reason === undefined)
       ctx.reason = this.source ? (ctx.overlaps()[ctx.winner] > 0 ? "overlap" : "load") : "score";
     const record = { requestId: req.requestId, model: this.scope.model, step: this.step, all, kept: at };
-    const r = { ...record, scorerNames: this.scorerNames, values, totals, winner: ctx.winner, reason: ctx.reason };
+    const r = {
+      ...record,
+      scorerNames: this.scorerNames,
+      values,
+      totals,
+      winner: ctx.winner,
+      reason: ctx.reason,
+    };
     this.log?.record(r);
     if (this.scope.logger.isLevelEnabled("debug"))
       this.scope.logger.debug({ decision: explain(r) }, "scheduling decision");

@@ -33,7 +33,11 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
     const tree = new ApproxPrefixTree({ chunkChars: p.chunkChars, maxNodesPerWorker: p.maxNodesPerWorker });
     const recent =
       p.recentRoutingMs > 0
-        ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxNodesPerWorker: 20_000, maxAgeMs: p.recentRoutingMs })
+        ? new ApproxPrefixTree({
+            chunkChars: p.chunkChars,
+            maxNodesPerWorker: 20_000,
+            maxAgeMs: p.recentRoutingMs,
+          })
         : null;
     const src: OverlapSource = {
       overlaps(ctx: StepContext) {
@@ -43,7 +47,9 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
         const tokens = req.promptTokens();
         const lora = index?.isLora(req.model) ? req.model : null;
         const ranks = new Int32Array(n);
-        const overlaps = index ? index.overlaps(tokens, ids, req.cacheSalt, lora, ranks) : new Int32Array(n).fill(-1);
+        const overlaps = index
+          ? index.overlaps(tokens, ids, req.cacheSalt, lora, ranks)
+          : new Int32Array(n).fill(-1);
         let missing = false;
         for (let i = 0; i < n; i++) if (overlaps[i] < 0) missing = true;
         const text = recent || missing ? req.promptText() : "";

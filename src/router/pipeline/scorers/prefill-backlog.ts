@@ -42,7 +42,8 @@ export default defineScorer("prefill-backlog", {
         // Trim every candidate's ledger, scored or filtered out (the ledger follows pending).
         const all = ctx.all;
         const backlog = new Float64Array(all.length);
-        for (let i = 0; i < all.length; i++) backlog[i] = backlogOf(all[i].record.id, all[i].pendingPrefillTokens);
+        for (let i = 0; i < all.length; i++)
+          backlog[i] = backlogOf(all[i].record.id, all[i].pendingPrefillTokens);
         for (let k = 0; k < at.length; k++) out[k] = (weight * backlog[at[k]]) / ctx.blockSize(at[k]);
       },
       onRouted(req, worker, ctx) {

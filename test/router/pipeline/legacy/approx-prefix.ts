@@ -12,8 +12,8 @@
  * chunkChars (64), maxNodesPerWorker (100000).
  */
 import { ApproxPrefixTree } from "../../../../src/kv/approx-tree.ts";
-import { isImbalanced, leastLoaded, numOption, requestLoad } from "./policy-util.ts";
 import type { PolicyFactory, RoutingPolicy, Selection } from "../../../../src/router/types.ts";
+import { isImbalanced, leastLoaded, numOption, requestLoad } from "./policy-util.ts";
 
 export const createApproxPrefix: PolicyFactory = (ctx) => {
   const o = ctx.options;

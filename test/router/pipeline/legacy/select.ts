@@ -7,8 +7,8 @@
  * then the engine's own running + waiting, then KV usage.
  */
 import type { ConnectorKind } from "../../../../src/discovery/types.ts";
-import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../../../../src/router/types.ts";
 import { pairingKey, protocolFor } from "../../../../src/router/disagg/protocols/index.ts";
+import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../../../../src/router/types.ts";
 
 export function decodeLoadKey(w: WorkerState): [number, number, number] {
   const l = w.engineLoad;
