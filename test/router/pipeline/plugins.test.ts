@@ -170,7 +170,10 @@ test("scorers: active-decode, engine-queue, cache-pressure", () => {
   assert.deepEqual(scores("active-decode", ctx(w), 0.5), [1.5, 2.5]);
   assert.deepEqual(scores("engine-queue", ctx(w), 4), [0, 8]);
   const r = req("z".repeat(64)); // 4 blocks
-  assert.deepEqual(scores("cache-pressure", ctx(w, { req: r, held: [50, 100], overlaps: [0, 2] }), 1), [2, 2]);
+  assert.deepEqual(
+    scores("cache-pressure", ctx(w, { req: r, held: [50, 100], overlaps: [0, 2] }), 1),
+    [2, 2],
+  );
   assert.deepEqual(scores("cache-pressure", ctx(w, { req: r, held: [0, 0] }), 1), [0, 0]);
 });
 
@@ -208,8 +211,16 @@ test("scorers: approx-prefix, lora-affinity, round-robin", () => {
 test("pickers: argmin ties → fewest held, then smallest id; softmax seeded by the request id", () => {
   const w = ws("b", "a", "c");
   const p = picker("argmin");
-  assert.equal(p.pick(ctx(w, { held: [5, 5, 1] }), at(3), Float64Array.from([2, 2, 3])), 1, "tie, same held → a");
-  assert.equal(p.pick(ctx(w, { held: [1, 5, 1] }), at(3), Float64Array.from([2, 2, 3])), 0, "tie → fewer held");
+  assert.equal(
+    p.pick(ctx(w, { held: [5, 5, 1] }), at(3), Float64Array.from([2, 2, 3])),
+    1,
+    "tie, same held → a",
+  );
+  assert.equal(
+    p.pick(ctx(w, { held: [1, 5, 1] }), at(3), Float64Array.from([2, 2, 3])),
+    0,
+    "tie → fewer held",
+  );
   assert.equal(p.pick(ctx(w), at(3), Float64Array.from([3, 2, 1])), 2);
   const soft = picker("argmin", { temperature: 5 });
   const picks = new Set<number>();
@@ -236,7 +247,11 @@ test("pickers: round-robin, least-load, prefix-threshold", () => {
   w[0].inFlight = 1;
   w[1].engineLoad = { running: 2, waiting: 0, kvUsage: 0.1, scrapedAt: 0 };
   w[2].engineLoad = { running: 1, waiting: 1, kvUsage: 0.05, scrapedAt: 0 };
-  assert.equal(ll.pick(ctx(w), at(3), new Float64Array(3)), 2, "in-flight, then running+waiting, then kv usage");
+  assert.equal(
+    ll.pick(ctx(w), at(3), new Float64Array(3)),
+    2,
+    "in-flight, then running+waiting, then kv usage",
+  );
 
   w[1].engineLoad = { running: 3, waiting: 0, kvUsage: 0.1, scrapedAt: 0 }; // load 3 > c's 2
   const pt = picker("prefix-threshold", { cacheThreshold: 0.5 });
