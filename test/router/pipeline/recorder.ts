@@ -49,12 +49,17 @@ export function makeWorker(s: WorkerSpec): WorkerState {
     kvEvents:
       s.kv === false
         ? undefined
-        : { endpoint: "tcp://127.0.0.1:1", topic: "", framing: "seq", ranks: s.ranks },
+        : {
+            endpoint: "tcp://127.0.0.1:1",
+            topic: "",
+            framing: "seq",
+            ranks: s.ranks?.map((dpRank) => ({ dpRank, endpoint: `tcp://127.0.0.1:${2 + dpRank}` })),
+          },
     dpSize: s.ranks?.length ?? 1,
     tpSize: 1,
     maxModelLen: 32768,
     startedAt: "",
-  } as WorkerRecord;
+  };
   return { record, inFlight: 0, pendingPrefillTokens: 0, available: true };
 }
 
@@ -193,7 +198,7 @@ export function record(sc: Scenario, sides: Side[], index: KvIndex = new KvIndex
       if (r() < 0.7) {
         const tokens = tok.encode(`${pick(DOCS)} question ${Math.floor(r() * 4)}`);
         const blocks = Math.max(1, Math.floor(Math.floor(tokens.length / bs) * (0.3 + 0.7 * r())));
-        const ranks = w.record.kvEvents!.ranks ?? [0];
+        const ranks = w.record.kvEvents!.ranks?.map((x) => x.dpRank) ?? [0];
         const rank = pick(ranks);
         index.applyEvents(w.record.id, [stored(tokens, bs, hashBase, blocks)], bs, rank);
         const h = held.get(w.record.id) ?? [];
