@@ -7,19 +7,20 @@
 import type { WorkerState } from "../types.ts";
 import type { DecisionExplanation, Step } from "./types.ts";
 
-interface Slot {
-  requestId: string;
-  model: string;
-  step: Step;
-  at: number;
-  all: readonly WorkerState[];
-  kept: readonly number[];
-  scorerNames: readonly string[];
+/** One ring slot: a class, so every slot has the same shape and is overwritten in place. */
+class Slot {
+  requestId = "";
+  model = "";
+  step: Step = "mixed";
+  at = 0;
+  all: readonly WorkerState[] = [];
+  kept: readonly number[] = [];
+  scorerNames: readonly string[] = [];
   /** values[s * kept.length + k]: scorer s's weighted value for candidate kept[k]. */
-  values: Float64Array | null;
-  totals: Float64Array;
-  winner: number;
-  reason: string;
+  values: Float64Array | null = null;
+  totals: Float64Array = new Float64Array(0);
+  winner = 0;
+  reason = "";
 }
 
 export interface DecisionRecord {
@@ -37,33 +38,41 @@ export interface DecisionRecord {
 }
 
 export class DecisionLog {
-  private readonly slots: (Slot | undefined)[];
+  private readonly slots: Slot[];
   private next = 0;
   private count = 0;
 
   constructor(readonly capacity = 256) {
-    this.slots = new Array(capacity);
+    this.slots = Array.from({ length: capacity }, () => new Slot());
   }
 
-  record(r: DecisionRecord): void {
-    const i = this.next;
-    this.next = (i + 1) % this.capacity;
+  /** Overwrites the oldest slot (positional, so recording allocates nothing). */
+  record(
+    requestId: string,
+    model: string,
+    step: Step,
+    all: readonly WorkerState[],
+    kept: readonly number[],
+    scorerNames: readonly string[],
+    values: Float64Array | null,
+    totals: Float64Array,
+    winner: number,
+    reason: string,
+  ): void {
+    const s = this.slots[this.next];
+    this.next = (this.next + 1) % this.capacity;
     if (this.count < this.capacity) this.count++;
-    const s = this.slots[i];
-    if (s === undefined) this.slots[i] = { ...r, at: Date.now() };
-    else {
-      s.requestId = r.requestId;
-      s.model = r.model;
-      s.step = r.step;
-      s.at = Date.now();
-      s.all = r.all;
-      s.kept = r.kept;
-      s.scorerNames = r.scorerNames;
-      s.values = r.values;
-      s.totals = r.totals;
-      s.winner = r.winner;
-      s.reason = r.reason;
-    }
+    s.requestId = requestId;
+    s.model = model;
+    s.step = step;
+    s.at = Date.now();
+    s.all = all;
+    s.kept = kept;
+    s.scorerNames = scorerNames;
+    s.values = values;
+    s.totals = totals;
+    s.winner = winner;
+    s.reason = reason;
   }
 
   /** Oldest first; `model` filters, `limit` keeps the newest. */

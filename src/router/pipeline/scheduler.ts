@@ -8,7 +8,7 @@
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
-import { type DecisionLog, explain } from "./decisions.ts";
+import { type DecisionLog, type DecisionRecord, explain } from "./decisions.ts";
 import { filters as filterDefs, pickers as pickerDefs, scorers as scorerDefs } from "./registry.ts";
 import type {
   Filter,
@@ -40,6 +40,22 @@ export interface SchedulerOptions {
   profiles: ProfileSet;
   /** Where decisions are explained (the server's ring buffer). */
   decisions?: DecisionLog;
+}
+
+/** Cached [0, 1, …, n−1] rows (never written: filters return new arrays). */
+const identities: (readonly number[])[] = [];
+function identity(n: number): readonly number[] {
+  if (n >= 256) return Array.from({ length: n }, (_, i) => i);
+  identities[n] ??= Object.freeze(Array.from({ length: n }, (_, i) => i));
+  return identities[n];
+}
+
+/** Cached zero totals for steps without scorers (never written). */
+const zeroRows: Float64Array[] = [];
+function zeros(n: number): Float64Array {
+  if (n >= 256) return new Float64Array(n);
+  zeroRows[n] ??= new Float64Array(n);
+  return zeroRows[n];
 }
 
 const EMPTY_OVERLAPS = { overlaps: new Int32Array(0), ranks: new Int32Array(0) };
@@ -141,7 +157,7 @@ export class StepPolicy implements RoutingPolicy {
   /** Runs the pipeline; returns the context with `winner` set (a position in `all`). */
   decide(req: RoutingRequest, all: readonly WorkerState[]): Ctx {
     const ctx = new Ctx(req, this.step, this.scope, all, this.source, this.heldOf);
-    let at: readonly number[] = all.map((_, i) => i);
+    let at: readonly number[] = identity(all.length);
     for (const f of this.filters) {
       const kept = f.filter(ctx, at);
       // A filter that would leave nothing is ignored: the step must still choose.
@@ -150,8 +166,9 @@ export class StepPolicy implements RoutingPolicy {
     // A filter's reason (the guard's "load-balance") names the decision, whatever the picker says.
     const filterReason = ctx.reason;
     const n = at.length;
-    const totals = new Float64Array(n);
     const ns = this.scorers.length;
+    // No scorers (round-robin, least-load): a shared read-only zero row, nothing allocated.
+    const totals = ns > 0 ? new Float64Array(n) : zeros(n);
     const values = ns > 0 ? new Float64Array(ns * n) : null;
     for (let s = 0; s < ns; s++) {
       const out = values!.subarray(s * n, (s + 1) * n);
@@ -163,18 +180,33 @@ export class StepPolicy implements RoutingPolicy {
     if (filterReason !== undefined) ctx.reason = filterReason;
     else if (ctx.reason === undefined)
       ctx.reason = this.source ? (ctx.overlaps()[ctx.winner] > 0 ? "overlap" : "load") : "score";
-    const record = { requestId: req.requestId, model: this.scope.model, step: this.step, all, kept: at };
-    const r = {
-      ...record,
-      scorerNames: this.scorerNames,
+    this.log?.record(
+      req.requestId,
+      this.scope.model,
+      this.step,
+      all,
+      at,
+      this.scorerNames,
       values,
       totals,
-      winner: ctx.winner,
-      reason: ctx.reason,
-    };
-    this.log?.record(r);
-    if (this.scope.logger.isLevelEnabled("debug"))
+      ctx.winner,
+      ctx.reason,
+    );
+    if (this.scope.logger.isLevelEnabled("debug")) {
+      const r: DecisionRecord = {
+        requestId: req.requestId,
+        model: this.scope.model,
+        step: this.step,
+        all,
+        kept: at,
+        scorerNames: this.scorerNames,
+        values,
+        totals,
+        winner: ctx.winner,
+        reason: ctx.reason,
+      };
       this.scope.logger.debug({ decision: explain(r) }, "scheduling decision");
+    }
     return ctx;
   }
 
