@@ -1,8 +1,9 @@
 /**
- * The server's KV ingestion extension (`ServerExtensions.kvIngestFactory`): when the policy is
- * kv-aware, one KvIngest follows the server's discovery watcher and feeds one KvIndex, which the
- * AutoRouter hands to every model's policy as `PolicyContext.kvIndex` (worker ids are unique
- * across models, so one index serves them all). Other policies get no ingestion.
+ * The server's KV ingestion extension (`ServerExtensions.kvIngestFactory`): one KvIngest follows
+ * the server's discovery watcher and feeds one KvIndex, which the AutoRouter hands to every
+ * model's scheduler (worker ids are unique across models, so one index serves them all). The
+ * server calls it only when its scheduling profiles need the index (a plugin declaring
+ * `kvIndex`, src/router/pipeline); otherwise nothing is ingested.
  */
 
 import { Counter, Histogram } from "prom-client";
@@ -10,16 +11,11 @@ import type { KvIngestFactory, KvIngest as ServerKvIngest } from "../server/exte
 import { KvIngest } from "./ingest.ts";
 
 export interface ServerKvIngestHandle extends ServerKvIngest {
-  /** The ingest itself (null when the policy does not use KV events). */
+  /** The ingest itself. */
   readonly ingest: KvIngest | null;
 }
 
-/** Policies that read the KV index. */
-const KV_POLICIES = new Set(["kv-aware"]);
-
 export const createServerKvIngest: KvIngestFactory = (ctx): ServerKvIngestHandle => {
-  if (!KV_POLICIES.has(ctx.config.policy))
-    return { ingest: null, indexFor: () => undefined, close: async () => {} };
   const ingest = new KvIngest({
     watcher: ctx.discovery,
     logger: ctx.logger.child({ component: "kv-ingest" }),
@@ -31,7 +27,7 @@ export const createServerKvIngest: KvIngestFactory = (ctx): ServerKvIngestHandle
   });
   const decisions = new Counter({
     name: "infera_kv_routing_decisions_total",
-    help: "kv-aware routing decisions by reason (overlap, load, load-balance)",
+    help: "KV-aware routing decisions by reason (overlap, load, load-balance)",
     labelNames: ["reason"],
     registers: [ctx.registry],
   });

@@ -12,7 +12,8 @@ import { InferaError, ModelNotFoundError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
 import { MixedRouter, type RouterObserver } from "./mixed.ts";
 import { mixedCandidates, PdOrMixedRouter } from "./pd-or-mixed.ts";
-import { policies, policyNames } from "./policies/index.ts";
+import { buildScheduling, type Scheduling } from "./pipeline/build.ts";
+import type { DecisionLog } from "./pipeline/decisions.ts";
 import type { DisaggRouterFactory, DisaggSettings, ModelRouter, RoutingPolicy } from "./types.ts";
 import type { LiveWorker, WorkerSet } from "./worker-set.ts";
 
@@ -28,7 +29,14 @@ export interface AutoRouterOptions {
   disagg?: DisaggSettings;
   maxRetries?: number;
   logger: Logger;
-  /** The KV prefix index of a model, when the server ingests KV events (kv-aware policies). */
+  /**
+   * The scheduling built from policy, policyOptions and the config's profiles (the server
+   * builds it first, to start what its needs say); built here from `policy` when absent.
+   */
+  scheduling?: Scheduling;
+  /** Where each decision is explained (the server's /debug/decisions ring). */
+  decisions?: DecisionLog;
+  /** The KV prefix index of a model, when the server ingests KV events (needs `kvIndex`). */
   kvIndexFor?: (model: string) => PrefixIndex | undefined;
   observer?: RouterObserver;
 }
@@ -43,11 +51,11 @@ export class AutoRouter {
   private readonly modelPolicies = new Map<string, RoutingPolicy>();
   private readonly mode: RouterMode;
   private readonly unsubscribe: () => void;
+  readonly scheduling: Scheduling;
 
   constructor(private readonly o: AutoRouterOptions) {
-    if (!policies[o.policy]) {
-      throw new Error(`unknown routing policy '${o.policy}' (known: ${policyNames().join(", ")})`);
-    }
+    this.scheduling =
+      o.scheduling ?? buildScheduling({ policy: o.policy, policyOptions: o.policyOptions, router: o.mode });
     this.mode = o.mode ?? "auto";
     if (this.mode === "disagg" && !o.disaggFactory) {
       throw new Error("--router disagg needs a DisaggRouter, and none is built into this server");
@@ -90,10 +98,11 @@ export class AutoRouter {
   policyFor(model: string): RoutingPolicy {
     let p = this.modelPolicies.get(model);
     if (!p) {
-      p = policies[this.o.policy]!({
-        logger: this.o.logger.child({ model, policy: this.o.policy }),
-        options: this.o.policyOptions ?? {},
+      p = this.scheduling.create({
+        model,
+        logger: this.o.logger.child({ model, policy: this.scheduling.policy }),
         kvIndex: this.o.kvIndexFor?.(model),
+        decisions: this.o.decisions,
       });
       this.modelPolicies.set(model, p);
     }
@@ -137,7 +146,7 @@ export class AutoRouter {
       policy,
       workers: ws,
       maxRetries: this.o.maxRetries ?? 2,
-      trackPrefill: this.o.policy !== "round-robin",
+      trackPrefill: this.scheduling.trackPrefill,
       logger: this.o.logger.child({ model, router: "mixed" }),
       observer: this.o.observer,
     });

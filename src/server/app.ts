@@ -11,6 +11,8 @@ import type { DiscoveryWatcher } from "../discovery/types.ts";
 import { loadTokenizer, type Tokenizer } from "../kv/tokenizer.ts";
 import { DrainingError, echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
 import { AutoRouter } from "../router/auto.ts";
+import { buildScheduling, type Scheduling } from "../router/pipeline/build.ts";
+import { DecisionLog } from "../router/pipeline/decisions.ts";
 import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
@@ -48,6 +50,10 @@ export interface InferaServer {
   scraper: LoadScraper;
   kvIngest: KvIngest | null;
   tokenizer: Tokenizer;
+  /** The scheduling profiles and what they need (what this server started). */
+  scheduling: Scheduling;
+  /** The last routing decisions, explained (GET /debug/decisions). */
+  decisions: DecisionLog;
   httpServer: Server;
   /**
    * Graceful stop (SIGTERM): stop accepting, answer /ready 503 and new requests 503 on
@@ -73,6 +79,14 @@ export async function startServer(
   opts: StartServerOptions = {},
 ): Promise<InferaServer> {
   const config = mergeConfig(input);
+  // First: a bad profile or policy option is refused before anything starts.
+  const scheduling = buildScheduling({
+    policy: config.policy,
+    policyOptions: config.policyOptions,
+    profiles: config.profiles,
+    router: config.router,
+  });
+  const needs = scheduling.needs;
   const logger = (opts.logger ?? createLogger("server")).child({}, { redact: REDACT });
   const ext: ServerExtensions = {
     ...builtinExtensions,
@@ -96,8 +110,8 @@ export async function startServer(
     logger,
   };
 
-  const kvIngest =
-    ext.kvIngestFactory && config.policy !== "round-robin" ? await ext.kvIngestFactory(cctx) : null;
+  // KV ingest only when a plugin of the used profiles reads the prefix index.
+  const kvIngest = ext.kvIngestFactory && needs.has("kvIndex") ? await ext.kvIngestFactory(cctx) : null;
   let executor: ManagedExecutor;
   if (opts.executor) executor = opts.executor;
   else if (config.requestPlane === "http") executor = new HttpExecutor(config.upstream);
@@ -112,6 +126,7 @@ export async function startServer(
     if (!workers.list().some((w) => w.record.url === url)) executor.forget?.(url);
   });
 
+  const decisions = new DecisionLog();
   const router = new AutoRouter({
     workers,
     policy: config.policy,
@@ -123,9 +138,12 @@ export async function startServer(
     logger,
     kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
     observer: metrics,
+    scheduling,
+    decisions,
   });
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
-  scraper.start();
+  // Engine load is scraped only when a plugin reads it (every PD decode step does).
+  if (needs.has("engineLoad")) scraper.start();
 
   const auth = new ApiKeyAuth(config.apiKeys);
   const pctx: ProxyContext = {
@@ -136,9 +154,9 @@ export async function startServer(
     auth,
     maxBodyBytes: config.maxBodyBytes,
     maxResponseBufferBytes: config.maxResponseBufferBytes,
-    // Round-robin over mixed workers never reads the prompt; anything else may (prefix
-    // matching, prefill accounting), so long prompts are tokenized ahead, in slices.
-    preparePrompt: !(config.policy === "round-robin" && config.router === "mixed"),
+    // Profiles that read the prompt (prefix matching, prefill accounting), and PD routing
+    // (prefill accounting), get long prompts tokenized ahead, in slices.
+    preparePrompt: needs.has("promptTokens") || needs.has("approxTree") || config.router !== "mixed",
     logger,
   };
 
@@ -200,6 +218,11 @@ export async function startServer(
           case "/v1/workers":
             auth.check(req.headers);
             sendJson(res, 200, workerList(workers, router));
+            return;
+          case "/debug/decisions":
+            // Worker ids, loads and prompts' cache state: behind the API key like /v1/workers.
+            auth.check(req.headers);
+            sendJson(res, 200, decisionList(decisions, q < 0 ? "" : url.slice(q + 1)));
             return;
         }
       }
@@ -300,6 +323,8 @@ export async function startServer(
     scraper,
     kvIngest,
     tokenizer,
+    scheduling,
+    decisions,
     httpServer,
     drain,
     close,
@@ -334,6 +359,7 @@ const KNOWN = new Set([
   "/metrics",
   "/v1/models",
   "/v1/workers",
+  "/debug/decisions",
   "/v1/chat/completions",
   "/v1/completions",
 ]);
@@ -354,6 +380,15 @@ function modelList(workers: WorkerSet) {
     });
   }
   return { object: "list", data };
+}
+
+/** `?model=m&limit=n` over the decision ring, newest last. */
+function decisionList(log: DecisionLog, query: string) {
+  const params = new URLSearchParams(query);
+  const model = params.get("model") ?? undefined;
+  const n = Number(params.get("limit"));
+  const limit = Number.isInteger(n) && n > 0 ? n : undefined;
+  return { object: "list", capacity: log.capacity, data: log.list({ model, limit }) };
 }
 
 function workerList(workers: WorkerSet, router: AutoRouter) {

@@ -37,7 +37,7 @@ export interface ServerConfig {
   discovery: DiscoveryConfig;
   /** The routing preset. */
   policy: string;
-  /** The preset's knobs (the policy checks their names). */
+  /** The preset's knobs (the scheduler checks their names). */
   policyOptions: Record<string, PolicyOptionValue>;
   /** Per-step scheduling profiles (src/router/pipeline/config-schema.ts); absent = the preset's. */
   profiles?: ProfilesConfig;

@@ -1,34 +1,22 @@
 /**
- * Pair selection for the DisaggRouter. P: the server's policy (kv-aware where KV events
- * exist) over the prefill workers that have a decode partner speaking the same connector
- * (and, for MoRIIO, in the same transfer mode).
- * D: least load among the decode workers of P's connector: fewest in-flight requests here,
- * then the engine's own running + waiting, then KV usage.
+ * Pair selection for the DisaggRouter. P: the scheduler's `prefill` step over the prefill
+ * workers that have a decode partner speaking the same connector (and, for MoRIIO, in the same
+ * transfer mode). D: the scheduler's `decode` step over the decode workers of P's connector —
+ * least-load in every preset (fewest in-flight requests here, then the engine's own
+ * running + waiting, then KV usage), any profile through the config's `profiles.decode`.
+ * A plain RoutingPolicy (not a Scheduler) chooses P, and D is least-load.
  */
 import type { ConnectorKind } from "../../discovery/types.ts";
+import { Scheduler } from "../pipeline/scheduler.ts";
+import { decodeLoadKey, leastLoadedWorker } from "../pipeline/util.ts";
 import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
 import { pairingKey, protocolFor } from "./protocols/index.ts";
 
-export function decodeLoadKey(w: WorkerState): [number, number, number] {
-  const l = w.engineLoad;
-  return [w.inFlight, l ? l.running + l.waiting : 0, l ? l.kvUsage : 0];
-}
+export { decodeLoadKey };
 
+/** The least-loaded decode worker (the pdFallbackMixed target and the plain-policy D). */
 export function leastLoaded(ws: readonly WorkerState[]): WorkerState | null {
-  let best: WorkerState | null = null;
-  let bestKey: [number, number, number] | null = null;
-  for (const w of ws) {
-    const k = decodeLoadKey(w);
-    if (
-      !bestKey ||
-      k[0] < bestKey[0] ||
-      (k[0] === bestKey[0] && (k[1] < bestKey[1] || (k[1] === bestKey[1] && k[2] < bestKey[2])))
-    ) {
-      best = w;
-      bestKey = k;
-    }
-  }
-  return best;
+  return leastLoadedWorker(ws);
 }
 
 export interface PairChoice {
@@ -49,10 +37,18 @@ export function choosePair(
   for (const d of decodes) if (protocolFor(d.record.connector.kind)) decodeKeys.add(pairingKey(d.record));
   const pCands = prefills.filter((p) => !exclude.has(p) && decodeKeys.has(pairingKey(p.record)));
   if (pCands.length === 0) return null;
-  const prefill = policy.select(req, pCands);
+  const sched = policy instanceof Scheduler ? policy : null;
+  const prefill = sched ? sched.selectFor("prefill", req, pCands) : policy.select(req, pCands);
   const kind = prefill.worker.record.connector.kind as Exclude<ConnectorKind, "none">;
   const key = pairingKey(prefill.worker.record);
-  const decode = leastLoaded(decodes.filter((d) => pairingKey(d.record) === key));
+  const dCands = decodes.filter((d) => pairingKey(d.record) === key);
+  if (dCands.length === 0) return null;
+  let decode: WorkerState | null;
+  if (sched) {
+    const step = sched.step("decode");
+    decode = step.select(req, dCands).worker;
+    step.onRouted(req, decode);
+  } else decode = leastLoaded(dCands);
   if (!decode) return null;
   return { prefill, decode, kind };
 }

@@ -1,15 +1,16 @@
+/**
+ * The former policy registry, kept as a thin view over the pipeline's presets
+ * (src/router/pipeline/presets.ts): `policies[name](ctx)` builds that preset's Scheduler for one
+ * model. New code uses `buildScheduling` (src/router/pipeline/build.ts).
+ */
+import { presetNames, presets } from "../pipeline/presets.ts";
 import type { PolicyFactory } from "../types.ts";
-import { createApproxPrefix } from "./approx-prefix.ts";
-import { createKvAware } from "./kv-aware.ts";
-import { createRoundRobin } from "./round-robin.ts";
+import { presetPolicy } from "./preset-policy.ts";
 
-/** Policy registry: one line per policy; each policy lives in its own file beside this one. */
-export const policies: Record<string, PolicyFactory> = {
-  "round-robin": createRoundRobin,
-  "kv-aware": createKvAware,
-  "approx-prefix": createApproxPrefix,
-};
+export const policies: Record<string, PolicyFactory> = Object.fromEntries(
+  Object.keys(presets).map((name) => [name, (ctx) => presetPolicy(name, ctx)]),
+);
 
 export function policyNames(): string[] {
-  return Object.keys(policies);
+  return presetNames();
 }

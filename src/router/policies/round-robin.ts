@@ -1,15 +1,5 @@
-/** Round-robin: each request goes to the next available worker in turn (an exact, even spread). */
-import type { PolicyFactory, RoutingPolicy, Selection } from "../types.ts";
+/** Round-robin: the `round-robin` preset of the scheduling pipeline (src/router/pipeline/presets.ts). */
+import type { PolicyFactory } from "../types.ts";
+import { presetPolicy } from "./preset-policy.ts";
 
-export const createRoundRobin: PolicyFactory = () => {
-  let next = 0;
-  const policy: RoutingPolicy = {
-    name: "round-robin",
-    select(_req, candidates): Selection {
-      const i = next % candidates.length;
-      next = (next + 1) % 0x40000000;
-      return { worker: candidates[i]!, reason: "round-robin" };
-    },
-  };
-  return policy;
-};
+export const createRoundRobin: PolicyFactory = (ctx) => presetPolicy("round-robin", ctx);

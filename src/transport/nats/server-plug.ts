@@ -50,10 +50,11 @@ export const createNatsExecutor: ExecutorFactory = async (ctx) => {
   return managed;
 };
 
-/** `--event-plane nats`: the KV index fed from the agents' relays instead of each engine's ZMQ. */
+/**
+ * `--event-plane nats`: the KV index fed from the agents' relays instead of each engine's ZMQ.
+ * As the ZMQ ingest, the server calls it only when its scheduling profiles need the index.
+ */
 export const createNatsKvIngest: KvIngestFactory = async (ctx) => {
-  // As the ZMQ ingest: only the kv-aware policy reads the index.
-  if (ctx.config.policy !== "kv-aware") return { indexFor: () => undefined, close: async () => {} };
   const nc: NatsConnection = await connectNats(natsOptions(ctx, "kv"));
   const ingest = new NatsKvIngest({
     nc,

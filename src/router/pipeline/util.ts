@@ -1,7 +1,10 @@
-/** Helpers shared by the kv-aware and approx-prefix policies. */
-import type { WorkerState } from "../router/types.ts";
+/**
+ * Helpers shared by the pipeline's plugins (moved out of src/kv: they are routing rules, not
+ * KV-index code).
+ */
+import type { WorkerState } from "../types.ts";
 
-/** A numeric policy option (flags arrive as numbers or numeric strings). */
+/** A numeric option (flags arrive as numbers or numeric strings). */
 export function numOption(opts: Readonly<Record<string, unknown>>, name: string, def: number): number {
   const v = opts[name];
   const n = typeof v === "number" ? v : typeof v === "string" && v.trim() !== "" ? Number(v) : Number.NaN;
@@ -29,19 +32,46 @@ export function isImbalanced(loads: ArrayLike<number>, absThreshold: number, rel
   return max - min > absThreshold && max > min * relThreshold;
 }
 
-/** Index of the least-loaded worker; ties → the larger `prefer` value, then the smaller worker id. */
-export function leastLoaded(
-  candidates: readonly WorkerState[],
+/**
+ * Index (into `ids`) of the least-loaded entry; ties → the larger `prefer` value, then the
+ * smaller id.
+ */
+export function leastLoadedIndex(
+  ids: readonly string[],
   loads: ArrayLike<number>,
   prefer?: ArrayLike<number>,
 ): number {
   let best = 0;
-  for (let i = 1; i < candidates.length; i++) {
+  for (let i = 1; i < ids.length; i++) {
     const d = loads[i] - loads[best];
     if (d < 0) best = i;
     else if (d === 0) {
       const p = prefer ? prefer[i] - prefer[best] : 0;
-      if (p > 0 || (p === 0 && candidates[i].record.id < candidates[best].record.id)) best = i;
+      if (p > 0 || (p === 0 && ids[i] < ids[best])) best = i;
+    }
+  }
+  return best;
+}
+
+/** The decode-side load key: in-flight here, then the engine's running + waiting, then KV usage. */
+export function decodeLoadKey(w: WorkerState): [number, number, number] {
+  const l = w.engineLoad;
+  return [w.inFlight, l ? l.running + l.waiting : 0, l ? l.kvUsage : 0];
+}
+
+/** The first worker with the smallest decodeLoadKey (list order breaks ties). */
+export function leastLoadedWorker(ws: readonly WorkerState[]): WorkerState | null {
+  let best: WorkerState | null = null;
+  let bestKey: [number, number, number] | null = null;
+  for (const w of ws) {
+    const k = decodeLoadKey(w);
+    if (
+      !bestKey ||
+      k[0] < bestKey[0] ||
+      (k[0] === bestKey[0] && (k[1] < bestKey[1] || (k[1] === bestKey[1] && k[2] < bestKey[2])))
+    ) {
+      best = w;
+      bestKey = k;
     }
   }
   return best;

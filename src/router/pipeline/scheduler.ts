@@ -1,0 +1,343 @@
+/**
+ * The Scheduler: one per model, built from three step profiles (mixed, prefill, decode). It is
+ * the `RoutingPolicy` the routers call: `select` runs the mixed step, `step("prefill")` and
+ * `step("decode")` are the PD steps (disagg/select.ts). State shared across steps (the
+ * round-robin turn, the prefill ledger, prefix trees) lives in the model scope, so a model that
+ * switches between mixed and PD routing keeps one history, as a single policy instance did.
+ */
+import type { PrefixIndex } from "../../kv/prefix-index.ts";
+import type { Logger } from "../../util/log.ts";
+import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
+import { type DecisionLog, type DecisionRecord, explain } from "./decisions.ts";
+import { filters as filterDefs, pickers as pickerDefs, scorers as scorerDefs } from "./registry.ts";
+import type {
+  Filter,
+  ModelScope,
+  OverlapSource,
+  Picker,
+  ProfileSet,
+  ProfileSpec,
+  Scorer,
+  Step,
+  StepContext,
+} from "./types.ts";
+import { requestLoad } from "./util.ts";
+
+export interface SchedulerStats {
+  /** Decisions by reason. */
+  decisions: Record<string, number>;
+  /** Sum of the chosen workers' cached blocks and of the prompts' blocks (overlap-aware steps). */
+  overlapBlocks: number;
+  promptBlocks: number;
+}
+
+export interface SchedulerOptions {
+  /** The policy (preset) name: metrics label and logs. */
+  name: string;
+  model: string;
+  logger: Logger;
+  kvIndex?: PrefixIndex;
+  profiles: ProfileSet;
+  /** Where decisions are explained (the server's ring buffer). */
+  decisions?: DecisionLog;
+}
+
+/** Cached [0, 1, …, n−1] rows (never written: filters return new arrays). */
+const identities: (readonly number[])[] = [];
+function identity(n: number): readonly number[] {
+  if (n >= 256) return Array.from({ length: n }, (_, i) => i);
+  identities[n] ??= Object.freeze(Array.from({ length: n }, (_, i) => i));
+  return identities[n];
+}
+
+/** Cached zero totals for steps without scorers (never written). */
+const zeroRows: Float64Array[] = [];
+function zeros(n: number): Float64Array {
+  if (n >= 256) return new Float64Array(n);
+  zeroRows[n] ??= new Float64Array(n);
+  return zeroRows[n];
+}
+
+const EMPTY_OVERLAPS = { overlaps: new Int32Array(0), ranks: new Int32Array(0) };
+
+class Ctx implements StepContext {
+  reason?: string;
+  winner = -1;
+  private ov: { overlaps: Int32Array; ranks: Int32Array } | null = null;
+  private bs: Int32Array | null = null;
+  private ld: Float64Array | null = null;
+
+  constructor(
+    readonly req: RoutingRequest,
+    readonly step: Step,
+    readonly scope: ModelScope,
+    readonly all: readonly WorkerState[],
+    private readonly source: OverlapSource | undefined,
+    private readonly heldOf: ((id: string) => number) | undefined,
+  ) {}
+
+  private computeOverlaps() {
+    if (this.ov) return this.ov;
+    if (this.source) this.ov = this.source.overlaps(this);
+    else {
+      const n = this.all.length;
+      this.ov = n === 0 ? EMPTY_OVERLAPS : { overlaps: new Int32Array(n), ranks: new Int32Array(n).fill(-1) };
+    }
+    return this.ov;
+  }
+
+  overlaps(): Int32Array {
+    return this.computeOverlaps().overlaps;
+  }
+
+  ranks(): Int32Array {
+    return this.computeOverlaps().ranks;
+  }
+
+  blockSize(pos: number): number {
+    if (!this.bs) {
+      const idx = this.scope.kvIndex;
+      this.bs = Int32Array.from(
+        this.all,
+        (c) => idx?.blockSizeOf(c.record.id) ?? (c.record.blockSize > 0 ? c.record.blockSize : 16),
+      );
+    }
+    return this.bs[pos];
+  }
+
+  promptBlocks(pos: number): number {
+    return Math.floor(this.req.promptTokens().length / this.blockSize(pos));
+  }
+
+  held(pos: number): number {
+    const id = this.all[pos].record.id;
+    if (this.heldOf) return this.heldOf(id);
+    const idx = this.scope.kvIndex;
+    return idx?.hasWorker(id) ? idx.blockCount(id) : 0;
+  }
+
+  loads(): Float64Array {
+    this.ld ??= Float64Array.from(this.all, requestLoad);
+    return this.ld;
+  }
+}
+
+/** One step's pipeline as a RoutingPolicy. */
+export class StepPolicy implements RoutingPolicy {
+  readonly filters: Filter[];
+  readonly scorers: Scorer[];
+  readonly weights: number[];
+  readonly scorerNames: string[];
+  readonly picker: Picker;
+  private readonly source: OverlapSource | undefined;
+  private readonly heldOf: ((id: string) => number) | undefined;
+  /** The last decision (onRouted follows select for the same request). */
+  last: Ctx | null = null;
+
+  constructor(
+    readonly name: string,
+    readonly step: Step,
+    private readonly scope: ModelScope,
+    spec: ProfileSpec,
+    private readonly stats: SchedulerStats,
+    private readonly log: DecisionLog | undefined,
+  ) {
+    this.filters = (spec.filters ?? []).map((f) =>
+      build(filterDefs, "filter", f.name).build(scope, f.params),
+    );
+    this.scorers = spec.scorers.map((s) => build(scorerDefs, "scorer", s.name).build(scope, s.params));
+    this.weights = spec.scorers.map((s) => s.weight);
+    this.scorerNames = spec.scorers.map((s) => s.name);
+    this.picker = build(pickerDefs, "picker", spec.picker.name).build(scope, spec.picker.params);
+    this.source = this.scorers.find((s) => s.overlapSource)?.overlapSource;
+    const view = this.source ?? this.scorers.find((s) => s.cacheView)?.cacheView;
+    this.heldOf = view ? (id) => view.held(id) : undefined;
+  }
+
+  /** Runs the pipeline; returns the context with `winner` set (a position in `all`). */
+  decide(req: RoutingRequest, all: readonly WorkerState[]): Ctx {
+    const ctx = new Ctx(req, this.step, this.scope, all, this.source, this.heldOf);
+    let at: readonly number[] = identity(all.length);
+    for (const f of this.filters) {
+      const kept = f.filter(ctx, at);
+      // A filter that would leave nothing is ignored: the step must still choose.
+      if (kept.length > 0) at = kept;
+    }
+    // A filter's reason (the guard's "load-balance") names the decision, whatever the picker says.
+    const filterReason = ctx.reason;
+    const n = at.length;
+    const ns = this.scorers.length;
+    // No scorers (round-robin, least-load): a shared read-only zero row, nothing allocated.
+    const totals = ns > 0 ? new Float64Array(n) : zeros(n);
+    const values = ns > 0 ? new Float64Array(ns * n) : null;
+    for (let s = 0; s < ns; s++) {
+      const out = values!.subarray(s * n, (s + 1) * n);
+      this.scorers[s].score(ctx, at, this.weights[s], out);
+      for (let k = 0; k < n; k++) totals[k] += out[k];
+    }
+    const k = this.picker.pick(ctx, at, totals);
+    ctx.winner = at[k];
+    if (filterReason !== undefined) ctx.reason = filterReason;
+    else if (ctx.reason === undefined)
+      ctx.reason = this.source ? (ctx.overlaps()[ctx.winner] > 0 ? "overlap" : "load") : "score";
+    this.log?.record(
+      req.requestId,
+      this.scope.model,
+      this.step,
+      all,
+      at,
+      this.scorerNames,
+      values,
+      totals,
+      ctx.winner,
+      ctx.reason,
+    );
+    if (this.scope.logger.isLevelEnabled("debug")) {
+      const r: DecisionRecord = {
+        requestId: req.requestId,
+        model: this.scope.model,
+        step: this.step,
+        all,
+        kept: at,
+        scorerNames: this.scorerNames,
+        values,
+        totals,
+        winner: ctx.winner,
+        reason: ctx.reason,
+      };
+      this.scope.logger.debug({ decision: explain(r) }, "scheduling decision");
+    }
+    return ctx;
+  }
+
+  select(req: RoutingRequest, candidates: readonly WorkerState[]): Selection {
+    const ctx = this.decide(req, candidates);
+    this.last = ctx;
+    const i = ctx.winner;
+    const worker = candidates[i];
+    const reason = ctx.reason!;
+    this.stats.decisions[reason] = (this.stats.decisions[reason] ?? 0) + 1;
+    if (!this.source) return { worker, reason };
+    const overlap = ctx.overlaps()[i];
+    const blocks = ctx.promptBlocks(i);
+    this.stats.overlapBlocks += overlap;
+    this.stats.promptBlocks += blocks;
+    this.scope.kvIndex?.decisionObserver?.(reason, overlap, blocks);
+    const dpRank = pinnedRank(worker, overlap, ctx.ranks()[i]);
+    return dpRank === undefined
+      ? { worker, overlapBlocks: overlap, reason }
+      : { worker, overlapBlocks: overlap, reason, dpRank };
+  }
+
+  onRouted(req: RoutingRequest, worker: WorkerState): void {
+    const ctx = this.last?.req.requestId === req.requestId ? this.last : null;
+    for (const s of this.scorers) s.onRouted?.(req, worker, ctx);
+    this.source?.onRouted?.(req, worker);
+    this.picker.onRouted?.(req, worker);
+    this.last = null;
+  }
+
+  onWorkerRemoved(id: string): void {
+    for (const s of this.scorers) s.onWorkerRemoved?.(id);
+    this.source?.onWorkerRemoved?.(id);
+    this.picker.onWorkerRemoved?.(id);
+  }
+
+  /** Per candidate: overlap blocks and total cost, without recording a decision (tests, logs). */
+  explain(req: RoutingRequest, candidates: readonly WorkerState[]): { overlaps: number[]; costs: number[] } {
+    const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf);
+    const at = candidates.map((_, i) => i);
+    const costs = new Float64Array(at.length);
+    const out = new Float64Array(at.length);
+    this.scorers.forEach((s, si) => {
+      s.score(ctx, at, this.weights[si], out);
+      for (let k = 0; k < at.length; k++) costs[k] += out[k];
+    });
+    return { overlaps: Array.from(ctx.overlaps()), costs: Array.from(costs) };
+  }
+}
+
+function build<T>(
+  defs: ReadonlyMap<string, { build(scope: ModelScope, params: unknown): T }>,
+  kind: string,
+  name: string,
+) {
+  const d = defs.get(name);
+  if (!d) throw new Error(`unknown ${kind} '${name}' (known: ${[...defs.keys()].join(", ")})`);
+  return d;
+}
+
+/** The rank to pin on a vLLM DP worker whose best rank holds part of the prompt. */
+function pinnedRank(c: WorkerState, overlap: number, rank: number): number | undefined {
+  if (overlap <= 0 || rank < 0 || c.record.engine !== "vllm") return undefined;
+  // Only a worker that fronts several ranks (its record lists them): a record per rank (vLLM
+  // external load balancing) serves one rank, and a header naming another would be wrong.
+  return (c.record.kvEvents?.ranks?.length ?? 0) > 1 ? rank : undefined;
+}
+
+/** A model's scheduler: the mixed step as `select`, the PD steps through `step()`. */
+export class Scheduler implements RoutingPolicy {
+  readonly name: string;
+  readonly stats: SchedulerStats = { decisions: {}, overlapBlocks: 0, promptBlocks: 0 };
+  private readonly steps: Record<Step, StepPolicy>;
+  /** The step whose select ran last for a request (onRouted goes there). */
+  private lastRouted: { requestId: string; step: StepPolicy } | null = null;
+
+  constructor(o: SchedulerOptions) {
+    this.name = o.name;
+    const shared = new Map<string, unknown>();
+    const scope: ModelScope = {
+      model: o.model,
+      logger: o.logger,
+      kvIndex: o.kvIndex,
+      shared<T>(key: string, make: () => T): T {
+        let v = shared.get(key) as T | undefined;
+        if (v === undefined) {
+          v = make();
+          shared.set(key, v);
+        }
+        return v;
+      },
+    };
+    const mk = (s: Step) => new StepPolicy(o.name, s, scope, o.profiles[s], this.stats, o.decisions);
+    this.steps = { mixed: mk("mixed"), prefill: mk("prefill"), decode: mk("decode") };
+  }
+
+  step(s: Step): StepPolicy {
+    return this.steps[s];
+  }
+
+  select(req: RoutingRequest, candidates: readonly WorkerState[]): Selection {
+    return this.selectFor("mixed", req, candidates);
+  }
+
+  /** Runs one step; `onRouted` after it reaches that step's plugins. */
+  selectFor(s: Step, req: RoutingRequest, candidates: readonly WorkerState[]): Selection {
+    const p = this.steps[s];
+    const sel = p.select(req, candidates);
+    this.lastRouted = { requestId: req.requestId, step: p };
+    return sel;
+  }
+
+  onRouted(req: RoutingRequest, worker: WorkerState): void {
+    const p = this.lastRouted?.requestId === req.requestId ? this.lastRouted.step : this.steps.mixed;
+    this.lastRouted = null;
+    p.onRouted(req, worker);
+  }
+
+  onWorkerRemoved(id: string): void {
+    this.steps.mixed.onWorkerRemoved(id);
+    this.steps.prefill.onWorkerRemoved(id);
+    this.steps.decode.onWorkerRemoved(id);
+  }
+
+  /** The mixed step's per-candidate overlap and cost (kv-aware's former `explain`). */
+  explain(req: RoutingRequest, candidates: readonly WorkerState[]): { overlaps: number[]; costs: number[] } {
+    return this.steps.mixed.explain(req, candidates);
+  }
+}
+
+/** The step policy of `policy` when it is a Scheduler, else null (a plain RoutingPolicy). */
+export function stepOf(policy: RoutingPolicy, s: Step): StepPolicy | null {
+  return policy instanceof Scheduler ? policy.step(s) : null;
+}
