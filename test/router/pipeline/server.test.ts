@@ -185,17 +185,21 @@ test("a bad profile or an unknown policy option is refused with its path before 
     `profiles:\n  prefill:\n    scorers:\n      - {name: kv-prefix, weight: 1}\n      - {name: engine-queue, weight: heavy}\n    picker: {name: argmin}\n`,
   );
   await assert.rejects(
-    startServer({ ...configFromFile(file), port: 0 }, { discovery: new MemoryDiscovery([]), logger }),
-    /profiles\.prefill\.scorers\[1\]\.weight/,
+    async () =>
+      startServer({ ...configFromFile(file), port: 0 }, { discovery: new MemoryDiscovery([]), logger }),
+    // The file layer's schema refuses it and names the layer: --config <file>: <path>.
+    /--config \S*bad\.yaml: profiles\.prefill\.scorers\[1\]\.weight/,
   );
   writeFileSync(file, `profiles:\n  decode:\n    picker: {name: argmin, params: {temprature: 1}}\n`);
   await assert.rejects(
-    startServer({ ...configFromFile(file), port: 0 }, { discovery: new MemoryDiscovery([]), logger }),
+    async () =>
+      startServer({ ...configFromFile(file), port: 0 }, { discovery: new MemoryDiscovery([]), logger }),
     /profiles\.decode\.picker\.params.*temprature/,
   );
   writeFileSync(file, `profiles:\n  mixed:\n    picker: {name: no-such-picker}\n`);
   await assert.rejects(
-    startServer({ ...configFromFile(file), port: 0 }, { discovery: new MemoryDiscovery([]), logger }),
+    async () =>
+      startServer({ ...configFromFile(file), port: 0 }, { discovery: new MemoryDiscovery([]), logger }),
     /profiles\.mixed\.picker\.name: unknown picker 'no-such-picker'/,
   );
   await assert.rejects(
