@@ -4,8 +4,11 @@
  * it a `RequestExecutor` that knows how to send a body to a worker over the request plane
  * (HTTP or NATS; the contract is src/transport/types.ts). The router returns the upstream
  * response the server streams to the client.
- * Policies rank workers; each lives in one file under ./policies and one line of the
- * registry in ./policies/index.ts.
+ * Workers are ranked by the scheduling pipeline (./pipeline): a model's `Scheduler` implements
+ * `RoutingPolicy` from the profiles that `buildScheduling` (./pipeline/build.ts) resolves from
+ * a preset (./pipeline/presets.ts) and the config's `profiles`; each filter, scorer and picker
+ * is one file and one import line in ./pipeline/registry.ts. ./policies holds only thin
+ * wrappers that build a preset under its former policy name.
  */
 import type { WorkerRecord } from "../discovery/types.ts";
 import type { PrefixIndex } from "../kv/prefix-index.ts";

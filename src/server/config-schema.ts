@@ -49,7 +49,7 @@ const strList = (what: string) =>
 export const ROUTER_MODES = ["auto", "mixed", "disagg"] as const;
 export const EVENT_PLANES = ["zmq", "nats"] as const;
 
-/** etcd's `discovery.options` (src/discovery/etcd.ts createEtcdWatcherFromConfig). */
+/** etcd's `discovery.options` (src/discovery/etcd-watcher.ts createEtcdWatcherFromConfig). */
 export const etcdDiscoveryOptionsSchema = z
   .object({
     username: str("etcd user"),
@@ -63,7 +63,7 @@ export const etcdDiscoveryOptionsSchema = z
   .partial()
   .strict();
 
-/** moriio's `discovery.options` (src/router/disagg/moriio-proxy.ts createMoriioProxyDiscoveryFromConfig). */
+/** moriio's `discovery.options` (src/discovery/moriio-proxy.ts createMoriioProxyDiscoveryFromConfig). */
 export const moriioDiscoveryOptionsSchema = z
   .object({
     model: str("model name"),

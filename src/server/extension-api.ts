@@ -45,7 +45,7 @@ export type ExecutorFactory = (ctx: ServerComponentContext) => ManagedExecutor |
 export interface ServerExtensions {
   /** Plugged into the AutoRouter: models with prefill and decode workers go disaggregated. */
   disaggRouterFactory?: DisaggRouterFactory;
-  /** Created when the policy is not round-robin (kv-aware needs the engines' KV events). */
+  /** Created when a plugin of a configured profile needs `kvIndex` (the engines' KV events). */
   kvIngestFactory?: KvIngestFactory;
   /** Extra request planes by `requestPlane` name (`http` is built in). */
   executors?: Record<string, ExecutorFactory>;
