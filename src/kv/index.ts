@@ -105,7 +105,7 @@ export class KvIndex implements PrefixIndex {
   private readonly margin: number;
   /** Told of blocks dropped at a rank's cap (the ingest hangs its metric here). */
   onCapped?: (workerId: string, blocks: number) => void;
-  /** Told of every kv-aware routing decision (the server hangs its metrics here). */
+  /** Told of every decision of an overlap-aware step (a profile with `kv-prefix`); the server hangs its metrics here. */
   decisionObserver?: (reason: string, overlapBlocks: number, promptBlocks: number) => void;
 
   constructor(opts: KvIndexOptions = {}) {

@@ -24,6 +24,6 @@ export interface PrefixIndex {
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array;
-  /** Told of every kv-aware routing decision (the server hangs its metrics here). */
+  /** Told of every decision of an overlap-aware step (a profile with `kv-prefix`); the server hangs its metrics here. */
   decisionObserver?: (reason: string, overlapBlocks: number, promptBlocks: number) => void;
 }

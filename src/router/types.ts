@@ -124,7 +124,10 @@ export interface DisaggFactoryContext {
   prefillWorkers(): readonly WorkerState[];
   /** Live, available decode workers of the model. */
   decodeWorkers(): readonly WorkerState[];
-  /** The server's configured policy (kv-aware, round-robin, ...), for choosing P. */
+  /**
+   * The model's policy, for choosing the pair: a pipeline `Scheduler`'s `prefill` and `decode`
+   * steps choose P and D; a plain RoutingPolicy chooses P, and D is least-load.
+   */
   policy: RoutingPolicy;
   logger: Logger;
   /** The policy preset's knobs (`policyOptions`). */

@@ -14,7 +14,7 @@ import type { WorkerSet } from "../router/worker-set.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
 
-/** KV event ingestion for kv-aware routing: follows the WorkerSet, subscribes to each worker's events. */
+/** KV event ingestion for plugins that need `kvIndex`: follows the WorkerSet, subscribes to each worker's events. */
 export interface KvIngest {
   /** The model's KV prefix index, handed to policies as `PolicyContext.kvIndex`. */
   indexFor(model: string): PrefixIndex | undefined;
