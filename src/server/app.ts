@@ -15,6 +15,7 @@ import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { ApiKeyAuth } from "./auth.ts";
+import type { BodyParserPool } from "./body-parser-pool.ts";
 import { mergeConfig, type ServerConfig, type ServerConfigInput } from "./config.ts";
 import {
   builtinExtensions,
@@ -36,6 +37,8 @@ export interface StartServerOptions {
   /** Use this request executor instead of the configured request plane. */
   executor?: ManagedExecutor;
   logger?: Logger;
+  /** Parses bodies past OFF_LOOP_BODY_BYTES (default: the process's shared pool; caller owns it). */
+  bodyParser?: BodyParserPool;
 }
 
 export interface InferaServer {
@@ -144,6 +147,7 @@ export async function startServer(
     // matching, prefill accounting), so long prompts are tokenized ahead, in slices.
     preparePrompt: !(config.policy === "round-robin" && config.router === "mixed"),
     logger,
+    bodyParser: opts.bodyParser,
   };
 
   let draining = false;
