@@ -3,8 +3,11 @@
  * of a 1 MB body took 15–25 ms of the server's one thread, each a single slice that every
  * other request in flight waited behind. A body past `OFF_LOOP_BODY_BYTES` is handed (its
  * buffer transferred, not copied) to a small pool of worker threads that decode, parse and
- * depth-check it; the event loop only pays the structured-clone read of the result (a long
- * string is one memcpy) and gets the buffer back for forwarding the client's own bytes.
+ * depth-check it, and gets the buffer back for forwarding the client's own bytes. Reading
+ * a cloned 1 MB string back was itself a 3–10 ms slice, so long strings do not travel back:
+ * the worker reports where each one's bytes lie in the body, and this thread decodes them
+ * in `STRING_CHUNK_BYTES` pieces, one per event-loop turn (joined as a rope; V8 flattens it
+ * with one memcpy when something needs it flat).
  *
  * Bounded: at most `maxPending` bodies in the pool (parsing or queued); past that a body is
  * refused with a 503 (`BodyParserBusyError`) instead of queueing without limit. A worker that
@@ -66,15 +69,61 @@ export interface ParsedBody {
   raw: Buffer;
 }
 
+/** A long string left out of the cloned value: where it goes, and its bytes in the body. */
+type Span = [path: (string | number)[], start: number, end: number];
+
 type Reply =
-  | { id: number; ok: true; value: unknown; buf: ArrayBuffer }
+  | { id: number; ok: true; value: unknown; buf: ArrayBuffer; spans: Span[] }
   | { id: number; ok: false; kind: "json" | "depth"; message: string; buf: ArrayBuffer };
 
-/** `workerData`: { maxDepth, crashMarker }. Messages: { id, buf, off, len } → Reply. */
+/** Bytes of a long string decoded per event-loop turn. */
+const STRING_CHUNK_BYTES = 64 * 1024;
+/** Long strings per body sent as spans (the rest are cloned): bounds the worker's search. */
+const MAX_SPANS = 8;
+
+/**
+ * `workerData`: { maxDepth, crashMarker, longChars, maxSpans }. Messages: { id, buf, off, len }
+ * → Reply.
+ *
+ * A string of at least `longChars` is sent as a span when its UTF-8 bytes, between quotes,
+ * are found in the body: well-formed strings only, so those bytes decode to exactly it
+ * (whichever occurrence is found). Candidates are found by a short prefix, then compared whole.
+ */
 const WORKER_SRC = `
 "use strict";
 const { parentPort, workerData } = require("node:worker_threads");
-const { maxDepth, crashMarker } = workerData;
+const { maxDepth, crashMarker, longChars, maxSpans } = workerData;
+const QUOTE = Buffer.from('"');
+function findSpans(holder, raw) {
+  const spans = [];
+  const walk = (parent, key, path) => {
+    if (spans.length >= maxSpans) return;
+    const v = parent[key];
+    if (typeof v === "string") {
+      if (v.length < longChars || !v.isWellFormed()) return;
+      const enc = Buffer.from(v, "utf8");
+      const head = Buffer.concat([QUOTE, enc.subarray(0, 64)]);
+      for (let at = raw.indexOf(head); at >= 0; at = raw.indexOf(head, at + 1)) {
+        const start = at + 1;
+        const end = start + enc.length;
+        if (raw[end] === 0x22 && raw.subarray(start, end).equals(enc)) {
+          spans.push([path.slice(1), start, end]);
+          parent[key] = "";
+          return;
+        }
+      }
+      return;
+    }
+    if (v === null || typeof v !== "object") return;
+    if (Array.isArray(v)) {
+      for (let i = 0; i < v.length; i++) { path.push(i); walk(v, i, path); path.pop(); }
+    } else {
+      for (const k in v) { path.push(k); walk(v, k, path); path.pop(); }
+    }
+  };
+  walk(holder, "v", ["v"]);
+  return spans;
+}
 function tooDeep(v, left) {
   if (left === 0) return true;
   if (Array.isArray(v)) {
@@ -91,7 +140,8 @@ function tooDeep(v, left) {
   return false;
 }
 parentPort.on("message", (m) => {
-  const text = Buffer.from(m.buf, m.off, m.len).toString("utf8");
+  const raw = Buffer.from(m.buf, m.off, m.len);
+  const text = raw.toString("utf8");
   if (crashMarker && text.includes(crashMarker)) process.exit(70);
   let value;
   try {
@@ -104,7 +154,9 @@ parentPort.on("message", (m) => {
     parentPort.postMessage({ id: m.id, ok: false, kind: "depth", message: "", buf: m.buf }, [m.buf]);
     return;
   }
-  parentPort.postMessage({ id: m.id, ok: true, value, buf: m.buf }, [m.buf]);
+  const holder = { v: value };
+  const spans = longChars > 0 && text.length >= longChars ? findSpans(holder, raw) : [];
+  parentPort.postMessage({ id: m.id, ok: true, value: holder.v, buf: m.buf, spans }, [m.buf]);
 });
 `;
 
@@ -130,6 +182,11 @@ export interface BodyParserPoolOptions {
   maxPending?: number;
   /** Test hook: a worker exits at once on a body containing this string. */
   crashMarker?: string;
+  /**
+   * Strings at least this long are decoded here in slices rather than cloned whole (default
+   * 32 Ki characters; 0 = never).
+   */
+  longStringChars?: number;
 }
 
 export class BodyParserPool {
@@ -137,17 +194,21 @@ export class BodyParserPool {
   private readonly queue: Job[] = [];
   private readonly maxPending: number;
   private readonly crashMarker: string;
+  private readonly longChars: number;
   private pending = 0;
   private nextId = 1;
   private closed = false;
   /** Workers that died mid-job (for tests and logs). */
   crashes = 0;
+  /** Long strings decoded on this thread in slices instead of cloned (for tests). */
+  slicedStrings = 0;
 
   constructor(opts: BodyParserPoolOptions = {}) {
     const n = opts.workers ?? (availableParallelism() <= 2 ? 1 : 2);
     this.slots = new Array<Slot | null>(Math.max(1, n)).fill(null);
     this.maxPending = Math.max(1, opts.maxPending ?? 32);
     this.crashMarker = opts.crashMarker ?? "";
+    this.longChars = Math.max(0, opts.longStringChars ?? 32 * 1024);
   }
 
   /** Bodies parsing or queued now. */
@@ -207,7 +268,12 @@ export class BodyParserPool {
   private spawn(i: number): Slot {
     const worker = new Worker(WORKER_SRC, {
       eval: true,
-      workerData: { maxDepth: MAX_BODY_DEPTH, crashMarker: this.crashMarker },
+      workerData: {
+        maxDepth: MAX_BODY_DEPTH,
+        crashMarker: this.crashMarker,
+        longChars: this.longChars,
+        maxSpans: MAX_SPANS,
+      },
       // The parent's --import (tsx) is of no use to a plain-JS worker and costs startup time.
       execArgv: [],
     });
@@ -225,7 +291,16 @@ export class BodyParserPool {
     if (!job || job.id !== r.id) return;
     slot.job = null;
     if (r.ok) {
-      this.settle(job, null, { value: r.value, raw: Buffer.from(r.buf) });
+      const raw = Buffer.from(r.buf);
+      if (r.spans.length === 0) this.settle(job, null, { value: r.value, raw });
+      else {
+        // The worker is free for the next body while this one's long strings are decoded.
+        this.slicedStrings += r.spans.length;
+        fillSpans(r.value, raw, r.spans).then(
+          (value) => this.settle(job, null, { value, raw }),
+          (err: Error) => this.settle(job, err),
+        );
+      }
     } else {
       this.settle(job, r.kind === "json" ? new InvalidJsonError(r.message) : bodyDepthError());
     }
@@ -248,6 +323,35 @@ export class BodyParserPool {
     if (err) job.reject(err);
     else job.resolve(ok!);
   }
+}
+
+const yieldToLoop = (): Promise<void> => new Promise((r) => setImmediate(r));
+
+/**
+ * Puts the long strings back into `value` (where the worker left ""), each decoded from its
+ * bytes in `STRING_CHUNK_BYTES` pieces, one per event-loop turn, cut between UTF-8 sequences.
+ * Resolves with the value (a top-level string is returned rather than assigned).
+ */
+async function fillSpans(value: unknown, raw: Buffer, spans: readonly Span[]): Promise<unknown> {
+  let top = value;
+  for (const [path, start, end] of spans) {
+    let s = "";
+    for (let at = start; at < end; ) {
+      let stop = Math.min(end, at + STRING_CHUNK_BYTES);
+      while (stop < end && (raw[stop]! & 0xc0) === 0x80) stop--;
+      s += raw.toString("utf8", at, stop);
+      at = stop;
+      if (at < end) await yieldToLoop();
+    }
+    if (path.length === 0) {
+      top = s;
+      continue;
+    }
+    let holder = top as Record<string | number, unknown>;
+    for (let i = 0; i < path.length - 1; i++) holder = holder[path[i]!] as Record<string | number, unknown>;
+    holder[path[path.length - 1]!] = s;
+  }
+  return top;
 }
 
 const isShared = (b: ArrayBufferLike): boolean =>

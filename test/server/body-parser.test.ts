@@ -121,6 +121,39 @@ describe("BodyParserPool", () => {
     }
   });
 
+  it("long strings decoded here in slices: the same values as JSON.parse", async () => {
+    // Every string of at least 1 character goes back as a span (8 per body at most).
+    const spans = new BodyParserPool({ workers: 1, longStringChars: 1 });
+    try {
+      const r = rng(99);
+      for (let i = 0; i < 60; i++) {
+        const value = randomValue(r, 1 + Math.floor(r() * 8));
+        const text = JSON.stringify(value);
+        assertSameJson((await spans.parse(Buffer.from(text))).value, JSON.parse(text), `body ${i}`);
+      }
+      const mixed = "é😀中a".repeat(70_000); // chunk cuts land inside UTF-8 sequences
+      const cases: unknown[] = [
+        {
+          model: "m",
+          messages: [
+            { role: "user", content: mixed },
+            { role: "user", content: mixed },
+          ],
+        },
+        JSON.parse(`{"__proto__":${JSON.stringify(mixed)},"x":[${JSON.stringify(mixed)}]}`),
+        mixed, // a top-level string
+        { escaped: `${mixed}"\\\n`, lone: `${mixed}\ud800` }, // not found verbatim / not well-formed: cloned
+      ];
+      for (const [i, value] of cases.entries()) {
+        const text = JSON.stringify(value);
+        assertSameJson((await spans.parse(Buffer.from(text))).value, JSON.parse(text), `case ${i}`);
+      }
+      assert.ok(spans.slicedStrings > 40, `${spans.slicedStrings} strings decoded in slices`);
+    } finally {
+      await spans.close();
+    }
+  });
+
   it("a 1 MB body: the value and the bytes survive the round trip", async () => {
     const content = "a".repeat(1_000_000);
     const text = JSON.stringify({ model: "m", messages: [{ role: "user", content }], max_tokens: 1 });
@@ -128,6 +161,7 @@ describe("BodyParserPool", () => {
     const got = await pool.parse(raw);
     assert.equal(raw.length, 0, "the buffer moved to the worker (transferred, not copied)");
     assert.equal((got.value as { messages: { content: string }[] }).messages[0]!.content, content);
+    assert.equal(pool.slicedStrings, 1, "the 1 MB string was decoded here in slices, not cloned");
     assert.equal(got.raw.toString(), text);
   });
 
