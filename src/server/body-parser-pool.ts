@@ -6,8 +6,10 @@
  * depth-check it, and gets the buffer back for forwarding the client's own bytes. Reading
  * a cloned 1 MB string back was itself a 3–10 ms slice, so long strings do not travel back:
  * the worker reports where each one's bytes lie in the body, and this thread decodes them
- * in `STRING_CHUNK_BYTES` pieces, one per event-loop turn (joined as a rope; V8 flattens it
- * with one memcpy when something needs it flat).
+ * in `STRING_CHUNK_BYTES` pieces, one per event-loop turn, joined as a rope. Flattening that
+ * rope would be the same big slice again, so routing reads the string's head, kept apart
+ * (`longStringHead`), and the forwarded body is the client's bytes: on the common path the
+ * long string is never flattened here.
  *
  * Bounded: at most `maxPending` bodies in the pool (parsing or queued); past that a body is
  * refused with a 503 (`BodyParserBusyError`) instead of queueing without limit. A worker that
@@ -22,6 +24,7 @@ import { availableParallelism } from "node:os";
 import { Worker } from "node:worker_threads";
 import { InferaError, InvalidJsonError } from "../protocol/errors.ts";
 import { assertBodyDepth, bodyDepthError, MAX_BODY_DEPTH } from "../protocol/openai.ts";
+import { PIECE_CHARS, ROUTING_TEXT_CAP } from "./prompt-tokens.ts";
 
 /** Bodies larger than this are parsed in the pool; smaller ones stay on the fast synchronous path. */
 export const OFF_LOOP_BODY_BYTES = 256 * 1024;
@@ -327,6 +330,21 @@ export class BodyParserPool {
 
 const yieldToLoop = (): Promise<void> => new Promise((r) => setImmediate(r));
 
+/** Characters of a long string's head kept apart for routing (which looks no further). */
+const HEAD_CHARS = ROUTING_TEXT_CAP + PIECE_CHARS;
+
+/** The heads of long strings decoded here, by the object holding the string and its key. */
+const heads = new WeakMap<object, Map<string | number, string>>();
+
+/**
+ * The first characters (at least ROUTING_TEXT_CAP) of the long string at `holder[key]`
+ * when it was decoded here in slices: slicing that rope's head is cheap, slicing the rope
+ * itself flattens all of it (a megabyte-long copy in one slice). Undefined otherwise.
+ */
+export function longStringHead(holder: object, key: string | number): string | undefined {
+  return heads.get(holder)?.get(key);
+}
+
 /**
  * Puts the long strings back into `value` (where the worker left ""), each decoded from its
  * bytes in `STRING_CHUNK_BYTES` pieces, one per event-loop turn, cut between UTF-8 sequences.
@@ -336,10 +354,13 @@ async function fillSpans(value: unknown, raw: Buffer, spans: readonly Span[]): P
   let top = value;
   for (const [path, start, end] of spans) {
     let s = "";
+    let head = "";
     for (let at = start; at < end; ) {
       let stop = Math.min(end, at + STRING_CHUNK_BYTES);
       while (stop < end && (raw[stop]! & 0xc0) === 0x80) stop--;
-      s += raw.toString("utf8", at, stop);
+      const piece = raw.toString("utf8", at, stop);
+      s += piece;
+      if (head.length < HEAD_CHARS) head += piece;
       at = stop;
       if (at < end) await yieldToLoop();
     }
@@ -349,7 +370,13 @@ async function fillSpans(value: unknown, raw: Buffer, spans: readonly Span[]): P
     }
     let holder = top as Record<string | number, unknown>;
     for (let i = 0; i < path.length - 1; i++) holder = holder[path[i]!] as Record<string | number, unknown>;
-    holder[path[path.length - 1]!] = s;
+    const key = path[path.length - 1]!;
+    holder[key] = s;
+    if (head.length < s.length) {
+      const m = heads.get(holder) ?? new Map<string | number, string>();
+      heads.set(holder, m);
+      m.set(key, head);
+    }
   }
   return top;
 }
