@@ -14,8 +14,8 @@
  * Bounded: at most `maxPending` bodies in the pool (parsing or queued); past that a body is
  * refused with a 503 (`BodyParserBusyError`) instead of queueing without limit. A worker that
  * dies fails only the body it was parsing (500, `BodyParserFailedError`); the next body gets a
- * fresh worker. Workers are started on first use and unref'd, so a server that never sees a
- * large body never starts one, and they never keep a process alive.
+ * fresh worker. Workers are started on first use, so a server that never sees a large body
+ * never starts one, and are unref'd while idle, so they never keep a process alive.
  *
  * The worker is an eval'd plain-JS string with no imports: it runs the same under tsx (tests,
  * `INFERA_DIST=0`) and from the esbuild bundle, where a separate worker module would be missing.
@@ -264,6 +264,7 @@ export class BodyParserPool {
       }
       const job = this.queue.shift()!;
       s.job = job;
+      s.worker.ref();
       s.worker.postMessage({ id: job.id, buf: job.buf, off: job.off, len: job.len }, [job.buf]);
     }
   }
@@ -280,12 +281,14 @@ export class BodyParserPool {
       // The parent's --import (tsx) is of no use to a plain-JS worker and costs startup time.
       execArgv: [],
     });
-    worker.unref();
     const slot = new Slot(worker);
     worker.on("message", (r: Reply) => this.reply(slot, r));
     const died = (): void => this.died(i, slot);
     worker.on("error", died);
     worker.on("exit", died);
+    // Idle workers never keep the process alive (refs while a body is parsing, see pump). After
+    // the listeners: attaching a "message" listener refs the worker's port again.
+    worker.unref();
     return slot;
   }
 
@@ -293,6 +296,7 @@ export class BodyParserPool {
     const job = slot.job;
     if (!job || job.id !== r.id) return;
     slot.job = null;
+    slot.worker.unref();
     if (r.ok) {
       const raw = Buffer.from(r.buf);
       if (r.spans.length === 0) this.settle(job, null, { value: r.value, raw });

@@ -5,6 +5,8 @@
  * server keeps serving. Through a real server: the engine receives the client's bytes.
  */
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { once } from "node:events";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, it } from "node:test";
@@ -266,6 +268,28 @@ describe("BodyParserPool", () => {
     } finally {
       await small.close();
     }
+  });
+
+  it("an idle pool does not keep the process alive; a body being parsed does", async () => {
+    const mod = new URL("../../src/server/body-parser-pool.ts", import.meta.url).href;
+    // The top-level await is only settled if the worker's answer arrives (a pool unref'd while
+    // busy exits with 13); the process then exits on its own (a ref'd idle worker hangs it).
+    const src = `import { BodyParserPool } from ${JSON.stringify(mod)};
+      const r = await new BodyParserPool().parse(Buffer.from('{"a":1}'));
+      console.log(JSON.stringify(r.value));`;
+    const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", src], {
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    let out = "";
+    child.stdout.on("data", (d: Buffer) => {
+      out += d;
+    });
+    const timer = setTimeout(() => child.kill("SIGKILL"), 20_000);
+    const [code, signal] = (await once(child, "exit")) as [number | null, string | null];
+    clearTimeout(timer);
+    assert.equal(signal, null, "the process did not exit by itself");
+    assert.equal(code, 0);
+    assert.equal(out.trim(), '{"a":1}');
   });
 
   it("a worker that dies fails only its own body; the next bodies get a fresh worker", async () => {
