@@ -151,13 +151,16 @@ export const MAX_BODY_DEPTH = 128;
  * that rewrites the body) overflowed the stack, and no OpenAI request needs such depth.
  */
 export function assertBodyDepth(body: unknown): void {
-  if (tooDeep(body, MAX_BODY_DEPTH)) {
-    throw new BadRequestError(
-      `The request body is nested deeper than ${MAX_BODY_DEPTH} levels.`,
-      null,
-      "invalid_value",
-    );
-  }
+  if (tooDeep(body, MAX_BODY_DEPTH)) throw bodyDepthError();
+}
+
+/** The error for a body nested deeper than MAX_BODY_DEPTH (also raised by the off-loop parser). */
+export function bodyDepthError(): BadRequestError {
+  return new BadRequestError(
+    `The request body is nested deeper than ${MAX_BODY_DEPTH} levels.`,
+    null,
+    "invalid_value",
+  );
 }
 
 function tooDeep(v: unknown, left: number): boolean {

@@ -17,6 +17,7 @@ import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { ApiKeyAuth } from "./auth.ts";
+import type { BodyParserPool } from "./body-parser-pool.ts";
 import { builtinExtensions } from "./builtin-extensions.ts";
 import { mergeConfig, type ServerConfig, type ServerConfigInput } from "./config.ts";
 import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtensions } from "./extension-api.ts";
@@ -33,6 +34,8 @@ export interface StartServerOptions {
   /** Use this request executor instead of the configured request plane. */
   executor?: ManagedExecutor;
   logger?: Logger;
+  /** Parses bodies past OFF_LOOP_BODY_BYTES (default: the process's shared pool; caller owns it). */
+  bodyParser?: BodyParserPool;
 }
 
 export interface InferaServer {
@@ -158,6 +161,7 @@ export async function startServer(
     // (prefill accounting), get long prompts tokenized ahead, in slices.
     preparePrompt: needs.has("promptTokens") || needs.has("approxTree") || config.router !== "mixed",
     logger,
+    bodyParser: opts.bodyParser,
   };
 
   let draining = false;

@@ -5,6 +5,7 @@
  */
 import { addsSpecialTokens, type ChatMessageLike, messageText, type Tokenizer } from "../kv/tokenizer.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import { longStringHead } from "./body-parser-pool.ts";
 import {
   capText,
   PIECE_CHARS,
@@ -37,7 +38,7 @@ export class ServerRoutingRequest implements RoutingRequest {
         const p = firstPrompt(this.body.prompt);
         this.text =
           typeof p === "string"
-            ? capText(p)
+            ? capText(promptHead(this.body) ?? p)
             : capText(
                 this.tokenizer.decode(p.length > ROUTING_TOKEN_CAP ? p.slice(0, ROUTING_TOKEN_CAP) : p),
               );
@@ -95,11 +96,20 @@ function headMessages(messages: unknown): ChatMessageLike[] {
     if (total > ROUTING_TEXT_CAP) {
       const keep = len - (total - ROUTING_TEXT_CAP);
       const head = list.slice(0, i);
-      head.push({ ...m, content: messageText(m.content).slice(0, keep) });
+      // A long string decoded in slices is a rope: cut its head, not the rope (a flattening copy).
+      const text = (typeof m.content === "string" && longStringHead(m, "content")) || messageText(m.content);
+      head.push({ ...m, content: text.slice(0, keep) });
       return head;
     }
   }
   return list;
+}
+
+/** The kept head of a long string prompt (or of a batch's first prompt), if it has one. */
+function promptHead(body: Readonly<Record<string, unknown>>): string | undefined {
+  const p = body.prompt;
+  if (typeof p === "string") return longStringHead(body, "prompt");
+  return Array.isArray(p) && typeof p[0] === "string" ? longStringHead(p, 0) : undefined;
 }
 
 /** A completions `prompt` may be a batch; routing looks at its first element. */
