@@ -145,7 +145,7 @@ function traffic(m: ModelView, box: HTMLElement): void {
   );
   const old = box.querySelector(".traffic-summary");
   if (old) old.replaceWith(summary);
-  else box.prepend(summary);
+  else box.querySelector("h3")!.after(summary);
   for (const c of CHARTS) {
     const k = `${m.name}/${c.id}`;
     const data = chartData(c.id, series);
@@ -192,8 +192,12 @@ function decisionsPanel(list: Decision[]): HTMLElement {
   return h(
     "section",
     { class: "panel decisions" },
-    h("h3", {}, "Routing decisions (newest first; click one)"),
-    table("decisions-table", ["time", "request", "model", "step", "winner", "reason", "candidates"], rows),
+    h("h3", {}, `Routing decisions (the last ${list.length}, newest first; click one for why)`),
+    h(
+      "div",
+      { class: "scroll" },
+      table("decisions-table", ["time", "request", "model", "step", "winner", "reason", "candidates"], rows),
+    ),
   );
 }
 
@@ -208,7 +212,7 @@ function explanation(d: Decision): HTMLElement {
   const rows = d.candidates.map((c: Candidate) => {
     const overlap = kv && !c.filtered ? worst - (c.scores["kv-prefix"] ?? 0) : null;
     const bar = h("span", { class: "bar" });
-    if (overlap !== null && worst > 0) bar.style.width = `${Math.round((overlap / worst) * 100)}%`;
+    if (overlap !== null && worst > 0) bar.style.width = `${Math.round((overlap / worst) * 120)}px`;
     return h(
       "tr",
       { "data-candidate": c.worker, class: c.worker === d.winner ? "winner" : c.filtered ? "filtered" : "" },
