@@ -6,6 +6,11 @@
  * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
  *
  *   node --import tsx bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
+ *     [--dashboard-poll 1000]
+ *
+ * (f) is (b) again, the same process, while a poller GETs /dashboard/state every
+ * `--dashboard-poll` ms (the dashboard page open): printed beside (b), the dashboard closed.
+ * `--dashboard-poll 0` leaves (f) out.
  *
  * The server and nginx run as child processes (nginx: one worker process, upstream
  * keepalive), so the load generator here (undici) does not share their event loop. Rounds
@@ -36,6 +41,39 @@ const LATENCY_REQUESTS = Number(args.get("latency-requests") ?? 1000);
 const WARMUP = Number(args.get("warmup") ?? 3000);
 const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
+const DASHBOARD_POLL_MS = Number(args.get("dashboard-poll") ?? 1000);
+
+/** Polls of /dashboard/state made during (f), and their total latency. */
+const dashboardStats = { polls: 0, ms: 0, failed: 0 };
+
+/**
+ * The dashboard page open: GET /dashboard/state at once, then every `DASHBOARD_POLL_MS` until
+ * stopped. The first poll at the start of every run makes a short run see at least one
+ * (more than a page would), so (f) errs on the side of showing a cost.
+ */
+function dashboardPoller(url: string): () => Promise<void> {
+  let inFlight: Promise<void> = Promise.resolve();
+  const poll = () => {
+    const t0 = performance.now();
+    inFlight = fetch(`${url}/dashboard/state?limit=50`).then(
+      async (r) => {
+        await r.text();
+        if (!r.ok) dashboardStats.failed++;
+        dashboardStats.polls++;
+        dashboardStats.ms += performance.now() - t0;
+      },
+      () => {
+        dashboardStats.failed++;
+      },
+    );
+  };
+  poll();
+  const timer = setInterval(poll, DASHBOARD_POLL_MS);
+  return async () => {
+    clearInterval(timer);
+    await inFlight;
+  };
+}
 
 const children: ChildProcess[] = [];
 function start(cmd: string, argv: string[], env: Record<string, string> = {}): ChildProcess {
@@ -281,35 +319,52 @@ async function main(): Promise<void> {
     const bareProc = start(process.execPath, [join(dir, "bare-proxy.mjs"), String(barePort), simUrl]);
     const bareUrl = `http://127.0.0.1:${barePort}`;
     await waitHttp(`${bareUrl}/health`);
+    // (f) right after (b): the same process, dashboard closed then open, as close in time as can be.
     const targets = {
       a_direct: simUrl,
       b_infera: serverUrl,
+      f_infera_dashboard: serverUrl,
       c_nginx: nginxUrl,
       d_bare_node: bareUrl,
       e_infera_tsx: tsxUrl,
     } as const;
     type Key = keyof typeof targets;
+    const keys = (Object.keys(targets) as Key[]).filter(
+      (k) => k !== "f_infera_dashboard" || DASHBOARD_POLL_MS > 0,
+    );
+    /** Runs `f` against target `k`, with the dashboard poller on for (f). */
+    const withDashboard = async <T>(k: Key, f: () => Promise<T>): Promise<T> => {
+      if (k !== "f_infera_dashboard") return f();
+      const stop = dashboardPoller(serverUrl);
+      try {
+        return await f();
+      } finally {
+        await stop();
+      }
+    };
     const pids: Record<Key, number> = {
       a_direct: simProc.pid!,
       b_infera: serverProc.pid!,
       c_nginx: nginxProc.pid!,
       d_bare_node: bareProc.pid!,
       e_infera_tsx: tsxProc.pid!,
+      f_infera_dashboard: serverProc.pid!,
     };
     const results: Record<string, Record<Key, Agg>> = {};
     for (const stream of [false, true]) {
       const mode = stream ? "streamed" : "non-streamed";
       const agg = {} as Record<Key, Agg>;
-      for (const k of Object.keys(targets) as Key[]) {
+      for (const k of keys) {
         agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, reads: 0, writes: 0 };
-        await load(targets[k], stream, WARMUP, CONCURRENCY); // warm-up (JIT, pools)
+        // warm-up (JIT, pools); (f) shares (b)'s process, warmed again with the poller on.
+        await withDashboard(k, () => load(targets[k], stream, WARMUP, CONCURRENCY));
       }
       for (let r = 0; r < ROUNDS; r++) {
-        for (const k of Object.keys(targets) as Key[]) {
+        for (const k of keys) {
           const cpuPid = pids[k];
           const cpu0 = cpuSeconds(cpuPid);
           const io0 = syscalls(cpuPid);
-          const res = await load(targets[k], stream, REQUESTS, CONCURRENCY);
+          const res = await withDashboard(k, () => load(targets[k], stream, REQUESTS, CONCURRENCY));
           agg[k].cpu += cpuSeconds(cpuPid) - cpu0;
           const io1 = syscalls(cpuPid);
           agg[k].reads += io1[0] - io0[0];
@@ -319,7 +374,7 @@ async function main(): Promise<void> {
           agg[k].count += res.latencies.length;
           agg[k].errors += res.errors;
           // Concurrency 1: the added latency of one hop, without queueing.
-          const low = await load(targets[k], stream, LATENCY_REQUESTS, 1);
+          const low = await withDashboard(k, () => load(targets[k], stream, LATENCY_REQUESTS, 1));
           agg[k].lowConc.push(...low.latencies);
         }
       }
@@ -357,12 +412,14 @@ async function main(): Promise<void> {
         "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | read/write syscalls per req | errors |",
       );
       out("|---|---|---|---|---|---|---|---|---|");
+      const f = keys.includes("f_infera_dashboard") ? stat("f_infera_dashboard") : null;
       for (const [name, s] of [
         ["a sim direct", a],
         [`b infera server (${serverFrom === "dist" ? "dist/" : "src via tsx"})`, b],
         ["c nginx", c],
         ["d bare node:http+undici proxy", d],
         ["e infera server, src via tsx", e],
+        ...(f ? ([[`f = b with the dashboard polled every ${DASHBOARD_POLL_MS} ms`, f]] as const) : []),
       ] as const) {
         out(
           `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.sys} | ${s.errors} |`,
@@ -380,6 +437,15 @@ async function main(): Promise<void> {
       out(
         `infera CPU per request, b (${serverFrom}) vs e (src via tsx): ${b.cpuUs.toFixed(0)} vs ${e.cpuUs.toFixed(0)} µs (b/e ${(b.cpuUs / e.cpuUs).toFixed(2)}); throughput b/e ${(b.rps / e.rps).toFixed(2)}, e/c ${(e.rps / c.rps).toFixed(2)}`,
       );
+      out(
+        f
+          ? `dashboard closed (b) vs open (f): req/s ${b.rps.toFixed(0)} vs ${f.rps.toFixed(0)}, CPU µs/req ${b.cpuUs.toFixed(0)} vs ${f.cpuUs.toFixed(0)}, c=1 p50 ${b.l50.toFixed(3)} vs ${f.l50.toFixed(3)} ms, p99 ${b.l99.toFixed(3)} vs ${f.l99.toFixed(3)} ms`
+          : "dashboard: not measured (--dashboard-poll 0)",
+      );
+      if (f)
+        out(
+          `dashboard polls so far: ${dashboardStats.polls} (${dashboardStats.failed} failed), mean ${(dashboardStats.ms / Math.max(1, dashboardStats.polls)).toFixed(2)} ms each`,
+        );
       out(
         `proxy CPU per request: infera ${b.cpuUs.toFixed(0)} µs, nginx ${c.cpuUs.toFixed(0)} µs → one core sustains ≈ ${(1e6 / b.cpuUs).toFixed(0)} vs ${(1e6 / c.cpuUs).toFixed(0)} req/s (ratio ${(c.cpuUs / b.cpuUs).toFixed(2)}); bare Node proxy ${d.cpuUs.toFixed(0)} µs`,
       );

@@ -6,9 +6,12 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
+import { startServer } from "../../src/server/app.ts";
+import { DashboardState } from "../../src/server/dashboard/state.ts";
 import { quantile } from "../../src/server/dashboard/window.ts";
 import { type LocalCluster, startLocalCluster } from "../../src/server/local-cluster.ts";
 import { freePort } from "../helpers/ports.ts";
+import { mixedRecord } from "../helpers/records.ts";
 import { parseMetric } from "../helpers/sim.ts";
 
 const KEY = "dash-secret";
@@ -233,5 +236,61 @@ describe("dashboard quantiles", () => {
     assert.equal(quantile({ ...h, count: 0 }, 0.5), null);
     // Above the last bound: reported as the last bound.
     assert.equal(quantile({ buckets: [0.1], counts: new Float64Array([0]), count: 3 }, 0.99), 0.1);
+  });
+});
+
+describe("dashboard worker states and PD pairs", () => {
+  it("maps an open breaker, a draining server and prefill/decode decisions", async (t) => {
+    const server = await startServer({ host: "127.0.0.1", port: 0, discovery: { kind: "memory" } });
+    t.after(() => server.close());
+    const mk = (id: string, role: "prefill" | "decode") =>
+      mixedRecord({ id, model: "m", url: `http://127.0.0.1:1/${id}`, role });
+    server.memory!.put(mk("p0", "prefill"));
+    server.memory!.put(mk("d0", "decode"));
+    let draining = false;
+    const state = new DashboardState({
+      workers: server.workers,
+      router: server.router,
+      metrics: server.metrics,
+      decisions: server.decisions,
+      policy: "round-robin",
+      draining: () => draining,
+    });
+    // A refused connection opens the breaker at once (src/router/worker-set.ts).
+    server.workers.reportFailure(server.workers.get("p0")!, "connect");
+    const all = server.workers.group("m")!.all;
+    const p = all.findIndex((w) => w.id === "p0");
+    const d = all.findIndex((w) => w.id === "d0");
+    const totals = new Float64Array(all.length);
+    const kept = all.map((_, i) => i);
+    server.decisions.record("r1", "m", "prefill", all, kept, [], null, totals, p, "only");
+    server.decisions.record("r1", "m", "decode", all, kept, [], null, totals, d, "only");
+    // A decode step whose prefill is no longer in the ring is no pair.
+    server.decisions.record("r2", "m", "decode", all, kept, [], null, totals, d, "only");
+    let s = await state.snapshot();
+    const m = s.models.find((x) => x.name === "m")!;
+    const byId = new Map(m.workers.map((w) => [w.id, w]));
+    assert.equal(byId.get("p0")!.state, "breaker-open");
+    assert.equal(byId.get("p0")!.role, "prefill");
+    assert.equal(byId.get("d0")!.state, "healthy");
+    assert.equal(byId.get("d0")!.indexBlocks, null, "no KV index under round-robin");
+    assert.deepEqual(m.pd.pairs, [{ prefill: "p0", decode: "d0", count: 1 }]);
+    assert.deepEqual(
+      m.pd.transfers.map((x) => [x.requestId, x.prefill, x.decode]),
+      [["r1", "p0", "d0"]],
+    );
+    assert.deepEqual(
+      s.decisions.map((x) => [x.requestId, x.step]),
+      [
+        ["r2", "decode"],
+        ["r1", "decode"],
+        ["r1", "prefill"],
+      ],
+      "newest first",
+    );
+    draining = true;
+    s = await state.snapshot();
+    assert.equal(s.server.draining, true);
+    assert.ok(s.models[0]!.workers.every((w) => w.state === "draining"));
   });
 });
