@@ -204,7 +204,8 @@ describe("dashboard in headless Chromium", { timeout: 180_000 }, () => {
 
       // One request alone: which sim served it is read from the sims' own request counters.
       const count = async (u: string) =>
-        // vLLM's counter (vllm-project/vllm vllm/v1/metrics/loggers.py: "vllm:request_success").
+        // vLLM's request counter, a prometheus_client Counter "vllm:request_success" (exposed with _total):
+        // vllm-project/vllm vllm/v1/metrics/loggers.py @ 005a810bc40faa25b8870fbc8559c3462581eee3
         parseMetric(await (await fetch(`${u}/metrics`)).text(), "vllm:request_success_total") ?? 0;
       const workers = (await (
         await fetch(`${url}/v1/workers`, { headers: { authorization: `Bearer ${KEY}` } })

@@ -203,7 +203,8 @@ describe("GET /dashboard/state", () => {
 
   it("names the worker that served a request in that request's decision", async () => {
     const count = async (u: string) =>
-      // vLLM's request counter (vllm-project/vllm vllm/v1/metrics/loggers.py: "vllm:request_success").
+      // vLLM's request counter, a prometheus_client Counter "vllm:request_success" (exposed with _total):
+      // vllm-project/vllm vllm/v1/metrics/loggers.py @ 005a810bc40faa25b8870fbc8559c3462581eee3
       parseMetric(await (await fetch(`${u}/metrics`)).text(), "vllm:request_success_total") ?? 0;
     const sims = cluster.sims;
     const counts0 = await Promise.all(sims.map((x) => count(x.url)));

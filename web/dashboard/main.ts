@@ -34,7 +34,8 @@ const fmt = (v: number | null | undefined, digits = 0): string =>
   v === null || v === undefined || Number.isNaN(v) ? "—" : v.toFixed(digits);
 const pct = (v: number | null | undefined): string =>
   v === null || v === undefined ? "—" : `${(v * 100).toFixed(1)}%`;
-const ms = (v: number | null | undefined): string => (v === null || v === undefined ? "—" : `${(v * 1000).toFixed(1)} ms`);
+const ms = (v: number | null | undefined): string =>
+  v === null || v === undefined ? "—" : `${(v * 1000).toFixed(1)} ms`;
 const short = (id: string): string => id.split("@")[0] ?? id;
 
 function table(cls: string, head: string[], rows: HTMLTableRowElement[]): HTMLTableElement {
@@ -69,7 +70,18 @@ function fleet(m: ModelView): HTMLElement {
     h("h3", {}, `Fleet (${m.workers.length} workers, ${m.router ?? "no"} router)`),
     table(
       "fleet-table",
-      ["worker", "role", "engine", "connector", "state", "in flight", "routed", "waiting", "KV usage", "index blocks"],
+      [
+        "worker",
+        "role",
+        "engine",
+        "connector",
+        "state",
+        "in flight",
+        "routed",
+        "waiting",
+        "KV usage",
+        "index blocks",
+      ],
       rows,
     ),
   );
@@ -85,7 +97,15 @@ function pd(m: ModelView): HTMLElement {
     table(
       "pd-pairs",
       ["prefill", "decode", "requests"],
-      m.pd.pairs.map((p) => h("tr", {}, h("td", {}, short(p.prefill)), h("td", {}, short(p.decode)), h("td", {}, String(p.count)))),
+      m.pd.pairs.map((p) =>
+        h(
+          "tr",
+          {},
+          h("td", {}, short(p.prefill)),
+          h("td", {}, short(p.decode)),
+          h("td", {}, String(p.count)),
+        ),
+      ),
     ),
     table(
       "pd-transfers",
@@ -128,7 +148,10 @@ function chartData(id: string, series: TrafficPoint[]): uPlot.AlignedData {
     ] as uPlot.AlignedData;
   }
   if (id === "rps") return [xs, series.map((p) => p.rps)];
-  return [xs, series.map((p) => (p.cacheHitRate === null ? null : p.cacheHitRate * 100))] as uPlot.AlignedData;
+  return [
+    xs,
+    series.map((p) => (p.cacheHitRate === null ? null : p.cacheHitRate * 100)),
+  ] as uPlot.AlignedData;
 }
 
 function traffic(m: ModelView, box: HTMLElement): void {
@@ -234,7 +257,12 @@ function explanation(d: Decision): HTMLElement {
     ),
     table(
       "explain-table",
-      ["candidate", ...scorers, "total (lower wins)", ...(kv ? ["prompt overlap (blocks, vs. least cached)"] : [])],
+      [
+        "candidate",
+        ...scorers,
+        "total (lower wins)",
+        ...(kv ? ["prompt overlap (blocks, vs. least cached)"] : []),
+      ],
       rows,
     ),
   );
@@ -250,7 +278,13 @@ function render(): void {
     if (!box) {
       const trafficBox = h("section", { class: "panel traffic" }, h("h3", {}, "Traffic"));
       const body = h("div", { class: "model-body" });
-      const root = h("article", { class: "model", "data-model": m.name }, h("h2", {}, m.name), body, trafficBox);
+      const root = h(
+        "article",
+        { class: "model", "data-model": m.name },
+        h("h2", {}, m.name),
+        body,
+        trafficBox,
+      );
       app.append(root);
       box = { root, traffic: trafficBox, body };
       modelBoxes.set(m.name, box);

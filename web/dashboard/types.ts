@@ -35,7 +35,11 @@ export interface ModelView {
     pairs: Array<{ prefill: string; decode: string; count: number }>;
     transfers: Array<{ requestId: string; prefill: string; decode: string; at: number }>;
   };
-  traffic: { windowSeconds: number; series: TrafficPoint[]; totals: { requests: number; promptTokens: number } };
+  traffic: {
+    windowSeconds: number;
+    series: TrafficPoint[];
+    totals: { requests: number; promptTokens: number };
+  };
 }
 export interface Candidate {
   worker: string;
