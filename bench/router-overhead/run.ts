@@ -444,7 +444,7 @@ async function main(): Promise<void> {
       );
       if (f)
         out(
-          `dashboard polls so far: ${dashboardStats.polls} (${dashboardStats.failed} failed), mean ${(dashboardStats.ms / Math.max(1, dashboardStats.polls)).toFixed(2)} ms each`,
+          `dashboard polls over the whole run (both modes): ${dashboardStats.polls} (${dashboardStats.failed} failed), mean ${(dashboardStats.ms / Math.max(1, dashboardStats.polls)).toFixed(2)} ms each`,
         );
       out(
         `proxy CPU per request: infera ${b.cpuUs.toFixed(0)} µs, nginx ${c.cpuUs.toFixed(0)} µs → one core sustains ≈ ${(1e6 / b.cpuUs).toFixed(0)} vs ${(1e6 / c.cpuUs).toFixed(0)} req/s (ratio ${(c.cpuUs / b.cpuUs).toFixed(2)}); bare Node proxy ${d.cpuUs.toFixed(0)} µs`,
