@@ -25,6 +25,7 @@ import { Pool } from "undici";
 import { chooseEntry } from "../../scripts/dist-stamp.mjs";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
+import { dashboardPoller, dashboardStats } from "./dashboard-poller.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const args = new Map<string, string>();
@@ -42,38 +43,6 @@ const WARMUP = Number(args.get("warmup") ?? 3000);
 const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
 const DASHBOARD_POLL_MS = Number(args.get("dashboard-poll") ?? 1000);
-
-/** Polls of /dashboard/state made during (f), and their total latency. */
-const dashboardStats = { polls: 0, ms: 0, failed: 0 };
-
-/**
- * The dashboard page open: GET /dashboard/state at once, then every `DASHBOARD_POLL_MS` until
- * stopped. The first poll at the start of every run makes a short run see at least one
- * (more than a page would), so (f) errs on the side of showing a cost.
- */
-function dashboardPoller(url: string): () => Promise<void> {
-  let inFlight: Promise<void> = Promise.resolve();
-  const poll = () => {
-    const t0 = performance.now();
-    inFlight = fetch(`${url}/dashboard/state?limit=50`).then(
-      async (r) => {
-        await r.text();
-        if (!r.ok) dashboardStats.failed++;
-        dashboardStats.polls++;
-        dashboardStats.ms += performance.now() - t0;
-      },
-      () => {
-        dashboardStats.failed++;
-      },
-    );
-  };
-  poll();
-  const timer = setInterval(poll, DASHBOARD_POLL_MS);
-  return async () => {
-    clearInterval(timer);
-    await inFlight;
-  };
-}
 
 const children: ChildProcess[] = [];
 function start(cmd: string, argv: string[], env: Record<string, string> = {}): ChildProcess {
@@ -335,7 +304,7 @@ async function main(): Promise<void> {
     /** Runs `f` against target `k`, with the dashboard poller on for (f). */
     const withDashboard = async <T>(k: Key, f: () => Promise<T>): Promise<T> => {
       if (k !== "f_infera_dashboard") return f();
-      const stop = dashboardPoller(serverUrl);
+      const stop = dashboardPoller(serverUrl, DASHBOARD_POLL_MS);
       try {
         return await f();
       } finally {
