@@ -6,6 +6,7 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { pathToFileURL } from "node:url";
 import { build } from "esbuild";
+import { dashboardBuildOptions } from "./dashboard-bundle.mjs";
 import { DIST, ROOT, STAMP, sourceFingerprint } from "./dist-stamp.mjs";
 
 const SRC = join(ROOT, "src");
@@ -48,5 +49,7 @@ await build({
   logLevel: "warning",
   plugins: [sourceUrls],
 });
+// The dashboard page's browser bundle (served by `infera server` at /dashboard/app.js, .css).
+await build(dashboardBuildOptions());
 writeFileSync(STAMP, `${JSON.stringify({ sources, builtAt: new Date().toISOString() })}\n`);
 process.stdout.write(`dist/ built in ${Date.now() - started} ms (${pathToFileURL(DIST).href})\n`);

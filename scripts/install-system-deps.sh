@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian packages the tests and benchmarks use: a real etcd, a real nats-server, nginx (bench only),
-# redis-server (kvd L4).
+# redis-server (kvd L4), chromium (the dashboard's headless browser test).
 set -euo pipefail
 need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
@@ -8,6 +8,7 @@ command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)  # kvd L4 tests (test/kvd/remote.test.ts)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # dashboard browser tests (test/server/dashboard-browser.test.ts)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   SUDO=""

@@ -11,6 +11,11 @@
  * `--baseline` adds (f): `infera server` run from another checkout (e.g. a `git worktree` of
  * the previous commit, built like this one), interleaved with the others, so a change to the
  * request path is compared side by side under the same load.
+ *     [--dashboard-poll 1000]
+ *
+ * (g) is (b) again, the same process, while a poller GETs /dashboard/state every
+ * `--dashboard-poll` ms (the dashboard page open): printed beside (b), the dashboard closed.
+ * `--dashboard-poll 0` leaves (g) out.
  *
  * The server and nginx run as child processes (nginx: one worker process, upstream
  * keepalive), so the load generator here (undici) does not share their event loop. Rounds
@@ -25,6 +30,7 @@ import { Pool } from "undici";
 import { chooseEntry } from "../../scripts/dist-stamp.mjs";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
+import { dashboardPoller, dashboardStats } from "./dashboard-poller.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const args = new Map<string, string>();
@@ -42,6 +48,7 @@ const WARMUP = Number(args.get("warmup") ?? 3000);
 const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
 const BASELINE = args.get("baseline");
+const DASHBOARD_POLL_MS = Number(args.get("dashboard-poll") ?? 1000);
 
 const children: ChildProcess[] = [];
 function start(cmd: string, argv: string[], env: Record<string, string> = {}, cwd = ROOT): ChildProcess {
@@ -287,13 +294,33 @@ async function main(): Promise<void> {
     const bareProc = start(process.execPath, [join(dir, "bare-proxy.mjs"), String(barePort), simUrl]);
     const bareUrl = `http://127.0.0.1:${barePort}`;
     await waitHttp(`${bareUrl}/health`);
-    type Key = "a_direct" | "b_infera" | "c_nginx" | "d_bare_node" | "e_infera_tsx" | "f_baseline";
+    // (g) right after (b): the same process, dashboard closed then open, as close in time as can be.
+    type Key =
+      | "a_direct"
+      | "b_infera"
+      | "g_infera_dashboard"
+      | "c_nginx"
+      | "d_bare_node"
+      | "e_infera_tsx"
+      | "f_baseline";
     const targets: Partial<Record<Key, string>> = {
       a_direct: simUrl,
       b_infera: serverUrl,
+      g_infera_dashboard: serverUrl,
       c_nginx: nginxUrl,
       d_bare_node: bareUrl,
       e_infera_tsx: tsxUrl,
+    };
+    if (DASHBOARD_POLL_MS <= 0) delete targets.g_infera_dashboard;
+    /** Runs `f` against target `k`, with the dashboard poller on for (g). */
+    const withDashboard = async <T>(k: Key, f: () => Promise<T>): Promise<T> => {
+      if (k !== "g_infera_dashboard") return f();
+      const stop = dashboardPoller(serverUrl, DASHBOARD_POLL_MS);
+      try {
+        return await f();
+      } finally {
+        await stop();
+      }
     };
     const pids: Partial<Record<Key, number>> = {
       a_direct: simProc.pid!,
@@ -301,6 +328,7 @@ async function main(): Promise<void> {
       c_nginx: nginxProc.pid!,
       d_bare_node: bareProc.pid!,
       e_infera_tsx: tsxProc.pid!,
+      g_infera_dashboard: serverProc.pid!,
     };
     if (BASELINE) {
       const basePort = await freePort();
@@ -321,14 +349,15 @@ async function main(): Promise<void> {
       const agg = {} as Record<Key, Agg>;
       for (const k of keys) {
         agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, reads: 0, writes: 0 };
-        await load(targets[k]!, stream, WARMUP, CONCURRENCY); // warm-up (JIT, pools)
+        // warm-up (JIT, pools); (g) shares (b)'s process, warmed again with the poller on.
+        await withDashboard(k, () => load(targets[k]!, stream, WARMUP, CONCURRENCY));
       }
       for (let r = 0; r < ROUNDS; r++) {
         for (const k of keys) {
           const cpuPid = pids[k]!;
           const cpu0 = cpuSeconds(cpuPid);
           const io0 = syscalls(cpuPid);
-          const res = await load(targets[k]!, stream, REQUESTS, CONCURRENCY);
+          const res = await withDashboard(k, () => load(targets[k]!, stream, REQUESTS, CONCURRENCY));
           agg[k].cpu += cpuSeconds(cpuPid) - cpu0;
           const io1 = syscalls(cpuPid);
           agg[k].reads += io1[0] - io0[0];
@@ -338,7 +367,7 @@ async function main(): Promise<void> {
           agg[k].count += res.latencies.length;
           agg[k].errors += res.errors;
           // Concurrency 1: the added latency of one hop, without queueing.
-          const low = await load(targets[k]!, stream, LATENCY_REQUESTS, 1);
+          const low = await withDashboard(k, () => load(targets[k]!, stream, LATENCY_REQUESTS, 1));
           agg[k].lowConc.push(...low.latencies);
         }
       }
@@ -377,6 +406,7 @@ async function main(): Promise<void> {
         "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | read/write syscalls per req | errors |",
       );
       out("|---|---|---|---|---|---|---|---|---|");
+      const g = keys.includes("g_infera_dashboard") ? stat("g_infera_dashboard") : null;
       for (const [name, s] of [
         ["a sim direct", a],
         [`b infera server (${serverFrom === "dist" ? "dist/" : "src via tsx"})`, b],
@@ -384,6 +414,7 @@ async function main(): Promise<void> {
         ["d bare node:http+undici proxy", d],
         ["e infera server, src via tsx", e],
         ...(f ? ([[`f baseline infera server (${BASELINE})`, f]] as const) : []),
+        ...(g ? ([[`g = b with the dashboard polled every ${DASHBOARD_POLL_MS} ms`, g]] as const) : []),
       ] as const) {
         out(
           `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.sys} | ${s.errors} |`,
@@ -406,6 +437,15 @@ async function main(): Promise<void> {
           `this checkout (b) vs baseline (f): CPU ${b.cpuUs.toFixed(0)} vs ${f.cpuUs.toFixed(0)} µs/req (b/f ${(b.cpuUs / f.cpuUs).toFixed(2)}); req/s ${b.rps.toFixed(0)} vs ${f.rps.toFixed(0)} (b/f ${(b.rps / f.rps).toFixed(2)}); c=1 p50 ${b.l50.toFixed(3)} vs ${f.l50.toFixed(3)} ms, p99 ${b.l99.toFixed(3)} vs ${f.l99.toFixed(3)} ms; f/c ${(f.rps / c.rps).toFixed(2)}`,
         );
       }
+      out(
+        g
+          ? `dashboard closed (b) vs open (g): req/s ${b.rps.toFixed(0)} vs ${g.rps.toFixed(0)}, CPU µs/req ${b.cpuUs.toFixed(0)} vs ${g.cpuUs.toFixed(0)}, c=1 p50 ${b.l50.toFixed(3)} vs ${g.l50.toFixed(3)} ms, p99 ${b.l99.toFixed(3)} vs ${g.l99.toFixed(3)} ms`
+          : "dashboard: not measured (--dashboard-poll 0)",
+      );
+      if (g)
+        out(
+          `dashboard polls over the whole run (both modes): ${dashboardStats.polls} (${dashboardStats.failed} failed), mean ${(dashboardStats.ms / Math.max(1, dashboardStats.polls)).toFixed(2)} ms each`,
+        );
       out(
         `proxy CPU per request: infera ${b.cpuUs.toFixed(0)} µs, nginx ${c.cpuUs.toFixed(0)} µs → one core sustains ≈ ${(1e6 / b.cpuUs).toFixed(0)} vs ${(1e6 / c.cpuUs).toFixed(0)} req/s (ratio ${(c.cpuUs / b.cpuUs).toFixed(2)}); bare Node proxy ${d.cpuUs.toFixed(0)} µs`,
       );

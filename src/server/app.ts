@@ -20,6 +20,8 @@ import { ApiKeyAuth } from "./auth.ts";
 import type { BodyParserPool } from "./body-parser-pool.ts";
 import { builtinExtensions } from "./builtin-extensions.ts";
 import { mergeConfig, type ServerConfig, type ServerConfigInput } from "./config.ts";
+import { DASHBOARD_PATHS, handleDashboard } from "./dashboard/routes.ts";
+import { DashboardState } from "./dashboard/state.ts";
 import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtensions } from "./extension-api.ts";
 import { sendError, sendJson } from "./http-util.ts";
 import { LoadScraper } from "./load-scraper.ts";
@@ -166,6 +168,21 @@ export async function startServer(
 
   let draining = false;
   const active: ActiveCount = { n: 0 };
+  // The dashboard (GET /dashboard*): reads state the server keeps; nothing on the request path.
+  const dashboard = {
+    auth,
+    state: new DashboardState({
+      workers,
+      router,
+      metrics,
+      decisions,
+      policy: config.policy,
+      kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
+      draining: () => draining,
+      // Waiting and KV usage need the engines' load: scraped from the first look on.
+      onView: () => scraper.start(),
+    }),
+  };
   // One shared listener (no closure per request).
   const released = (): void => {
     active.n--;
@@ -191,6 +208,11 @@ export async function startServer(
           return;
         }
       } else if (method === "GET" || method === "HEAD") {
+        if (
+          path.startsWith("/dashboard") &&
+          handleDashboard(dashboard, path, q < 0 ? "" : url.slice(q + 1), req, res)
+        )
+          return;
         switch (path) {
           case "/health":
             sendJson(res, 200, { status: "ok" });
@@ -364,6 +386,7 @@ const KNOWN = new Set([
   "/v1/models",
   "/v1/workers",
   "/debug/decisions",
+  ...DASHBOARD_PATHS,
   "/v1/chat/completions",
   "/v1/completions",
 ]);

@@ -225,6 +225,7 @@ export async function runUp(o: UpOptions): Promise<void> {
   out(
     `Try:\n  curl ${server.url}/v1/chat/completions -H 'Content-Type: application/json'${auth} -d '${body}'`,
   );
+  out(`Dashboard: ${server.url}/dashboard${o.apiKeys.length > 0 ? "?key=<your key>" : ""}`);
   out("Press Ctrl-C to stop.");
   let stopping = false;
   const onSignal = (sig: NodeJS.Signals) => {

@@ -23,6 +23,11 @@ export class FastHistogram {
     this.count++;
   }
 
+  /** A copy of the per-bucket counts (not cumulative) and the total count, for snapshots. */
+  read(): { buckets: readonly number[]; counts: Float64Array; count: number } {
+    return { buckets: this.buckets, counts: this.counts.slice(), count: this.count };
+  }
+
   /** The sample lines, `labels` being the rendered label pairs (`a="x",b="y"`, or empty). */
   lines(name: string, labels: string): string {
     const sep = labels === "" ? "" : ",";
@@ -63,7 +68,7 @@ interface Child {
 
 /** One metric name with a child per label-value combination. */
 abstract class Family<C extends Child> {
-  private readonly children = new Map<string, { c: C; labels: string }>();
+  private readonly children = new Map<string, { c: C; labels: string; values: readonly string[] }>();
 
   constructor(
     readonly name: string,
@@ -80,10 +85,15 @@ abstract class Family<C extends Child> {
     let c = this.children.get(key);
     if (!c) {
       const labels = this.labelNames.map((n, i) => `${n}="${escapeLabel(values[i] ?? "")}"`).join(",");
-      c = { c: this.make(), labels };
+      c = { c: this.make(), labels, values };
       this.children.set(key, c);
     }
     return c.c;
+  }
+
+  /** Every child with its label values (snapshots read them; nothing on the hot path). */
+  forEach(fn: (values: readonly string[], child: C) => void): void {
+    for (const c of this.children.values()) fn(c.values, c.c);
   }
 
   text(): string {
