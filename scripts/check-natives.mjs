@@ -21,7 +21,9 @@ for (const [name, probe] of Object.entries(CHECKS)) {
     process.stdout.write(`natives: ${name} ok (${probe(require(name))})\n`);
   } catch (e) {
     failed++;
-    process.stdout.write(`natives: ${name} FAILED under Node ${process.version}: ${String(e.message).replace(/\s+/g, " ").slice(0, 400)}\n`);
+    process.stdout.write(
+      `natives: ${name} FAILED under Node ${process.version}: ${String(e.message).replace(/\s+/g, " ").slice(0, 400)}\n`,
+    );
   }
 }
 if (failed > 0) {
