@@ -85,7 +85,7 @@ function rawSocket(size: number, count: number, copy = false): Promise<number> {
     srv.listen(path, () => {
       const child = spawn(
         process.execPath,
-        ["--import", "tsx", join(import.meta.dirname, "raw-socket.ts"), path, String(size), String(count)],
+        [join(import.meta.dirname, "raw-socket.ts"), path, String(size), String(count)],
         {
           stdio: "ignore",
         },
