@@ -1,7 +1,7 @@
 /**
  * NATS request plane vs HTTP, side by side in one run, against the same simulated engine.
  *
- *   node --import tsx bench/nats/run.ts [--requests N] [--concurrency C] [--seconds S]
+ *   node bench/nats/run.ts [--requests N] [--concurrency C] [--seconds S]
  *
  * HTTP: the server's HttpExecutor → sim. NATS: NatsRequestExecutor → nats-server → the agent
  * (its own process, as under `infera engine`) → HTTP on the agent's host → sim. Measures, per

@@ -5,7 +5,7 @@
  * non-streamed and streamed, in one run. Prints throughput and latency percentiles, the
  * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
  *
- *   node --import tsx bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
+ *   node bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
  *
  * The server and nginx run as child processes (nginx: one worker process, upstream
  * keepalive), so the load generator here (undici) does not share their event loop. Rounds
