@@ -28,7 +28,7 @@ for (const [name, probe] of Object.entries(CHECKS)) {
 }
 if (failed > 0) {
   process.stdout.write(
-    "natives: rebuild them under this Node: `npm rebuild zeromq koffi usocket msgpackr-extract` (see README, Node.js versions)\n",
+    "natives: rebuild them under this Node: `npm rebuild zeromq koffi usocket msgpackr-extract`, with npm_config_nodedir set to its install dir if ~/.npmrc names another nodedir (README, Node.js versions)\n",
   );
   process.exit(1);
 }
