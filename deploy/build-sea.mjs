@@ -76,7 +76,7 @@ await build({
   bundle: true,
   platform: "node",
   format: "cjs",
-  target: "node20",
+  target: "node24",
   // import.meta.url has no meaning in CommonJS; paths next to sources do not exist in the
   // executable either (the sim and its profiles are not shipped in it).
   define: { "import.meta.url": "__infera_sea_url" },

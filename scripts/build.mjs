@@ -42,7 +42,7 @@ await build({
   splitting: true,
   format: "esm",
   platform: "node",
-  target: "node20",
+  target: "node24",
   packages: "external",
   sourcemap: "linked",
   chunkNames: "chunk-[hash]",

@@ -1,6 +1,6 @@
 // The fingerprint of the TypeScript sources that dist/ was built from. bin/*.js run dist/ only
 // when it matches the sources as they are now, so an edit under src/ (or a checkout, an added
-// or deleted file) silently falls back to the tsx path instead of running stale code.
+// or deleted file) silently falls back to running the sources instead of stale code.
 import { createHash } from "node:crypto";
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";

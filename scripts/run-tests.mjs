@@ -1,9 +1,14 @@
 #!/usr/bin/env node
-// Collects test/**/*.test.ts (or the paths given) and runs them with Node's built-in test runner
-// through tsx. Node 20's runner does not glob .ts files by itself.
+// Collects test/**/*.test.ts (or the paths given) and runs them with Node's built-in test runner.
+// Node 24 runs the TypeScript as it is (type stripping: the sources use erasable syntax only,
+// tsconfig's erasableSyntaxOnly). Started by an older node, it re-runs itself under the
+// project-local Node 24 (scripts/install-node.sh).
 import { spawnSync } from "node:child_process";
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
+import { ensureNode24 } from "./node-runtime.mjs";
+
+await ensureNode24("run-tests");
 
 function collect(path, out) {
   const st = statSync(path);
@@ -25,7 +30,7 @@ if (files.length === 0) {
 const concurrency = process.env.INFERA_TEST_CONCURRENCY ?? "2";
 const res = spawnSync(
   process.execPath,
-  ["--import", "tsx", "--test", `--test-concurrency=${concurrency}`, "--test-reporter=spec", ...files],
+  ["--test", `--test-concurrency=${concurrency}`, "--test-reporter=spec", ...files],
   { stdio: "inherit" },
 );
 process.exit(res.status ?? 1);

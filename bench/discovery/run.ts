@@ -6,7 +6,7 @@
  *   - infera server --discovery etcd (a real process): time until /v1/workers lists all
  *     1,000, its RSS beside an idle server on an empty prefix, and time until /v1/models
  *     shows a newly registered model.
- * Run: node --expose-gc --import tsx bench/discovery/run.ts [--workers 1000] [--probes 50]
+ * Run: node --expose-gc bench/discovery/run.ts [--workers 1000] [--probes 50]
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";

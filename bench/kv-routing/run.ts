@@ -4,7 +4,7 @@
  * approx-prefix and kv-aware, against 8 simulated engines whose block pools are small enough
  * to force eviction. One run, side by side.
  *
- *   node --import tsx bench/kv-routing/run.ts [--speed 0.5] [--blocks 320] [--replicas 2] [--quick]
+ *   node bench/kv-routing/run.ts [--speed 0.5] [--blocks 320] [--replicas 2] [--quick]
  *     [--policies round-robin,kv-aware] [--policy-option recentRoutingMs=3000 ...]
  *
  * Goals (issue 5): kv-aware TTFT p50 ≤ 0.5× round-robin; hit rate ≥ 95% of the trace's

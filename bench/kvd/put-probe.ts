@@ -2,7 +2,7 @@
  * Probe for the socket PUT path alone: pipelined single-item PUTs (`short` retention, WINDOW
  * in flight, as bench/kvd/run.ts does) against a daemon on KVD_SOCK (started separately, e.g.
  * under `node --cpu-prof`), printing GB/s per round. Not part of the bench's figures.
- * Run: KVD_SOCK=/path.sock node --import tsx bench/kvd/put-probe.ts [sizeMiB] [rounds]
+ * Run: KVD_SOCK=/path.sock node bench/kvd/put-probe.ts [sizeMiB] [rounds]
  */
 import { readFileSync } from "node:fs";
 import { KvdClient } from "../../src/kvd/client.ts";

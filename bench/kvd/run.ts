@@ -4,7 +4,7 @@
  *    against raw Unix-socket bandwidth between two Node processes and memcpy (Buffer.copy);
  *  - L3 write/read vs `dd` on the same disk (conv=fdatasync for writes, iflag=direct for reads;
  *    kvd's reads run after posix_fadvise(DONTNEED) so both read from the device, not the cache).
- * Run: node --import tsx bench/kvd/run.ts   (≈1 min)
+ * Run: node bench/kvd/run.ts   (≈1 min)
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, rmSync } from "node:fs";
@@ -85,7 +85,7 @@ function rawSocket(size: number, count: number, copy = false): Promise<number> {
     srv.listen(path, () => {
       const child = spawn(
         process.execPath,
-        ["--import", "tsx", join(import.meta.dirname, "raw-socket.ts"), path, String(size), String(count)],
+        [join(import.meta.dirname, "raw-socket.ts"), path, String(size), String(count)],
         {
           stdio: "ignore",
         },

@@ -1,6 +1,6 @@
 /**
  * The worker-side NATS agent as its own process for the benchmark (as `infera engine` runs it):
- * `node --import tsx bench/nats/agent-proc.ts <natsUrl> <engineUrl> <model> <workerId>`.
+ * `node bench/nats/agent-proc.ts <natsUrl> <engineUrl> <model> <workerId>`.
  * Prints "ready" once subscribed.
  */
 import { startRequestAgent } from "../../src/transport/nats/agent.ts";

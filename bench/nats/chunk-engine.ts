@@ -2,7 +2,7 @@
  * A stand-in engine for the per-chunk phase of the benchmark: answers every POST with an SSE
  * stream of `events` events of ~100 bytes, written one by one as fast as the socket takes them,
  * so the transports' per-chunk path (not the sim) is what is measured.
- * `node --import tsx bench/nats/chunk-engine.ts <events>` prints its URL.
+ * `node bench/nats/chunk-engine.ts <events>` prints its URL.
  */
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";

@@ -1,7 +1,7 @@
 /**
  * NATS request plane vs HTTP, side by side in one run, against the same simulated engine.
  *
- *   node --import tsx bench/nats/run.ts [--requests N] [--concurrency C] [--seconds S]
+ *   node bench/nats/run.ts [--requests N] [--concurrency C] [--seconds S]
  *
  * HTTP: the server's HttpExecutor → sim. NATS: NatsRequestExecutor → nats-server → the agent
  * (its own process, as under `infera engine`) → HTTP on the agent's host → sim. Measures, per
@@ -147,7 +147,7 @@ async function chunkPhase(
 }
 
 async function startLineProc(args: string[]): Promise<[ChildProcess, string]> {
-  const child = spawn(process.execPath, ["--import", "tsx", ...args], {
+  const child = spawn(process.execPath, [...args], {
     stdio: ["ignore", "pipe", "inherit"],
     env: process.env,
   });
@@ -160,11 +160,10 @@ async function startLineProc(args: string[]): Promise<[ChildProcess, string]> {
 }
 
 async function startAgentProc(natsUrl: string, engineUrl: string, workerId: string): Promise<ChildProcess> {
-  const child = spawn(
-    process.execPath,
-    ["--import", "tsx", "bench/nats/agent-proc.ts", natsUrl, engineUrl, MODEL, workerId],
-    { stdio: ["ignore", "pipe", "inherit"], env: process.env },
-  );
+  const child = spawn(process.execPath, ["bench/nats/agent-proc.ts", natsUrl, engineUrl, MODEL, workerId], {
+    stdio: ["ignore", "pipe", "inherit"],
+    env: process.env,
+  });
   const rl = createInterface({ input: child.stdout! });
   await new Promise<void>((resolve, reject) => {
     rl.on("line", (l) => l === "ready" && resolve());

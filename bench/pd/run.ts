@@ -4,7 +4,7 @@
  * in one run. Prints TTFT and inter-token latency p50/p99 side by side with their ratios,
  * and what the simulator's timing model predicts for each, and why.
  *
- *   node --import tsx bench/pd/run.ts [--rate 6] [--duration 20] [--prompt-min 2000]
+ *   node bench/pd/run.ts [--rate 6] [--duration 20] [--prompt-min 2000]
  *       [--prompt-max 4000] [--output 128] [--speed 1] [--connector nixl] [--seed 7]
  *
  * Open loop: Poisson arrivals at `rate` req/s for `duration` s, the same seeded schedule

@@ -5,13 +5,12 @@
  * non-streamed and streamed, in one run. Prints throughput and latency percentiles, the
  * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
  *
- *   node --import tsx bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
- *     [--baseline <checkout>]
+ *   node bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
+ *     [--baseline <checkout>] [--dashboard-poll 1000]
  *
  * `--baseline` adds (f): `infera server` run from another checkout (e.g. a `git worktree` of
  * the previous commit, built like this one), interleaved with the others, so a change to the
  * request path is compared side by side under the same load.
- *     [--dashboard-poll 1000]
  *
  * (g) is (b) again, the same process, while a poller GETs /dashboard/state every
  * `--dashboard-poll` ms (the dashboard page open): printed beside (b), the dashboard closed.

@@ -3,7 +3,7 @@
  * observer for 64 running sequences (~130-token prompts, 256 output tokens, refilled as they
  * finish), no HTTP, no timers. Prints CPU per generated token.
  *
- *   node --import tsx bench/sim-cpu/core.ts
+ *   node bench/sim-cpu/core.ts
  */
 import { BlockPool } from "../../src/engine/sim/block-pool.ts";
 import { SimMetrics } from "../../src/engine/sim/metrics.ts";

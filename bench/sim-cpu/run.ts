@@ -17,7 +17,7 @@
  *   tsx       the same sim run from the TypeScript sources through tsx: what the build buys;
  *   sim4      `infera-sim --stream-interval 4`.
  *
- *   node --import tsx bench/sim-cpu/run.ts [--streams 64] [--seconds 6] [--rounds 3] [--max-tokens 256]
+ *   node bench/sim-cpu/run.ts [--streams 64] [--seconds 6] [--rounds 3] [--max-tokens 256]
  *     [--rows floor,sim,nokv,tsx,sim4]
  *
  * INFERA_SIM_CPU_PROF=FILE writes a V8 CPU profile of the (first) sim row (see main.ts).

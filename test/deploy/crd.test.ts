@@ -119,7 +119,7 @@ test("the converter refuses zod types it does not know instead of dropping them"
 
 test("the committed deploy/crd.yaml is what `infera deploy crd` prints", async () => {
   if (process.env.INFERA_UPDATE_GOLDENS === "1") writeFileSync("deploy/crd.yaml", crdYaml());
-  const { stdout } = await run(process.execPath, ["--import", "tsx", "bin/infera.js", "deploy", "crd"], {
+  const { stdout } = await run(process.execPath, ["bin/infera.js", "deploy", "crd"], {
     maxBuffer: 16 << 20,
     env: { ...process.env, INFERA_DIST: "0" },
   });
@@ -131,7 +131,7 @@ test("deploy k8s -f writes one file per object to a directory; a bad spec exits 
   const env = { ...process.env, INFERA_DIST: "0" };
   await run(
     process.execPath,
-    ["--import", "tsx", "bin/infera.js", "deploy", "k8s", "-f", "deploy/examples/1p1d.yaml", "-o", `${dir}/`],
+    ["bin/infera.js", "deploy", "k8s", "-f", "deploy/examples/1p1d.yaml", "-o", `${dir}/`],
     { env },
   );
   const files = readdirSync(dir);
@@ -143,7 +143,7 @@ test("deploy k8s -f writes one file per object to a directory; a bad spec exits 
     readFileSync("deploy/examples/1p1d.yaml", "utf8").replace("replicas: 1", "replicas: -1"),
   );
   await assert.rejects(
-    run(process.execPath, ["--import", "tsx", "bin/infera.js", "deploy", "k8s", "-f", badFile], { env }),
+    run(process.execPath, ["bin/infera.js", "deploy", "k8s", "-f", badFile], { env }),
     (e: { code: number; stderr: string }) =>
       e.code === 2 && /spec\.models\[0\]\.pools\[0\]\.replicas/.test(e.stderr),
   );

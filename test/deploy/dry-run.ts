@@ -42,7 +42,7 @@ export async function engineDryRuns(
   });
   const { stdout } = await promisify(execFile)(
     process.execPath,
-    ["--import", "tsx", "test/deploy/dry-run-child.ts", JSON.stringify(jobs)],
+    ["test/deploy/dry-run-child.ts", JSON.stringify(jobs)],
     { maxBuffer: 64 * 1024 * 1024 },
   );
   const results = JSON.parse(stdout) as ({ ok: true; out: DryRun } | { ok: false; error: string })[];
