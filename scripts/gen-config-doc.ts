@@ -1,6 +1,6 @@
 /**
  * Rewrites the generated part of docs/configuration.md (the INFERA_* table) from
- * src/config/env-table.ts: `node --import tsx scripts/gen-config-doc.ts`.
+ * src/config/env-table.ts: `node scripts/gen-config-doc.ts`.
  * test/server/config-schema.test.ts fails while the doc is stale.
  */
 import { readFileSync, writeFileSync } from "node:fs";

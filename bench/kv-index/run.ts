@@ -1,7 +1,7 @@
 /**
  * KvIndex benchmark, today's one-walk index (src/kv/index.ts) side by side with the frozen
  * per-worker index it replaced (./baseline), in one run:
- *   node --expose-gc --max-old-space-size=16384 --import tsx bench/kv-index/run.ts \
+ *   node --expose-gc --max-old-space-size=16384 bench/kv-index/run.ts \
  *     [--workers 1000] [--blocks 100000] [--shared 0.5] [--replicas 8] [--no-sharing-run 1]
  * Goals (issue 18): match of an 8k-token prompt against 1,000 workers ≤ 50 µs p50; ingest
  * ≥ 2 M events/s (decode + apply); memory ≤ 2 GiB at 1,000 workers × 100k blocks.

@@ -45,11 +45,10 @@ export function buildBody(cfg: ClientConfig, req: BenchRequest): Record<string, 
 }
 
 class Malformed extends Error {
-  constructor(
-    message: string,
-    readonly kind: ErrorKind = "malformed",
-  ) {
+  readonly kind: ErrorKind;
+  constructor(message: string, kind: ErrorKind = "malformed") {
     super(message);
+    this.kind = kind;
   }
 }
 

@@ -65,8 +65,11 @@ export function arrivalSchedule(
 
 /** FIFO counting semaphore: the closed-loop concurrency limit. */
 class Semaphore {
+  private free: number;
   private waiters: Array<() => void> = [];
-  constructor(private free: number) {}
+  constructor(free: number) {
+    this.free = free;
+  }
   async acquire(): Promise<void> {
     if (this.free > 0) {
       this.free--;

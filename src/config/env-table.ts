@@ -3,7 +3,7 @@
  * server config key it feeds (the server's env layer is built from this table, see
  * src/server/config.ts) and what it does. test/server/config-schema.test.ts greps src/ for
  * `INFERA_*` names and fails on one missing here, and checks that docs/configuration.md shows
- * this table as it is (`node --import tsx scripts/gen-config-doc.ts` rewrites it).
+ * this table as it is (`node scripts/gen-config-doc.ts` rewrites it).
  *
  * A leaf module (no imports), so any file may read its variables through `envVar`.
  */

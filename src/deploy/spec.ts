@@ -271,8 +271,10 @@ export interface ClusterDocument {
 }
 
 export class ClusterSpecError extends Error {
-  constructor(readonly issues: readonly { path: string; message: string }[]) {
+  readonly issues: readonly { path: string; message: string }[];
+  constructor(issues: readonly { path: string; message: string }[]) {
     super(issues.map((i) => `${i.path || "(root)"}: ${i.message}`).join("\n"));
+    this.issues = issues;
     this.name = "ClusterSpecError";
   }
 }

@@ -25,6 +25,7 @@ export interface EtcdRegistrarOptions extends EtcdOptions {
 }
 
 export class EtcdRegistrar implements DiscoveryRegistrar {
+  private readonly opts: EtcdRegistrarOptions;
   private readonly client: Etcd3;
   private readonly ownsClient: boolean;
   private readonly log: Logger;
@@ -37,7 +38,8 @@ export class EtcdRegistrar implements DiscoveryRegistrar {
   /** Leases granted so far (1 after register; more after each loss); for tests and logs. */
   grants = 0;
 
-  constructor(private readonly opts: EtcdRegistrarOptions) {
+  constructor(opts: EtcdRegistrarOptions) {
+    this.opts = opts;
     this.client = opts.client ?? createEtcdClient(opts);
     this.ownsClient = opts.client === undefined;
     this.log = opts.logger ?? createLogger("registrar-etcd");

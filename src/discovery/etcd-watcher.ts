@@ -61,6 +61,7 @@ export interface EtcdWatcherOptions extends EtcdOptions {
 const DEFAULT_LIST_PAGE = 500;
 
 export class EtcdWatcher implements DiscoveryWatcher {
+  private readonly opts: EtcdWatcherOptions;
   private readonly client: Etcd3;
   private readonly ownsClient: boolean;
   private readonly keyPrefix: string;
@@ -81,7 +82,8 @@ export class EtcdWatcher implements DiscoveryWatcher {
   /** Number of successful lists (1 after start); for metrics and tests. */
   relists = 0;
 
-  constructor(private readonly opts: EtcdWatcherOptions) {
+  constructor(opts: EtcdWatcherOptions) {
+    this.opts = opts;
     this.client = opts.client ?? createEtcdClient(opts);
     this.ownsClient = opts.client === undefined;
     this.keyPrefix = workersPrefix(opts.prefix);

@@ -18,6 +18,7 @@ interface Entry {
 }
 
 export class KeyedWorkerSet {
+  private readonly emit: (ev: DiscoveryEvent) => void;
   private readonly byKey = new Map<string, Entry>();
   /** id → the keys that carry it. */
   private readonly keysOfId = new Map<string, Set<string>>();
@@ -25,7 +26,9 @@ export class KeyedWorkerSet {
   private readonly shown = new Map<string, Entry>();
   private snapshot: readonly WorkerRecord[] | null = null;
 
-  constructor(private readonly emit: (ev: DiscoveryEvent) => void) {}
+  constructor(emit: (ev: DiscoveryEvent) => void) {
+    this.emit = emit;
+  }
 
   get size(): number {
     return this.shown.size;

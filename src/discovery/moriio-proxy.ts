@@ -116,6 +116,7 @@ function hostAndPort(addr: string): string {
 }
 
 export class MoriioProxyDiscovery implements DiscoveryWatcher {
+  private readonly o: MoriioProxyOptions;
   private readonly sock = new zmq.Router({ linger: 0 });
   private readonly records = new Map<string, { rec: WorkerRecord; lastSeen: number }>();
   private readonly listeners = new Set<(ev: DiscoveryEvent) => void>();
@@ -126,7 +127,8 @@ export class MoriioProxyDiscovery implements DiscoveryWatcher {
   private closed = false;
   private boundPort = 0;
 
-  constructor(private readonly o: MoriioProxyOptions) {
+  constructor(o: MoriioProxyOptions) {
+    this.o = o;
     this.log = o.logger ?? createLogger("moriio-proxy");
   }
 

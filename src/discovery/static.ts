@@ -121,12 +121,14 @@ export async function readWorkersFile(path: string, log?: Logger): Promise<Parti
 }
 
 export class StaticDiscovery implements DiscoveryWatcher {
+  private readonly opts: StaticDiscoveryOptions;
   private readonly store: MemoryDiscovery;
   private readonly log: Logger;
   private readonly timers = new Set<NodeJS.Timeout>();
   private closed = false;
 
-  constructor(private readonly opts: StaticDiscoveryOptions) {
+  constructor(opts: StaticDiscoveryOptions) {
+    this.opts = opts;
     this.log = opts.logger ?? createLogger("discovery-static");
     this.store = new MemoryDiscovery([], this.log);
   }

@@ -38,12 +38,14 @@ function feedKey(rec: WorkerRecord): string | null {
 }
 
 export class KvIngest {
+  private readonly opts: KvIngestOptions;
   readonly index: KvIndex;
   readonly metrics: KvIngestMetrics;
   private readonly logger: Logger;
   private readonly feeds: WorkerFeeds<KvSubscriber[]>;
 
-  constructor(private readonly opts: KvIngestOptions) {
+  constructor(opts: KvIngestOptions) {
+    this.opts = opts;
     this.index = opts.index ?? new KvIndex({ defaultMaxBlocks: opts.maxBlocksPerWorker });
     this.logger = opts.logger ?? createLogger("kv-ingest");
     this.metrics = new KvIngestMetrics(opts.registry ?? new Registry());

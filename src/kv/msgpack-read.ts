@@ -9,10 +9,12 @@ const TWO32 = 4294967296;
 const BLOCK_STORED = new TextEncoder().encode("BlockStored");
 
 export class MsgpackReader {
+  private readonly buf: Uint8Array;
   private pos = 0;
   private readonly view: DataView;
 
-  constructor(private readonly buf: Uint8Array) {
+  constructor(buf: Uint8Array) {
+    this.buf = buf;
     this.view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   }
 

@@ -58,6 +58,7 @@ const YIELD_AFTER_MS = 20;
 const REPLAYED_KEPT = 256;
 
 export class KvSubscriber {
+  private readonly opts: KvSubscriberOptions;
   private readonly sub = new Subscriber({ linger: 0 });
   private closed = false;
   private lastSeq = -1;
@@ -90,7 +91,8 @@ export class KvSubscriber {
     lastSeq: -1,
   };
 
-  constructor(private readonly opts: KvSubscriberOptions) {
+  constructor(opts: KvSubscriberOptions) {
+    this.opts = opts;
     this.synced = new Promise((r) => {
       this.syncedResolve = r;
     });

@@ -31,10 +31,13 @@ export interface WorkerFeedsOptions<S> {
 }
 
 export class WorkerFeeds<S> {
+  private readonly opts: WorkerFeedsOptions<S>;
   private readonly feeds = new Map<string, { key: string; feed: S }>();
   private unsubscribe: (() => void) | null = null;
 
-  constructor(private readonly opts: WorkerFeedsOptions<S>) {}
+  constructor(opts: WorkerFeedsOptions<S>) {
+    this.opts = opts;
+  }
 
   /** Opens a feed for every current worker and follows changes. The watcher must be started. */
   start(): void {

@@ -28,12 +28,14 @@ function classOf(size: number): number {
 }
 
 export class ArenaAllocator {
+  readonly capacity: number;
   private readonly byStart = new Map<number, number>();
   private readonly byEnd = new Map<number, number>();
   private readonly classes: Set<number>[] = [];
   private usedBytes = 0;
 
-  constructor(readonly capacity: number) {
+  constructor(capacity: number) {
+    this.capacity = capacity;
     const usable = Math.floor(capacity / ARENA_GRANULE) * ARENA_GRANULE;
     for (let i = 0; i < 40; i++) this.classes.push(new Set());
     if (usable > 0) this.addFree(0, usable);

@@ -57,16 +57,18 @@ export interface ArenaChunk {
 }
 
 export class KvdRequestError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string | null,
-    message: string,
-  ) {
+  readonly status: number;
+  readonly code: string | null;
+  constructor(status: number, code: string | null, message: string) {
     super(message);
+    this.status = status;
+    this.code = code;
   }
 }
 
 export class KvdClient {
+  private readonly sock: net.Socket;
+  readonly arena: ArenaMapping | null;
   private nextId = 1;
   private readonly pending = new Map<number, { resolve: (f: Frame) => void; reject: (e: Error) => void }>();
   private closedErr: Error | null = null;
@@ -75,13 +77,15 @@ export class KvdClient {
   private readonly reads: SocketReadStats = newSocketReadStats();
 
   private constructor(
-    private readonly sock: net.Socket,
-    readonly arena: ArenaMapping | null,
+    sock: net.Socket,
+    arena: ArenaMapping | null,
     maxFrameBytes: number,
     leftover: Buffer,
     directRead: boolean,
     sendBufferBytes: number,
   ) {
+    this.sock = sock;
+    this.arena = arena;
     // getCopyInto: the response's bytes are received straight into the caller's buffer.
     const decoder = new FrameDecoder(maxFrameBytes, true, (_op, _meta, len, id) => {
       const dest = this.sinks.get(id);

@@ -63,13 +63,14 @@ export class ProtocolError extends Error {
  * request) before it closes the connection, so the client learns why.
  */
 export class FrameTooLargeError extends ProtocolError {
-  constructor(
-    message: string,
-    readonly op: number,
-    readonly id: number,
-    readonly limit: number,
-  ) {
+  readonly op: number;
+  readonly id: number;
+  readonly limit: number;
+  constructor(message: string, op: number, id: number, limit: number) {
     super(message);
+    this.op = op;
+    this.id = id;
+    this.limit = limit;
   }
 }
 
@@ -148,14 +149,17 @@ interface Partial_ {
  * destination (sinkRemainder / advanceSink), skipping that copy too.
  */
 export class FrameDecoder {
+  private readonly maxData: number;
+  private readonly expectResponses;
+  private readonly sink?: DataSink;
   private head: Buffer = EMPTY;
   private cur: Partial_ | null = null;
 
-  constructor(
-    private readonly maxData: number,
-    private readonly expectResponses = false,
-    private readonly sink?: DataSink,
-  ) {}
+  constructor(maxData: number, expectResponses = false, sink?: DataSink) {
+    this.maxData = maxData;
+    this.expectResponses = expectResponses;
+    this.sink = sink;
+  }
 
   /**
    * Feeds bytes; returns the frames completed by them. Throws ProtocolError on violations.

@@ -20,6 +20,7 @@ export interface ControllerOptions {
 const keyOf = (c: InferaClusterResource) => `${c.metadata.namespace ?? "default"}/${c.metadata.name}`;
 
 export class Controller {
+  private readonly o: ControllerOptions;
   private readonly clusters = new Map<string, InferaClusterResource>();
   private readonly queued = new Set<string>();
   private readonly running = new Map<string, Promise<void>>();
@@ -34,7 +35,9 @@ export class Controller {
   /** Passes completed (for tests and logs). */
   passes = 0;
 
-  constructor(private readonly o: ControllerOptions) {}
+  constructor(o: ControllerOptions) {
+    this.o = o;
+  }
 
   async start(): Promise<void> {
     await this.listAndWatch();

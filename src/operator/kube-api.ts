@@ -49,10 +49,12 @@ const notServed = (err: unknown): boolean =>
   /Unrecognized API version and kind|Failed to fetch resource metadata/.test(String(err));
 
 export class KubeClusterApi implements ClusterApi {
+  private readonly kc: KubeConfig;
   private readonly objects: KubernetesObjectApi;
   private readonly custom: CustomObjectsApi;
 
-  constructor(private readonly kc: KubeConfig) {
+  constructor(kc: KubeConfig) {
+    this.kc = kc;
     this.objects = KubernetesObjectApi.makeApiClient(kc);
     this.custom = kc.makeApiClient(CustomObjectsApi);
   }

@@ -47,13 +47,15 @@ interface Entry {
 }
 
 export class AutoRouter {
+  private readonly o: AutoRouterOptions;
   private readonly entries = new Map<string, Entry>();
   private readonly modelPolicies = new Map<string, RoutingPolicy>();
   private readonly mode: RouterMode;
   private readonly unsubscribe: () => void;
   readonly scheduling: Scheduling;
 
-  constructor(private readonly o: AutoRouterOptions) {
+  constructor(o: AutoRouterOptions) {
+    this.o = o;
     this.scheduling =
       o.scheduling ?? buildScheduling({ policy: o.policy, policyOptions: o.policyOptions, router: o.mode });
     this.mode = o.mode ?? "auto";

@@ -38,6 +38,9 @@ export interface HealthReporter {
  * cost a `__name` defineProperty under tsx, so the one closure, `releaser`, is made lazily).
  */
 export class WorkerClaim {
+  readonly worker: WorkerState;
+  private readonly health: HealthReporter;
+  private readonly prefillTokens;
   private released = false;
   private prefillPending: boolean;
   /** A failure was reported for this claim: it counts once against the worker. */
@@ -45,11 +48,10 @@ export class WorkerClaim {
   private releaseFn: (() => void) | null = null;
 
   /** Claims `worker` at once: `inFlight`, `routed` (where kept) and `prefillTokens` pending prefill. */
-  constructor(
-    readonly worker: WorkerState,
-    private readonly health: HealthReporter,
-    private readonly prefillTokens = 0,
-  ) {
+  constructor(worker: WorkerState, health: HealthReporter, prefillTokens = 0) {
+    this.worker = worker;
+    this.health = health;
+    this.prefillTokens = prefillTokens;
     worker.inFlight++;
     if (worker.routed !== undefined) worker.routed++;
     worker.pendingPrefillTokens += prefillTokens;
@@ -150,14 +152,16 @@ export class WorkerClaim {
  * calls or events instead of a promise per chunk; their close ends the claim.
  */
 class ClaimedAnswer implements UpstreamResponse {
+  private readonly up: UpstreamResponse;
+  private readonly claim: WorkerClaim;
+  private readonly onAbort: (() => void) | undefined;
   readonly status: number;
   readonly body: AsyncIterable<Uint8Array>;
 
-  constructor(
-    private readonly up: UpstreamResponse,
-    private readonly claim: WorkerClaim,
-    private readonly onAbort: (() => void) | undefined,
-  ) {
+  constructor(up: UpstreamResponse, claim: WorkerClaim, onAbort: (() => void) | undefined) {
+    this.up = up;
+    this.claim = claim;
+    this.onAbort = onAbort;
     this.status = up.status;
     const src = up.body;
     if (isRelayBody(src)) {
@@ -195,12 +199,14 @@ class ClaimedAnswer implements UpstreamResponse {
 
 /** A relay body whose first chunk ends its claim's pending prefill; everything else is passed on. */
 class FirstByteBody implements RelayBody, BodySink {
+  private readonly src: RelayBody;
+  private readonly claim: WorkerClaim;
   private sink: BodySink | null = null;
 
-  constructor(
-    private readonly src: RelayBody,
-    private readonly claim: WorkerClaim,
-  ) {}
+  constructor(src: RelayBody, claim: WorkerClaim) {
+    this.src = src;
+    this.claim = claim;
+  }
 
   attach(sink: BodySink): void {
     this.sink = sink;

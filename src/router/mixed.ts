@@ -40,9 +40,12 @@ export interface MixedRouterOptions {
 }
 
 export class MixedRouter implements ModelRouter {
+  private readonly o: MixedRouterOptions;
   readonly kind = "mixed" as const;
 
-  constructor(private readonly o: MixedRouterOptions) {}
+  constructor(o: MixedRouterOptions) {
+    this.o = o;
+  }
 
   async handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortLike): Promise<UpstreamResponse> {
     const o = this.o;

@@ -39,11 +39,14 @@ function retryableOnMixed(err: unknown): boolean {
 }
 
 export class PdOrMixedRouter implements ModelRouter {
-  constructor(
-    private readonly group: () => ModelGroup | undefined,
-    private readonly disagg: ModelRouter,
-    private readonly mixed: ModelRouter,
-  ) {}
+  private readonly group: () => ModelGroup | undefined;
+  private readonly disagg: ModelRouter;
+  private readonly mixed: ModelRouter;
+  constructor(group: () => ModelGroup | undefined, disagg: ModelRouter, mixed: ModelRouter) {
+    this.group = group;
+    this.disagg = disagg;
+    this.mixed = mixed;
+  }
 
   /** What a request gets now (for /v1/workers): disagg while a healthy pair exists. */
   get kind(): "mixed" | "disagg" {

@@ -91,6 +91,7 @@ export type WorkerSetEvent =
   | { type: "restored" };
 
 export class WorkerSet {
+  private readonly discovery: DiscoveryWatcher;
   private readonly workers = new Map<string, LiveWorker>();
   private groups = new Map<string, ModelGroup>();
   private readonly generations = new Map<string, number>();
@@ -102,10 +103,8 @@ export class WorkerSet {
   private closed = false;
   degraded = false;
 
-  constructor(
-    private readonly discovery: DiscoveryWatcher,
-    opts: WorkerSetOptions,
-  ) {
+  constructor(discovery: DiscoveryWatcher, opts: WorkerSetOptions) {
+    this.discovery = discovery;
     this.log = opts.logger;
     this.breakerOpts = { ...defaultBreakerOptions, ...opts.breaker };
     this.probe = opts.probe ?? httpHealthProbe;

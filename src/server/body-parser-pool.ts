@@ -174,8 +174,11 @@ interface Job {
 
 /** One worker thread and the job it is running (one at a time: the queue is the pool's). */
 class Slot {
+  readonly worker: Worker;
   job: Job | null = null;
-  constructor(readonly worker: Worker) {}
+  constructor(worker: Worker) {
+    this.worker = worker;
+  }
 }
 
 export interface BodyParserPoolOptions {

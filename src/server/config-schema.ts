@@ -239,8 +239,10 @@ export interface LayerSource {
 }
 
 export class ConfigError extends Error {
-  constructor(readonly problems: readonly string[]) {
+  readonly problems: readonly string[];
+  constructor(problems: readonly string[]) {
     super(problems.join("\n"));
+    this.problems = problems;
     this.name = "ConfigError";
   }
 }

@@ -30,6 +30,11 @@ const PREALLOCATE_BYTES = 64 * 1024;
  * tsx-transpiled closures each cost a `__name` defineProperty call on the hot path.
  */
 class BodyReader {
+  private readonly req: IncomingMessage;
+  private readonly limit: number;
+  private readonly expected: number;
+  private readonly resolve: (b: Buffer) => void;
+  private readonly reject: (e: Error) => void;
   private readonly chunks: Buffer[] = [];
   /**
    * The whole body's buffer when its length was declared and large (see PREALLOCATE_BYTES),
@@ -45,12 +50,17 @@ class BodyReader {
   private readonly onClose: () => void;
 
   constructor(
-    private readonly req: IncomingMessage,
-    private readonly limit: number,
-    private readonly expected: number,
-    private readonly resolve: (b: Buffer) => void,
-    private readonly reject: (e: Error) => void,
+    req: IncomingMessage,
+    limit: number,
+    expected: number,
+    resolve: (b: Buffer) => void,
+    reject: (e: Error) => void,
   ) {
+    this.req = req;
+    this.limit = limit;
+    this.expected = expected;
+    this.resolve = resolve;
+    this.reject = reject;
     this.onData = (c) => this.data(c);
     this.onEnd = () => this.end();
     this.onError = () => this.finish(new BodyAbortedError("request body aborted"));

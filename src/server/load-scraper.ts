@@ -113,13 +113,15 @@ export function parseEngineLoad(text: string, now = Date.now(), engine?: EngineK
 }
 
 export class LoadScraper {
+  private readonly workers: WorkerSet;
+  private readonly intervalMs: number;
   private timer: NodeJS.Timeout | null = null;
   private readonly busy = new Set<LiveWorker>();
 
-  constructor(
-    private readonly workers: WorkerSet,
-    private readonly intervalMs: number,
-  ) {}
+  constructor(workers: WorkerSet, intervalMs: number) {
+    this.workers = workers;
+    this.intervalMs = intervalMs;
+  }
 
   start(): void {
     if (this.intervalMs <= 0 || this.timer) return;

@@ -119,18 +119,22 @@ export function tokenizeBoundedSync(
 
 /** One text being tokenized piece by piece. */
 class PieceRun {
+  private readonly tok: Tokenizer;
+  private readonly text: string;
+  private readonly addSpecialTokens: boolean;
+  private readonly budgetMs: number;
   private readonly ids: number[] = [];
   private around: { prefix: number[]; suffix: number[] } | null = null;
   private at = 0;
   private spent = 0;
   private complete = true;
 
-  constructor(
-    private readonly tok: Tokenizer,
-    private readonly text: string,
-    private readonly addSpecialTokens: boolean,
-    private readonly budgetMs: number,
-  ) {}
+  constructor(tok: Tokenizer, text: string, addSpecialTokens: boolean, budgetMs: number) {
+    this.tok = tok;
+    this.text = text;
+    this.addSpecialTokens = addSpecialTokens;
+    this.budgetMs = budgetMs;
+  }
 
   /** Tokenizes pieces for up to `sliceMs`; true when finished (done, capped or out of budget). */
   step(sliceMs: number): boolean {

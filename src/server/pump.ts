@@ -31,13 +31,24 @@ export async function pump(
 
 /** Relays a relay body (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */
 class SinkPump implements BodySink {
+  private readonly body: RelayBody;
+  private readonly res: ServerResponse | null;
+  private readonly onChunk: (c: Uint8Array) => boolean;
+  readonly onEnd: () => void;
+  readonly onError: (err: Error) => void;
   constructor(
-    private readonly body: RelayBody,
-    private readonly res: ServerResponse | null,
-    private readonly onChunk: (c: Uint8Array) => boolean,
-    readonly onEnd: () => void,
-    readonly onError: (err: Error) => void,
-  ) {}
+    body: RelayBody,
+    res: ServerResponse | null,
+    onChunk: (c: Uint8Array) => boolean,
+    onEnd: () => void,
+    onError: (err: Error) => void,
+  ) {
+    this.body = body;
+    this.res = res;
+    this.onChunk = onChunk;
+    this.onEnd = onEnd;
+    this.onError = onError;
+  }
 
   onData(chunk: Uint8Array): boolean {
     if (this.onChunk(chunk) || !this.res) return true;
@@ -49,18 +60,20 @@ class SinkPump implements BodySink {
 
 /** The event listeners of one pumped body (assigned in the constructor: no per-request `__name` under tsx). */
 class EventPump {
+  private readonly body: Readable;
   private readonly onData: (c: Uint8Array) => void;
   private readonly onEnd: () => void;
   private readonly onError: (err: Error) => void;
   private readonly onClose: () => void;
 
   constructor(
-    private readonly body: Readable,
+    body: Readable,
     res: ServerResponse | null,
     onChunk: (c: Uint8Array) => boolean,
     resolve: () => void,
     reject: (err: Error) => void,
   ) {
+    this.body = body;
     this.onData = (c) => {
       if (!onChunk(c) && res) {
         body.pause();

@@ -86,6 +86,10 @@ function usageOf(json: Record<string, unknown>): Usage | null {
 
 /** The buffer of one non-streamed answer, switching to relaying once it passes the limit. */
 class WholeRelay {
+  private readonly res: ServerResponse;
+  private readonly up: UpstreamResponse;
+  private readonly requestId: string;
+  private readonly limit: number;
   relaying = false;
   private chunks: Buffer[] = [];
   private size = 0;
@@ -94,12 +98,11 @@ class WholeRelay {
   private last: Buffer | null = null;
   readonly onChunk: (c: Uint8Array) => boolean;
 
-  constructor(
-    private readonly res: ServerResponse,
-    private readonly up: UpstreamResponse,
-    private readonly requestId: string,
-    private readonly limit: number,
-  ) {
+  constructor(res: ServerResponse, up: UpstreamResponse, requestId: string, limit: number) {
+    this.res = res;
+    this.up = up;
+    this.requestId = requestId;
+    this.limit = limit;
     this.onChunk = (c) => this.push(c as Buffer);
   }
 

@@ -16,18 +16,33 @@ import {
 } from "./prompt-tokens.ts";
 
 export class ServerRoutingRequest implements RoutingRequest {
+  readonly requestId: string;
+  readonly model: string;
+  readonly endpoint: EndpointKind;
+  readonly body: Readonly<Record<string, unknown>>;
+  readonly stream: boolean;
+  readonly cacheSalt: string | undefined;
+  private readonly tokenizer: Tokenizer;
   private text: string | undefined;
   private tokens: readonly number[] | undefined;
 
   constructor(
-    readonly requestId: string,
-    readonly model: string,
-    readonly endpoint: EndpointKind,
-    readonly body: Readonly<Record<string, unknown>>,
-    readonly stream: boolean,
-    readonly cacheSalt: string | undefined,
-    private readonly tokenizer: Tokenizer,
-  ) {}
+    requestId: string,
+    model: string,
+    endpoint: EndpointKind,
+    body: Readonly<Record<string, unknown>>,
+    stream: boolean,
+    cacheSalt: string | undefined,
+    tokenizer: Tokenizer,
+  ) {
+    this.requestId = requestId;
+    this.model = model;
+    this.endpoint = endpoint;
+    this.body = body;
+    this.stream = stream;
+    this.cacheSalt = cacheSalt;
+    this.tokenizer = tokenizer;
+  }
 
   /** The templated prompt's head (at most ROUTING_TEXT_CAP characters). */
   promptText(): string {

@@ -17,6 +17,7 @@ const EMPTY_CHOICES = Buffer.from('"choices":[]');
 const MAX_PENDING = 64 * 1024;
 
 export class SseUsageFilter {
+  private readonly stripUsageChunk: boolean;
   usage: Usage | null = null;
   /**
    * Set once the worker sent something that is not an OpenAI event stream (see `validEvent`);
@@ -25,7 +26,9 @@ export class SseUsageFilter {
   invalid = false;
   private pending: Buffer | null = null;
 
-  constructor(private readonly stripUsageChunk: boolean) {}
+  constructor(stripUsageChunk: boolean) {
+    this.stripUsageChunk = stripUsageChunk;
+  }
 
   /** Returns the bytes to forward now (possibly empty). */
   push(chunk: Uint8Array): Buffer {

@@ -45,9 +45,12 @@ export function setRawBody(body: object, raw: Buffer): void {
 }
 
 export class HttpExecutor implements RequestExecutor {
+  private readonly opts: HttpExecutorOptions;
   private readonly pools = new Map<string, Pool>();
 
-  constructor(private readonly opts: HttpExecutorOptions = {}) {}
+  constructor(opts: HttpExecutorOptions = {}) {
+    this.opts = opts;
+  }
 
   private pool(url: string): Pool {
     let p = this.pools.get(url);
@@ -126,6 +129,10 @@ const JSON_HEADERS: Record<string, string> = Object.freeze({ "content-type": "ap
  * `send` rejects with the abort reason, after them the body fails with it.
  */
 class UpstreamHandler implements BodySource {
+  private readonly url: string;
+  private readonly signal: AbortLike;
+  private readonly resolve: (up: UpstreamResponse) => void;
+  private readonly reject: (err: Error) => void;
   settled = false;
   private abortFn: ((err?: Error) => void) | null = null;
   private resumeFn: (() => void) | null = null;
@@ -136,11 +143,15 @@ class UpstreamHandler implements BodySource {
   private readonly onAbort: () => void;
 
   constructor(
-    private readonly url: string,
-    private readonly signal: AbortLike,
-    private readonly resolve: (up: UpstreamResponse) => void,
-    private readonly reject: (err: Error) => void,
+    url: string,
+    signal: AbortLike,
+    resolve: (up: UpstreamResponse) => void,
+    reject: (err: Error) => void,
   ) {
+    this.url = url;
+    this.signal = signal;
+    this.resolve = resolve;
+    this.reject = reject;
     this.onAbort = () => this.abort(signalReason(this.signal));
     if (signal.aborted) {
       this.settled = true;
@@ -221,14 +232,17 @@ function signalReason(signal: AbortLike): Error {
  * (a string per name and value) cost ≈ 4 µs per request in profiles.
  */
 class DispatchedUpstream implements UpstreamResponse {
+  readonly status: number;
+  private readonly raw: Buffer[] | string[];
+  readonly body: PushBody;
   private parsed: Record<string, string> | null = null;
   private ct: string | null | undefined = undefined;
 
-  constructor(
-    readonly status: number,
-    private readonly raw: Buffer[] | string[],
-    readonly body: PushBody,
-  ) {}
+  constructor(status: number, raw: Buffer[] | string[], body: PushBody) {
+    this.status = status;
+    this.raw = raw;
+    this.body = body;
+  }
 
   get headers(): Record<string, string> {
     if (this.parsed === null) {

@@ -30,6 +30,7 @@ const ENDED = 1;
 const FAILED = 2;
 
 export class PushBody implements RelayBody {
+  private readonly source: BodySource;
   private sink: BodySink | null = null;
   /** Chunks that arrived before a sink was attached. */
   private queue: Uint8Array[] | null = null;
@@ -38,7 +39,9 @@ export class PushBody implements RelayBody {
   private paused = false;
   private closeListeners: Array<() => void> | null = null;
 
-  constructor(private readonly source: BodySource) {}
+  constructor(source: BodySource) {
+    this.source = source;
+  }
 
   /** True once the body ended, failed or was destroyed. */
   get closed(): boolean {
@@ -146,13 +149,15 @@ function abortError(): Error {
 
 /** Async iteration over a PushBody: a small buffer, paused while it holds more than a few chunks. */
 class BodyIterator implements AsyncIterator<Uint8Array>, BodySink {
+  private readonly body: PushBody;
   private readonly buffered: Uint8Array[] = [];
   private done = false;
   private error: Error | null = null;
   private waiter: { resolve: (r: IteratorResult<Uint8Array>) => void; reject: (e: Error) => void } | null =
     null;
 
-  constructor(private readonly body: PushBody) {
+  constructor(body: PushBody) {
+    this.body = body;
     body.attach(this);
   }
 

@@ -102,12 +102,14 @@ export type FailureKind = ConnectionFailureKind | "5xx";
 
 /** The worker could not be reached, or dropped the connection before the first response byte. */
 export class WorkerUnreachableError extends UpstreamError {
-  constructor(
-    readonly url: string,
-    readonly kind: ConnectionFailureKind,
-    readonly detail: string,
-  ) {
+  readonly url: string;
+  readonly kind: ConnectionFailureKind;
+  readonly detail: string;
+  constructor(url: string, kind: ConnectionFailureKind, detail: string) {
     super(`Worker ${url} is unreachable (${detail}).`, 502, "worker_unreachable");
+    this.url = url;
+    this.kind = kind;
+    this.detail = detail;
   }
 }
 

@@ -6,11 +6,13 @@
  * appended to the registry's output, in the same exposition format.
  */
 export class FastHistogram {
+  private readonly buckets: readonly number[];
   private readonly counts: Float64Array;
   private sum = 0;
   private count = 0;
 
-  constructor(private readonly buckets: readonly number[]) {
+  constructor(buckets: readonly number[]) {
+    this.buckets = buckets;
     this.counts = new Float64Array(buckets.length);
   }
 
@@ -68,14 +70,18 @@ interface Child {
 
 /** One metric name with a child per label-value combination. */
 abstract class Family<C extends Child> {
+  readonly name: string;
+  private readonly help: string;
+  private readonly labelNames: readonly string[];
+  private readonly type: "counter" | "histogram";
   private readonly children = new Map<string, { c: C; labels: string; values: readonly string[] }>();
 
-  constructor(
-    readonly name: string,
-    private readonly help: string,
-    private readonly labelNames: readonly string[],
-    private readonly type: "counter" | "histogram",
-  ) {}
+  constructor(name: string, help: string, labelNames: readonly string[], type: "counter" | "histogram") {
+    this.name = name;
+    this.help = help;
+    this.labelNames = labelNames;
+    this.type = type;
+  }
 
   protected abstract make(): C;
 
@@ -104,13 +110,10 @@ abstract class Family<C extends Child> {
 }
 
 export class FastHistogramFamily extends Family<FastHistogram> {
-  constructor(
-    name: string,
-    help: string,
-    private readonly buckets: readonly number[],
-    labelNames: readonly string[],
-  ) {
+  private readonly buckets: readonly number[];
+  constructor(name: string, help: string, buckets: readonly number[], labelNames: readonly string[]) {
     super(name, help, labelNames, "histogram");
+    this.buckets = buckets;
   }
 
   protected make(): FastHistogram {

@@ -11,6 +11,7 @@ import { freePort } from "../helpers/ports.ts";
 const packr = new Packr({ useRecords: false });
 
 export class FakePublisher {
+  readonly topic;
   private readonly pub = new Publisher({ linger: 0 });
   private readonly router = new Router({ linger: 0 });
   private seq = 0;
@@ -22,7 +23,9 @@ export class FakePublisher {
   /** Keep only the last N batches for replay (engine's buffer_steps). */
   bufferSteps = 10000;
 
-  constructor(readonly topic = "kv-events") {}
+  constructor(topic = "kv-events") {
+    this.topic = topic;
+  }
 
   /** Binds fresh ports, or the given endpoints (an engine restarted on the same sockets). */
   async start(at?: { endpoint: string; replayEndpoint: string }): Promise<void> {

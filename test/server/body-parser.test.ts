@@ -277,7 +277,7 @@ describe("BodyParserPool", () => {
     const src = `import { BodyParserPool } from ${JSON.stringify(mod)};
       const r = await new BodyParserPool().parse(Buffer.from('{"a":1}'));
       console.log(JSON.stringify(r.value));`;
-    const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", src], {
+    const child = spawn(process.execPath, ["--input-type=module", "-e", src], {
       stdio: ["ignore", "pipe", "inherit"],
     });
     let out = "";

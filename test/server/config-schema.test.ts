@@ -347,7 +347,7 @@ describe("the INFERA_* table", () => {
     }
   });
 
-  it("docs/configuration.md shows the table as it is (node --import tsx scripts/gen-config-doc.ts)", () => {
+  it("docs/configuration.md shows the table as it is (node scripts/gen-config-doc.ts)", () => {
     const doc = readFileSync(join(ROOT, "docs/configuration.md"), "utf8");
     assert.equal(doc, renderConfigDoc(doc));
   });

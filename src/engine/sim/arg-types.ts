@@ -3,11 +3,10 @@ import type { EngineKind } from "./engine-flags.ts";
 
 /** A command line the engine's argparse would refuse: exit status 2, argparse's message. */
 export class ArgParseError extends Error {
-  constructor(
-    message: string,
-    readonly prog: string,
-  ) {
+  readonly prog: string;
+  constructor(message: string, prog: string) {
     super(message);
+    this.prog = prog;
     this.name = "ArgParseError";
   }
   /** argparse's two lines: usage, then `prog: error: message`. */

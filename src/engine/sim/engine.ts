@@ -15,6 +15,9 @@ import type { Sequence } from "./sequence.ts";
  * (up to a few ms of CPU) before yielding to I/O, so a high --speed stays cheap.
  */
 export class SimEngine {
+  readonly cfg: SimConfig;
+  private readonly log: Logger;
+  readonly rank: number;
   readonly pool: BlockPool;
   readonly scheduler: Scheduler;
   readonly metrics: SimMetrics;
@@ -38,12 +41,10 @@ export class SimEngine {
    * @param rank the data-parallel rank this scheduler + pool is (one SimEngine per rank).
    * @param itlFamily shared by the ranks of one process, so /metrics renders the family once.
    */
-  constructor(
-    readonly cfg: SimConfig,
-    private readonly log: Logger,
-    readonly rank: number = cfg.dpRank,
-    itlFamily?: FastHistogramFamily,
-  ) {
+  constructor(cfg: SimConfig, log: Logger, rank: number = cfg.dpRank, itlFamily?: FastHistogramFamily) {
+    this.cfg = cfg;
+    this.log = log;
+    this.rank = rank;
     this.pool = new BlockPool(cfg.numGpuBlocks, cfg.blockSize, cfg.enablePrefixCaching);
     this.metrics = new SimMetrics({
       engine: cfg.engine,

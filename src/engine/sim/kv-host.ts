@@ -13,6 +13,7 @@ interface HeldEntry extends HeldKv {
  * decode worker's pull, and inserts pulled KV on the decode worker as computed blocks.
  */
 export class SimKvHostImpl implements SimKvHost {
+  private readonly engine: SimEngine;
   readonly engineId: string;
   readonly blockSize: number;
   readonly kvBytesPerBlock: number;
@@ -27,10 +28,8 @@ export class SimKvHostImpl implements SimKvHost {
   /** Decode side: cache_salt per request id, set before the pull so imported blocks hash right. */
   private readonly salts = new Map<string, string>();
 
-  constructor(
-    private readonly engine: SimEngine,
-    opts: { engineId: string; host: string; holdTimeoutMs: number },
-  ) {
+  constructor(engine: SimEngine, opts: { engineId: string; host: string; holdTimeoutMs: number }) {
+    this.engine = engine;
     const cfg = engine.cfg;
     this.engineId = opts.engineId;
     this.blockSize = cfg.blockSize;

@@ -30,6 +30,11 @@ const END_SEQ = (() => {
 })();
 
 export class KvEventPublisher {
+  private readonly cfg: KvEventsConfig;
+  private readonly layout: KvLayout;
+  private readonly framing: KvEventsFraming;
+  private readonly dpRank: number;
+  private readonly log: Logger;
   private readonly pub: Publisher;
   private readonly replay: Router | null;
   private readonly packr = new Packr({ useRecords: false, variableMapSize: true });
@@ -42,13 +47,12 @@ export class KvEventPublisher {
   private sending = false;
   private closed = false;
 
-  constructor(
-    private readonly cfg: KvEventsConfig,
-    private readonly layout: KvLayout,
-    private readonly framing: KvEventsFraming,
-    private readonly dpRank: number,
-    private readonly log: Logger,
-  ) {
+  constructor(cfg: KvEventsConfig, layout: KvLayout, framing: KvEventsFraming, dpRank: number, log: Logger) {
+    this.cfg = cfg;
+    this.layout = layout;
+    this.framing = framing;
+    this.dpRank = dpRank;
+    this.log = log;
     this.pub = new Publisher({ sendHighWaterMark: cfg.hwm, linger: 0 });
     this.replay = cfg.replay_endpoint && framing === "seq" ? new Router({ linger: 0 }) : null;
     this.topic = Buffer.from(cfg.topic);

@@ -27,10 +27,12 @@ function mix(a: number, b: number, c: number): number {
 }
 
 export class LogprobModel {
-  constructor(
-    private readonly vocab: OutputVocab,
-    private readonly tok: Tokenizer,
-  ) {}
+  private readonly vocab: OutputVocab;
+  private readonly tok: Tokenizer;
+  constructor(vocab: OutputVocab, tok: Tokenizer) {
+    this.vocab = vocab;
+    this.tok = tok;
+  }
 
   /** The text of one prompt token (prompt tokens need not be in the output vocabulary). */
   tokenText(id: number): string {

@@ -80,6 +80,9 @@ export type FinishReason = "stop" | "length" | "abort";
  * prefix of a stop string.
  */
 export class OutputText {
+  private readonly vocab: OutputVocab;
+  private readonly rng: Rng;
+  private readonly stop: readonly string[];
   text = "";
   private emitted = 0;
   private readonly holdBack: number;
@@ -87,12 +90,10 @@ export class OutputText {
   /** Vocabulary index of every token drawn, kept only when the request wants logprobs. */
   readonly drawn: number[] | null;
 
-  constructor(
-    private readonly vocab: OutputVocab,
-    private readonly rng: Rng,
-    private readonly stop: readonly string[],
-    recordDrawn = false,
-  ) {
+  constructor(vocab: OutputVocab, rng: Rng, stop: readonly string[], recordDrawn = false) {
+    this.vocab = vocab;
+    this.rng = rng;
+    this.stop = stop;
     this.drawn = recordDrawn ? [] : null;
     let longest = 0;
     for (const s of stop) longest = Math.max(longest, s.length);

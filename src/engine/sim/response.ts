@@ -58,6 +58,8 @@ function flushDirty(): void {
 }
 
 export class RequestResponder implements SeqSink {
+  private readonly res: ServerResponse;
+  private readonly meta: ResponseMeta;
   readonly seqs: Sequence[] = [];
   private remaining = 0;
   private readonly head: string;
@@ -81,10 +83,9 @@ export class RequestResponder implements SeqSink {
   private started = false;
   private direct: Socket | null = null;
 
-  constructor(
-    private readonly res: ServerResponse,
-    private readonly meta: ResponseMeta,
-  ) {
+  constructor(res: ServerResponse, meta: ResponseMeta) {
+    this.res = res;
+    this.meta = meta;
     const object = meta.kind === "chat" ? "chat.completion.chunk" : "text_completion";
     this.head = `data: {"id":${JSON.stringify(this.id)},"object":"${object}","created":${meta.created},"model":${JSON.stringify(meta.model)},"choices":[{"index":`;
     this.mid = meta.kind === "chat" ? `,"delta":{"content":` : `,"text":`;

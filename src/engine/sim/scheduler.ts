@@ -44,6 +44,10 @@ export interface SchedulerLimits {
 }
 
 export class Scheduler {
+  readonly pool: BlockPool;
+  readonly limits: SchedulerLimits;
+  private readonly observer: SchedulerObserver;
+  private readonly now: () => number;
   readonly waiting: Sequence[] = [];
   readonly running: Sequence[] = [];
   readonly imports = new Map<string, ImportedKv>();
@@ -51,11 +55,16 @@ export class Scheduler {
   holdHook: ((seq: Sequence) => void) | null = null;
 
   constructor(
-    readonly pool: BlockPool,
-    readonly limits: SchedulerLimits,
-    private readonly observer: SchedulerObserver,
-    private readonly now: () => number = () => performance.now(),
-  ) {}
+    pool: BlockPool,
+    limits: SchedulerLimits,
+    observer: SchedulerObserver,
+    now: () => number = () => performance.now(),
+  ) {
+    this.pool = pool;
+    this.limits = limits;
+    this.observer = observer;
+    this.now = now;
+  }
 
   get hasWork(): boolean {
     return this.running.length > 0 || this.waiting.length > 0;

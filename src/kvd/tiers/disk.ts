@@ -97,6 +97,9 @@ export function decodeHeader(b: Buffer): Header | null {
 }
 
 export class DiskTier {
+  readonly dir: string;
+  readonly capacity: number;
+  private readonly log: Logger;
   readonly index = new Map<string, DiskEntry>();
   private readonly lru = new ClassLru();
   private readonly pending = new Map<string, { cancelled: boolean }>();
@@ -108,11 +111,11 @@ export class DiskTier {
   /** Files found corrupt (on scan or read) and deleted. */
   corrupt = 0;
 
-  constructor(
-    readonly dir: string,
-    readonly capacity: number,
-    private readonly log: Logger,
-  ) {}
+  constructor(dir: string, capacity: number, log: Logger) {
+    this.dir = dir;
+    this.capacity = capacity;
+    this.log = log;
+  }
 
   get used(): number {
     return this.usedBytes;

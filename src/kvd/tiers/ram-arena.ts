@@ -28,13 +28,15 @@ export interface L2Entry {
 }
 
 export class RamArenaTier {
+  readonly arena: ArenaMapping;
   readonly entries = new Map<string, L2Entry>();
   readonly alloc: ArenaAllocator;
   private readonly lru = new ClassLru();
   private storedBytes = 0;
   evictions: Record<StoredClass, number> = { short: 0, long: 0 };
 
-  constructor(readonly arena: ArenaMapping) {
+  constructor(arena: ArenaMapping) {
+    this.arena = arena;
     this.alloc = new ArenaAllocator(arena.bytes);
   }
 

@@ -4,9 +4,11 @@ import { type RemoteTier, unwrapValue, wrapValue } from "./remote.ts";
 
 /** L4 on Redis: one string value per chunk under `infera:kvd:<sha256(namespace, key)>`. */
 export class RedisTier implements RemoteTier {
+  readonly url: string;
   private readonly redis: Redis;
 
-  constructor(readonly url: string) {
+  constructor(url: string) {
+    this.url = url;
     this.redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 2, enableOfflineQueue: false });
     // Errors surface through the failed commands; an unhandled 'error' event would crash.
     this.redis.on("error", () => {});

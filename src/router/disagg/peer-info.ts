@@ -9,9 +9,12 @@ import { UpstreamError } from "../../protocol/errors.ts";
 import { type AbortLike, toAbortSignal } from "../../util/abort.ts";
 
 export class PeerInfoCache {
+  private readonly timeoutMs;
   private readonly cache = new Map<string, Promise<Record<string, unknown>>>();
 
-  constructor(private readonly timeoutMs = 3000) {}
+  constructor(timeoutMs = 3000) {
+    this.timeoutMs = timeoutMs;
+  }
 
   get(rec: WorkerRecord, url: string, signal: AbortLike): Promise<Record<string, unknown>> {
     const key = `${rec.id}@${rec.startedAt}:${url}`;

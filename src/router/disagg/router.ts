@@ -41,11 +41,12 @@ export interface DisaggOptions {
 
 /** P could not do its half; the router may try another P. */
 class PrefillFailure extends Error {
-  constructor(
-    readonly worker: WorkerState,
-    readonly reason: unknown,
-  ) {
+  readonly worker: WorkerState;
+  readonly reason: unknown;
+  constructor(worker: WorkerState, reason: unknown) {
     super(`prefill on ${worker.record.id} failed: ${describeError(reason)}`);
+    this.worker = worker;
+    this.reason = reason;
   }
 }
 
@@ -66,15 +67,17 @@ export function disaggOptionsFrom(
 }
 
 export class DisaggRouter implements ModelRouter {
+  private readonly ctx: DisaggFactoryContext;
+  private readonly o: DisaggOptions;
   readonly kind = "disagg" as const;
   private readonly peers = new PeerInfoCache();
   /** Round-robin position over each prefill worker's DP ranks (id → next index). */
   private readonly rankTurns = new Map<string, number>();
 
-  constructor(
-    private readonly ctx: DisaggFactoryContext,
-    private readonly o: DisaggOptions,
-  ) {}
+  constructor(ctx: DisaggFactoryContext, o: DisaggOptions) {
+    this.ctx = ctx;
+    this.o = o;
+  }
 
   async handle(req: RoutingRequest, exec: RequestExecutor, signal: AbortLike): Promise<UpstreamResponse> {
     const { ctx } = this;

@@ -38,11 +38,13 @@ export interface DecisionRecord {
 }
 
 export class DecisionLog {
+  readonly capacity;
   private readonly slots: Slot[];
   private next = 0;
   private count = 0;
 
-  constructor(readonly capacity = 256) {
+  constructor(capacity = 256) {
+    this.capacity = capacity;
     this.slots = Array.from({ length: capacity }, () => new Slot());
   }
 

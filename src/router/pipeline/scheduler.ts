@@ -61,6 +61,12 @@ function zeros(n: number): Float64Array {
 const EMPTY_OVERLAPS = { overlaps: new Int32Array(0), ranks: new Int32Array(0) };
 
 class Ctx implements StepContext {
+  readonly req: RoutingRequest;
+  readonly step: Step;
+  readonly scope: ModelScope;
+  readonly all: readonly WorkerState[];
+  private readonly source: OverlapSource | undefined;
+  private readonly heldOf: ((id: string) => number) | undefined;
   reason?: string;
   winner = -1;
   private ov: { overlaps: Int32Array; ranks: Int32Array } | null = null;
@@ -68,13 +74,20 @@ class Ctx implements StepContext {
   private ld: Float64Array | null = null;
 
   constructor(
-    readonly req: RoutingRequest,
-    readonly step: Step,
-    readonly scope: ModelScope,
-    readonly all: readonly WorkerState[],
-    private readonly source: OverlapSource | undefined,
-    private readonly heldOf: ((id: string) => number) | undefined,
-  ) {}
+    req: RoutingRequest,
+    step: Step,
+    scope: ModelScope,
+    all: readonly WorkerState[],
+    source: OverlapSource | undefined,
+    heldOf: ((id: string) => number) | undefined,
+  ) {
+    this.req = req;
+    this.step = step;
+    this.scope = scope;
+    this.all = all;
+    this.source = source;
+    this.heldOf = heldOf;
+  }
 
   private computeOverlaps() {
     if (this.ov) return this.ov;
@@ -124,6 +137,11 @@ class Ctx implements StepContext {
 
 /** One step's pipeline as a RoutingPolicy. */
 export class StepPolicy implements RoutingPolicy {
+  readonly name: string;
+  readonly step: Step;
+  private readonly scope: ModelScope;
+  private readonly stats: SchedulerStats;
+  private readonly log: DecisionLog | undefined;
   readonly filters: Filter[];
   readonly scorers: Scorer[];
   readonly weights: number[];
@@ -135,13 +153,18 @@ export class StepPolicy implements RoutingPolicy {
   last: Ctx | null = null;
 
   constructor(
-    readonly name: string,
-    readonly step: Step,
-    private readonly scope: ModelScope,
+    name: string,
+    step: Step,
+    scope: ModelScope,
     spec: ProfileSpec,
-    private readonly stats: SchedulerStats,
-    private readonly log: DecisionLog | undefined,
+    stats: SchedulerStats,
+    log: DecisionLog | undefined,
   ) {
+    this.name = name;
+    this.step = step;
+    this.scope = scope;
+    this.stats = stats;
+    this.log = log;
     this.filters = (spec.filters ?? []).map((f) =>
       build(filterDefs, "filter", f.name).build(scope, f.params),
     );

@@ -80,9 +80,11 @@ async function readCounter(registry: Registry, name: string): Promise<number | n
 }
 
 export class DashboardState {
+  private readonly src: DashboardSources;
   readonly window: TrafficWindow;
 
-  constructor(private readonly src: DashboardSources) {
+  constructor(src: DashboardSources) {
+    this.src = src;
     this.window = new TrafficWindow(src.metrics, () => readCounter(src.metrics.registry, OVERLAP_BLOCKS));
   }
 

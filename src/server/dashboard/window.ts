@@ -63,17 +63,21 @@ export interface TrafficWindowOptions {
 }
 
 export class TrafficWindow {
+  private readonly metrics: ServerMetrics;
+  /** Reads the cumulative overlap-blocks counter (null when the server keeps none). */
+  private readonly overlapBlocks: () => Promise<number | null>;
   private readonly samples: Sample[] = [];
   private readonly keepMs: number;
   private readonly minSampleMs: number;
   private readonly spanMs: number;
 
   constructor(
-    private readonly metrics: ServerMetrics,
-    /** Reads the cumulative overlap-blocks counter (null when the server keeps none). */
-    private readonly overlapBlocks: () => Promise<number | null>,
+    metrics: ServerMetrics,
+    overlapBlocks: () => Promise<number | null>,
     opts: TrafficWindowOptions = {},
   ) {
+    this.metrics = metrics;
+    this.overlapBlocks = overlapBlocks;
     this.keepMs = opts.keepMs ?? 5 * 60_000;
     this.minSampleMs = opts.minSampleMs ?? 900;
     this.spanMs = opts.spanMs ?? 10_000;

@@ -57,6 +57,8 @@ const NO_OPTIONS: PublishOptions = {};
 
 /** One in-flight request. */
 class AgentStream {
+  readonly inbox: string;
+  readonly pingMs: number;
   sent = 0;
   allowed: number;
   lastHeard: number;
@@ -65,12 +67,9 @@ class AgentStream {
   creditWaiter: (() => void) | null = null;
   done = false;
 
-  constructor(
-    readonly inbox: string,
-    window: number,
-    readonly pingMs: number,
-    now: number,
-  ) {
+  constructor(inbox: string, window: number, pingMs: number, now: number) {
+    this.inbox = inbox;
+    this.pingMs = pingMs;
     this.allowed = window;
     this.lastHeard = now;
     this.lastSent = now;

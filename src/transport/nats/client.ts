@@ -63,6 +63,7 @@ const NO_RESPONDERS_RETRY_MS = 50;
 const NO_RESPONDERS_GRACE_MS = 3000;
 
 export class NatsRequestExecutor implements RequestExecutor {
+  private readonly opts: NatsExecutorOptions;
   private readonly nc: NatsConnection;
   private readonly window: number;
   private readonly pingMs: number;
@@ -83,7 +84,8 @@ export class NatsRequestExecutor implements RequestExecutor {
   private orphans: NatsStream[] = [];
   private closed = false;
 
-  constructor(private readonly opts: NatsExecutorOptions) {
+  constructor(opts: NatsExecutorOptions) {
+    this.opts = opts;
     this.nc = opts.nc;
     this.window = opts.window ?? DEFAULT_WINDOW;
     this.pingMs = opts.pingMs ?? 1000;

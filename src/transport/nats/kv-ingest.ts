@@ -51,12 +51,14 @@ function rankSubjects(rec: WorkerRecord): { dpRank: number; subject: string }[] 
 }
 
 export class NatsKvIngest {
+  private readonly opts: NatsKvIngestOptions;
   readonly index: KvIndex;
   readonly metrics: KvIngestMetrics;
   private readonly logger: Logger;
   private readonly feeds: WorkerFeeds<NatsFeed>;
 
-  constructor(private readonly opts: NatsKvIngestOptions) {
+  constructor(opts: NatsKvIngestOptions) {
+    this.opts = opts;
     this.index = opts.index ?? new KvIndex({ defaultMaxBlocks: opts.maxBlocksPerWorker });
     this.logger = opts.logger ?? createLogger("kv-ingest-nats");
     this.metrics = new KvIngestMetrics(opts.registry ?? new Registry());

@@ -4,12 +4,14 @@
  * (buffer_steps). Sequence numbers in it are strictly increasing.
  */
 export class KvRing {
+  readonly capacity: number;
   private readonly seqs: number[];
   private readonly msgs: (Uint8Array | undefined)[];
   private start = 0;
   private count = 0;
 
-  constructor(readonly capacity: number) {
+  constructor(capacity: number) {
+    this.capacity = capacity;
     if (capacity < 1) throw new Error("KvRing capacity must be >= 1");
     this.seqs = new Array<number>(capacity).fill(0);
     this.msgs = new Array<Uint8Array | undefined>(capacity).fill(undefined);

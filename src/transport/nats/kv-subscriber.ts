@@ -41,6 +41,7 @@ export interface KvSubscriberStats {
 }
 
 export class NatsKvSubscriber {
+  private readonly o: KvSubscriberOptions;
   readonly stats: KvSubscriberStats = { delivered: 0, replayed: 0, gaps: 0, resets: 0, duplicates: 0 };
   private live?: Subscription;
   /** Next seq to deliver; null until the first batch or replay fixes it. */
@@ -52,7 +53,8 @@ export class NatsKvSubscriber {
   private readonly log: Logger;
   private readonly replaySubject: string;
 
-  constructor(private readonly o: KvSubscriberOptions) {
+  constructor(o: KvSubscriberOptions) {
+    this.o = o;
     this.log = o.logger ?? createLogger("nats-kv-sub", { subject: o.subject });
     this.replaySubject = kvReplaySubject(o.subject);
   }

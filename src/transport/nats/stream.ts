@@ -40,6 +40,14 @@ export interface StreamHooks {
 }
 
 export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint8Array> {
+  private readonly nc: NatsConnection;
+  readonly inbox: string;
+  private readonly ctlSubject: string;
+  readonly workerId: string;
+  /** The worker's URL, named in WorkerUnreachableError like the HTTP executor does. */
+  readonly workerUrl: string;
+  private readonly window: number;
+  private readonly hooks: StreamHooks;
   sub?: Subscription;
   /** Time of the last frame from the agent (any kind). */
   lastFrame: number;
@@ -74,15 +82,21 @@ export class NatsStream implements AsyncIterator<Uint8Array>, AsyncIterable<Uint
   readonly head: Promise<UpstreamResponse>;
 
   constructor(
-    private readonly nc: NatsConnection,
-    readonly inbox: string,
-    private readonly ctlSubject: string,
-    readonly workerId: string,
-    /** The worker's URL, named in WorkerUnreachableError like the HTTP executor does. */
-    readonly workerUrl: string,
-    private readonly window: number,
-    private readonly hooks: StreamHooks,
+    nc: NatsConnection,
+    inbox: string,
+    ctlSubject: string,
+    workerId: string,
+    workerUrl: string,
+    window: number,
+    hooks: StreamHooks,
   ) {
+    this.nc = nc;
+    this.inbox = inbox;
+    this.ctlSubject = ctlSubject;
+    this.workerId = workerId;
+    this.workerUrl = workerUrl;
+    this.window = window;
+    this.hooks = hooks;
     this.granted = window;
     this.lastFrame = Date.now();
     this.head = new Promise<UpstreamResponse>((res, rej) => {

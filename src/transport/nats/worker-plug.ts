@@ -21,15 +21,17 @@ export interface NatsWorkerOptions {
 }
 
 export class NatsWorkerRegistrar implements DiscoveryRegistrar {
+  private readonly inner: DiscoveryRegistrar | null;
+  private readonly o: NatsWorkerOptions;
   private nc?: NatsConnection;
   agent?: NatsRequestAgent;
   relay?: NatsKvRelay;
   private starting?: Promise<void>;
 
-  constructor(
-    private readonly inner: DiscoveryRegistrar | null,
-    private readonly o: NatsWorkerOptions,
-  ) {}
+  constructor(inner: DiscoveryRegistrar | null, o: NatsWorkerOptions) {
+    this.inner = inner;
+    this.o = o;
+  }
 
   private async startPlanes(rec: WorkerRecord): Promise<void> {
     const { settings, logger } = this.o;

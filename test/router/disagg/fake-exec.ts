@@ -44,8 +44,11 @@ export function delay(ms: number, signal: AbortLike): Promise<void> {
 
 /** A RequestExecutor whose workers are scripted per id; records every call. */
 export class FakeExecutor implements RequestExecutor {
+  readonly handlers: Record<string, Handler>;
   readonly calls: Call[] = [];
-  constructor(readonly handlers: Record<string, Handler>) {}
+  constructor(handlers: Record<string, Handler>) {
+    this.handlers = handlers;
+  }
   async send(w: WorkerState, endpoint: EndpointKind, body: Record<string, unknown>, opts: SendOptions) {
     const call = { worker: w.record.id, endpoint, body, opts, at: performance.now() };
     this.calls.push(call);

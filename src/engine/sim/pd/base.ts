@@ -19,16 +19,17 @@ import type {
 } from "./types.ts";
 
 export abstract class SideChannelConnector implements SimConnector {
+  protected readonly opts: SimConnectorOptions;
+  protected readonly host: SimKvHost;
   abstract readonly kind: ConnectorKind;
   protected readonly settings: TransferSettings;
   protected readonly log: Logger;
   protected readonly channel: KvSideChannel;
   protected started = false;
 
-  constructor(
-    protected readonly opts: SimConnectorOptions,
-    protected readonly host: SimKvHost,
-  ) {
+  constructor(opts: SimConnectorOptions, host: SimKvHost) {
+    this.opts = opts;
+    this.host = host;
     this.settings = transferSettings(opts);
     this.log = createLogger("sim-pd", { connector: opts.kind, role: opts.role, engine: host.engineId });
     this.channel = new KvSideChannel(host, this.settings, this.log);

@@ -69,8 +69,10 @@ export function parseMoriioRequestId(id: string): { prefill: string; decode: str
 
 /** The Python `KeyError` vLLM's MoRIIO code raises for a missing key. */
 export class MoriioKeyError extends Error {
-  constructor(readonly key: string) {
+  readonly key: string;
+  constructor(key: string) {
     super(`KeyError: '${key}'`);
+    this.key = key;
     this.name = "KeyError";
   }
 }

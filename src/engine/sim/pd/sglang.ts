@@ -57,6 +57,7 @@ interface RankInfo {
 
 /** SGLang's bootstrap tables (`prefill_port_table`, `room_to_dp_rank`). */
 export class SglangBootstrapTable {
+  private readonly prefillHttpPort: number;
   attnTpSize: number | null = null;
   attnCpSize: number | null = null;
   dpSize: number | null = null;
@@ -69,7 +70,9 @@ export class SglangBootstrapTable {
   readonly ports = new Map<number, Map<number, Map<number, Map<number, RankInfo>>>>();
   readonly roomToDpRank = new Map<string, number>();
 
-  constructor(private readonly prefillHttpPort: number) {}
+  constructor(prefillHttpPort: number) {
+    this.prefillHttpPort = prefillHttpPort;
+  }
 
   ready(): boolean {
     if (this.attnTpSize === null || this.attnCpSize === null || this.ppSize === null || this.dpSize === null)

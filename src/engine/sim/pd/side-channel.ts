@@ -63,6 +63,9 @@ function drainOrClose(res: http.ServerResponse): Promise<void> {
 }
 
 export class KvSideChannel {
+  private readonly host: SimKvHost;
+  private readonly settings: TransferSettings;
+  private readonly log: Logger;
   private readonly offers = new Map<string, Offer>();
   private readonly waiters = new Map<string, Set<() => void>>();
   private readonly server: http.Server;
@@ -70,11 +73,10 @@ export class KvSideChannel {
   /** Counters for logs and tests. */
   readonly stats = { pulls: 0, failedPulls: 0, bytesSent: 0, expired: 0 };
 
-  constructor(
-    private readonly host: SimKvHost,
-    private readonly settings: TransferSettings,
-    private readonly log: Logger,
-  ) {
+  constructor(host: SimKvHost, settings: TransferSettings, log: Logger) {
+    this.host = host;
+    this.settings = settings;
+    this.log = log;
     this.server = http.createServer((req, res) => {
       this.handle(req, res).catch((err: unknown) => {
         this.log.warn({ err }, "side-channel request failed");

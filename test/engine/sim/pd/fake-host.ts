@@ -7,6 +7,8 @@ import type {
 
 /** A SimKvHost stand-in that records holds, releases and imports, for connector-level tests. */
 export class FakeKvHost implements SimKvHost {
+  readonly engineId: string;
+  readonly kvBytesPerBlock;
   readonly blockSize = 16;
   readonly host = "127.0.0.1";
   readonly httpPort = 18000;
@@ -17,10 +19,12 @@ export class FakeKvHost implements SimKvHost {
   readonly released: string[] = [];
 
   constructor(
-    readonly engineId: string,
-    readonly kvBytesPerBlock = 64 * 1024,
+    engineId: string,
+    kvBytesPerBlock = 64 * 1024,
     layout: { dpSize?: number; dpRank?: number; tpSize?: number } = {},
   ) {
+    this.engineId = engineId;
+    this.kvBytesPerBlock = kvBytesPerBlock;
     this.dpSize = layout.dpSize ?? 1;
     this.dpRank = layout.dpRank ?? 0;
     this.tpSize = layout.tpSize ?? 1;
