@@ -6,14 +6,20 @@
  *
  *   node bench/kv-routing/run.ts [--speed 0.5] [--blocks 320] [--replicas 2] [--quick]
  *     [--policies round-robin,kv-aware] [--policy-option recentRoutingMs=3000 ...]
+ *     [--baseline <checkout>] [--ready-timeout 60]
+ *
+ * `--baseline` runs each policy a second time with the servers spawned from another checkout's
+ * bin/infera.js (e.g. a `git worktree` of the previous commit with a node_modules symlink): same
+ * trace, same sims (caches reset before each run), the two sides one after the other per policy
+ * (order alternating between policies), and prints them side by side.
  *
  * Goals (issue 5): kv-aware TTFT p50 ≤ 0.5× round-robin; hit rate ≥ 95% of the trace's
  * reachable reuse; better than approx-prefix.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { loadavg, tmpdir } from "node:os";
+import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import type { BenchResult } from "../../src/bench/schema.ts";
@@ -43,6 +49,17 @@ const ALL_POLICIES = ["round-robin", "approx-prefix", "kv-aware"];
 const pi = args.indexOf("--policies");
 const POLICIES = pi >= 0 ? args[pi + 1].split(",") : ALL_POLICIES;
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+const bi = args.indexOf("--baseline");
+const BASELINE = bi >= 0 ? resolve(args[bi + 1]) : undefined;
+if (BASELINE && !existsSync(join(BASELINE, "bin/infera.js")))
+  throw new Error(`--baseline ${BASELINE}: no bin/infera.js there`);
+/** Seconds a server may take to see all workers: start-up through tsx on a busy box is slow. */
+const READY_TIMEOUT_MS = flag("ready-timeout", 60) * 1000;
+/** The checkouts the servers run from: this one ("new") and, with --baseline, the other. */
+const SIDES: { side: string; root: string }[] = [
+  { side: "new", root: ROOT },
+  ...(BASELINE ? [{ side: "base", root: BASELINE }] : []),
+];
 
 const traceOpts = quick
   ? { ...defaultTrace, conversations: 16, questions: 40, windowS: 8 }
@@ -53,12 +70,13 @@ const reuse = reachableReuse(trace, getDefaultTokenizer(), BS);
 async function startServer(
   policy: string,
   workersFile: string,
+  root: string,
 ): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
   const child = spawn(
     process.execPath,
     [
-      join(ROOT, "bin/infera.js"),
+      join(root, "bin/infera.js"),
       ...serverArgs(port),
       "--discovery",
       "static",
@@ -72,7 +90,7 @@ async function startServer(
       ...args.flatMap((a, i) => (args[i - 1] === "--policy-option" ? ["--policy-option", a] : [])),
     ],
     {
-      cwd: ROOT,
+      cwd: root,
       env: { ...process.env, INFERA_LOG_LEVEL: process.env.KV_ROUTING_SERVER_LOG ?? "warn" },
       stdio: ["ignore", "pipe", "pipe"],
     },
@@ -82,7 +100,7 @@ async function startServer(
   child.stdout?.on("data", (b) => (out += b));
   child.stderr?.on("data", (b) => (out += b));
   const url = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 20000;
+  const deadline = Date.now() + READY_TIMEOUT_MS;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`infera server exited: ${out}`);
     try {
@@ -122,6 +140,8 @@ async function resetCaches(sims: SimProcess[]): Promise<void> {
 
 interface Row {
   policy: string;
+  /** Which checkout's server ran: "new" (this one) or "base" (--baseline). */
+  side: string;
   /** Hit rate of the conversation and document requests separately. */
   convHit: number;
   docHit: number;
@@ -129,6 +149,7 @@ interface Row {
   hitRate: number;
   ofReachable: number;
   ttftP50: number;
+  ttftP90: number;
   ttftP99: number;
   reqPerS: number;
   outTokPerS: number;
@@ -163,18 +184,20 @@ async function decisionsOf(url: string): Promise<string> {
   return out.join(" ");
 }
 
-function rowOf(policy: string, r: BenchResult, decisions: string): Row {
+function rowOf(policy: string, side: string, r: BenchResult, decisions: string): Row {
   const s = r.summary;
   const hit = s.prefix_cache_hit_rate ?? 0;
   const reachableRate = reuse.reachable / reuse.prompt;
   return {
     policy,
+    side,
     convHit: groupHit(r, "conv"),
     docHit: groupHit(r, "doc"),
     decisions,
     hitRate: hit,
     ofReachable: hit / reachableRate,
     ttftP50: s.latency_ms.ttft.p50 ?? Number.NaN,
+    ttftP90: s.latency_ms.ttft.p90 ?? Number.NaN,
     ttftP99: s.latency_ms.ttft.p99 ?? Number.NaN,
     reqPerS: s.throughput.requests_per_s,
     outTokPerS: s.throughput.output_tokens_per_s,
@@ -186,10 +209,34 @@ function rowOf(policy: string, r: BenchResult, decisions: string): Row {
 const f1 = (x: number) => (Number.isFinite(x) ? x.toFixed(1) : "n/a");
 const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 
+/** Per policy, this checkout vs the baseline: `new / base` in each cell (a Markdown table). */
+function printSideBySide(rows: Row[]): void {
+  console.log(`\nside by side, new / base (${BASELINE}):`);
+  console.log("| policy | hit rate | of reachable | conv / doc hit | TTFT p50 ms | TTFT p90 ms | errors |");
+  console.log("|---|---|---|---|---|---|---|");
+  for (const policy of POLICIES) {
+    const n = rows.find((r) => r.policy === policy && r.side === "new");
+    const b = rows.find((r) => r.policy === policy && r.side === "base");
+    if (!n || !b) continue;
+    const both = (f: (r: Row) => string) => `${f(n)} / ${f(b)}`;
+    console.log(
+      `| ${policy} | ${both((r) => pct(r.hitRate))} | ${both((r) => pct(r.ofReachable))} | ${both((r) => `${pct(r.convHit)}, ${pct(r.docHit)}`)} | ${both((r) => f1(r.ttftP50))} | ${both((r) => f1(r.ttftP90))} | ${both((r) => String(r.errors))} |`,
+    );
+  }
+  for (const policy of POLICIES)
+    for (const r of rows.filter((x) => x.policy === policy))
+      console.log(`decisions ${policy} (${r.side}): ${r.decisions}`);
+}
+
 async function main(): Promise<void> {
   const t0 = Date.now();
   console.log(
     `kv-routing benchmark: ${trace.length} requests (${traceOpts.conversations} conversations × ${traceOpts.turns} turns over ${traceOpts.systemPrompts} system prompts, ${traceOpts.questions} questions over ${traceOpts.documents} documents of ~${traceOpts.documentWords} tokens), ${WORKERS} sims × ${BLOCKS} blocks of ${BS} tokens, --speed ${SPEED}, ${REPLICAS} server replicas behind a round-robin balancer`,
+  );
+  console.log(
+    `load average at the start: ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(" ")}${BASELINE ? `; baseline servers from ${BASELINE}` : ""}`,
   );
   const g = reuse.byGroup;
   console.log(
@@ -242,34 +289,37 @@ async function main(): Promise<void> {
   );
   const rows: Row[] = [];
   try {
-    for (const policy of POLICIES) {
-      await resetCaches(sims);
-      const servers = await Promise.all(
-        Array.from({ length: REPLICAS }, () => startServer(policy, workersFile)),
-      );
-      const lb = await startBalancer(servers.map((s) => s.url));
-      try {
-        // Let the kv-aware server's subscribers join and replay (the replay ends in the reset's
-        // AllBlocksCleared, so its index starts empty like the caches).
-        await new Promise((r) => setTimeout(r, 500));
-        const result = await runBench({
-          url: lb.url,
-          model: MODEL,
-          workload: trace,
-          stream: true,
-          seed: traceOpts.seed,
-          timeoutMs: 60_000,
-          label: policy,
-        });
-        const decisions = (await Promise.all(servers.map((s) => decisionsOf(s.url)))).join(" | ");
-        rows.push(rowOf(policy, result, decisions));
-        const r = rows[rows.length - 1];
-        console.log(
-          `  ${policy.padEnd(13)} done in ${f1(r.seconds)} s: hit ${pct(r.hitRate)} (conversations ${pct(r.convHit)}, documents ${pct(r.docHit)}), TTFT p50 ${f1(r.ttftP50)} ms; decisions ${r.decisions}`,
+    for (const [n, policy] of POLICIES.entries()) {
+      // Alternate which side goes first, so drift in the machine's load hits both alike.
+      for (const { side, root } of n % 2 === 0 ? SIDES : [...SIDES].reverse()) {
+        await resetCaches(sims);
+        const servers = await Promise.all(
+          Array.from({ length: REPLICAS }, () => startServer(policy, workersFile, root)),
         );
-      } finally {
-        await lb.close();
-        await Promise.all(servers.map((s) => stopChild(s.child)));
+        const lb = await startBalancer(servers.map((s) => s.url));
+        try {
+          // Let the kv-aware server's subscribers join and replay (the replay ends in the reset's
+          // AllBlocksCleared, so its index starts empty like the caches).
+          await new Promise((r) => setTimeout(r, 500));
+          const result = await runBench({
+            url: lb.url,
+            model: MODEL,
+            workload: trace,
+            stream: true,
+            seed: traceOpts.seed,
+            timeoutMs: 60_000,
+            label: `${policy} (${side})`,
+          });
+          const decisions = (await Promise.all(servers.map((s) => decisionsOf(s.url)))).join(" | ");
+          rows.push(rowOf(policy, side, result, decisions));
+          const r = rows[rows.length - 1];
+          console.log(
+            `  ${policy.padEnd(13)}${BASELINE ? ` ${side.padEnd(4)}` : ""} done in ${f1(r.seconds)} s: hit ${pct(r.hitRate)} (conversations ${pct(r.convHit)}, documents ${pct(r.docHit)}), TTFT p50 ${f1(r.ttftP50)} ms; decisions ${r.decisions}`,
+          );
+        } finally {
+          await lb.close();
+          await Promise.all(servers.map((s) => stopChild(s.child)));
+        }
       }
     }
   } finally {
@@ -279,9 +329,11 @@ async function main(): Promise<void> {
 
   const header = [
     "policy",
+    ...(BASELINE ? ["side"] : []),
     "hit rate",
     "of reachable",
     "TTFT p50 ms",
+    "TTFT p90 ms",
     "TTFT p99 ms",
     "req/s",
     "out tok/s",
@@ -289,9 +341,11 @@ async function main(): Promise<void> {
   ];
   const lines = rows.map((r) => [
     r.policy,
+    ...(BASELINE ? [r.side] : []),
     pct(r.hitRate),
     pct(r.ofReachable),
     f1(r.ttftP50),
+    f1(r.ttftP90),
     f1(r.ttftP99),
     r.reqPerS.toFixed(2),
     r.outTokPerS.toFixed(0),
@@ -301,7 +355,13 @@ async function main(): Promise<void> {
   const fmtRow = (l: string[]) => l.map((c, i) => c.padEnd(widths[i])).join("  ");
   console.log(`\n${fmtRow(header)}\n${widths.map((w) => "-".repeat(w)).join("  ")}`);
   for (const l of lines) console.log(fmtRow(l));
-  const by = Object.fromEntries(rows.map((r) => [r.policy, r]));
+  if (BASELINE) printSideBySide(rows);
+  console.log(
+    `load average at the end: ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(" ")}`,
+  );
+  const by = Object.fromEntries(rows.filter((r) => r.side === "new").map((r) => [r.policy, r]));
   if (ALL_POLICIES.some((p) => !by[p])) return;
   const kv = by["kv-aware"];
   const rr = by["round-robin"];
