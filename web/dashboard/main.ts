@@ -227,22 +227,30 @@ function decisionsPanel(list: Decision[]): HTMLElement {
 /** Why the request went where it went: each candidate's scorer values, the winner marked. */
 function explanation(d: Decision): HTMLElement {
   const scorers = [...new Set(d.candidates.flatMap((c) => Object.keys(c.scores)))];
-  const kv = scorers.includes("kv-prefix");
-  // kv-prefix scores uncached prompt blocks (a cost): the spread between candidates is the
-  // prompt's overlap difference, so the best-cached worker reads highest.
-  const kvVals = d.candidates.filter((c) => !c.filtered).map((c) => c.scores["kv-prefix"] ?? 0);
-  const worst = kvVals.length ? Math.max(...kvVals) : 0;
   const rows = d.candidates.map((c: Candidate) => {
-    const overlap = kv && !c.filtered ? worst - (c.scores["kv-prefix"] ?? 0) : null;
+    // The prompt's leading blocks this worker caches, as the step's overlap source counted them
+    // (absolute, filtered candidates included); "—" when the profile reads no overlap.
+    const cached = c.cachedBlocks ?? null;
+    const prompt = c.promptBlocks ?? null;
+    const known = cached !== null && prompt !== null;
     const bar = h("span", { class: "bar" });
-    if (overlap !== null && worst > 0) bar.style.width = `${Math.round((overlap / worst) * 120)}px`;
+    if (known && prompt > 0) bar.style.width = `${Math.round((Math.min(cached, prompt) / prompt) * 120)}px`;
     return h(
       "tr",
       { "data-candidate": c.worker, class: c.worker === d.winner ? "winner" : c.filtered ? "filtered" : "" },
       h("td", {}, `${short(c.worker)}${c.worker === d.winner ? " ★ served" : ""}`),
       ...scorers.map((s) => h("td", {}, c.filtered ? "filtered" : fmt(c.scores[s], 2))),
       h("td", {}, c.filtered ? "—" : fmt(c.total, 2)),
-      ...(kv ? [h("td", { class: "overlap" }, overlap === null ? "—" : fmt(overlap, 1), bar)] : []),
+      h(
+        "td",
+        {
+          class: "overlap",
+          "data-cached": known ? String(cached) : "",
+          "data-prompt": known ? String(prompt) : "",
+        },
+        known ? `${cached} / ${prompt}` : "—",
+        bar,
+      ),
     );
   });
   return h(
@@ -257,12 +265,7 @@ function explanation(d: Decision): HTMLElement {
     ),
     table(
       "explain-table",
-      [
-        "candidate",
-        ...scorers,
-        "total (lower wins)",
-        ...(kv ? ["prompt overlap (blocks, vs. least cached)"] : []),
-      ],
+      ["candidate", ...scorers, "total (lower wins)", "prompt cached (blocks / prompt blocks)"],
       rows,
     ),
   );

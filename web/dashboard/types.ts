@@ -46,6 +46,10 @@ export interface Candidate {
   filtered?: boolean;
   scores: Record<string, number>;
   total: number | null;
+  /** The prompt's leading blocks this worker caches; null when the profile has no overlap source. */
+  cachedBlocks?: number | null;
+  /** The prompt's full blocks at this worker's block size; null likewise. */
+  promptBlocks?: number | null;
 }
 export interface Decision {
   requestId: string;

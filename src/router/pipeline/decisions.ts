@@ -2,10 +2,12 @@
  * The last decisions of a server, explained (GET /debug/decisions, debug logs). A fixed ring of
  * slots overwritten in place: recording a decision keeps references to arrays the step built
  * anyway (candidates, positions, per-scorer values, totals) and allocates nothing else; the
- * JSON form is built only when someone asks.
+ * prompt's cached blocks and full blocks per candidate are copied into typed arrays the slot owns
+ * (grown only when a step has more candidates than any before it in that slot), so the dashboard
+ * can show absolute overlap. The JSON form is built only when someone asks.
  */
 import type { WorkerState } from "../types.ts";
-import type { DecisionExplanation, Step } from "./types.ts";
+import type { DecisionExplanation, Step, StepContext } from "./types.ts";
 
 /** One ring slot: a class, so every slot has the same shape and is overwritten in place. */
 class Slot {
@@ -21,6 +23,16 @@ class Slot {
   totals: Float64Array = new Float64Array(0);
   winner = 0;
   reason = "";
+  /** cached[pos], promptBlocks[pos] for pos < all.length, when `hasOverlap`. */
+  cachedBuf = new Int32Array(16);
+  promptBuf = new Int32Array(16);
+  hasOverlap = false;
+  get cached(): Int32Array | null {
+    return this.hasOverlap ? this.cachedBuf : null;
+  }
+  get promptBlocks(): Int32Array | null {
+    return this.hasOverlap ? this.promptBuf : null;
+  }
 }
 
 export interface DecisionRecord {
@@ -35,6 +47,13 @@ export interface DecisionRecord {
   /** Position in `all` of the winner. */
   winner: number;
   reason: string;
+  /**
+   * Cached prefix blocks of the prompt per position of `all` (the step's overlap source), and the
+   * prompt's full blocks at that candidate's block size; null when the profile has no overlap
+   * source (round-robin, least-load). May be longer than `all`.
+   */
+  cached: Int32Array | null;
+  promptBlocks: Int32Array | null;
 }
 
 export class DecisionLog {
@@ -60,6 +79,8 @@ export class DecisionLog {
     totals: Float64Array,
     winner: number,
     reason: string,
+    /** The step's context when its profile has an overlap source (its overlaps are read, not recomputed). */
+    overlap: StepContext | null = null,
   ): void {
     const s = this.slots[this.next];
     this.next = (this.next + 1) % this.capacity;
@@ -75,6 +96,20 @@ export class DecisionLog {
     s.totals = totals;
     s.winner = winner;
     s.reason = reason;
+    s.hasOverlap = overlap !== null;
+    if (overlap) {
+      const n = all.length;
+      if (s.cachedBuf.length < n) {
+        s.cachedBuf = new Int32Array(Math.max(n, s.cachedBuf.length * 2));
+        s.promptBuf = new Int32Array(s.cachedBuf.length);
+      }
+      // Computed once per step by the overlap source and cached in the context: no index walk.
+      const o = overlap.overlaps();
+      for (let i = 0; i < n; i++) {
+        s.cachedBuf[i] = o[i];
+        s.promptBuf[i] = overlap.promptBlocks(i);
+      }
+    }
   }
 
   /** Oldest first; `model` filters, `limit` keeps the newest. */
@@ -101,12 +136,22 @@ export function explain(s: DecisionRecord & { at?: number }): DecisionExplanatio
     at: s.at ?? Date.now(),
     candidates: s.all.map((w, pos) => {
       const k = row.get(pos);
-      if (k === undefined) return { worker: w.record.id, filtered: true, scores: {}, total: Number.NaN };
+      const cachedBlocks = s.cached ? s.cached[pos] : null;
+      const promptBlocks = s.promptBlocks ? s.promptBlocks[pos] : null;
+      if (k === undefined)
+        return {
+          worker: w.record.id,
+          filtered: true,
+          scores: {},
+          total: Number.NaN,
+          cachedBlocks,
+          promptBlocks,
+        };
       const scores: Record<string, number> = {};
       s.scorerNames.forEach((name, si) => {
         scores[name] = s.values ? s.values[si * n + k] : 0;
       });
-      return { worker: w.record.id, scores, total: s.totals[k] };
+      return { worker: w.record.id, scores, total: s.totals[k], cachedBlocks, promptBlocks };
     }),
     winner: s.all[s.winner].record.id,
     reason: s.reason,

@@ -214,6 +214,7 @@ export class StepPolicy implements RoutingPolicy {
       totals,
       ctx.winner,
       ctx.reason,
+      this.source ? ctx : null,
     );
     if (this.scope.logger.isLevelEnabled("debug")) {
       const r: DecisionRecord = {
@@ -227,6 +228,8 @@ export class StepPolicy implements RoutingPolicy {
         totals,
         winner: ctx.winner,
         reason: ctx.reason,
+        cached: this.source ? ctx.overlaps() : null,
+        promptBlocks: this.source ? Int32Array.from(all, (_, i) => ctx.promptBlocks(i)) : null,
       };
       this.scope.logger.debug({ decision: explain(r) }, "scheduling decision");
     }

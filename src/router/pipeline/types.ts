@@ -145,6 +145,14 @@ export interface DecisionExplanation {
     filtered?: boolean;
     scores: Record<string, number>;
     total: number;
+    /**
+     * Leading blocks of the prompt this candidate's cache holds, as the step's overlap source
+     * counted them (KV index; approximate tree for workers without events); null when the
+     * profile has no overlap source.
+     */
+    cachedBlocks: number | null;
+    /** The prompt's full blocks at this candidate's block size; null with no overlap source. */
+    promptBlocks: number | null;
   }>;
   winner: string;
   reason: string;

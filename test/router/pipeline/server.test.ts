@@ -128,6 +128,16 @@ test("a YAML-composed profile: its needs start KV ingest, and it routes to the c
     }
     const [a, b] = d.candidates;
     assert.ok(b!.scores["kv-prefix"]! < a!.scores["kv-prefix"]!, "p-b has fewer blocks to prefill");
+    // The absolute overlap the step's overlap source counted, per candidate: p-a never saw the
+    // document, p-b holds more than ten of its blocks; the prompt's full blocks at 16 tokens.
+    // kv-prefix (weight 1) is exactly the uncached rest.
+    const promptBlocks = Math.floor(tokens.length / BS);
+    assert.equal(a!.cachedBlocks, 0);
+    assert.ok((b!.cachedBlocks ?? 0) > 10, JSON.stringify(b));
+    for (const c of d.candidates) {
+      assert.equal(c.promptBlocks, promptBlocks);
+      assert.equal(c.scores["kv-prefix"], c.promptBlocks! - c.cachedBlocks!);
+    }
   }
 });
 
@@ -173,6 +183,12 @@ test("GET /debug/decisions is open when no API keys are set; round-robin decisio
         ["o-b", "round-robin"],
       ],
     );
+    // Round-robin reads no overlap: the decision says so (null), not a made-up 0.
+    for (const d of data)
+      for (const c of d.candidates) {
+        assert.equal(c.cachedBlocks, null);
+        assert.equal(c.promptBlocks, null);
+      }
   } finally {
     await open.close();
   }
