@@ -245,6 +245,34 @@ describe("dashboard in headless Chromium", { timeout: 180_000 }, () => {
         candidates.filter((c) => c.winner).map((c) => c.id),
         [served[0]!.id],
       );
+      // Each candidate's absolute overlap, "cached / prompt blocks", the numbers the decision
+      // recorded (the same JSON the page polls). PREFIX was just sent under load, so some worker
+      // caches part of it.
+      assert.ok(heads.includes("prompt cached (blocks / prompt blocks)"), String(heads));
+      const shown = await page.$$eval(`[data-explain="${rid}"] tr[data-candidate]`, (rows) =>
+        rows.map((x) => [x.getAttribute("data-candidate"), x.querySelector("td.overlap")?.textContent]),
+      );
+      const st = (await (
+        await fetch(`${url}/dashboard/state`, { headers: { authorization: `Bearer ${KEY}` } })
+      ).json()) as {
+        decisions: Array<{
+          requestId: string;
+          candidates: Array<{ worker: string; cachedBlocks: number | null; promptBlocks: number | null }>;
+        }>;
+      };
+      const rec = st.decisions.find((x) => x.requestId === rid)!;
+      assert.deepEqual(
+        shown,
+        rec.candidates.map((c) => [c.worker, `${c.cachedBlocks} / ${c.promptBlocks}`]),
+      );
+      assert.ok(
+        rec.candidates.every((c) => c.promptBlocks! > 0),
+        JSON.stringify(rec.candidates),
+      );
+      assert.ok(
+        rec.candidates.some((c) => c.cachedBlocks! > 0),
+        JSON.stringify(rec.candidates),
+      );
       // The explanation stays open across polls.
       await new Promise((r) => setTimeout(r, 1200));
       assert.equal(await text(page, `[data-explain="${rid}"] .explain-winner`), served[0]!.id);

@@ -44,7 +44,13 @@ interface Snapshot {
     requestId: string;
     step: string;
     winner: string;
-    candidates: Array<{ worker: string; scores: Record<string, number>; total: number | null }>;
+    candidates: Array<{
+      worker: string;
+      scores: Record<string, number>;
+      total: number | null;
+      cachedBlocks: number | null;
+      promptBlocks: number | null;
+    }>;
   }>;
 }
 
@@ -228,6 +234,68 @@ describe("GET /dashboard/state", () => {
     assert.ok(d, `decision ${rid} in the feed`);
     assert.equal(d.winner, served[0]!.record!.id);
   });
+
+  it("shows each candidate's absolute prompt overlap, as the KV index holds it", async () => {
+    // Token ids nobody sent before (so no worker caches any of it): 200 tokens, 12 full blocks
+    // at the sims' 16. Token-id prompts are hashed as given, so the test can ask the index.
+    const tokens = Array.from({ length: 200 }, (_, i) => 3000 + ((i * 7919 + 17) % 90_000));
+    const ids = cluster.sims.map((x) => x.record!.id);
+    const index = cluster.server.kvIngest!.indexFor("sim-model")!;
+    assert.deepEqual([...index.overlaps(tokens, ids)], [0, 0, 0, 0], "nobody holds the prompt yet");
+    const send = async (rid: string) => {
+      const res = await fetch(`${url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${KEY}`, "x-request-id": rid },
+        body: JSON.stringify({ model: "sim-model", prompt: tokens, max_tokens: 2 }),
+      });
+      assert.equal(res.status, 200, await res.clone().text());
+      await res.json();
+    };
+    const rid1 = `overlap-1-${Date.now()}`;
+    await send(rid1);
+    const first = (await snapshot(url)).decisions.find((x) => x.requestId === rid1)!;
+    assert.ok(first, "first decision in the feed");
+    assert.deepEqual(
+      first.candidates.map((c) => [c.cachedBlocks, c.promptBlocks]),
+      ids.map(() => [0, 12]),
+      "a cold prompt: no candidate caches any of it",
+    );
+    // The sims publish KV events asynchronously: wait for the index to hold the prompt.
+    const deadline = Date.now() + 10_000;
+    while (Math.max(...index.overlaps(tokens, ids)) === 0 && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 100));
+    const held = [...index.overlaps(tokens, ids)];
+    assert.ok(
+      held.some((o) => o > 0),
+      "the index holds the prompt on the worker that served it",
+    );
+
+    const rid2 = `overlap-2-${Date.now()}`;
+    await send(rid2);
+    const s = await snapshot(url);
+    const d = s.decisions.find((x) => x.requestId === rid2)!;
+    assert.ok(d, "second decision in the feed");
+    assert.equal(d.winner, first.winner, "the cached worker wins");
+    const now = [...index.overlaps(tokens, ids)];
+    for (const c of d.candidates) {
+      const at = ids.indexOf(c.worker);
+      assert.equal(c.promptBlocks, 12);
+      assert.equal(c.cachedBlocks, now[at], `${c.worker}: the index's overlap`);
+      if (c.worker === d.winner) assert.ok(c.cachedBlocks! > 0, JSON.stringify(c));
+      else assert.equal(c.cachedBlocks, 0, JSON.stringify(c));
+      // kv-aware's kv-prefix cost is the uncached rest (weight 1).
+      assert.equal(c.scores["kv-prefix"], c.promptBlocks! - c.cachedBlocks!);
+    }
+    // GET /debug/decisions carries the same numbers.
+    const dbg = (await (
+      await fetch(`${url}/debug/decisions?model=sim-model`, { headers: { authorization: `Bearer ${KEY}` } })
+    ).json()) as { data: Snapshot["decisions"] };
+    const same = dbg.data.find((x) => x.requestId === rid2)!;
+    assert.deepEqual(
+      same.candidates.map((c) => [c.worker, c.cachedBlocks, c.promptBlocks]),
+      d.candidates.map((c) => [c.worker, c.cachedBlocks, c.promptBlocks]),
+    );
+  });
 });
 
 describe("dashboard quantiles", () => {
@@ -288,6 +356,10 @@ describe("dashboard worker states and PD pairs", () => {
         ["r1", "prefill"],
       ],
       "newest first",
+    );
+    assert.ok(
+      s.decisions.every((x) => x.candidates.every((c) => c.cachedBlocks === null && c.promptBlocks === null)),
+      "recorded without an overlap source: no overlap to show",
     );
     draining = true;
     s = await state.snapshot();
