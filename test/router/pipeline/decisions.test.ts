@@ -1,0 +1,83 @@
+/**
+ * The decision ring's per-candidate overlap: copied out of the step's overlaps into arrays the
+ * slot owns (a source reusing its buffer later cannot rewrite history), grown when a step has
+ * more candidates than the slot held, and null again for a step without an overlap source.
+ */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { DecisionLog } from "../../../src/router/pipeline/decisions.ts";
+import type { StepContext } from "../../../src/router/pipeline/types.ts";
+import type { WorkerState } from "../../../src/router/types.ts";
+
+const workers = (n: number) =>
+  Array.from({ length: n }, (_, i) => ({ record: { id: `w${i}` } }) as unknown as WorkerState);
+
+/** Only what the ring reads from a step: its overlaps and prompt blocks. */
+function ctxOf(overlaps: Int32Array, promptBlocks: (pos: number) => number): StepContext {
+  return { overlaps: () => overlaps, promptBlocks } as unknown as StepContext;
+}
+
+test("records each candidate's cached and prompt blocks, copied, grown, and null without a source", () => {
+  const log = new DecisionLog(1);
+  const all2 = workers(2);
+  const shared = new Int32Array([3, 0]);
+  log.record(
+    "r1",
+    "m",
+    "mixed",
+    all2,
+    [0, 1],
+    [],
+    null,
+    new Float64Array(2),
+    0,
+    "overlap",
+    ctxOf(shared, () => 8),
+  );
+  shared[0] = 99; // a source reusing its buffer for the next step
+  let [d] = log.list();
+  assert.deepEqual(
+    d!.candidates.map((c) => [c.worker, c.cachedBlocks, c.promptBlocks]),
+    [
+      ["w0", 3, 8],
+      ["w1", 0, 8],
+    ],
+  );
+
+  // More candidates than the slot held (its arrays start at 16): every one recorded.
+  const all40 = workers(40);
+  const big = Int32Array.from({ length: 40 }, (_, i) => i % 5);
+  // Filtered candidates (not kept) still show their overlap: it was counted for all of `all`.
+  const kept = [1, 2, 39];
+  log.record(
+    "r2",
+    "m",
+    "mixed",
+    all40,
+    kept,
+    [],
+    null,
+    new Float64Array(3),
+    39,
+    "overlap",
+    ctxOf(big, (i) => 10 + i),
+  );
+  [d] = log.list();
+  assert.equal(d!.candidates.length, 40);
+  d!.candidates.forEach((c, i) => {
+    assert.equal(c.cachedBlocks, i % 5, c.worker);
+    assert.equal(c.promptBlocks, 10 + i, c.worker);
+    assert.equal(c.filtered === true, !kept.includes(i));
+  });
+
+  // The same slot, a step without an overlap source (round-robin): null, not stale numbers.
+  log.record("r3", "m", "mixed", all2, [0, 1], [], null, new Float64Array(2), 1, "round-robin");
+  [d] = log.list();
+  assert.deepEqual(
+    d!.candidates.map((c) => [c.cachedBlocks, c.promptBlocks]),
+    [
+      [null, null],
+      [null, null],
+    ],
+  );
+});
