@@ -9,6 +9,7 @@ command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)  # kvd L4 tests (test/kvd/remote.test.ts)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # dashboard browser tests (test/server/dashboard-browser.test.ts)
+python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)  # kvd connector test (test/kvd/python.test.ts)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   SUDO=""
