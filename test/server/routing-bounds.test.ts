@@ -1,0 +1,86 @@
+/**
+ * What routing does on the event loop per request is bounded whatever the prompt (issue #17
+ * item 1): a word without breaks is cut into short tokenizer pieces, and content parts past
+ * the routing cap are neither read nor joined.
+ */
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import {
+  capText,
+  PIECE_CHARS,
+  pieceEnd,
+  ROUTING_TEXT_CAP,
+  WORD_CUT_CHARS,
+} from "../../src/server/prompt-tokens.ts";
+import { ServerRoutingRequest } from "../../src/server/routing-request.ts";
+
+const tok = getDefaultTokenizer();
+
+function randomCjk(n: number): string {
+  let s = "";
+  for (let i = 0; i < n; i++) s += String.fromCharCode(0x4e00 + ((i * 7919) % 20_000));
+  return s;
+}
+
+const chat = (content: unknown) =>
+  new ServerRoutingRequest(
+    "r",
+    "m",
+    "chat",
+    { messages: [{ role: "user", content }] },
+    false,
+    undefined,
+    tok,
+  );
+
+describe("tokenizer pieces", () => {
+  it("a word with no break is cut every WORD_CUT_CHARS characters", () => {
+    assert.equal(WORD_CUT_CHARS, 128);
+    const cjk = randomCjk(2000);
+    assert.equal(pieceEnd(cjk, 0), WORD_CUT_CHARS);
+    assert.equal(pieceEnd(cjk, 300), 300 + WORD_CUT_CHARS);
+    assert.equal(pieceEnd("a".repeat(5000), 0), WORD_CUT_CHARS);
+    // Not inside a surrogate pair: from 1 (a low surrogate), 1 + 128 would split the 65th pair.
+    assert.equal(pieceEnd("😀".repeat(1000), 1), WORD_CUT_CHARS);
+  });
+
+  it("ordinary text is still cut at the last word end of a whole piece", () => {
+    const text = "lorem ipsum dolor ".repeat(100);
+    const end = pieceEnd(text, 0);
+    assert.ok(end > PIECE_CHARS - 20 && end <= PIECE_CHARS, `${end}`);
+    assert.equal(text[end], " ");
+  });
+});
+
+describe("content parts", () => {
+  it("parts past the routing cap are never read", () => {
+    const trap = {
+      type: "text",
+      get text(): string {
+        throw new Error("a part past the cap was read");
+      },
+    };
+    const req = chat([{ type: "text", text: "x".repeat(ROUTING_TEXT_CAP + 10) }, trap]);
+    const text = req.promptText();
+    assert.ok(text.length <= ROUTING_TEXT_CAP && text.length > ROUTING_TEXT_CAP - 100);
+  });
+
+  it("the head of several parts is the head of their joined text", () => {
+    const a = "alpha ".repeat(7000);
+    const b = "beta ".repeat(9000);
+    const parts = [
+      { type: "text", text: a },
+      { type: "image_url", image_url: { url: "data:," } },
+      { type: "text", text: b },
+    ];
+    const want = capText(tok.applyChatTemplate([{ role: "user", content: a + b }]));
+    assert.equal(chat(parts).promptText(), want);
+    // Under the cap: the parts are rendered whole, as before.
+    const short = [
+      { type: "text", text: "hello " },
+      { type: "text", text: "world" },
+    ];
+    assert.equal(chat(short).promptText(), tok.applyChatTemplate([{ role: "user", content: "hello world" }]));
+  });
+});
