@@ -40,7 +40,20 @@ export const BUDGET_MS = 100;
 /** Word characters: letters, marks, digits; the apostrophe joins contractions ("don't"). */
 const WORD = /[\p{L}\p{M}\p{N}'’]/u;
 
-const isWord = (text: string, i: number): boolean => WORD.test(text[i]!);
+/** ASCII word characters (letters, digits, the apostrophe), looked up without the regex. */
+const ASCII_WORD = new Uint8Array(128);
+for (let c = 0; c < 128; c++) ASCII_WORD[c] = WORD.test(String.fromCharCode(c)) ? 1 : 0;
+
+/**
+ * Whether the character at `i` is a word character. Called for hundreds of positions per piece
+ * (the boundary search), so ASCII and the CJK ideographs (all letters) skip the regex.
+ */
+const isWord = (text: string, i: number): boolean => {
+  const c = text.charCodeAt(i);
+  if (c < 128) return ASCII_WORD[c] === 1;
+  if (c >= 0x4e00 && c <= 0x9fff) return true;
+  return WORD.test(text[i]!);
+};
 
 /**
  * Where the piece starting at `from` ends: the last position before `from + PIECE_CHARS` where
