@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { BodyParserPool, longStringHead } from "../../src/server/body-parser-pool.ts";
 import {
   capText,
   PIECE_CHARS,
@@ -113,5 +114,46 @@ describe("the boundary search", () => {
     assert.ok(pieces > (64_000 - PIECE_CHARS) / WORD_CUT_CHARS, `${pieces} pieces`);
     // ~0.3 ms with the fast path; the regex per character took ~15 ms (30 µs a piece).
     assert.ok(best < 5, `${best.toFixed(2)} ms for ${pieces} pieces`);
+  });
+});
+
+describe("large bodies parsed off the loop", () => {
+  it("the head kept for routing is at most one piece past the cap, also per content part", async () => {
+    const pool = new BodyParserPool({ workers: 1 });
+    try {
+      const big = "a".repeat(1_000_000);
+      const body = {
+        model: "m",
+        messages: [
+          { role: "system", content: big },
+          { role: "user", content: [{ type: "text", text: big }] },
+        ],
+      };
+      const got = (await pool.parse(Buffer.from(JSON.stringify(body)))).value as {
+        messages: [{ content: string }, { content: [object] }];
+      };
+      const heads = [
+        longStringHead(got.messages[0], "content"),
+        longStringHead(got.messages[1].content[0], "text"),
+      ];
+      for (const head of heads) {
+        assert.ok(head !== undefined, "a head was kept");
+        // Before: whole 64 KiB decode pieces were appended (131 072 characters here).
+        assert.ok(head.length <= ROUTING_TEXT_CAP + PIECE_CHARS, `${head.length}`);
+        assert.ok(head.length >= ROUTING_TEXT_CAP);
+      }
+      const req = new ServerRoutingRequest(
+        "r",
+        "m",
+        "chat",
+        { messages: [got.messages[1]] },
+        false,
+        undefined,
+        tok,
+      );
+      assert.equal(req.promptText(), capText(tok.applyChatTemplate([{ role: "user", content: big }])));
+    } finally {
+      await pool.close();
+    }
   });
 });
