@@ -66,8 +66,11 @@ export class ApproxPrefixTree {
    * mixing, as `hashString` of each chunk) folded into one 52-bit number. The chunks are hashed
    * in place, in one pass for both lanes: no chunk strings are allocated.
    */
-  path(text: string): number[] {
-    const len = Math.min(text.length, this.maxChars);
+  path(whole: string): number[] {
+    const len = Math.min(whole.length, this.maxChars);
+    // One slice flattens a rope (a templated prompt is one) once; charCodeAt on the rope itself
+    // takes the slow path per character (1.8 ms instead of 0.1 ms for 32 Ki characters).
+    const text = whole.slice(0, len);
     const n = Math.ceil(len / this.chunkChars);
     const out = new Array<number>(n);
     let a = 0x1b873593;
