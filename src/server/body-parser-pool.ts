@@ -367,7 +367,9 @@ async function fillSpans(value: unknown, raw: Buffer, spans: readonly Span[]): P
       while (stop < end && (raw[stop]! & 0xc0) === 0x80) stop--;
       const piece = raw.toString("utf8", at, stop);
       s += piece;
-      if (head.length < HEAD_CHARS) head += piece;
+      // Only HEAD_CHARS: a longer head (a whole 64 KiB piece past it) is flattened whole when cut.
+      if (head.length < HEAD_CHARS)
+        head += piece.length > HEAD_CHARS - head.length ? piece.slice(0, HEAD_CHARS - head.length) : piece;
       at = stop;
       if (at < end) await yieldToLoop();
     }

@@ -3,7 +3,7 @@
  * bounded: routing looks at the prompt's head (see ./prompt-tokens.ts). A prompt longer than
  * one tokenizer piece is tokenized by `prepare()` in event-loop slices before routing.
  */
-import { addsSpecialTokens, type ChatMessageLike, messageText, type Tokenizer } from "../kv/tokenizer.ts";
+import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
@@ -106,18 +106,51 @@ function headMessages(messages: unknown): ChatMessageLike[] {
   let total = 0;
   for (let i = 0; i < list.length; i++) {
     const m = list[i]!;
-    const len = typeof m.content === "string" ? m.content.length : messageText(m.content).length;
-    total += len;
+    const keep = ROUTING_TEXT_CAP - total;
+    total += contentLength(m.content, keep);
     if (total > ROUTING_TEXT_CAP) {
-      const keep = len - (total - ROUTING_TEXT_CAP);
       const head = list.slice(0, i);
-      // A long string decoded in slices is a rope: cut its head, not the rope (a flattening copy).
-      const text = (typeof m.content === "string" && longStringHead(m, "content")) || messageText(m.content);
-      head.push({ ...m, content: text.slice(0, keep) });
+      head.push({ ...m, content: contentHead(m, keep) });
       return head;
     }
   }
   return list;
+}
+
+type Content = ChatMessageLike["content"];
+
+/**
+ * The characters `messageText` would give, without joining the parts; counting stops once past
+ * `limit` (parts beyond what routing looks at are not read).
+ */
+function contentLength(content: Content, limit: number): number {
+  if (content == null) return 0;
+  if (typeof content === "string") return content.length;
+  let n = 0;
+  for (const part of content) {
+    if (n > limit) break;
+    if (part.type === "text" && typeof part.text === "string") n += part.text.length;
+  }
+  return n;
+}
+
+/**
+ * The first `keep` characters of a message's text. A long string decoded in slices is a rope:
+ * its kept head is cut rather than the rope (a flattening copy), and content parts are walked
+ * part by part, each through its own head, so a huge part is never joined whole.
+ */
+function contentHead(m: ChatMessageLike, keep: number): string {
+  const content = m.content;
+  if (content == null) return "";
+  if (typeof content === "string") return (longStringHead(m, "content") ?? content).slice(0, keep);
+  let out = "";
+  for (const part of content) {
+    if (out.length >= keep) break;
+    if (part.type !== "text" || typeof part.text !== "string") continue;
+    const text = longStringHead(part, "text") ?? part.text;
+    out += text.slice(0, keep - out.length);
+  }
+  return out;
 }
 
 /** The kept head of a long string prompt (or of a batch's first prompt), if it has one. */
