@@ -67,6 +67,9 @@ test("entries on many pages keep their keys and holders under churn", () => {
     chain[1] = m.hi;
     assert.equal(t.walk(chain, 1, marks, 5), 1);
     const moved = [...marks.keys()].filter((h) => marks[h] === 6).sort((a, b) => a - b);
-    assert.deepEqual(moved, [...new Set(m.holders)].sort((a, b) => a - b));
+    assert.deepEqual(
+      moved,
+      [...new Set(m.holders)].sort((a, b) => a - b),
+    );
   }
 });
