@@ -128,7 +128,7 @@ export class BlockTable {
       const h = chain[2 * k + 1];
       // find(), inlined: the entry's page and offset are needed for its holders as well.
       let id = buckets[l & mask];
-      let p = s;
+      let p: Uint32Array = s;
       let o = 0;
       while (id !== 0) {
         p = pages[id >>> PAGE_BITS];
