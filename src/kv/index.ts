@@ -26,7 +26,7 @@ import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
 import { hashBlockInto, rootSeedInto } from "./hash.ts";
 import type { PrefixIndex } from "./prefix-index.ts";
 import { F64U32Map } from "./tables.ts";
-import { FleetWalk } from "./walk.ts";
+import { FleetWalk, plan, type WalkPlan } from "./walk.ts";
 
 interface RankBlocks {
   /** The rank's holder id in the shared BlockTable. */
@@ -95,11 +95,14 @@ export class KvIndex implements PrefixIndex {
   private readonly freeHids: number[] = [];
   private nextHid = 0;
   private readonly walker = new FleetWalk();
-  /** Bumped when a worker is added or removed (invalidates the resolved candidate list). */
+  /**
+   * Bumped when a worker comes or goes, a rank is added or dropped, or a block size changes:
+   * all of these invalidate the flattened candidate list (./walk.ts WalkPlan).
+   */
   private version = 0;
   private lastVersion = -1;
   private lastIds: readonly string[] = [];
-  private lastWs: readonly (WorkerBlocks | undefined)[] = [];
+  private lastPlan: WalkPlan = plan([]);
   private readonly lanes = new Uint32Array(2);
   private readonly defaultMax: number;
   private readonly margin: number;
@@ -170,6 +173,7 @@ export class KvIndex implements PrefixIndex {
     }
     w.rankIds = [...w.ranks.keys()];
     w.rankList = [...w.ranks.values()];
+    this.version++;
   }
 
   blockSizeOf(id: string): number | undefined {
@@ -220,6 +224,7 @@ export class KvIndex implements PrefixIndex {
       w.ranks.set(rank, r);
       w.rankIds.push(rank);
       w.rankList.push(r);
+      this.version++;
     }
     return r;
   }
@@ -302,7 +307,10 @@ export class KvIndex implements PrefixIndex {
       c.partialPages++;
       return;
     }
-    w.blockSize = bs;
+    if (w.blockSize !== bs) {
+      w.blockSize = bs;
+      this.version++;
+    }
     if (ev.loraName) this.loras.add(ev.loraName);
     const table = this.table;
     const lanes = this.lanes;
@@ -386,21 +394,22 @@ export class KvIndex implements PrefixIndex {
   }
 
   /**
-   * The workers behind `ids`. Consecutive matches for one model pass the same candidates, so the
-   * last list is kept and reused while the ids are the same (compared, not trusted by identity)
-   * and no worker came or went: 1,000 `Map.get`s are a fifth of a fleet-wide match.
+   * The candidates behind `ids`, flattened for the walk. Consecutive matches for one model pass
+   * the same candidates, so the last plan is kept and reused while the ids are the same
+   * (compared, not trusted by identity) and `version` has not moved: 1,000 `Map.get`s and the
+   * flattening are a good part of a fleet-wide match.
    */
-  private resolve(ids: readonly string[]): readonly (WorkerBlocks | undefined)[] {
+  private resolve(ids: readonly string[]): WalkPlan {
     const last = this.lastIds;
     let same = last.length === ids.length && this.lastVersion === this.version;
     for (let i = 0; same && i < ids.length; i++) same = last[i] === ids[i];
-    if (same) return this.lastWs;
+    if (same) return this.lastPlan;
     const ws = new Array<WorkerBlocks | undefined>(ids.length);
     for (let i = 0; i < ids.length; i++) ws[i] = this.workers.get(ids[i]);
     this.lastIds = ids.slice();
-    this.lastWs = ws;
+    this.lastPlan = plan(ws);
     this.lastVersion = this.version;
-    return ws;
+    return this.lastPlan;
   }
 
   /** Memory held by the tables, in bytes (typed arrays only). */

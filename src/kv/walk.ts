@@ -14,6 +14,53 @@ export interface WalkWorker {
   rankIds: readonly number[];
 }
 
+/**
+ * A candidate list flattened into typed arrays: marking 1,000 candidates and reading their
+ * depths back then runs over two flat arrays instead of 1,000 objects and their rank lists.
+ * Built once per candidate list (`plan`) and reused while the list, the workers, their ranks
+ * and their block sizes stay the same (the index rebuilds it when any of these changes).
+ */
+export interface WalkPlan {
+  readonly n: number;
+  /** Holder ids of the candidates' ranks, worker by worker. */
+  readonly hids: Uint32Array;
+  /** DP rank numbers, parallel to `hids`. */
+  readonly ranks: Int32Array;
+  /** Candidate i's ranks are `hids[starts[i]]` up to (not including) `hids[starts[i + 1]]`. */
+  readonly starts: Uint32Array;
+  /** Candidate i's block size; -1 for a worker the index does not track. */
+  readonly sizes: Int32Array;
+  /** The block sizes present, first-seen order. */
+  readonly distinct: readonly number[];
+}
+
+/** Flattens `ws` (undefined: a worker the index does not track) into a WalkPlan. */
+export function plan(ws: readonly (WalkWorker | undefined)[]): WalkPlan {
+  const n = ws.length;
+  let total = 0;
+  for (const w of ws) if (w) total += w.rankList.length;
+  const hids = new Uint32Array(total);
+  const ranks = new Int32Array(total);
+  const starts = new Uint32Array(n + 1);
+  const sizes = new Int32Array(n).fill(-1);
+  const distinct: number[] = [];
+  let at = 0;
+  for (let i = 0; i < n; i++) {
+    starts[i] = at;
+    const w = ws[i];
+    if (!w) continue;
+    sizes[i] = w.blockSize;
+    if (!distinct.includes(w.blockSize)) distinct.push(w.blockSize);
+    for (let j = 0; j < w.rankList.length; j++) {
+      hids[at] = w.rankList[j].hid;
+      ranks[at] = w.rankIds[j];
+      at++;
+    }
+  }
+  starts[n] = at;
+  return { n, hids, ranks, starts, sizes, distinct };
+}
+
 export class FleetWalk {
   /** Per holder id: the walk's mark (see BlockTable.walk). */
   private marks = new Uint32Array(64);
@@ -37,57 +84,33 @@ export class FleetWalk {
     return this.marks.byteLength + this.scratch.byteLength;
   }
 
-  /** Overlaps of `ws` (undefined: not tracked, -1), best ranks into `bestRank` when given. */
+  /** Overlaps of the plan's candidates (not tracked: -1), best ranks into `bestRank` when given. */
   overlaps(
     table: BlockTable,
     tokens: ArrayLike<number>,
-    ws: readonly (WalkWorker | undefined)[],
+    p: WalkPlan,
     cacheSalt?: string | null,
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array {
-    const n = ws.length;
-    const out = new Int32Array(n);
-    // The first tracked worker's block size is marked in the same pass that sorts out the rest
-    // (one pass over 1,000 workers is a good part of a match's cost).
-    let bs = 0;
-    let base = 0;
-    let others = false;
+    const out = new Int32Array(p.n);
+    if (bestRank) bestRank.fill(-1, 0, p.n);
+    const { hids, starts, sizes } = p;
     const marks = this.marks;
-    for (let i = 0; i < n; i++) {
-      const w = ws[i];
-      if (bestRank) bestRank[i] = -1;
-      if (w === undefined) {
-        out[i] = -1;
-        continue;
+    for (let d = 0; d < p.distinct.length; d++) {
+      const bs = p.distinct[d];
+      const base = this.reserve(Math.floor(tokens.length / bs));
+      if (p.distinct.length === 1) {
+        for (let j = 0; j < hids.length; j++) marks[hids[j]] = base;
+      } else {
+        for (let i = 0; i < p.n; i++) {
+          if (sizes[i] !== bs) continue;
+          for (let j = starts[i]; j < starts[i + 1]; j++) marks[hids[j]] = base;
+        }
       }
-      if (bs === 0) {
-        bs = w.blockSize;
-        base = this.reserve(Math.floor(tokens.length / bs));
-      } else if (w.blockSize !== bs) {
-        others = true;
-        continue;
-      }
-      const list = w.rankList;
-      for (let j = 0; j < list.length; j++) marks[list[j].hid] = base;
+      this.walkSize(table, tokens, bs, base, p, out, cacheSalt, loraName, bestRank);
     }
-    if (bs === 0) return out;
-    this.walkSize(table, tokens, bs, base, ws, out, cacheSalt, loraName, bestRank);
-    if (!others) return out;
-    const done = [bs];
-    for (let i = 0; i < n; i++) {
-      const w = ws[i];
-      if (w === undefined || done.includes(w.blockSize)) continue;
-      const size = w.blockSize;
-      done.push(size);
-      const b = this.reserve(Math.floor(tokens.length / size));
-      for (let k = i; k < n; k++) {
-        const v = ws[k];
-        if (v === undefined || v.blockSize !== size) continue;
-        for (let j = 0; j < v.rankList.length; j++) marks[v.rankList[j].hid] = b;
-      }
-      this.walkSize(table, tokens, size, b, ws, out, cacheSalt, loraName, bestRank);
-    }
+    for (let i = 0; i < p.n; i++) if (sizes[i] < 0) out[i] = -1;
     return out;
   }
 
@@ -108,7 +131,7 @@ export class FleetWalk {
     tokens: ArrayLike<number>,
     bs: number,
     base: number,
-    ws: readonly (WalkWorker | undefined)[],
+    p: WalkPlan,
     out: Int32Array,
     cacheSalt: string | null | undefined,
     loraName: string | null | undefined,
@@ -120,16 +143,16 @@ export class FleetWalk {
     const blocks = chain.length >>> 1;
     const marks = this.marks;
     if (blocks > 0) table.walk(chain, blocks, marks, base);
-    for (let i = 0; i < ws.length; i++) {
-      const w = ws[i];
-      if (w === undefined || w.blockSize !== bs) continue;
+    const { hids, ranks, starts, sizes } = p;
+    for (let i = 0; i < p.n; i++) {
+      if (sizes[i] !== bs) continue;
       let best = 0;
-      const list = w.rankList;
-      for (let j = 0; j < list.length; j++) {
-        const k = marks[list[j].hid] - base;
+      const end = starts[i + 1];
+      for (let j = starts[i]; j < end; j++) {
+        const k = marks[hids[j]] - base;
         if (k > best) {
           best = k;
-          if (bestRank) bestRank[i] = w.rankIds[j];
+          if (bestRank) bestRank[i] = ranks[j];
         }
       }
       out[i] = best;
