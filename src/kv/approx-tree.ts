@@ -11,6 +11,8 @@
  * shorter than the cap and are unaffected; past it, every text matches as if it ended there.
  */
 
+import { fmix32, rotl } from "./hash.ts";
+
 export interface ApproxTreeOptions {
   /** Characters per chunk (the tree's granularity). Default 64. */
   chunkChars?: number;
@@ -28,17 +30,6 @@ export interface ApproxTreeOptions {
 export const APPROX_TEXT_CAP = 32 * 1024;
 
 const TWO20 = 1048576;
-
-const rotl = (x: number, r: number): number => (x << r) | (x >>> (32 - r));
-
-function fmix32(h: number): number {
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 0;
-}
 
 export class ApproxPrefixTree {
   readonly chunkChars: number;

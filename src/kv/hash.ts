@@ -30,11 +30,13 @@ export type RouterHashChain = Uint32Array & { readonly __brand: "router-hash-cha
 export const ROOT_SEED = 0x9747b28c;
 const ROOT_SEED_HI = 0x3c6ef372;
 
-function rotl(x: number, r: number): number {
+/** 32-bit rotate left (murmur3's). */
+export function rotl(x: number, r: number): number {
   return (x << r) | (x >>> (32 - r));
 }
 
-function fmix32(h: number): number {
+/** murmur3's 32-bit finaliser (avalanche), as an unsigned 32-bit number. */
+export function fmix32(h: number): number {
   h ^= h >>> 16;
   h = Math.imul(h, 0x85ebca6b);
   h ^= h >>> 13;
