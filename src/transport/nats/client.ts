@@ -139,7 +139,10 @@ export class NatsRequestExecutor implements RequestExecutor {
         waitUntil ??= Date.now() + this.reconnectWaitMs;
         const up = await this.waitUp(Math.min(waitUntil, headDeadline), opts.signal);
         if (!up) {
-          if (Date.now() >= headDeadline) throw headTimeout();
+          // The timer ended the wait, or the executor closed. Which bound the timer stood for
+          // is decided by the deadlines, not by reading the clock again: Node's timers may fire
+          // a millisecond before Date.now() reaches the deadline they were set for.
+          if (!this.closed && headDeadline <= waitUntil) throw headTimeout();
           throw new WorkerUnreachableError(
             rec.url,
             "connect",
