@@ -88,7 +88,7 @@ function records(
     maxModelLen: 8192,
     kvEvents: {
       endpoint: e.kvRanks[0].endpoint,
-      replayEndpoint: e.kvRanks[0].replayEndpoint,
+      replayEndpoint: e.kvRanks[0].replayEndpoint ?? undefined,
       topic: "kv-events",
       framing: "seq",
     },
@@ -180,7 +180,9 @@ for (const kind of ["nixl", "sglang"] as const) {
       for (const r of answers) assert.equal(r.usage?.completion_tokens, 16);
       const afterP = await Promise.all(pUrls.map(sources));
       const afterD = await Promise.all(dUrls.map(sources));
-      afterP.forEach((s, i) => assert.ok(s.local > beforeP[i].local, `P engine ${i} prefilled`));
+      afterP.forEach((s, i) => {
+        assert.ok(s.local > beforeP[i].local, `P engine ${i} prefilled`);
+      });
       afterD.forEach((s, i) => {
         assert.ok(s.external > beforeD[i].external, `D engine ${i} pulled KV from a P engine`);
       });

@@ -61,7 +61,7 @@ describe(`infera server --policy kv-aware over a fleet of ${N}`, () => {
       maxModelLen: 8192,
       kvEvents: {
         endpoint: e.kvRanks[0].endpoint,
-        replayEndpoint: e.kvRanks[0].replayEndpoint,
+        replayEndpoint: e.kvRanks[0].replayEndpoint ?? undefined,
         topic: "kv-events",
         framing: "seq",
       },
