@@ -86,6 +86,32 @@ describe("sim fleet in one process", () => {
     });
   });
 
+  it("steps delayed by a busy event loop count as late (the box, not the model, set the pace)", async () => {
+    const e = fleet.engines[5].engine;
+    const before = e.lateSteps;
+    const r = fetch(`${fleet.engines[5].url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, prompt: "late steps", max_tokens: 1500 }),
+    }).then((x) => x.text());
+    const s0 = e.steps;
+    const deadline = Date.now() + 5000;
+    while (e.steps < s0 + 3) {
+      assert.ok(Date.now() < deadline, "engine 5 stepping");
+      await new Promise((r) => setImmediate(r));
+    }
+    for (let k = 0; k < 3; k++) {
+      const until = performance.now() + 40;
+      while (performance.now() < until) {
+        // a CPU-bound stretch: every engine's next step waits for it
+      }
+      await new Promise((r) => setImmediate(r));
+    }
+    await r;
+    assert.ok(e.lateSteps - before >= 1, `late steps ${e.lateSteps - before}`);
+    assert.ok(e.lateMs > 0);
+  });
+
   it("KV events: a request to engine i is published on i's endpoint alone, and replayed there", async () => {
     const subs = fleet.engines.map((e) => new EventTags(e.kvEndpoint!));
     try {
