@@ -9,6 +9,7 @@ import { dirname } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { ArgParseError, parseSimArgs, SIM_HELP } from "../../../src/engine/sim/args.ts";
 import { FleetStartError, type SimFleet, startSimFleet } from "../../../src/engine/sim/fleet.ts";
+import { fleetKvTransferConfig } from "../../../src/engine/sim/fleet-ports.ts";
 import { parseMetric } from "../../helpers/sim.ts";
 import { bindable, EventTags, freePortBlock, replay, spawnFleet, waitUntil } from "./fleet-helpers.ts";
 
@@ -250,6 +251,49 @@ describe("infera-sim --fleet (process)", () => {
     } finally {
       squatter.close();
     }
+  });
+});
+
+describe("fleet PD ports (fleetKvTransferConfig)", () => {
+  // Our convention: engine i's fixed PD ports are the configured base + i x dp size, found where
+  // the connector finds them (config, extra config, env, default); 0 = any free port stays 0.
+  it("moves each connector's fixed ports to engine i's block, wherever the base came from", () => {
+    assert.deepEqual(
+      fleetKvTransferConfig("nixl", { kv_connector_extra_config: { side_channel_port: 7000 } }, 3, 2),
+      {
+        kv_connector_extra_config: { side_channel_port: 7006 },
+      },
+    );
+    assert.deepEqual(fleetKvTransferConfig("nixl", {}, 2, 1, { VLLM_NIXL_SIDE_CHANNEL_PORT: "9000" }), {
+      side_channel_port: 9002,
+    });
+    assert.deepEqual(fleetKvTransferConfig("nixl", {}, 2, 1, {}), { side_channel_port: 5602 });
+    assert.deepEqual(fleetKvTransferConfig("nixl", { side_channel_port: 0 }, 5, 1, {}), {
+      side_channel_port: 0,
+    });
+    assert.deepEqual(fleetKvTransferConfig("mooncake", { bootstrap_port: 8000 }, 1, 1, {}), {
+      bootstrap_port: 8001,
+    });
+    assert.deepEqual(fleetKvTransferConfig("sglang", {}, 4, 1, {}), { bootstrap_port: 9002 });
+    assert.deepEqual(fleetKvTransferConfig("atom", { handshake_port: 6301 }, 1, 4, {}), {
+      handshake_port: 6305,
+    });
+    // MoRIIO: http_port names the engine's own HTTP port, which moves by i (not i x dp size).
+    assert.deepEqual(
+      fleetKvTransferConfig(
+        "moriio",
+        { kv_connector_extra_config: { proxy_ip: "h", proxy_ping_port: 1, http_port: 8100, notify_port: 0 } },
+        2,
+        2,
+        {},
+      ),
+      {
+        handshake_port: 6305,
+        kv_connector_extra_config: { proxy_ip: "h", proxy_ping_port: 1, http_port: 8102, notify_port: 0 },
+      },
+    );
+    const untouched = { kv_connector_extra_config: { side_channel_port: 7000 } };
+    assert.equal(fleetKvTransferConfig("nixl", untouched, 0, 1), untouched);
   });
 });
 
