@@ -254,6 +254,56 @@ describe("infera-sim --fleet (process)", () => {
   });
 });
 
+describe("fleets of every personality", () => {
+  it("SGLang: engine i's bootstrap server on --disaggregation-bootstrap-port + i", async () => {
+    const b = await freePortBlock(3);
+    const fleet = await startSimFleet({
+      count: 3,
+      argv: [
+        ...["--engine", "sglang", "--model-path", MODEL, "--host", "127.0.0.1", "--port", "0"],
+        ...["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", String(b)],
+      ],
+    });
+    try {
+      // SGLang's bootstrap server answers GET /health "OK" (sgl-project/sglang
+      // python/sglang/srt/disaggregation/common/conn.py @ 0094505da74125a31ceb354f37ae7a1b6a97d3f5).
+      for (let i = 0; i < 3; i++) {
+        const r = await fetch(`http://127.0.0.1:${b + i}/health`);
+        assert.equal(await r.text(), "OK");
+        assert.equal(fleet.engines[i].connector?.describe?.().bootstrapPort, b + i);
+      }
+    } finally {
+      await fleet.close();
+    }
+  });
+
+  it("ATOM: engine i's handshake port (and /kv_transfer_info) is the configured one + i", async () => {
+    const h = await freePortBlock(2);
+    const fleet = await startSimFleet({
+      count: 2,
+      argv: [
+        ...["--engine", "atom", "--model", MODEL, "--host", "127.0.0.1", "--server-port", "0"],
+        "--kv-transfer-config",
+        JSON.stringify({ kv_role: "kv_producer", kv_connector: "mooncake", handshake_port: h }),
+      ],
+    });
+    try {
+      for (let i = 0; i < 2; i++) {
+        // ROCm/ATOM atom/entrypoints/openai/api_server.py @ 003e55685b43743ee1a6d53c9faebe1039808f8b
+        // kv_transfer_info: {tp_size, dp_size, kv_role, handshake_port} from the kv-transfer config.
+        const info = (await (await fetch(`${fleet.engines[i].url}/kv_transfer_info`)).json()) as Record<
+          string,
+          unknown
+        >;
+        assert.deepEqual(info, { tp_size: 1, dp_size: 1, kv_role: "kv_producer", handshake_port: h + i });
+        assert.equal(fleet.engines[i].connector?.describe?.().handshakePort, h + i);
+      }
+    } finally {
+      await fleet.close();
+    }
+  });
+});
+
 describe("fleet PD ports (fleetKvTransferConfig)", () => {
   // Our convention: engine i's fixed PD ports are the configured base + i x dp size, found where
   // the connector finds them (config, extra config, env, default); 0 = any free port stays 0.
