@@ -1,6 +1,7 @@
 // Compiles src/ to dist/ with esbuild (one ESM bundle per entry, shared chunks, node_modules
-// external, source maps), so bin/*.js can run plain JavaScript instead of transforming the
-// TypeScript through tsx at every start (and paying tsx's per-closure `__name` calls at run time).
+// external, source maps), so bin/*.js can run plain JavaScript: one bundle to load instead of
+// every source module, each type-stripped by Node at load (bin/infera.js runs the sources when
+// dist/ is missing or stale).
 // Run by `npm run build` and by npm's `prepare` (so `npm ci` builds it). dist/ is git-ignored.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";

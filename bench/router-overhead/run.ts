@@ -2,6 +2,8 @@
  * Router overhead: the same closed-loop load against
  *   (a) a sim directly, (b) through `infera server`, (c) through nginx proxy_pass,
  *   (d) through a bare node:http + undici proxy (the Node.js floor, for reference),
+ *   (e) through `infera server` run from the TypeScript sources (Node's type stripping),
+ *       beside (b), which runs the compiled dist/ when it is current,
  * non-streamed and streamed, in one run. Prints throughput and latency percentiles, the
  * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
  *
@@ -271,16 +273,17 @@ async function main(): Promise<void> {
     ]);
     const serverUrl = `http://127.0.0.1:${serverPort}`;
     await waitHttp(`${serverUrl}/ready`);
-    // The same server run from the TypeScript sources through tsx (b runs dist/ when it is
-    // built and current, see bin/infera.js), so the compiled build's effect is measured side by side.
-    const tsxPort = await freePort();
-    const tsxProc = start(
+    // The same server run from the TypeScript sources (Node's type stripping; b runs dist/ when
+    // it is built and current, see bin/infera.js), so the compiled build's effect is measured
+    // side by side.
+    const srcPort = await freePort();
+    const srcProc = start(
       process.execPath,
-      ["bin/infera.js", ...serverArgs(tsxPort), "--worker", simUrl, "--scrape-interval", "0"],
+      ["bin/infera.js", ...serverArgs(srcPort), "--worker", simUrl, "--scrape-interval", "0"],
       { INFERA_DIST: "0" },
     );
-    const tsxUrl = `http://127.0.0.1:${tsxPort}`;
-    await waitHttp(`${tsxUrl}/ready`);
+    const srcUrl = `http://127.0.0.1:${srcPort}`;
+    await waitHttp(`${srcUrl}/ready`);
     const serverFrom = chooseEntry();
     writeFileSync(join(dir, "nginx.conf"), nginxConf(dir, nginxPort, simPort));
     const nginxProc = start(NGINX, ["-c", join(dir, "nginx.conf"), "-p", dir]);
@@ -300,7 +303,7 @@ async function main(): Promise<void> {
       | "g_infera_dashboard"
       | "c_nginx"
       | "d_bare_node"
-      | "e_infera_tsx"
+      | "e_infera_src"
       | "f_baseline";
     const targets: Partial<Record<Key, string>> = {
       a_direct: simUrl,
@@ -308,7 +311,7 @@ async function main(): Promise<void> {
       g_infera_dashboard: serverUrl,
       c_nginx: nginxUrl,
       d_bare_node: bareUrl,
-      e_infera_tsx: tsxUrl,
+      e_infera_src: srcUrl,
     };
     if (DASHBOARD_POLL_MS <= 0) delete targets.g_infera_dashboard;
     /** Runs `f` against target `k`, with the dashboard poller on for (g). */
@@ -326,7 +329,7 @@ async function main(): Promise<void> {
       b_infera: serverProc.pid!,
       c_nginx: nginxProc.pid!,
       d_bare_node: bareProc.pid!,
-      e_infera_tsx: tsxProc.pid!,
+      e_infera_src: srcProc.pid!,
       g_infera_dashboard: serverProc.pid!,
     };
     if (BASELINE) {
@@ -398,7 +401,7 @@ async function main(): Promise<void> {
       const b = stat("b_infera");
       const c = stat("c_nginx");
       const d = stat("d_bare_node");
-      const e = stat("e_infera_tsx");
+      const e = stat("e_infera_src");
       const f = BASELINE ? stat("f_baseline") : null;
       out(`\n${mode}`);
       out(
@@ -408,10 +411,10 @@ async function main(): Promise<void> {
       const g = keys.includes("g_infera_dashboard") ? stat("g_infera_dashboard") : null;
       for (const [name, s] of [
         ["a sim direct", a],
-        [`b infera server (${serverFrom === "dist" ? "dist/" : "src via tsx"})`, b],
+        [`b infera server (${serverFrom === "dist" ? "dist/" : "src, type-stripped"})`, b],
         ["c nginx", c],
         ["d bare node:http+undici proxy", d],
-        ["e infera server, src via tsx", e],
+        ["e infera server, src (type stripping)", e],
         ...(f ? ([[`f baseline infera server (${BASELINE})`, f]] as const) : []),
         ...(g ? ([[`g = b with the dashboard polled every ${DASHBOARD_POLL_MS} ms`, g]] as const) : []),
       ] as const) {
@@ -429,7 +432,7 @@ async function main(): Promise<void> {
         `throughput ratios: b/a ${(b.rps / a.rps).toFixed(2)}, b/c ${(b.rps / c.rps).toFixed(2)}, b/d ${(b.rps / d.rps).toFixed(2)}`,
       );
       out(
-        `infera CPU per request, b (${serverFrom}) vs e (src via tsx): ${b.cpuUs.toFixed(0)} vs ${e.cpuUs.toFixed(0)} µs (b/e ${(b.cpuUs / e.cpuUs).toFixed(2)}); throughput b/e ${(b.rps / e.rps).toFixed(2)}, e/c ${(e.rps / c.rps).toFixed(2)}`,
+        `infera CPU per request, b (${serverFrom}) vs e (src, type-stripped): ${b.cpuUs.toFixed(0)} vs ${e.cpuUs.toFixed(0)} µs (b/e ${(b.cpuUs / e.cpuUs).toFixed(2)}); throughput b/e ${(b.rps / e.rps).toFixed(2)}, e/c ${(e.rps / c.rps).toFixed(2)}`,
       );
       if (f) {
         out(

@@ -126,6 +126,7 @@ export class AutoRouter {
         policy,
         logger: this.o.logger.child({ model, router: "disagg" }),
         options: this.o.policyOptions ?? {},
+        trackPrefill: this.scheduling.trackPrefill,
         disagg: this.o.disagg,
         reportFailure: (w, kind) => ws.reportFailure(w as LiveWorker, kind),
         reportSuccess: (w) => ws.reportSuccess(w as LiveWorker),

@@ -34,8 +34,8 @@ export interface HealthReporter {
 }
 
 /**
- * One request's claim on a worker (a class with prototype methods: per-request closures each
- * cost a `__name` defineProperty under tsx, so the one closure, `releaser`, is made lazily).
+ * One request's claim on a worker. `releaser`, the closure that close listeners and promise
+ * callbacks take, is made on first use only (the streamed-chunks path never needs one).
  */
 export class WorkerClaim {
   readonly worker: WorkerState;

@@ -132,6 +132,12 @@ export interface DisaggFactoryContext {
   logger: Logger;
   /** The policy preset's knobs (`policyOptions`). */
   options: Readonly<Record<string, unknown>>;
+  /**
+   * Count P's prompt tokens into its `pendingPrefillTokens` (costs a tokenization): the
+   * scheduling's needs decide it (`Scheduling.trackPrefill`), as for the MixedRouter. Absent:
+   * counted.
+   */
+  trackPrefill?: boolean;
   /** The server config's `disagg` section (validated); absent = the factory's defaults. */
   disagg?: DisaggSettings;
   /** Additive: the circuit breaker's inputs (only connection errors and 5xx count), when the server has one. */

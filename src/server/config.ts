@@ -138,13 +138,25 @@ export const POLICY_OPTION_ALIASES: Readonly<Record<string, "disagg" | "ingest">
   kvMaxBlocksPerWorker: "ingest",
 };
 
+/**
+ * Policy options that no longer do anything: a layer's `policyOptions.<key>` is dropped with a
+ * warning saying why. `trackPrefill`: whether prompt tokens count into a worker's pending
+ * prefill follows the scheduling's needs (src/router/pipeline/build.ts), for mixed and PD alike.
+ */
+export const RETIRED_POLICY_OPTIONS: Readonly<Record<string, string>> = {
+  trackPrefill: "the routing profiles' needs decide whether prompt tokens count as pending prefill",
+};
+
 const isPlain = (v: unknown): v is Record<string, unknown> =>
   v !== null &&
   typeof v === "object" &&
   !Array.isArray(v) &&
   (Object.getPrototypeOf(v) === Object.prototype || Object.getPrototypeOf(v) === null);
 
-/** Moves deprecated policyOptions keys into their sections; returns old path → new path. */
+/**
+ * Moves deprecated policyOptions keys into their sections (and drops retired ones); returns
+ * old path → new path.
+ */
 function moveAliases(layer: Record<string, unknown>, src: LayerSource, warn: (m: string) => void) {
   const moved = new Map<string, string>();
   const po = layer.policyOptions;
@@ -164,6 +176,12 @@ function moveAliases(layer: Record<string, unknown>, src: LayerSource, warn: (m:
       warn(`${where} is deprecated and ignored: ${section}.${key} is set too`);
     }
     layer[section] = target;
+  }
+  for (const [key, why] of Object.entries(RETIRED_POLICY_OPTIONS)) {
+    if (!(key in rest)) continue;
+    delete rest[key];
+    const where = src.where?.(["policyOptions", key]) ?? `${src.label}: policyOptions.${key}`;
+    warn(`${where} is deprecated and ignored: ${why}`);
   }
   layer.policyOptions = rest;
   return moved;

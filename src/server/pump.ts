@@ -26,7 +26,7 @@ export async function pump(
     for await (const c of body) if (!onChunk(c) && res) await drained(res);
     return;
   }
-  await new Promise<void>((resolve, reject) => new EventPump(body, res, onChunk, resolve, reject).start());
+  await pumpEvents(body, res, onChunk);
 }
 
 /** Relays a relay body (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */
@@ -58,58 +58,46 @@ class SinkPump implements BodySink {
   }
 }
 
-/** The event listeners of one pumped body (assigned in the constructor: no per-request `__name` under tsx). */
-class EventPump {
-  private readonly body: Readable;
-  private readonly onData: (c: Uint8Array) => void;
-  private readonly onEnd: () => void;
-  private readonly onError: (err: Error) => void;
-  private readonly onClose: () => void;
-
-  constructor(
-    body: Readable,
-    res: ServerResponse | null,
-    onChunk: (c: Uint8Array) => boolean,
-    resolve: () => void,
-    reject: (err: Error) => void,
-  ) {
-    this.body = body;
-    this.onData = (c) => {
+/**
+ * Pumps a Node stream with its events: pause on a full socket, resume on drain. 'close'
+ * follows end, error and destroy; a close before the end is an upstream failure.
+ */
+function pumpEvents(
+  body: Readable,
+  res: ServerResponse | null,
+  onChunk: (c: Uint8Array) => boolean,
+): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    const onData = (c: Uint8Array) => {
       if (!onChunk(c) && res) {
         body.pause();
         void drained(res).then(() => body.resume());
       }
     };
-    this.onEnd = () => {
-      this.cleanup();
+    const onEnd = () => {
+      cleanup();
       resolve();
     };
-    this.onError = (err) => {
-      this.cleanup();
+    const onError = (err: Error) => {
+      cleanup();
       reject(err);
     };
-    this.onClose = () => {
-      this.cleanup();
+    const onClose = () => {
+      cleanup();
       if (body.readableEnded) resolve();
       else reject(Object.assign(new Error("upstream body closed early"), { code: "UND_ERR_SOCKET" }));
     };
-  }
-
-  start(): void {
-    const body = this.body;
-    body.on("data", this.onData);
-    body.once("end", this.onEnd);
-    body.once("error", this.onError);
-    body.once("close", this.onClose);
-  }
-
-  private cleanup(): void {
-    const body = this.body;
-    body.off("data", this.onData);
-    body.off("end", this.onEnd);
-    body.off("error", this.onError);
-    body.off("close", this.onClose);
-  }
+    const cleanup = () => {
+      body.off("data", onData);
+      body.off("end", onEnd);
+      body.off("error", onError);
+      body.off("close", onClose);
+    };
+    body.on("data", onData);
+    body.once("end", onEnd);
+    body.once("error", onError);
+    body.once("close", onClose);
+  });
 }
 
 function drained(res: ServerResponse): Promise<void> {

@@ -10,10 +10,12 @@ import { Pool } from "undici";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
 import type { AbortLike } from "../util/abort.ts";
 import { type BodySource, PushBody } from "./push-body.ts";
+
 import {
   connectionFailureKind,
   type EndpointKind,
   type RequestExecutor,
+  rawBodyOf,
   type SendOptions,
   type SendTarget,
   type UpstreamResponse,
@@ -32,17 +34,9 @@ export interface HttpExecutorOptions {
 
 const PATHS: Record<EndpointKind, string> = { chat: "/v1/chat/completions", completion: "/v1/completions" };
 
-/**
- * The client's own bytes of a body the server parsed and forwards unchanged, so the hot path
- * skips a JSON.stringify. Keyed by the parsed object: a router that builds a new body (PD)
- * naturally falls back to serialising it.
- */
-const rawBodies = new WeakMap<object, Buffer>();
-
-/** Marks `raw` as the exact serialisation of `body` (the caller must not mutate `body` after). */
-export function setRawBody(body: object, raw: Buffer): void {
-  rawBodies.set(body, raw);
-}
+// The client's bytes of a body forwarded as it came (or with PD fields appended) skip a
+// JSON.stringify (./types.ts, rawBodyOf). Re-exported for the server's body intake.
+export { setRawBody } from "./types.ts";
 
 export class HttpExecutor implements RequestExecutor {
   private readonly opts: HttpExecutorOptions;
@@ -84,7 +78,7 @@ export class HttpExecutor implements RequestExecutor {
           path: PATHS[endpoint],
           method: "POST",
           headers,
-          body: rawBodies.get(body) ?? JSON.stringify(body),
+          body: rawBodyOf(body) ?? JSON.stringify(body),
           headersTimeout: opts.timeoutMs,
         },
         handler,

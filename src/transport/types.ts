@@ -5,7 +5,8 @@
  * depend on this module only, never on a transport's implementation.
  *
  * Besides types it holds the one typed error every executor raises for an unreachable worker,
- * and the classifiers and guards over these types: each is a few lines, and keeping them with
+ * the classifiers and guards over these types, and the registry of a request body's bytes
+ * (`setRawBody` / `rawBodyOf` / `appendFields`): each is a few lines, and keeping them with
  * the contract spares the routers an import of any implementation.
  */
 import type { Readable } from "node:stream";
@@ -49,6 +50,73 @@ export interface RequestExecutor {
     body: Record<string, unknown>,
     opts: SendOptions,
   ): Promise<UpstreamResponse>;
+}
+
+// --- request bodies as bytes ------------------------------------------------------------
+
+// The bytes a request body goes out as, when the server already has them: the client's own
+// bytes for a body it forwards unchanged, or those bytes with a few top-level fields appended
+// (a PD half). The HTTP executor sends them instead of `JSON.stringify(body)`, which for a long
+// prompt costs milliseconds of the event loop per send.
+//
+// Appended fields rely on the engines' JSON parser keeping the LAST of duplicate keys, so that
+// an appended field overrides the client's. vLLM, SGLang and ATOM take their OpenAI bodies as
+// FastAPI body parameters, which FastAPI reads with Starlette's `Request.json()`, i.e. Python's
+// `json.loads` (last duplicate wins): fastapi/fastapi fastapi/routing.py @
+// da166b7967e7ec404be8053c39147b07887da45d (`json_body = await request.json()`), encode/starlette
+// starlette/requests.py @ 0012249bd6dbfefcd114a87f52fec4143e81d60a (`json.loads(body)`);
+// vllm-project/vllm vllm/entrypoints/openai/chat_completion/api_router.py @
+// c0bc59655a4068c08621bcac8ab67b39cd2ec173, sgl-project/sglang
+// python/sglang/srt/entrypoints/http_server.py @ 0025436eab0556737d615b36a4dd3e1e26e82f3d,
+// ROCm/ATOM atom/entrypoints/openai/api_server.py @ 9a43d693f147a090ce983b82c7110c0ff61dcd42.
+// JSON.parse (the simulator, this server) keeps the last one too.
+
+/** Keyed by the body object: a body built anew without registered bytes is serialised. */
+const rawBodies = new WeakMap<object, Buffer>();
+
+/**
+ * Marks `raw` as what `body` is sent as: bytes that parse (last duplicate key winning) to what
+ * `body` means to the engine. The caller must not mutate `body` after.
+ */
+export function setRawBody(body: object, raw: Buffer): void {
+  rawBodies.set(body, raw);
+}
+
+/** The registered bytes of `body`, if any. */
+export function rawBodyOf(body: object): Buffer | undefined {
+  return rawBodies.get(body);
+}
+
+const isJsonSpace = (c: number | undefined) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
+
+/**
+ * `raw` (a JSON object's bytes) with `fields` appended as top-level members before its closing
+ * brace, in order; undefined values are skipped. Null when `raw` is not an object's bytes.
+ * Only the appended values are serialised.
+ */
+export function appendFields(raw: Buffer, fields: Readonly<Record<string, unknown>>): Buffer | null {
+  let end = raw.length - 1;
+  while (end >= 0 && isJsonSpace(raw[end])) end--;
+  let start = 0;
+  while (start < end && isJsonSpace(raw[start])) start++;
+  if (end <= start || raw[start] !== 0x7b || raw[end] !== 0x7d) return null;
+  let first = start + 1;
+  while (first < end && isJsonSpace(raw[first])) first++;
+  let tail = "";
+  for (const k in fields) {
+    const v = fields[k];
+    if (v === undefined) continue;
+    tail += `,${JSON.stringify(k)}:${JSON.stringify(v)}`;
+  }
+  if (tail === "") return raw;
+  // An empty object takes the members without the leading comma.
+  if (first === end) tail = tail.slice(1);
+  const add = Buffer.from(tail);
+  const out = Buffer.allocUnsafe(raw.length + add.length);
+  raw.copy(out, 0, 0, end);
+  add.copy(out, end);
+  raw.copy(out, end + add.length, end);
+  return out;
 }
 
 // --- answer bodies ----------------------------------------------------------------------

@@ -286,6 +286,23 @@ describe("deprecated policyOptions keys land in disagg / ingest", () => {
     );
   });
 
+  it("trackPrefill is retired: dropped with a warning saying the profiles' needs decide it", () => {
+    const warnings: string[] = [];
+    const f = file("policyOptions:\n  trackPrefill: false\n  overlapWeight: 2\n");
+    const c = resolveServerConfig(
+      () => flagsToConfig({ policyOption: ["trackPrefill=true"] }, { warn: (m) => warnings.push(m) }),
+      f,
+      { env: {}, warn: (m) => warnings.push(m) },
+    );
+    assert.deepEqual(c.policyOptions, { overlapWeight: 2 });
+    assert.deepEqual(warnings.sort(), [
+      "--config " +
+        f +
+        ": policyOptions.trackPrefill is deprecated and ignored: the routing profiles' needs decide whether prompt tokens count as pending prefill",
+      "--policy-option trackPrefill is deprecated and ignored: the routing profiles' needs decide whether prompt tokens count as pending prefill",
+    ]);
+  });
+
   it("the AutoRouter hands the disagg section to the DisaggRouter factory", () => {
     const cfg = mergeConfig({ policyOptions: { prefillTimeoutMs: 1234, maxPrefillAttempts: 2 } });
     const mem = new MemoryDiscovery([

@@ -7,7 +7,17 @@
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import "./style.css";
-import type { Candidate, Decision, ModelView, Snapshot, TrafficPoint, Worker } from "./types.ts";
+// The JSON's shape, shared with the server that makes it (a types-only module with no node imports).
+import type {
+  CandidateExplanation,
+  DecisionExplanationJson as Decision,
+  DashboardModel as ModelView,
+  DashboardSnapshot as Snapshot,
+  TrafficPoint,
+  DashboardWorker as Worker,
+} from "../../src/server/dashboard/wire.ts";
+
+type Candidate = CandidateExplanation<number | null>;
 
 const params = new URLSearchParams(location.search);
 const key = params.get("key");

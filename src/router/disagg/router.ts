@@ -179,7 +179,7 @@ export class DisaggRouter implements ModelRouter {
   }
 
   private prefillTokens(req: RoutingRequest): number {
-    return this.ctx.options.trackPrefill === false ? 0 : req.promptTokens().length;
+    return this.ctx.trackPrefill === false ? 0 : req.promptTokens().length;
   }
 
   private async serial(

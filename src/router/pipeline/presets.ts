@@ -31,13 +31,13 @@ export const PRESET_OPTIONS = [
 /**
  * Options read elsewhere from the same `policyOptions` bag: the DisaggRouter
  * (src/router/disagg/router.ts) and the KV ingest (src/kv/ingest.ts, server-ingest.ts).
+ * (`trackPrefill` is retired: the config drops it with a warning, src/server/config.ts.)
  */
 export const SERVER_OPTIONS = [
   "prefillTimeoutMs",
   "decodeTimeoutMs",
   "pdFallbackMixed",
   "maxPrefillAttempts",
-  "trackPrefill",
   "kvReplayTimeoutMs",
   "kvMaxBlocksPerWorker",
 ] as const;

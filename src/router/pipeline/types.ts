@@ -13,6 +13,7 @@
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { RoutingRequest, WorkerState } from "../types.ts";
+import type { Step } from "./decision-wire.ts";
 
 /** What a plugin reads; the server starts the matching machinery from the union of them. */
 export type Need =
@@ -27,7 +28,8 @@ export type Need =
 
 export type Needs = ReadonlySet<Need>;
 
-export type Step = "mixed" | "prefill" | "decode";
+// The decision's own types have no imports (the dashboard page reads them too): ./decision-wire.ts.
+export type { DecisionExplanation, Step } from "./decision-wire.ts";
 
 /** Per-model state shared by every plugin of every step (one model = one scheduler). */
 export interface ModelScope {
@@ -131,29 +133,3 @@ export interface ProfileSpec {
 }
 
 export type ProfileSet = Record<Step, ProfileSpec>;
-
-/** One decision, explained: per candidate, each scorer's weighted value and the total. */
-export interface DecisionExplanation {
-  requestId: string;
-  model: string;
-  step: Step;
-  /** Epoch milliseconds. */
-  at: number;
-  candidates: Array<{
-    worker: string;
-    /** Removed by a filter before scoring (its scores are absent). */
-    filtered?: boolean;
-    scores: Record<string, number>;
-    total: number;
-    /**
-     * Leading blocks of the prompt this candidate's cache holds, as the step's overlap source
-     * counted them (KV index; approximate tree for workers without events); null when the
-     * profile has no overlap source.
-     */
-    cachedBlocks: number | null;
-    /** The prompt's full blocks at this candidate's block size; null with no overlap source. */
-    promptBlocks: number | null;
-  }>;
-  winner: string;
-  reason: string;
-}

@@ -11,51 +11,14 @@ import type { DecisionLog } from "../../router/pipeline/decisions.ts";
 import type { DecisionExplanation } from "../../router/pipeline/types.ts";
 import type { LiveWorker, WorkerSet } from "../../router/worker-set.ts";
 import type { ServerMetrics } from "../metrics.ts";
-import { type TrafficView, TrafficWindow } from "./window.ts";
-
-export type WorkerHealth = "healthy" | "breaker-open" | "half-open" | "draining";
-
-export interface DashboardWorker {
-  id: string;
-  url: string;
-  role: string;
-  engine: string;
-  connector: string;
-  state: WorkerHealth;
-  inFlight: number;
-  /** Requests this server sent it (lifetime). */
-  routed: number;
-  /** From the engine's /metrics (null until scraped). */
-  running: number | null;
-  waiting: number | null;
-  kvUsage: number | null;
-  /** Blocks the KV index holds for it (null when the index does not track it). */
-  indexBlocks: number | null;
-}
-
-export interface PdTransfer {
-  requestId: string;
-  prefill: string;
-  decode: string;
-  at: number;
-}
-
-export interface DashboardModel {
-  name: string;
-  router: "mixed" | "disagg" | null;
-  workers: DashboardWorker[];
-  pd: { pairs: Array<{ prefill: string; decode: string; count: number }>; transfers: PdTransfer[] };
-  traffic: TrafficView;
-}
-
-export interface DashboardSnapshot {
-  object: "dashboard.state";
-  at: number;
-  server: { policy: string; draining: boolean; decisionCapacity: number };
-  models: DashboardModel[];
-  /** The newest routing decisions, newest first. */
-  decisions: DecisionExplanation[];
-}
+import { TrafficWindow } from "./window.ts";
+import type {
+  DashboardModel,
+  DashboardSnapshotValue,
+  DashboardWorker,
+  PdTransfer,
+  WorkerHealth,
+} from "./wire.ts";
 
 export interface DashboardSources {
   workers: WorkerSet;
@@ -88,7 +51,7 @@ export class DashboardState {
     this.window = new TrafficWindow(src.metrics, () => readCounter(src.metrics.registry, OVERLAP_BLOCKS));
   }
 
-  async snapshot(opts: { limit?: number; model?: string } = {}): Promise<DashboardSnapshot> {
+  async snapshot(opts: { limit?: number; model?: string } = {}): Promise<DashboardSnapshotValue> {
     this.src.onView?.();
     await this.window.sample();
     const draining = this.src.draining();

@@ -5,6 +5,7 @@
  * once per `minSampleMs`, and the rates and percentiles are the differences between samples.
  */
 import type { ServerMetrics } from "../metrics.ts";
+import type { Percentiles, TrafficPoint, TrafficView } from "./wire.ts";
 
 /** Per-bucket counts (not cumulative) of one histogram, plus the total (the +Inf bucket included). */
 interface HistCounts {
@@ -26,31 +27,6 @@ interface Sample {
   models: Map<string, ModelSample>;
   /** Cached prompt blocks on the chosen workers (the KV index's view), all models. */
   overlapBlocks: number;
-}
-
-export interface Percentiles {
-  p50: number | null;
-  p90: number | null;
-  p99: number | null;
-}
-
-export interface TrafficPoint {
-  /** Epoch milliseconds (end of the interval). */
-  t: number;
-  rps: number;
-  /** Seconds. */
-  ttft: Percentiles;
-  itl: Percentiles;
-  e2e: Percentiles;
-  /** Cached / prompt tokens over the interval (index view), or null without prompt tokens. */
-  cacheHitRate: number | null;
-}
-
-export interface TrafficView {
-  /** Seconds each point's percentiles and rates are computed over. */
-  windowSeconds: number;
-  series: TrafficPoint[];
-  totals: { requests: number; promptTokens: number };
 }
 
 export interface TrafficWindowOptions {

@@ -112,18 +112,6 @@ export function natsConnectFromCli(v: NatsCliValues, name?: string): NatsConnect
   };
 }
 
-/** The same from INFERA_NATS_* variables (for config layers that read the environment). */
-export function natsConnectFromEnv(env: NodeJS.ProcessEnv = process.env): NatsConnectOptions | undefined {
-  return natsConnectFromCli({
-    natsUrl: env.INFERA_NATS_URL,
-    natsToken: env.INFERA_NATS_TOKEN,
-    natsUser: env.INFERA_NATS_USER,
-    natsPassword: env.INFERA_NATS_PASSWORD,
-    natsNkeySeedFile: env.INFERA_NATS_NKEY_SEED_FILE,
-    natsReconnectWaitMs: env.INFERA_NATS_RECONNECT_WAIT_MS,
-  });
-}
-
 /** Turns parsed flag values into plane choices and connect options; throws on contradictions. */
 export function resolveTransport(v: NatsCliValues, name?: string): TransportSettings {
   const hasUrl = v.natsUrl !== undefined && v.natsUrl !== "";

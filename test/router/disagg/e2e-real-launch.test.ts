@@ -15,28 +15,20 @@
  *
  * MoRIIO (vLLM) needs proxy_ip/proxy_ping_port (vllm-project/vllm vllm/distributed/
  * kv_transfer/kv_connector/v1/moriio/moriio_common.py @ 42fa4c096d406754b7e5c6d93835fe390487c8af):
- * the test owns the registration ROUTER and checks each worker's ping names its
- * transfer_mode. The server still finds the workers in etcd, and runs READ serially, WRITE
+ * the stage (test/helpers/pd-etcd.ts) owns the registration ROUTER, and the test checks each
+ * worker's ping names its transfer_mode. The server still finds the workers in etcd, and runs READ serially, WRITE
  * concurrently (record `connector.transferMode`, as vllm-project/router
  * src/routers/http/moriio_pd_router.rs @ a9e5c5280ab38277ba788f9e6efb3c2fdb0a9515 picks the
  * mode from the registrations).
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
 import { after, before, describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
-import { unpack } from "msgpackr";
 import OpenAI from "openai";
-import * as zmq from "zeromq";
-import { EtcdWatcher } from "../../../src/discovery/etcd-watcher.ts";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
-import { type EtcdHandle, startEtcd } from "../../helpers/etcd.ts";
-import { serverArgs, spawnInfera } from "../../helpers/infera.ts";
-import { engineListenArgs, type SimPersonality, simEngineWords } from "../../helpers/launcher.ts";
-import { freePort } from "../../helpers/ports.ts";
-import { waitFor200, waitUntil } from "../../helpers/wait.ts";
+import { type SimPersonality, simEngineWords } from "../../helpers/launcher.ts";
+import { type PdEtcdStage, startPdEtcdStage } from "../../helpers/pd-etcd.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 
-const INFERA = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url));
 const PREFIX = "/pd-real";
 
 interface Case {
@@ -99,125 +91,24 @@ async function evidence(p: WorkerRecord, d: WorkerRecord): Promise<Evidence> {
 }
 
 describe("PD round trip per connector: real launcher command lines, infera server over etcd", () => {
-  let etcd: EtcdHandle;
-  let watcher: EtcdWatcher;
-  let serverBase = "";
-  let serverLog = () => "";
-  const groups: number[] = [];
-  const moriioProxy = new zmq.Router({ linger: 0 });
-  let moriioProxyPort = 0;
-  /** MoRIIO registrations received, by `http_address`. */
-  const pings = new Map<string, Record<string, unknown>>();
-
+  // The stage owns the MoRIIO registration ROUTER and records each worker's ping.
+  let stage: PdEtcdStage;
   before(async () => {
-    await moriioProxy.bind("tcp://127.0.0.1:*");
-    const ep = moriioProxy.lastEndpoint ?? "";
-    moriioProxyPort = Number(ep.slice(ep.lastIndexOf(":") + 1));
-    void (async () => {
-      try {
-        // vLLM's `_ping`: a DEALER sends one msgpack map; the ROUTER sees [identity, map].
-        for await (const frames of moriioProxy) {
-          const msg = unpack(frames[frames.length - 1]) as Record<string, unknown>;
-          if (typeof msg?.http_address === "string") pings.set(msg.http_address, msg);
-        }
-      } catch {
-        // closed
-      }
-    })();
-    etcd = await startEtcd();
-    watcher = new EtcdWatcher({ endpoints: [etcd.endpoint], prefix: PREFIX });
-    await watcher.start();
-    const port = await freePort();
-    const { proc, output } = spawnInfera(
-      [
-        ...serverArgs(port),
-        "--discovery",
-        "etcd",
-        "--etcd",
-        etcd.endpoint,
-        "--discovery-prefix",
-        PREFIX,
-        "--scrape-interval",
-        "0",
-      ],
-      { logLevel: "warn", detached: true, stdout: true, keepChars: 8000 },
-    );
-    groups.push(proc.pid as number);
-    serverLog = output;
-    serverBase = `http://127.0.0.1:${port}`;
-    await waitFor200(`${serverBase}/health`, { timeoutMs: 30_000, what: "infera server /health", output });
+    stage = await startPdEtcdStage({ prefix: PREFIX, serverKeepChars: 8000 });
   });
-
   after(async () => {
-    for (const pid of groups) {
-      try {
-        process.kill(-pid, "SIGKILL");
-      } catch {
-        // gone
-      }
-    }
-    await watcher?.close();
-    await etcd?.dispose();
-    moriioProxy.close();
+    await stage?.close();
   });
 
-  async function launch(c: Case, role: "prefill" | "decode", model: string): Promise<ChildProcess> {
-    let out = "";
-    const proc = spawn(
-      process.execPath,
-      [
-        INFERA,
-        ...simEngineWords(c.engine),
-        "--model",
-        "sim-model",
-        "--served-model-name",
-        model,
-        "--worker-id",
-        `${model}-${role}`,
-        "--role",
-        role,
-        "--connector",
-        c.connector,
-        ...(await engineListenArgs(await freePort())),
-        "--bootstrap-port",
-        String(await freePort()),
-        "--side-channel-port",
-        String(await freePort()),
-        "--handshake-port",
-        String(await freePort()),
-        "--notify-port",
-        String(await freePort()),
-        ...(c.engine === "vllm" && c.connector === "moriio"
-          ? ["--moriio-proxy", `127.0.0.1:${moriioProxyPort}`, "--moriio-mode", c.moriioMode ?? "read"]
-          : []),
-        "--etcd-endpoints",
-        etcd.endpoint,
-        "--etcd-prefix",
-        PREFIX,
-        "--lease-ttl",
-        "3",
-        "--",
-        "--speed",
-        "20",
-      ],
-      {
-        // Own process group: the launcher and the engine it runs are stopped together.
-        detached: true,
-        stdio: ["ignore", "pipe", "pipe"],
-        env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
-      },
-    );
-    const keep = (b: Buffer) => {
-      out = (out + b.toString()).slice(-6000);
-    };
-    proc.stdout?.on("data", keep);
-    proc.stderr?.on("data", keep);
-    Object.assign(proc, { output: () => out });
-    groups.push(proc.pid as number);
-    return proc;
-  }
-
-  const outputOf = (p: ChildProcess) => (p as ChildProcess & { output?: () => string }).output?.() ?? "";
+  const launch = (c: Case, role: "prefill" | "decode", model: string) =>
+    stage.launch({
+      words: simEngineWords(c.engine),
+      model,
+      role,
+      connector: c.connector,
+      moriio: c.engine === "vllm" && c.connector === "moriio" ? { mode: c.moriioMode ?? "read" } : undefined,
+      simArgs: ["--speed", "20"],
+    });
 
   for (const c of CASES) {
     const skip = ONLY.length > 0 && !ONLY.includes(c.engine);
@@ -227,8 +118,9 @@ describe("PD round trip per connector: real launcher command lines, infera serve
       const model = `real-${c.name.replace(/\W+/g, "-").toLowerCase()}`;
       const [p, d] = await Promise.all([launch(c, "prefill", model), launch(c, "decode", model)]);
       const ids = [`${model}-prefill`, `${model}-decode`];
+      const { watcher, serverBase, pings } = stage;
       const diag = () =>
-        `\n--- server ---\n${serverLog()}\n--- P ---\n${outputOf(p)}\n--- D ---\n${outputOf(d)}`;
+        `\n--- server ---\n${stage.serverLog()}\n--- P ---\n${p.output()}\n--- D ---\n${d.output()}`;
       try {
         await waitUntil(
           () => ids.every((id) => watcher.workers().some((r) => r.id === id)),
@@ -258,17 +150,7 @@ describe("PD round trip per connector: real launcher command lines, infera serve
             assert.equal(ping?.transfer_mode, mode);
           }
         }
-        await waitUntil(
-          async () => {
-            const body = (await (await fetch(`${serverBase}/v1/workers`)).json()) as {
-              data: Array<{ id: string }>;
-            };
-            return ids.every((id) => body.data.some((w) => w.id === id));
-          },
-          15_000,
-          "server to see the pair",
-          25,
-        );
+        await stage.serverSees(ids, 15_000);
         const client = new OpenAI({ baseURL: `${serverBase}/v1`, apiKey: "x", maxRetries: 0 });
         const prompt = (tag: string) =>
           `[${c.name} ${tag}] ${"Disaggregated serving moves the prompt's KV from P to D. ".repeat(8)}`;
@@ -340,13 +222,8 @@ describe("PD round trip per connector: real launcher command lines, infera serve
       } catch (err) {
         throw new Error(`${(err as Error).message}${diag()}`);
       }
-      for (const pp of [p, d]) {
-        try {
-          process.kill(-(pp.pid as number), "SIGTERM");
-        } catch {
-          // gone
-        }
-      }
+      stage.stop(p);
+      stage.stop(d);
       await waitUntil(
         () => !ids.some((id) => watcher.workers().some((r) => r.id === id)),
         10_000,

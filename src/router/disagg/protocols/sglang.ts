@@ -11,7 +11,8 @@
  * parsing as a double exactly.
  */
 import { randomInt } from "node:crypto";
-import { type ConcurrentProtocol, connectorHost } from "./types.ts";
+import { rawBodyOf, setRawBody } from "../../../transport/types.ts";
+import { type ConcurrentProtocol, connectorHost, withAppended } from "./types.ts";
 
 export const SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998;
 
@@ -40,15 +41,20 @@ export const sglangProtocol: ConcurrentProtocol = {
     const host = connectorHost(prefill);
     const port = prefill.connector.bootstrapPort ?? SGLANG_DEFAULT_BOOTSTRAP_PORT;
     const n = sglangBatchSize(body);
-    const shared =
+    const fields =
       n === null
-        ? { ...body, bootstrap_host: host, bootstrap_port: port, bootstrap_room: randomBootstrapRoom() }
+        ? { bootstrap_host: host, bootstrap_port: port, bootstrap_room: randomBootstrapRoom() }
         : {
-            ...body,
             bootstrap_host: Array.from({ length: n }, () => host),
             bootstrap_port: Array.from({ length: n }, () => port),
             bootstrap_room: Array.from({ length: n }, randomBootstrapRoom),
           };
-    return { prefill: shared, decode: { ...shared } };
+    // Both halves go out as the client's bytes with the three fields appended, when the server
+    // has them (SGLang parses with Python's json.loads, last duplicate key wins: transport/types.ts).
+    const pBody = withAppended(body, { ...body, ...fields }, fields);
+    const dBody = { ...body, ...fields };
+    const raw = rawBodyOf(pBody);
+    if (raw) setRawBody(dBody, raw);
+    return { prefill: pBody, decode: dBody };
   },
 };

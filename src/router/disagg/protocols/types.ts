@@ -5,6 +5,7 @@
  * (Mooncake, SGLang bootstrap) build both bodies up front and the router fires them together.
  */
 import type { ConnectorKind, WorkerRecord } from "../../../discovery/types.ts";
+import { appendFields, rawBodyOf, setRawBody } from "../../../transport/types.ts";
 
 export interface PdInput {
   /** The client's validated body (never mutated). */
@@ -73,6 +74,14 @@ function clientKvParams(body: Readonly<Record<string, unknown>>): Record<string,
  * `max_completion_tokens: 1` when the client set it), `stream_options` and `min_tokens`
  * removed, and the protocol's `kv_transfer_params` (over any the client sent, e.g. kvd's
  * `infera_retention`).
+ *
+ * Sent as the client's bytes with these fields appended (see withAppended): a removed field is
+ * appended as its engine default instead, `stream_options: null` (vLLM: `StreamOptions | None =
+ * None`, checked by truthiness in `validate_stream_options`) and `min_tokens: 0` (vLLM:
+ * `min_tokens: int = 0`) — vllm-project/vllm vllm/entrypoints/openai/chat_completion/protocol.py
+ * @ d5dba2d7b0ab9b98096560c69db7126b54b14d79; ATOM's request models ignore both
+ * (`extra: "ignore"`, ROCm/ATOM atom/entrypoints/openai/protocol.py @
+ * 238c1c718bb13568530967d4b8c12f016c9181ec).
  */
 export function prefillOnlyBody(
   body: Readonly<Record<string, unknown>>,
@@ -83,7 +92,14 @@ export function prefillOnlyBody(
   delete out.stream_options;
   delete out.min_tokens;
   out.kv_transfer_params = { ...clientKvParams(body), ...kvParams };
-  return out;
+  return withAppended(body, out, {
+    stream: false,
+    max_tokens: 1,
+    max_completion_tokens: "max_completion_tokens" in body ? 1 : undefined,
+    stream_options: "stream_options" in body ? null : undefined,
+    min_tokens: "min_tokens" in body ? 0 : undefined,
+    kv_transfer_params: out.kv_transfer_params,
+  });
 }
 
 /** The decode half: the client's body unchanged but for `kv_transfer_params`. */
@@ -91,7 +107,25 @@ export function withKvParams(
   body: Readonly<Record<string, unknown>>,
   kvParams: Record<string, unknown>,
 ): Record<string, unknown> {
-  return { ...body, kv_transfer_params: { ...clientKvParams(body), ...kvParams } };
+  const merged = { ...clientKvParams(body), ...kvParams };
+  return withAppended(body, { ...body, kv_transfer_params: merged }, { kv_transfer_params: merged });
+}
+
+/**
+ * Registers `out`'s bytes as the client's bytes of `body` with `fields` appended, when the
+ * server has those bytes (src/transport/types.ts: the engines keep the last of duplicate
+ * keys, so an appended field overrides the client's). A PD half then costs no serialisation of
+ * the prompt; without them, `out` is serialised when sent. Returns `out`.
+ */
+export function withAppended(
+  body: Readonly<Record<string, unknown>>,
+  out: Record<string, unknown>,
+  fields: Readonly<Record<string, unknown>>,
+): Record<string, unknown> {
+  const raw = rawBodyOf(body);
+  const spliced = raw ? appendFields(raw, fields) : null;
+  if (spliced) setRawBody(out, spliced);
+  return out;
 }
 
 /**

@@ -1,0 +1,85 @@
+/**
+ * GET /dashboard/state's JSON: what ./state.ts and ./window.ts produce and what the page
+ * (web/dashboard/main.ts) reads. Types only, and no node imports: the page is bundled for the
+ * browser and type-checked with the DOM lib and no node types, and imports this module too.
+ */
+import type { DecisionExplanation, DecisionExplanationJson } from "../../router/pipeline/decision-wire.ts";
+
+export type WorkerHealth = "healthy" | "breaker-open" | "half-open" | "draining";
+
+export interface DashboardWorker {
+  id: string;
+  url: string;
+  role: string;
+  engine: string;
+  connector: string;
+  state: WorkerHealth;
+  inFlight: number;
+  /** Requests this server sent it (lifetime). */
+  routed: number;
+  /** From the engine's /metrics (null until scraped). */
+  running: number | null;
+  waiting: number | null;
+  kvUsage: number | null;
+  /** Blocks the KV index holds for it (null when the index does not track it). */
+  indexBlocks: number | null;
+}
+
+export interface PdTransfer {
+  requestId: string;
+  prefill: string;
+  decode: string;
+  at: number;
+}
+
+export interface Percentiles {
+  p50: number | null;
+  p90: number | null;
+  p99: number | null;
+}
+
+export interface TrafficPoint {
+  /** Epoch milliseconds (end of the interval). */
+  t: number;
+  rps: number;
+  /** Seconds. */
+  ttft: Percentiles;
+  itl: Percentiles;
+  e2e: Percentiles;
+  /** Cached / prompt tokens over the interval (index view), or null without prompt tokens. */
+  cacheHitRate: number | null;
+}
+
+export interface TrafficView {
+  /** Seconds each point's percentiles and rates are computed over. */
+  windowSeconds: number;
+  series: TrafficPoint[];
+  totals: { requests: number; promptTokens: number };
+}
+
+export interface DashboardModel {
+  name: string;
+  router: "mixed" | "disagg" | null;
+  workers: DashboardWorker[];
+  pd: { pairs: Array<{ prefill: string; decode: string; count: number }>; transfers: PdTransfer[] };
+  traffic: TrafficView;
+}
+
+/**
+ * The snapshot. `D` is the decisions' form: `DecisionExplanation` as the server builds it, the
+ * JSON form (a filtered candidate's NaN total read back as null) as the page parses it; the
+ * first is assignable to the second.
+ */
+export interface DashboardSnapshot<D extends DecisionExplanationJson = DecisionExplanationJson> {
+  object: "dashboard.state";
+  at: number;
+  server: { policy: string; draining: boolean; decisionCapacity: number };
+  models: DashboardModel[];
+  /** The newest routing decisions, newest first. */
+  decisions: D[];
+}
+
+/** What DashboardState.snapshot returns, before serialisation. */
+export type DashboardSnapshotValue = DashboardSnapshot<DecisionExplanation>;
+
+export type { CandidateExplanation, DecisionExplanationJson } from "../../router/pipeline/decision-wire.ts";
