@@ -194,6 +194,12 @@ export function parseSimRequest(
       : optInt(body, "max_tokens", echoAsked ? 0 : 1);
   const echoOnly = askedMax === 0;
   const maxTokens = echoOnly ? 1 : askedMax;
+  // `min_tokens: int = 0` (not Optional) in vLLM's request models, so pydantic refuses an
+  // explicit null with a 400 — vllm-project/vllm vllm/entrypoints/openai/chat_completion/protocol.py
+  // @ d5dba2d7b0ab9b98096560c69db7126b54b14d79 (SGLang's sampling params declare it the same way).
+  if (body.min_tokens === null) {
+    throw new BadRequestError("'min_tokens' must be an integer, not null", "min_tokens");
+  }
   optInt(body, "min_tokens", 0);
   const seed = optInt(body, "seed", Number.MIN_SAFE_INTEGER);
   const stream = optBool(body, "stream");

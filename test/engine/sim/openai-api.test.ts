@@ -182,6 +182,13 @@ describe("sim OpenAI API (spawned, official openai client)", () => {
       JSON.stringify({ model: "nope", messages: [{ role: "user", content: "x" }] }),
     );
     assert.equal(wrongModel.status, 404);
+    // vLLM declares `min_tokens: int = 0` (not Optional): an explicit null is a 400 there —
+    // vllm-project/vllm vllm/entrypoints/openai/chat_completion/protocol.py @ d5dba2d7b0ab9b98096560c69db7126b54b14d79
+    const nullMin = await post(
+      JSON.stringify({ model: "sim-model", messages: [{ role: "user", content: "x" }], min_tokens: null }),
+    );
+    assert.equal(nullMin.status, 400);
+    assert.equal(((await nullMin.json()) as { error: { param: string } }).error.param, "min_tokens");
     const ok = await post(
       JSON.stringify({ model: "sim-model", messages: [{ role: "user", content: "x" }], max_tokens: 2 }),
       {
