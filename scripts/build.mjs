@@ -35,8 +35,24 @@ const sourceUrls = {
 rmSync(DIST, { recursive: true, force: true });
 mkdirSync(DIST, { recursive: true });
 const started = Date.now();
+/**
+ * The server's body parser runs on worker threads from a module of its own, built here as
+ * dist/body-parser-worker.js. src/server/body-parser-pool.ts finds it through this define,
+ * relative to its own (rewritten, see above) `import.meta.url`: src/server/ → ../../dist/.
+ */
+const BODY_PARSER_WORKER = "body-parser-worker";
+
 await build({
-  entryPoints: { infera: join(SRC, "cli/main.ts"), "infera-sim": join(SRC, "engine/sim/main.ts") },
+  entryPoints: {
+    infera: join(SRC, "cli/main.ts"),
+    "infera-sim": join(SRC, "engine/sim/main.ts"),
+    [BODY_PARSER_WORKER]: join(SRC, "server/body-parser-worker.ts"),
+  },
+  define: {
+    INFERA_BODY_PARSER_WORKER: JSON.stringify(
+      `${relative(join(SRC, "server"), DIST).split("\\").join("/")}/${BODY_PARSER_WORKER}.js`,
+    ),
+  },
   outdir: DIST,
   bundle: true,
   splitting: true,

@@ -26,7 +26,7 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
-import { BodyAbortedError, readBody, sendError } from "./http-util.ts";
+import { BodyAbortedError, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
@@ -69,9 +69,10 @@ export async function handleCompletion(
   const endpointLabel = endpoint === "chat" ? "chat" : "completions";
   let model = "";
   let ac: RequestAbort | null = null;
+  let raw: Buffer | null = null;
   try {
     ctx.auth.check(req.headers);
-    let raw = await readBody(req, ctx.maxBodyBytes);
+    raw = await readBody(req, ctx.maxBodyBytes);
     if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
     let parsed: unknown;
     // A big body's decode and parse took 15–25 ms of this thread in one slice: parse it on a
@@ -144,6 +145,11 @@ export async function handleCompletion(
     sendError(res, err, requestId);
     // A refused upload may still be arriving; drop it rather than parse it.
     if (status === 413) req.resume();
+  } finally {
+    // Every upstream attempt is over: the body was sent whole, or its socket destroyed (undici
+    // destroys a connection whose answer ends while the body is still being written), so
+    // nothing reads these bytes any more and a large body's buffer serves the next one.
+    if (raw) releaseBody(raw);
   }
 }
 
