@@ -1,15 +1,18 @@
 // Compiles src/ to dist/ with esbuild (one ESM bundle per entry, shared chunks, node_modules
-// external, source maps), so bin/*.js can run plain JavaScript instead of transforming the
-// TypeScript through tsx at every start (and paying tsx's per-closure `__name` calls at run time).
+// external, source maps), so bin/*.js can run plain JavaScript instead of loading and
+// type-stripping some 240 source files at every start.
 // Run by `npm run build` and by npm's `prepare` (so `npm ci` builds it). dist/ is git-ignored.
+// `--outdir DIR` builds elsewhere (tests), leaving dist/ alone.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { join, relative } from "node:path";
+import { join, relative, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { build } from "esbuild";
 import { dashboardBuildOptions } from "./dashboard-bundle.mjs";
 import { DIST, ROOT, STAMP, sourceFingerprint } from "./dist-stamp.mjs";
 
 const SRC = join(ROOT, "src");
+const at = process.argv.indexOf("--outdir");
+const OUT = at > 0 && process.argv[at + 1] ? resolve(process.argv[at + 1]) : DIST;
 // Taken before compiling: an edit made during the build leaves a stamp that no longer matches.
 const sources = sourceFingerprint();
 
@@ -24,7 +27,7 @@ const sourceUrls = {
     b.onLoad({ filter: /\.ts$/ }, (args) => {
       let text = readFileSync(args.path, "utf8");
       if (text.includes("import.meta.url")) {
-        const rel = relative(DIST, args.path).split("\\").join("/");
+        const rel = relative(OUT, args.path).split("\\").join("/");
         text = text.replaceAll("import.meta.url", `new URL(${JSON.stringify(rel)}, import.meta.url).href`);
       }
       return { contents: text, loader: "ts" };
@@ -32,8 +35,8 @@ const sourceUrls = {
   },
 };
 
-rmSync(DIST, { recursive: true, force: true });
-mkdirSync(DIST, { recursive: true });
+rmSync(OUT, { recursive: true, force: true });
+mkdirSync(OUT, { recursive: true });
 const started = Date.now();
 /**
  * The server's body parser runs on worker threads from a module of its own, built here as
@@ -50,10 +53,10 @@ await build({
   },
   define: {
     INFERA_BODY_PARSER_WORKER: JSON.stringify(
-      `${relative(join(SRC, "server"), DIST).split("\\").join("/")}/${BODY_PARSER_WORKER}.js`,
+      `${relative(join(SRC, "server"), OUT).split("\\").join("/")}/${BODY_PARSER_WORKER}.js`,
     ),
   },
-  outdir: DIST,
+  outdir: OUT,
   bundle: true,
   splitting: true,
   format: "esm",
@@ -65,7 +68,11 @@ await build({
   logLevel: "warning",
   plugins: [sourceUrls],
 });
-// The dashboard page's browser bundle (served by `infera server` at /dashboard/app.js, .css).
-await build(dashboardBuildOptions());
-writeFileSync(STAMP, `${JSON.stringify({ sources, builtAt: new Date().toISOString() })}\n`);
-process.stdout.write(`dist/ built in ${Date.now() - started} ms (${pathToFileURL(DIST).href})\n`);
+// The dashboard page's browser bundle (served by `infera server` at /dashboard/app.js, .css),
+// always under dist/: not part of an --outdir build.
+if (OUT === DIST) await build(dashboardBuildOptions());
+writeFileSync(
+  OUT === DIST ? STAMP : join(OUT, "build-stamp.json"),
+  `${JSON.stringify({ sources, builtAt: new Date().toISOString() })}\n`,
+);
+process.stdout.write(`built in ${Date.now() - started} ms (${pathToFileURL(OUT).href})\n`);

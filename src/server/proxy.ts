@@ -70,6 +70,8 @@ export async function handleCompletion(
   let model = "";
   let ac: RequestAbort | null = null;
   let raw: Buffer | null = null;
+  /** The upstream answer's status, once one came (0: none). */
+  let answered = 0;
   try {
     ctx.auth.check(req.headers);
     raw = await readBody(req, ctx.maxBodyBytes);
@@ -114,6 +116,7 @@ export async function handleCompletion(
     }
     if (res.destroyed) return;
     const up = await router.handle(rreq, ctx.executor, abort);
+    answered = up.status;
     if (abort.aborted) {
       up.abort();
       throw abort.reason;
@@ -146,10 +149,13 @@ export async function handleCompletion(
     // A refused upload may still be arriving; drop it rather than parse it.
     if (status === 413) req.resume();
   } finally {
-    // Every upstream attempt is over: the body was sent whole, or its socket destroyed (undici
-    // destroys a connection whose answer ends while the body is still being written), so
-    // nothing reads these bytes any more and a large body's buffer serves the next one.
-    if (raw) releaseBody(raw);
+    // A large body's buffer serves the next one once nothing can read it. undici writes a
+    // Buffer body with one socket.write, which may still be sending from it after the call;
+    // but an attempt that failed destroyed its connection (a connection error, an abort), and
+    // an engine that answered 2xx had read the whole prompt first. An error answer may come
+    // before the engine read the body, the connection kept and still sending from this
+    // buffer: that one is left to the GC.
+    if (raw && (answered === 0 || (answered >= 200 && answered < 300))) releaseBody(raw);
   }
 }
 
