@@ -12,7 +12,7 @@
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
 import { Pool } from "undici";
@@ -177,7 +177,9 @@ test("a 1 MB adversarial prompt does not stall /health or other requests", { tim
     try {
       await phase(pool, advPool, null); // warm-up (JIT, connections)
       const quiet = await phase(pool, advPool, null);
+      const loadBefore = loadavg()[0]!;
       const loaded = await phase(pool, advPool, bodies);
+      const load = `load ${loadBefore.toFixed(1)}–${loadavg()[0]!.toFixed(1)}`;
       const healthP99 = pct(loaded.health, 99);
       const addedP50 = pct(loaded.small, 50) - pct(quiet.small, 50);
       const addedP99 = pct(loaded.small, 99) - pct(quiet.small, 99);
@@ -190,7 +192,7 @@ test("a 1 MB adversarial prompt does not stall /health or other requests", { tim
       results.push(
         `${policy}: ${loaded.adversarial.length} adversarial in ${PHASE_MS / 1000} s (each ${pct(loaded.adversarial, 50).toFixed(0)} ms p50, status ${[...loaded.adversarialStatus].join("/")}); ` +
           `/health p99 ${healthP99.toFixed(1)} ms (quiet ${pct(quiet.health, 99).toFixed(1)}); ` +
-          `small requests +${addedP50.toFixed(1)} ms p50, +${addedP99.toFixed(1)} ms p99 (${loaded.small.length} sent)`,
+          `small requests +${addedP50.toFixed(1)} ms p50, +${addedP99.toFixed(1)} ms p99 (${loaded.small.length} sent); ${load}`,
       );
     } finally {
       await pool.close();
