@@ -86,6 +86,11 @@ export function takeBack(buf: ArrayBuffer): void {
   lentCount++;
 }
 
+/** Whether `buf` is lent by this pool now (so its holder may write past the body, up to its size). */
+export function isLent(buf: ArrayBufferLike): boolean {
+  return lent.has(buf as ArrayBuffer);
+}
+
 /** For tests and metrics: buffers allocated so far, lent now, and idle bytes kept. */
 export function bodyBufferStats(): { allocated: number; lent: number; freeBytes: number } {
   return { allocated, lent: lentCount, freeBytes };

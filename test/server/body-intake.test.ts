@@ -30,9 +30,14 @@ const run = promisify(execFile);
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
 /** A chat body of exactly `size` bytes, its padding drawn from `seed` (so stale bytes show). */
-function chatBody(size: number, seed: number, marker = ""): Buffer {
+function chatBody(size: number, seed: number, marker = "", stream = false): Buffer {
   const shell = (pad: string) =>
-    JSON.stringify({ model: "m", messages: [{ role: "user", content: marker + pad }], max_tokens: 1 });
+    JSON.stringify({
+      model: "m",
+      messages: [{ role: "user", content: marker + pad }],
+      max_tokens: 1,
+      ...(stream ? { stream } : {}),
+    });
   const n = size - Buffer.byteLength(shell(""));
   assert.ok(n >= 0, `a chat body is at least ${size - n} bytes`);
   let s = seed >>> 0;
@@ -60,6 +65,11 @@ describe("request bodies through the server", () => {
         if (req.method === "POST") received.push(body);
         // An error answer (as an engine's auth or overload check gives, before the prompt).
         const status = body.includes("ANSWER-400") ? 400 : 200;
+        if (status === 200 && body.includes('"stream":true')) {
+          res.writeHead(200, { "content-type": "text/event-stream" });
+          res.end('data: {"id":"x","object":"chat.completion.chunk","choices":[]}\n\ndata: [DONE]\n\n');
+          return;
+        }
         res.writeHead(status, { "content-type": "application/json" });
         res.end(
           status === 200
@@ -147,6 +157,28 @@ describe("request bodies through the server", () => {
       assert.equal(received.length, 1);
       assert.ok(received[0]!.equals(body), `size ${size}: the engine got the client's bytes`);
     }
+  });
+
+  it("a streamed body gets stream_options spliced in, in its pooled buffer or copied when it has no room", async () => {
+    const field = ',"stream_options":{"include_usage":true}';
+    const sizes: number[] = [];
+    // Bodies that fill their buffer to the last byte, leave one byte short of room, or just enough.
+    for (const room of [0, field.length - 1, field.length]) {
+      for (const cap of [2 * POOL_FROM, 4 * POOL_FROM, 16 * POOL_FROM]) sizes.push(cap - room);
+    }
+    sizes.push(1000);
+    for (const [i, size] of sizes.entries()) {
+      const body = chatBody(size, 40 + i, "", true);
+      received.length = 0;
+      assert.equal(await send(body, i), 200, `size ${size}`);
+      const text = body.toString();
+      assert.equal(received[0]?.toString(), `${text.slice(0, -1)}${field}}`, `size ${size}`);
+    }
+    // And a plain body after a spliced one in the same buffer: the spliced bytes do not linger.
+    const plain = chatBody(4 * POOL_FROM - field.length, 60);
+    received.length = 0;
+    assert.equal(await send(plain, 1), 200);
+    assert.ok(received[0]!.equals(plain));
   });
 
   it("large bodies reuse buffers: a stream of them allocates none after the first", async () => {
