@@ -68,12 +68,12 @@ async function fakeWorker(): Promise<string> {
 
 /**
  * Loaded into the server (NODE_OPTIONS=--import): its main thread's GC pauses, as
- * [epoch ms, kind, duration ms], written to INFERA_TEST_GC_OUT every 200 ms. GC pauses are
- * what stalls every request in flight at once; the kinds are perf_hooks' NODE_PERFORMANCE_GC_*
- * (1 minor, 4 major).
+ * [epoch ms, kind, duration ms], written whole (tmp + rename) to INFERA_TEST_GC_OUT every
+ * 200 ms. GC pauses are what stalls every request in flight at once; the kinds are
+ * perf_hooks' NODE_PERFORMANCE_GC_* (1 minor, 4 major).
  */
 const GC_OBSERVER = `
-import { writeFileSync } from "node:fs";
+import { renameSync, writeFileSync } from "node:fs";
 import { PerformanceObserver } from "node:perf_hooks";
 import { isMainThread } from "node:worker_threads";
 if (isMainThread && process.env.INFERA_TEST_GC_OUT) {
@@ -82,7 +82,10 @@ if (isMainThread && process.env.INFERA_TEST_GC_OUT) {
   new PerformanceObserver((list) => {
     for (const e of list.getEntries()) log.push([performance.timeOrigin + e.startTime, e.detail?.kind ?? 0, e.duration]);
   }).observe({ entryTypes: ["gc"] });
-  setInterval(() => writeFileSync(out, JSON.stringify(log)), 200).unref();
+  setInterval(() => {
+    writeFileSync(out + ".tmp", JSON.stringify(log));
+    renameSync(out + ".tmp", out);
+  }, 200).unref();
 }`;
 
 type GcEntry = [at: number, kind: number, ms: number];
