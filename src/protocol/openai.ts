@@ -10,6 +10,7 @@
  * chat_completion/protocol.py @ 002032ee2b18e1f7bd924ec47b62504ba3866063).
  */
 import { z } from "zod";
+import { MAX_BODY_DEPTH, tooDeep } from "./body-depth.ts";
 import { BadRequestError } from "./errors.ts";
 
 const contentPart = z.object({ type: z.string(), text: z.string().optional() }).passthrough();
@@ -143,8 +144,7 @@ function fastCompletionOk(b: Obj): boolean {
   return fastCommonOk(b);
 }
 
-/** Deepest nesting of arrays and objects a request body may have. */
-export const MAX_BODY_DEPTH = 128;
+export { MAX_BODY_DEPTH };
 
 /**
  * Refuses a body nested deeper than MAX_BODY_DEPTH (400): re-serialising one (for a router
@@ -161,22 +161,6 @@ export function bodyDepthError(): BadRequestError {
     null,
     "invalid_value",
   );
-}
-
-function tooDeep(v: unknown, left: number): boolean {
-  if (left === 0) return true;
-  if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) {
-      const x = v[i];
-      if (x !== null && typeof x === "object" && tooDeep(x, left - 1)) return true;
-    }
-    return false;
-  }
-  for (const k in v as Obj) {
-    const x = (v as Obj)[k];
-    if (x !== null && typeof x === "object" && tooDeep(x, left - 1)) return true;
-  }
-  return false;
 }
 
 export function parseChatRequest(body: unknown): ChatCompletionRequest {

@@ -17,17 +17,44 @@
  * fresh worker. Workers are started on first use, so a server that never sees a large body
  * never starts one, and are unref'd while idle, so they never keep a process alive.
  *
- * The worker is an eval'd plain-JS string with no imports: it runs the same under tsx (tests,
- * `INFERA_DIST=0`) and from the esbuild bundle, where a separate worker module would be missing.
+ * The worker is a module of its own (./body-parser-worker.ts; dist/body-parser-worker.js in
+ * the build). Where that file is missing (the single-executable `infera`, which carries one
+ * bundle and no files beside it), bodies are parsed on the loop as small ones are: the same
+ * results, without the offloading.
+ *
+ * A large body arrives in a buffer lent by ./body-buffers.ts: it is moved to the worker whole
+ * (nothing else holds it) and lent again when it comes back, so the caller gives it back to
+ * the pool as it would have without the worker.
  */
+import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
+import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
+import { MAX_BODY_DEPTH } from "../protocol/body-depth.ts";
 import { InferaError, InvalidJsonError } from "../protocol/errors.ts";
-import { assertBodyDepth, bodyDepthError, MAX_BODY_DEPTH } from "../protocol/openai.ts";
+import { assertBodyDepth, bodyDepthError } from "../protocol/openai.ts";
+import { handOver, releaseBodyBuffer, takeBack } from "./body-buffers.ts";
+import type { Span, WorkerConfig, WorkerJob, WorkerReply } from "./body-parser-worker.ts";
 import { PIECE_CHARS, ROUTING_TEXT_CAP } from "./prompt-tokens.ts";
 
 /** Bodies larger than this are parsed in the pool; smaller ones stay on the fast synchronous path. */
 export const OFF_LOOP_BODY_BYTES = 256 * 1024;
+
+/**
+ * The compiled worker's path relative to this module's source file, set by scripts/build.mjs
+ * (esbuild `define`); absent when the sources run as they are. (In dist/, `import.meta.url` is
+ * rewritten to the source file's URL: see the build script.)
+ */
+declare const INFERA_BODY_PARSER_WORKER: string | undefined;
+
+/** Where the worker's module should be (the pool checks that it is there). */
+function defaultWorkerFile(): URL {
+  const rel =
+    typeof INFERA_BODY_PARSER_WORKER === "string" ? INFERA_BODY_PARSER_WORKER : "./body-parser-worker.ts";
+  return new URL(rel, import.meta.url);
+}
+
+const isFile = (url: URL): boolean => url.protocol === "file:" && existsSync(fileURLToPath(url));
 
 /** Too many large bodies are being parsed at once (503, retry shortly). */
 export class BodyParserBusyError extends InferaError {
@@ -72,102 +99,14 @@ export interface ParsedBody {
   raw: Buffer;
 }
 
-/** A long string left out of the cloned value: where it goes, and its bytes in the body. */
-type Span = [path: (string | number)[], start: number, end: number];
-
-type Reply =
-  | { id: number; ok: true; value: unknown; buf: ArrayBuffer; spans: Span[] }
-  | { id: number; ok: false; kind: "json" | "depth"; message: string; buf: ArrayBuffer };
-
 /** Bytes of a long string decoded per event-loop turn. */
 const STRING_CHUNK_BYTES = 64 * 1024;
 /** Long strings per body sent as spans (the rest are cloned): bounds the worker's search. */
 const MAX_SPANS = 8;
 
-/**
- * `workerData`: { maxDepth, crashMarker, longChars, maxSpans }. Messages: { id, buf, off, len }
- * → Reply.
- *
- * A string of at least `longChars` is sent as a span when its UTF-8 bytes, between quotes,
- * are found in the body: well-formed strings only, so those bytes decode to exactly it
- * (whichever occurrence is found). Candidates are found by a short prefix, then compared whole.
- */
-const WORKER_SRC = `
-"use strict";
-const { parentPort, workerData } = require("node:worker_threads");
-const { maxDepth, crashMarker, longChars, maxSpans } = workerData;
-const QUOTE = Buffer.from('"');
-function findSpans(holder, raw) {
-  const spans = [];
-  const walk = (parent, key, path) => {
-    if (spans.length >= maxSpans) return;
-    const v = parent[key];
-    if (typeof v === "string") {
-      if (v.length < longChars || !v.isWellFormed()) return;
-      const enc = Buffer.from(v, "utf8");
-      const head = Buffer.concat([QUOTE, enc.subarray(0, 64)]);
-      for (let at = raw.indexOf(head); at >= 0; at = raw.indexOf(head, at + 1)) {
-        const start = at + 1;
-        const end = start + enc.length;
-        if (raw[end] === 0x22 && raw.subarray(start, end).equals(enc)) {
-          spans.push([path.slice(1), start, end]);
-          parent[key] = "";
-          return;
-        }
-      }
-      return;
-    }
-    if (v === null || typeof v !== "object") return;
-    if (Array.isArray(v)) {
-      for (let i = 0; i < v.length; i++) { path.push(i); walk(v, i, path); path.pop(); }
-    } else {
-      for (const k in v) { path.push(k); walk(v, k, path); path.pop(); }
-    }
-  };
-  walk(holder, "v", ["v"]);
-  return spans;
-}
-function tooDeep(v, left) {
-  if (left === 0) return true;
-  if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) {
-      const x = v[i];
-      if (x !== null && typeof x === "object" && tooDeep(x, left - 1)) return true;
-    }
-    return false;
-  }
-  for (const k in v) {
-    const x = v[k];
-    if (x !== null && typeof x === "object" && tooDeep(x, left - 1)) return true;
-  }
-  return false;
-}
-parentPort.on("message", (m) => {
-  const raw = Buffer.from(m.buf, m.off, m.len);
-  const text = raw.toString("utf8");
-  if (crashMarker && text.includes(crashMarker)) process.exit(70);
-  let value;
-  try {
-    value = JSON.parse(text);
-  } catch (err) {
-    parentPort.postMessage({ id: m.id, ok: false, kind: "json", message: err.message, buf: m.buf }, [m.buf]);
-    return;
-  }
-  if (value !== null && typeof value === "object" && tooDeep(value, maxDepth)) {
-    parentPort.postMessage({ id: m.id, ok: false, kind: "depth", message: "", buf: m.buf }, [m.buf]);
-    return;
-  }
-  const holder = { v: value };
-  const spans = longChars > 0 && text.length >= longChars ? findSpans(holder, raw) : [];
-  parentPort.postMessage({ id: m.id, ok: true, value: holder.v, buf: m.buf, spans }, [m.buf]);
-});
-`;
-
-interface Job {
-  id: number;
-  buf: ArrayBuffer;
-  off: number;
-  len: number;
+interface Job extends WorkerJob {
+  /** The buffer was lent by ./body-buffers.ts: lend it again when it comes back. */
+  pooled: boolean;
   resolve: (p: ParsedBody) => void;
   reject: (e: Error) => void;
 }
@@ -193,6 +132,11 @@ export interface BodyParserPoolOptions {
    * 32 Ki characters; 0 = never).
    */
   longStringChars?: number;
+  /**
+   * The worker's module (default: ./body-parser-worker.ts, or the build's compiled one). Null,
+   * or a file that is not there: bodies are parsed on this thread instead.
+   */
+  workerFile?: URL | null;
 }
 
 export class BodyParserPool {
@@ -201,6 +145,7 @@ export class BodyParserPool {
   private readonly maxPending: number;
   private readonly crashMarker: string;
   private readonly longChars: number;
+  private readonly workerFile: URL | null;
   private pending = 0;
   private nextId = 1;
   private closed = false;
@@ -215,6 +160,13 @@ export class BodyParserPool {
     this.maxPending = Math.max(1, opts.maxPending ?? 32);
     this.crashMarker = opts.crashMarker ?? "";
     this.longChars = Math.max(0, opts.longStringChars ?? 32 * 1024);
+    const file = opts.workerFile === undefined ? defaultWorkerFile() : opts.workerFile;
+    this.workerFile = file && isFile(file) ? file : null;
+  }
+
+  /** Whether bodies are parsed on worker threads (false: the worker file is missing). */
+  get offLoop(): boolean {
+    return this.workerFile !== null;
   }
 
   /** Bodies parsing or queued now. */
@@ -230,13 +182,24 @@ export class BodyParserPool {
    */
   parse(raw: Buffer): Promise<ParsedBody> {
     if (this.closed || this.pending >= this.maxPending) return Promise.reject(new BodyParserBusyError());
-    // Transfer the buffer when it is exactly this body's memory; otherwise (a slice of a
-    // shared allocation) copy it first, once.
-    const whole = raw.byteOffset === 0 && raw.buffer.byteLength === raw.length && !isShared(raw.buffer);
+    if (!this.workerFile) {
+      try {
+        return Promise.resolve({ value: parseBodySync(raw), raw });
+      } catch (err) {
+        return Promise.reject(err as Error);
+      }
+    }
+    // Move the buffer when it is this body's alone: lent by the body pool (the body is its
+    // first `length` bytes), or exactly the body's own allocation. Otherwise (a slice of a
+    // shared allocation) copy the body first, once.
+    const pooled = handOver(raw.buffer);
+    const whole =
+      pooled || (raw.byteOffset === 0 && raw.buffer.byteLength === raw.length && !isShared(raw.buffer));
     const buf = whole ? (raw.buffer as ArrayBuffer) : new Uint8Array(raw).buffer;
+    const off = whole ? raw.byteOffset : 0;
     this.pending++;
     return new Promise<ParsedBody>((resolve, reject) => {
-      this.queue.push({ id: this.nextId++, buf, off: 0, len: raw.length, resolve, reject });
+      this.queue.push({ id: this.nextId++, buf, off, len: raw.length, pooled, resolve, reject });
       this.pump();
     });
   }
@@ -268,24 +231,22 @@ export class BodyParserPool {
       const job = this.queue.shift()!;
       s.job = job;
       s.worker.ref();
-      s.worker.postMessage({ id: job.id, buf: job.buf, off: job.off, len: job.len }, [job.buf]);
+      const msg: WorkerJob = { id: job.id, buf: job.buf, off: job.off, len: job.len };
+      s.worker.postMessage(msg, [job.buf]);
     }
   }
 
   private spawn(i: number): Slot {
-    const worker = new Worker(WORKER_SRC, {
-      eval: true,
-      workerData: {
-        maxDepth: MAX_BODY_DEPTH,
-        crashMarker: this.crashMarker,
-        longChars: this.longChars,
-        maxSpans: MAX_SPANS,
-      },
-      // The parent's --import (tsx) is of no use to a plain-JS worker and costs startup time.
-      execArgv: [],
-    });
+    const workerData: WorkerConfig = {
+      maxDepth: MAX_BODY_DEPTH,
+      crashMarker: this.crashMarker,
+      longChars: this.longChars,
+      maxSpans: MAX_SPANS,
+    };
+    // Not the parent's flags: a profiler's or an --import's are not meant for the worker.
+    const worker = new Worker(this.workerFile!, { workerData, execArgv: [] });
     const slot = new Slot(worker);
-    worker.on("message", (r: Reply) => this.reply(slot, r));
+    worker.on("message", (r: WorkerReply) => this.reply(slot, r));
     const died = (): void => this.died(i, slot);
     worker.on("error", died);
     worker.on("exit", died);
@@ -295,23 +256,29 @@ export class BodyParserPool {
     return slot;
   }
 
-  private reply(slot: Slot, r: Reply): void {
+  private reply(slot: Slot, r: WorkerReply): void {
     const job = slot.job;
     if (!job || job.id !== r.id) return;
     slot.job = null;
     slot.worker.unref();
+    if (job.pooled) takeBack(r.buf);
     if (r.ok) {
-      const raw = Buffer.from(r.buf);
+      const raw = Buffer.from(r.buf, job.off, job.len);
       if (r.spans.length === 0) this.settle(job, null, { value: r.value, raw });
       else {
         // The worker is free for the next body while this one's long strings are decoded.
         this.slicedStrings += r.spans.length;
         fillSpans(r.value, raw, r.spans).then(
           (value) => this.settle(job, null, { value, raw }),
-          (err: Error) => this.settle(job, err),
+          (err: Error) => {
+            releaseBodyBuffer(r.buf);
+            this.settle(job, err);
+          },
         );
       }
     } else {
+      // A refused body is read no further: its buffer serves the next one.
+      releaseBodyBuffer(r.buf);
       this.settle(job, r.kind === "json" ? new InvalidJsonError(r.message) : bodyDepthError());
     }
     this.pump();

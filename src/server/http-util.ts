@@ -1,6 +1,7 @@
 /** Small HTTP helpers for the node:http server: bounded body reading and OpenAI-shaped errors. */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { InferaError, PayloadTooLargeError, toInferaError } from "../protocol/errors.ts";
+import { POOL_FROM, releaseBodyBuffer, takeBodyBuffer } from "./body-buffers.ts";
 
 export class BodyAbortedError extends Error {}
 
@@ -8,57 +9,56 @@ export class BodyAbortedError extends Error {}
  * Reads a request body up to `limit` bytes. Rejects with PayloadTooLargeError as soon as the
  * declared or received size passes the limit, and with BodyAbortedError when the client
  * goes away mid-upload.
+ *
+ * A body of `POOL_FROM` bytes or more is read into a buffer lent by ./body-buffers.ts (the
+ * returned Buffer is a view of its first bytes): give it back with `releaseBody` once nothing
+ * reads the body any more, and it serves the next large body instead of a fresh allocation.
  */
 export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
   const declared = req.headers["content-length"];
   if (declared !== undefined && Number(declared) > limit) {
     return Promise.reject(new PayloadTooLargeError(limit));
   }
-  const expected = declared === undefined ? -1 : Number(declared);
-  return new Promise((resolve, reject) => new BodyReader(req, limit, expected, resolve, reject).start());
+  return new Promise((resolve, reject) => new BodyReader(req, limit, resolve, reject).start());
 }
 
 /**
- * Bodies at least this large, with a declared length, are copied into one buffer as they
- * arrive: concatenating a 1 MB body at its end was one more millisecond-long slice of the
- * event loop (page faults included), paid while every other request waited.
+ * Gives a body read by `readBody` back to the buffer pool. Only when nothing reads it any
+ * more, its forwarding included: the next large body overwrites it. A body that is not a
+ * pooled buffer (a small one, or one moved to a worker thread) is left alone.
  */
-const PREALLOCATE_BYTES = 64 * 1024;
+export function releaseBody(raw: Buffer): void {
+  releaseBodyBuffer(raw.buffer);
+}
 
 /**
- * One body being read. A class with prototype methods rather than per-request closures: the
- * tsx-transpiled closures each cost a `__name` defineProperty call on the hot path.
+ * One body being read: its state is this one object, its four listeners bound once.
+ *
+ * Memory grows with the bytes that arrive, never with the declared length: a client that
+ * declares the limit and sends one byte holds that byte, not a buffer of the declared size
+ * (which each such connection used to pin until it went away). Small bodies are a chunk list;
+ * from `POOL_FROM` bytes on they move into a pooled buffer, swapped for one twice the size
+ * when full (the copies add up to less than the body).
  */
 class BodyReader {
   private readonly req: IncomingMessage;
   private readonly limit: number;
-  private readonly expected: number;
   private readonly resolve: (b: Buffer) => void;
   private readonly reject: (e: Error) => void;
-  private readonly chunks: Buffer[] = [];
-  /**
-   * The whole body's buffer when its length was declared and large (see PREALLOCATE_BYTES),
-   * allocated when the first bytes arrive rather than on a bare promise of them.
-   */
-  private whole: Buffer | null = null;
+  private chunks: Buffer[] = [];
+  /** The pooled buffer once the body passed POOL_FROM bytes, and a Buffer view of it. */
+  private buf: ArrayBuffer | null = null;
+  private view: Buffer | null = null;
   private size = 0;
   private done = false;
-  // Assigned in the constructor (not as class fields) so that tsx's keepNames leaves them unwrapped.
   private readonly onData: (c: Buffer) => void;
   private readonly onEnd: () => void;
   private readonly onError: () => void;
   private readonly onClose: () => void;
 
-  constructor(
-    req: IncomingMessage,
-    limit: number,
-    expected: number,
-    resolve: (b: Buffer) => void,
-    reject: (e: Error) => void,
-  ) {
+  constructor(req: IncomingMessage, limit: number, resolve: (b: Buffer) => void, reject: (e: Error) => void) {
     this.req = req;
     this.limit = limit;
-    this.expected = expected;
     this.resolve = resolve;
     this.reject = reject;
     this.onData = (c) => this.data(c);
@@ -84,29 +84,41 @@ class BodyReader {
       this.finish(new PayloadTooLargeError(this.limit));
       return;
     }
-    if (at === 0 && this.expected >= PREALLOCATE_BYTES && this.expected <= this.limit) {
-      // Its own allocation (not Node's shared pool), so it can be transferred to a worker whole.
-      this.whole = Buffer.allocUnsafeSlow(this.expected);
-    }
-    const whole = this.whole;
-    // The HTTP parser enforces the declared length; the chunk list stays as a fallback anyway.
-    if (whole && this.size <= whole.length && this.chunks.length === 0) c.copy(whole, at);
-    else {
-      if (whole && this.chunks.length === 0 && at > 0) this.chunks.push(whole.subarray(0, at));
+    if (this.view === null) {
       this.chunks.push(c);
+      if (this.size >= POOL_FROM) {
+        const chunks = this.chunks;
+        this.chunks = [];
+        this.grow(this.size, 0);
+        let off = 0;
+        for (const k of chunks) off += k.copy(this.view!, off);
+      }
+      return;
     }
+    if (this.size > this.view.length) this.grow(this.size, at);
+    c.copy(this.view!, at);
+  }
+
+  /** Switches to a pooled buffer of at least `need` bytes, keeping the `have` bytes read so far. */
+  private grow(need: number, have: number): void {
+    const next = takeBodyBuffer(need);
+    const view = Buffer.from(next);
+    if (this.view && have > 0) this.view.copy(view, 0, 0, have);
+    if (this.buf) releaseBodyBuffer(this.buf);
+    this.buf = next;
+    this.view = view;
   }
 
   private end(): void {
-    const chunks = this.chunks;
-    if (this.whole && chunks.length === 0) {
-      this.finish(null, this.size === this.whole.length ? this.whole : this.whole.subarray(0, this.size));
+    if (this.view) {
+      this.finish(null, this.view.subarray(0, this.size));
       return;
     }
+    const chunks = this.chunks;
     this.finish(null, chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, this.size));
   }
 
-  private finish(err: Error | null, buf?: Buffer): void {
+  private finish(err: Error | null, body?: Buffer): void {
     if (this.done) return;
     this.done = true;
     const req = this.req;
@@ -114,8 +126,14 @@ class BodyReader {
     req.off("end", this.onEnd);
     req.off("error", this.onError);
     req.off("close", this.onClose);
-    if (err) this.reject(err);
-    else this.resolve(buf!);
+    this.chunks = [];
+    if (err) {
+      // Nobody will read this body: its buffer serves the next one.
+      if (this.buf) releaseBodyBuffer(this.buf);
+      this.buf = null;
+      this.view = null;
+      this.reject(err);
+    } else this.resolve(body!);
   }
 }
 

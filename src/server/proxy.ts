@@ -20,13 +20,14 @@ import {
 import { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";
+import { isLent } from "./body-buffers.ts";
 import {
   type BodyParserPool,
   bodyParserPool,
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
-import { BodyAbortedError, readBody, sendError } from "./http-util.ts";
+import { BodyAbortedError, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
@@ -69,9 +70,12 @@ export async function handleCompletion(
   const endpointLabel = endpoint === "chat" ? "chat" : "completions";
   let model = "";
   let ac: RequestAbort | null = null;
+  let raw: Buffer | null = null;
+  /** The upstream answer's status, once one came (0: none). */
+  let answered = 0;
   try {
     ctx.auth.check(req.headers);
-    let raw = await readBody(req, ctx.maxBodyBytes);
+    raw = await readBody(req, ctx.maxBodyBytes);
     if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
     let parsed: unknown;
     // A big body's decode and parse took 15–25 ms of this thread in one slice: parse it on a
@@ -113,6 +117,7 @@ export async function handleCompletion(
     }
     if (res.destroyed) return;
     const up = await router.handle(rreq, ctx.executor, abort);
+    answered = up.status;
     if (abort.aborted) {
       up.abort();
       throw abort.reason;
@@ -144,14 +149,34 @@ export async function handleCompletion(
     sendError(res, err, requestId);
     // A refused upload may still be arriving; drop it rather than parse it.
     if (status === 413) req.resume();
+  } finally {
+    // A large body's buffer serves the next one once nothing can read it. undici writes a
+    // Buffer body with one socket.write, which may still be sending from it after the call;
+    // but an attempt that failed destroyed its connection (a connection error, an abort), and
+    // an engine that answered 2xx had read the whole prompt first. An error answer may come
+    // before the engine read the body, the connection kept and still sending from this
+    // buffer: that one is left to the GC.
+    if (raw && (answered === 0 || (answered >= 200 && answered < 300))) releaseBody(raw);
   }
 }
 
 const INCLUDE_USAGE = Buffer.from(',"stream_options":{"include_usage":true}');
 
-/** `raw` (a JSON object with at least one member) with `stream_options` appended as its last member. */
+/**
+ * `raw` (a JSON object with at least one member) with `stream_options` appended as its last
+ * member. A pooled body has room after its bytes (its buffer is a power of two): the field is
+ * spliced in place, only the bytes after the closing brace moving, where a copy of a 1 MB
+ * body was one more fresh megabyte per streamed request.
+ */
 function withIncludeUsage(raw: Buffer): Buffer {
   const close = raw.lastIndexOf(0x7d); // "}"
+  const length = raw.length + INCLUDE_USAGE.length;
+  if (raw.byteOffset === 0 && raw.buffer.byteLength >= length && isLent(raw.buffer)) {
+    const out = Buffer.from(raw.buffer, 0, length);
+    out.copyWithin(close + INCLUDE_USAGE.length, close, raw.length);
+    INCLUDE_USAGE.copy(out, close);
+    return out;
+  }
   return Buffer.concat([raw.subarray(0, close), INCLUDE_USAGE, raw.subarray(close)]);
 }
 

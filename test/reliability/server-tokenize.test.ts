@@ -11,10 +11,11 @@
  */
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
+import { pathToFileURL } from "node:url";
 import { Pool } from "undici";
 import { spawnInfera } from "../helpers/infera.ts";
 import { freePort } from "../helpers/ports.ts";
@@ -63,6 +64,46 @@ async function fakeWorker(): Promise<string> {
   const url = `http://127.0.0.1:${port}`;
   await waitFor200(`${url}/v1/models`, { timeoutMs: 10_000, what: "fake worker", stepMs: 50 });
   return url;
+}
+
+/**
+ * Loaded into the server (NODE_OPTIONS=--import): its main thread's GC pauses, as
+ * [epoch ms, kind, duration ms], written whole (tmp + rename) to INFERA_TEST_GC_OUT every
+ * 200 ms. GC pauses are what stalls every request in flight at once; the kinds are
+ * perf_hooks' NODE_PERFORMANCE_GC_* (1 minor, 4 major).
+ */
+const GC_OBSERVER = `
+import { renameSync, writeFileSync } from "node:fs";
+import { PerformanceObserver } from "node:perf_hooks";
+import { isMainThread } from "node:worker_threads";
+if (isMainThread && process.env.INFERA_TEST_GC_OUT) {
+  const out = process.env.INFERA_TEST_GC_OUT;
+  const log = [];
+  new PerformanceObserver((list) => {
+    for (const e of list.getEntries()) log.push([performance.timeOrigin + e.startTime, e.detail?.kind ?? 0, e.duration]);
+  }).observe({ entryTypes: ["gc"] });
+  setInterval(() => {
+    writeFileSync(out + ".tmp", JSON.stringify(log));
+    renameSync(out + ".tmp", out);
+  }, 200).unref();
+}`;
+
+type GcEntry = [at: number, kind: number, ms: number];
+
+/** The server's GC pauses between `from` and `to` (epoch ms), in words. */
+function gcFigure(file: string, from: number, to: number): string {
+  let all: GcEntry[] = [];
+  try {
+    all = JSON.parse(readFileSync(file, "utf8")) as GcEntry[];
+  } catch {
+    return "server GC: not observed";
+  }
+  const got = all.filter(([at]) => at >= from && at <= to);
+  const of = (kind: number) => {
+    const xs = got.filter(([, k]) => k === kind).map(([, , ms]) => ms);
+    return `${xs.length} (max ${xs.length ? Math.max(...xs).toFixed(0) : 0} ms)`;
+  };
+  return `server GC: ${of(4)} mark-compacts, ${of(1)} scavenges`;
 }
 
 function adversarialBodies(): Buffer[] {
@@ -134,6 +175,8 @@ async function phase(pool: Pool, advPool: Pool, adversarial: Buffer[] | null): P
 
 test("a 1 MB adversarial prompt does not stall /health or other requests", { timeout: 120_000 }, async () => {
   const workerUrl = await fakeWorker();
+  const gcObserver = join(dir, "gc-observer.mjs");
+  writeFileSync(gcObserver, GC_OBSERVER);
   const bodies = adversarialBodies();
   const results: string[] = [];
   let pass = true;
@@ -163,7 +206,12 @@ test("a 1 MB adversarial prompt does not stall /health or other requests", { tim
         },
       }),
     );
-    const spawned = spawnInfera(["server", "--config", cfg], { logLevel: "error", keepChars: 4000 });
+    const gcOut = join(dir, `${policy}-gc.json`);
+    const spawned = spawnInfera(["server", "--config", cfg], {
+      logLevel: "error",
+      keepChars: 4000,
+      env: { NODE_OPTIONS: `--import=${pathToFileURL(gcObserver).href}`, INFERA_TEST_GC_OUT: gcOut },
+    });
     procs.push(spawned.proc);
     const base = `http://127.0.0.1:${port}`;
     await waitFor200(`${base}/ready`, {
@@ -177,7 +225,13 @@ test("a 1 MB adversarial prompt does not stall /health or other requests", { tim
     try {
       await phase(pool, advPool, null); // warm-up (JIT, connections)
       const quiet = await phase(pool, advPool, null);
+      const loadBefore = loadavg()[0]!;
+      const loadedFrom = Date.now();
       const loaded = await phase(pool, advPool, bodies);
+      const loadedTo = Date.now();
+      const load = `load ${loadBefore.toFixed(1)}–${loadavg()[0]!.toFixed(1)}`;
+      await new Promise((r) => setTimeout(r, 300)); // the observer's next write
+      const gc = gcFigure(gcOut, loadedFrom, loadedTo);
       const healthP99 = pct(loaded.health, 99);
       const addedP50 = pct(loaded.small, 50) - pct(quiet.small, 50);
       const addedP99 = pct(loaded.small, 99) - pct(quiet.small, 99);
@@ -190,7 +244,7 @@ test("a 1 MB adversarial prompt does not stall /health or other requests", { tim
       results.push(
         `${policy}: ${loaded.adversarial.length} adversarial in ${PHASE_MS / 1000} s (each ${pct(loaded.adversarial, 50).toFixed(0)} ms p50, status ${[...loaded.adversarialStatus].join("/")}); ` +
           `/health p99 ${healthP99.toFixed(1)} ms (quiet ${pct(quiet.health, 99).toFixed(1)}); ` +
-          `small requests +${addedP50.toFixed(1)} ms p50, +${addedP99.toFixed(1)} ms p99 (${loaded.small.length} sent)`,
+          `small requests +${addedP50.toFixed(1)} ms p50, +${addedP99.toFixed(1)} ms p99 (${loaded.small.length} sent); ${gc}; ${load}`,
       );
     } finally {
       await pool.close();
