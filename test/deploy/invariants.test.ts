@@ -50,6 +50,35 @@ test("every rendered object re-validates after a YAML round trip", () => {
   }
 });
 
+test("no volume is mounted inside a ConfigMap or Secret mount (the runtime cannot create its mount point there)", () => {
+  // ConfigMap and Secret volumes are read-only in the container (Kubernetes >= 1.10), so a
+  // nested mount point such as /etc/infera/tls under the /etc/infera ConfigMap fails the pod.
+  let checked = 0;
+  for (const file of examples) {
+    for (const o of objs(file)) {
+      const pod = o.spec?.template?.spec ?? (o.kind === "Pod" ? o.spec : undefined);
+      if (!pod) continue;
+      const readOnlyKinds = new Map<string, boolean>(
+        (pod.volumes ?? []).map((v: Obj) => [v.name, Boolean(v.configMap || v.secret || v.projected)]),
+      );
+      for (const c of [...(pod.initContainers ?? []), ...pod.containers]) {
+        const mounts: Obj[] = c.volumeMounts ?? [];
+        for (const outer of mounts) {
+          if (!readOnlyKinds.get(outer.name)) continue;
+          for (const inner of mounts) {
+            checked++;
+            assert.ok(
+              !inner.mountPath.startsWith(`${outer.mountPath.replace(/\/$/, "")}/`),
+              `${file} ${o.kind} ${o.metadata.name} ${c.name}: ${inner.mountPath} inside ${outer.name} at ${outer.mountPath}`,
+            );
+          }
+        }
+      }
+    }
+  }
+  assert.ok(checked > 0);
+});
+
 test("every worker command is accepted by `infera engine --dry-run` and reaches the engine", async () => {
   const cases = examples.flatMap((file) => workers(objs(file)).map((sts) => ({ file, sts })));
   assert.equal(cases.length, 9, "pools across the six examples");
@@ -125,7 +154,7 @@ test("external etcd: TLS files and credentials reach the server and every launch
     "https://etcd-0.platform.svc:2379",
     "https://etcd-1.platform.svc:2379",
   ]);
-  assert.equal(cfg.discovery.options.caFile, "/etc/infera/etcd-tls/ca.crt");
+  assert.equal(cfg.discovery.options.caFile, "/etc/infera-etcd-tls/ca.crt");
   const server = o.find((x) => x.kind === "Deployment")!.spec.template.spec.containers[0];
   assert.deepEqual(server.command.slice(4), [
     "--etcd-user",
@@ -141,7 +170,7 @@ test("external etcd: TLS files and credentials reach the server and every launch
       c.env.find((e: Obj) => e.name === "INFERA_ETCD_PASSWORD").valueFrom.secretKeyRef.name,
       "etcd-infera-user",
     );
-    assert.ok(c.volumeMounts.some((m: Obj) => m.mountPath === "/etc/infera/etcd-tls"));
+    assert.ok(c.volumeMounts.some((m: Obj) => m.mountPath === "/etc/infera-etcd-tls"));
   }
   // The launcher accepts the TLS flags (dry run: files are read only when connecting).
   const outs = await engineDryRuns(ws.map(engineContainer), VARS);

@@ -12,6 +12,7 @@ import { ConfigMap, Secret, Service } from "kubernetes-models/v1";
 import type { IVolume } from "kubernetes-models/v1/Volume";
 import { stringify } from "yaml";
 import {
+  clientTlsMounts,
   componentLabels,
   etcdClientAccess,
   etcdEndpoints,
@@ -19,6 +20,7 @@ import {
   MORIIO_PROXY_PORT,
   meta,
   names,
+  natsClientTlsFiles,
   type RenderContext,
   SERVER_PORT,
   usesMoriioProxy,
@@ -55,6 +57,8 @@ export function serverConfigFile(ctx: RenderContext): Record<string, unknown> {
     router: s.router,
     discovery,
     ...(ctx.spec.planes.kind === "direct" ? { requestPlane: "http", eventPlane: "zmq" } : {}),
+    // The URL and credentials come from INFERA_NATS_* (env); the client certificate from here.
+    ...(natsClientTlsFiles(ctx) ? { nats: { tls: natsClientTlsFiles(ctx) } } : {}),
   };
 }
 
@@ -74,12 +78,11 @@ export function serverObjects(ctx: RenderContext) {
   if (moriio) ports.push({ name: "moriio-proxy", containerPort: MORIIO_PROXY_PORT });
   const volumeMounts = [{ name: "config", mountPath: "/etc/infera", readOnly: true }];
   const volumes: IVolume[] = [{ name: "config", configMap: { name: names.serverConfig(ctx) } }];
-  const etcd = etcdClientAccess(ctx);
-  if (etcd.volume && etcd.mount) {
-    volumeMounts.push(etcd.mount);
-    volumes.push(etcd.volume);
+  for (const t of clientTlsMounts(ctx)) {
+    volumeMounts.push(t.mount);
+    volumes.push(t.volume);
   }
-  env.push(...etcd.env);
+  env.push(...etcdClientAccess(ctx).env);
   // The server takes etcd credentials as flags only; the kubelet expands them from the env.
   const etcdAuthArgs = ctx.spec.etcd.credentialsSecret
     ? ["--etcd-user", "$(INFERA_ETCD_USER)", "--etcd-password", "$(INFERA_ETCD_PASSWORD)"]
