@@ -148,7 +148,9 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
               name: "infera-launcher",
               image: ctx.spec.image,
               // The executable and the native addons it loads from node_modules/ beside it.
-              command: ["cp", "-a", `${LAUNCHER_DIR}/.`, "/shared/"],
+              // Not `cp -a`: as uid 10001 it cannot set the times of /shared itself (the
+              // emptyDir is root's) and exits 1, so the pod never starts; -R keeps the modes.
+              command: ["cp", "-R", `${LAUNCHER_DIR}/.`, "/shared/"],
               volumeMounts: [{ name: "infera-bin", mountPath: "/shared" }],
               securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
             },
