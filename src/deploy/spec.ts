@@ -260,23 +260,6 @@ export const clusterSpecSchema = z
           });
         pools.add(n);
       });
-      // vLLM's MoRIIO workers register by pinging one server's socket: that server then
-      // discovers through it (discovery kind moriio), for this model only.
-      if (m.engine.kind === "vllm" && m.connector === "moriio") {
-        if (s.models.length > 1)
-          ctx.addIssue({
-            code: "custom",
-            path: ["models", i, "connector"],
-            message: "vllm + moriio: the server discovers through the MoRIIO proxy, one model per cluster",
-          });
-        if (s.server.replicas !== 1 || s.server.autoscaling)
-          ctx.addIssue({
-            code: "custom",
-            path: ["server", "replicas"],
-            message:
-              "vllm + moriio: workers register with one server's MoRIIO proxy; use replicas 1, no autoscaling",
-          });
-      }
       const roles = new Set(m.pools.map((p) => p.role));
       if (roles.has("prefill") !== roles.has("decode")) {
         ctx.addIssue({
