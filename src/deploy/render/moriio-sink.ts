@@ -18,7 +18,7 @@ export const MORIIO_SINK_JS = [
   "const log = (o) => process.stdout.write(JSON.stringify({ time: Date.now(), ...o }) + '\\n');",
   "(async () => {",
   "  const sock = new zmq.Router();",
-  "  await sock.bind(\"tcp://*:\" + port);",
+  '  await sock.bind("tcp://*:" + port);',
   '  log({ msg: "moriio heartbeat sink listening", port });',
   "  for await (const [id, ...rest] of sock) {",
   "    const peer = id.toString('hex');",
