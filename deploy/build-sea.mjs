@@ -7,21 +7,40 @@
 // node_modules/ beside the executable (the image ships /infera/bin/node_modules), only when a
 // command needs them (the KV-event relay, kvd's fd passing).
 //
-//   node deploy/build-sea.mjs [out]   (default: $TMPDIR/infera-sea/infera)
+//   node deploy/build-sea.mjs [--with-natives] [out]   (default out: $TMPDIR/infera-sea/infera)
+//
+// --with-natives: also copy the native addons and everything they load at run time (their
+// `dependencies` and installed `optionalDependencies`, transitively: zeromq needs cmake-ts's
+// loader, usocket needs bindings, msgpackr-extract its platform package) into node_modules/
+// beside the executable, as the image ships them in /infera/bin.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { chmodSync, copyFileSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  copyFileSync,
+  cpSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const out = resolve(process.argv[2] ?? join(tmpdir(), "infera-sea", "infera"));
+const args = process.argv.slice(2);
+const withNatives = args.includes("--with-natives");
+const positional = args.filter((a) => !a.startsWith("--"));
+const out = resolve(positional[0] ?? join(tmpdir(), "infera-sea", "infera"));
 const work = dirname(out);
 mkdirSync(work, { recursive: true });
 const bundle = join(work, "infera-sea.cjs");
 const NATIVE = ["zeromq", "koffi", "usocket", "msgpackr-extract", "cpu-features", "ssh2"];
+/** Build tools and headers some addons list as dependencies; nothing requires them at run time. */
+const BUILD_ONLY = new Set(["node-gyp", "nan", "node-addon-api"]);
 
 /**
  * etcd3 loads its .proto files from `${__dirname}/../proto` when it is required; inside the
@@ -105,4 +124,30 @@ execFileSync(
   ],
   { stdio: "inherit" },
 );
+
+/** The installed packages `names` need at run time, by their directory under node_modules/. */
+function runtimeClosure(names) {
+  const found = new Map();
+  const visit = (name, fromDir) => {
+    if (BUILD_ONLY.has(name)) return;
+    // Node's lookup: the requiring package's own node_modules/, then the root's.
+    const dir = [join(fromDir, "node_modules", name), join(ROOT, "node_modules", name)].find((d) =>
+      existsSync(join(d, "package.json")),
+    );
+    if (!dir || found.has(dir)) return;
+    found.set(dir, name);
+    const pkg = JSON.parse(readFileSync(join(dir, "package.json"), "utf8"));
+    for (const dep of Object.keys({ ...pkg.dependencies, ...pkg.optionalDependencies })) visit(dep, dir);
+  };
+  for (const n of names) visit(n, ROOT);
+  return [...found.keys()];
+}
+
+if (withNatives) {
+  const nm = join(ROOT, "node_modules");
+  for (const dir of runtimeClosure(NATIVE)) {
+    const rel = dir.slice(nm.length + 1);
+    cpSync(dir, join(work, "node_modules", rel), { recursive: true, dereference: false });
+  }
+}
 process.stdout.write(`${out}\n`);

@@ -189,6 +189,24 @@ export const clusterSpecSchema = z
       })
       .strict()
       .default({}),
+    /**
+     * TLS for the in-cluster etcd (client and peer) and NATS (clients and routes), with mutual
+     * TLS for their clients (server, launchers). The certificates come from Secrets in the
+     * `kubernetes.io/tls` layout with the CA beside them (`ca.crt`, `tls.crt`, `tls.key`, what
+     * cert-manager writes); the generator references them and never writes them.
+     */
+    tls: z
+      .object({
+        enabled: z.boolean().default(false),
+        /** etcd's serving and peer certificate (SANs `*.<name>-etcd.<ns>.svc`, `<name>-etcd.<ns>.svc`); default `<name>-etcd-tls`. */
+        etcdSecret: dns1123.optional(),
+        /** NATS' serving and route certificate (SANs `<name>-nats.<ns>.svc`, `*.<name>-nats-cluster.<ns>.svc`); default `<name>-nats-tls`. */
+        natsSecret: dns1123.optional(),
+        /** The client certificate server and launchers present to etcd and NATS; default `<name>-client-tls`. */
+        clientSecret: dns1123.optional(),
+      })
+      .strict()
+      .default({}),
     rdma: rdmaSchema.optional(),
     kvd: kvdSchema.default({}),
     monitoring: z
@@ -212,6 +230,20 @@ export const clusterSpecSchema = z
           "etcd TLS/credentials are for etcd.external (the in-cluster etcd is reached only through NetworkPolicy)",
       });
     }
+    if ((s.tls.etcdSecret || s.tls.natsSecret || s.tls.clientSecret) && !s.tls.enabled) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["tls", "enabled"],
+        message: "TLS secrets are named but tls.enabled is false",
+      });
+    }
+    if (s.tls.enabled && s.etcd.external && s.planes.kind !== "nats") {
+      ctx.addIssue({
+        code: "custom",
+        path: ["tls", "enabled"],
+        message: "tls is for the in-cluster etcd and NATS; with etcd.external and no NATS use etcd.tlsSecret",
+      });
+    }
     const names = new Set<string>();
     s.models.forEach((m, i) => {
       if (names.has(m.name))
@@ -228,23 +260,6 @@ export const clusterSpecSchema = z
           });
         pools.add(n);
       });
-      // vLLM's MoRIIO workers register by pinging one server's socket: that server then
-      // discovers through it (discovery kind moriio), for this model only.
-      if (m.engine.kind === "vllm" && m.connector === "moriio") {
-        if (s.models.length > 1)
-          ctx.addIssue({
-            code: "custom",
-            path: ["models", i, "connector"],
-            message: "vllm + moriio: the server discovers through the MoRIIO proxy, one model per cluster",
-          });
-        if (s.server.replicas !== 1 || s.server.autoscaling)
-          ctx.addIssue({
-            code: "custom",
-            path: ["server", "replicas"],
-            message:
-              "vllm + moriio: workers register with one server's MoRIIO proxy; use replicas 1, no autoscaling",
-          });
-      }
       const roles = new Set(m.pools.map((p) => p.role));
       if (roles.has("prefill") !== roles.has("decode")) {
         ctx.addIssue({

@@ -18,13 +18,36 @@ const bare = mkdtempSync(join(tmpdir(), "infera-sea-bare-"));
 const exe = join(bare, "infera");
 
 before(async () => {
-  await run(process.execPath, ["deploy/build-sea.mjs", join(build, "infera")], { maxBuffer: 16 << 20 });
+  await run(process.execPath, ["deploy/build-sea.mjs", "--with-natives", join(build, "infera")], {
+    maxBuffer: 16 << 20,
+  });
   // Only the executable: no node_modules, no src/ next to it.
   copyFileSync(join(build, "infera"), exe);
+});
+
+after(() => {
+  rmSync(bare, { recursive: true, force: true });
   rmSync(build, { recursive: true, force: true });
 });
 
-after(() => rmSync(bare, { recursive: true, force: true }));
+test("--with-natives: the addons beside the executable load with only what was copied", async () => {
+  // What the executable does (build-sea.mjs nativeBesideExe): require from <dir>/node_modules.
+  // A copy of the addon directories alone failed in an engine image with "Cannot find module
+  // 'cmake-ts/build/loader'" (zeromq's loader); their run-time dependencies must come along.
+  // The probe runs from the build dir, outside the repository, so nothing else resolves.
+  const probe = `
+    const req = require("node:module").createRequire(${JSON.stringify(join(build, "node_modules", "_"))});
+    const z = req("zeromq"); new z.Subscriber().close();
+    req("koffi").load("libc.so.6");
+    if (typeof req("usocket").USocket !== "function") throw new Error("usocket");
+    if (typeof req("msgpackr-extract").extractStrings !== "function") throw new Error("msgpackr-extract");
+    process.stdout.write("ok " + z.version);`;
+  const { stdout } = await run(process.execPath, ["-e", probe], {
+    cwd: build,
+    env: { PATH: process.env.PATH },
+  });
+  assert.match(stdout, /^ok \d+\.\d+\.\d+$/);
+});
 
 test("--help lists the commands", async () => {
   const { stdout } = await run(exe, ["--help"], { cwd: bare });

@@ -81,24 +81,78 @@ export const names = {
   serverConfig: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-server-config`,
   kvd: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-kvd`,
   dashboard: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-grafana-dashboard`,
+  etcdTls: (ctx: RenderContext) => ctx.spec.tls.etcdSecret ?? `${ctx.name}-etcd-tls`,
+  natsTls: (ctx: RenderContext) => ctx.spec.tls.natsSecret ?? `${ctx.name}-nats-tls`,
+  clientTls: (ctx: RenderContext) => ctx.spec.tls.clientSecret ?? `${ctx.name}-client-tls`,
 };
+
+/** The in-cluster etcd serves TLS (spec.tls on, etcd not external). */
+export const etcdTlsOn = (ctx: RenderContext): boolean => ctx.spec.tls.enabled && !ctx.spec.etcd.external;
+/** The in-cluster NATS serves TLS. */
+export const natsTlsOn = (ctx: RenderContext): boolean =>
+  ctx.spec.tls.enabled && ctx.spec.planes.kind === "nats";
 
 export function etcdEndpoints(ctx: RenderContext): string[] {
   const e = ctx.spec.etcd;
   if (e.external) return e.external;
-  return [`http://${names.etcd(ctx)}.${ctx.namespace}.svc:${ETCD_PORT}`];
+  const scheme = etcdTlsOn(ctx) ? "https" : "http";
+  return [`${scheme}://${names.etcd(ctx)}.${ctx.namespace}.svc:${ETCD_PORT}`];
 }
 
-export const ETCD_TLS_DIR = "/etc/infera/etcd-tls";
+/**
+ * TLS Secrets are mounted beside /etc/infera, not in it: /etc/infera is the server's ConfigMap
+ * volume, read-only, and the runtime cannot create a mount point inside it.
+ */
+export const ETCD_TLS_DIR = "/etc/infera-etcd-tls";
+/** Where server and engine pods mount the client certificate (spec.tls): etcd and NATS both use it. */
+export const CLIENT_TLS_DIR = "/etc/infera-tls";
 
-/** Mount, env and flags for a client of an external etcd with TLS and/or credentials. */
+export interface TlsFiles {
+  caFile: string;
+  certFile: string;
+  keyFile: string;
+}
+export interface SecretMount {
+  volume: IVolume;
+  mount: { name: string; mountPath: string; readOnly: boolean };
+}
+
+const tlsFilesIn = (dir: string): TlsFiles => ({
+  caFile: `${dir}/ca.crt`,
+  certFile: `${dir}/tls.crt`,
+  keyFile: `${dir}/tls.key`,
+});
+
+/** The client certificate Secret (spec.tls), mounted once however many clients use it. */
+function clientTlsMount(ctx: RenderContext): SecretMount {
+  return {
+    volume: { name: "infera-tls", secret: { secretName: names.clientTls(ctx) } },
+    mount: { name: "infera-tls", mountPath: CLIENT_TLS_DIR, readOnly: true },
+  };
+}
+
+/** TLS files a NATS client passes as --nats-tls-ca/--nats-tls-cert/--nats-tls-key (or the config's nats.tls). */
+export const natsClientTlsFiles = (ctx: RenderContext): TlsFiles | undefined =>
+  natsTlsOn(ctx) ? tlsFilesIn(CLIENT_TLS_DIR) : undefined;
+
+/** Every TLS Secret an etcd/NATS client pod mounts (external etcd's, and spec.tls's client one). */
+export function clientTlsMounts(ctx: RenderContext): SecretMount[] {
+  const out: SecretMount[] = [];
+  const etcd = etcdClientAccess(ctx);
+  if (etcd.volume && etcd.mount) out.push({ volume: etcd.volume, mount: etcd.mount });
+  if (natsTlsOn(ctx) && !out.some((m) => m.volume.name === "infera-tls")) out.push(clientTlsMount(ctx));
+  return out;
+}
+
+/** Mount, env and flags for a client of an etcd with TLS and/or credentials. */
 export function etcdClientAccess(ctx: RenderContext): {
   volume?: IVolume;
   mount?: { name: string; mountPath: string; readOnly: boolean };
   env: { name: string; valueFrom: object }[];
-  tlsFiles?: { caFile: string; certFile: string; keyFile: string };
+  tlsFiles?: TlsFiles;
 } {
   const e = ctx.spec.etcd;
+  if (etcdTlsOn(ctx)) return { ...clientTlsMount(ctx), env: [], tlsFiles: tlsFilesIn(CLIENT_TLS_DIR) };
   const env = e.credentialsSecret
     ? [
         {
@@ -116,16 +170,15 @@ export function etcdClientAccess(ctx: RenderContext): {
     volume: { name: "etcd-tls", secret: { secretName: e.tlsSecret } },
     mount: { name: "etcd-tls", mountPath: ETCD_TLS_DIR, readOnly: true },
     env,
-    tlsFiles: {
-      caFile: `${ETCD_TLS_DIR}/ca.crt`,
-      certFile: `${ETCD_TLS_DIR}/tls.crt`,
-      keyFile: `${ETCD_TLS_DIR}/tls.key`,
-    },
+    tlsFiles: tlsFilesIn(ETCD_TLS_DIR),
   };
 }
 
+/** `tls://` makes the client insist on TLS (nats.js), as the server requires it. */
 export const natsUrl = (ctx: RenderContext): string | undefined =>
-  ctx.spec.planes.kind === "nats" ? `nats://${names.nats(ctx)}.${ctx.namespace}.svc:${NATS_PORT}` : undefined;
+  ctx.spec.planes.kind === "nats"
+    ? `${natsTlsOn(ctx) ? "tls" : "nats"}://${names.nats(ctx)}.${ctx.namespace}.svc:${NATS_PORT}`
+    : undefined;
 
 /** vLLM's MoRIIO connector needs the server's registration socket; the server then discovers through it. */
 export const usesMoriioProxy = (m: ModelSpec): boolean =>

@@ -1,15 +1,29 @@
 /** The control planes: etcd (discovery registry) and NATS (request and event planes). */
 import { StatefulSet } from "kubernetes-models/apps/v1";
 import { ConfigMap, Secret, Service } from "kubernetes-models/v1";
+import type { IVolume } from "kubernetes-models/v1/Volume";
 import {
   componentLabels,
   ETCD_PORT,
+  etcdTlsOn,
   meta,
   NATS_MONITOR_PORT,
   NATS_PORT,
   names,
+  natsTlsOn,
+  natsUrl,
   type RenderContext,
 } from "./context.ts";
+
+/** etcd's own TLS files (spec.tls): the etcd Secret, mounted in the etcd pods. */
+const ETCD_SERVER_TLS_DIR = "/etc/etcd/tls";
+/** etcd serves /health and /metrics over plain HTTP here when clients need TLS, for the kubelet's probes. */
+const ETCD_METRICS_PORT = 2381;
+/**
+ * NATS' TLS files. Not under /etc/nats: that is a ConfigMap volume, read-only, and the kubelet
+ * cannot create a mount point inside it.
+ */
+const NATS_SERVER_TLS_DIR = "/etc/nats-tls";
 
 /** A single- or multi-member etcd StatefulSet behind a headless Service (stable peer names). */
 export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
@@ -17,10 +31,30 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
   if (e.external) return [];
   const name = names.etcd(ctx);
   const labels = componentLabels(ctx, "etcd");
+  const tls = etcdTlsOn(ctx);
+  const scheme = tls ? "https" : "http";
   const peers = Array.from(
     { length: e.replicas },
-    (_, i) => `${name}-${i}=http://${name}-${i}.${name}.${ctx.namespace}.svc:2380`,
+    (_, i) => `${name}-${i}=${scheme}://${name}-${i}.${name}.${ctx.namespace}.svc:2380`,
   ).join(",");
+  // Client and peer TLS, each with client-certificate authentication (etcd's own flags; the
+  // same certificate serves both, so it needs the serverAuth and clientAuth usages).
+  const d = ETCD_SERVER_TLS_DIR;
+  const tlsFlags = tls
+    ? [
+        `--cert-file=${d}/tls.crt`,
+        `--key-file=${d}/tls.key`,
+        `--trusted-ca-file=${d}/ca.crt`,
+        "--client-cert-auth",
+        `--peer-cert-file=${d}/tls.crt`,
+        `--peer-key-file=${d}/tls.key`,
+        `--peer-trusted-ca-file=${d}/ca.crt`,
+        "--peer-client-cert-auth",
+        `--listen-metrics-urls=http://0.0.0.0:${ETCD_METRICS_PORT}`,
+      ]
+    : [];
+  const probePort = tls ? "metrics" : "client";
+  const volumes: IVolume[] = tls ? [{ name: "tls", secret: { secretName: names.etcdTls(ctx) } }] : [];
   const svc = new Service({
     metadata: meta(ctx, "etcd", name),
     spec: {
@@ -53,28 +87,34 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
                 "etcd",
                 "--name=$(POD_NAME)",
                 "--data-dir=/var/lib/etcd",
-                `--listen-client-urls=http://0.0.0.0:${ETCD_PORT}`,
-                `--advertise-client-urls=http://$(POD_NAME).${name}.${ctx.namespace}.svc:${ETCD_PORT}`,
-                "--listen-peer-urls=http://0.0.0.0:2380",
-                `--initial-advertise-peer-urls=http://$(POD_NAME).${name}.${ctx.namespace}.svc:2380`,
+                `--listen-client-urls=${scheme}://0.0.0.0:${ETCD_PORT}`,
+                `--advertise-client-urls=${scheme}://$(POD_NAME).${name}.${ctx.namespace}.svc:${ETCD_PORT}`,
+                `--listen-peer-urls=${scheme}://0.0.0.0:2380`,
+                `--initial-advertise-peer-urls=${scheme}://$(POD_NAME).${name}.${ctx.namespace}.svc:2380`,
                 `--initial-cluster=${peers}`,
                 "--initial-cluster-state=new",
                 `--initial-cluster-token=${name}`,
+                ...tlsFlags,
               ],
               env: [{ name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } }],
               ports: [
                 { name: "client", containerPort: ETCD_PORT },
                 { name: "peer", containerPort: 2380 },
+                ...(tls ? [{ name: "metrics", containerPort: ETCD_METRICS_PORT }] : []),
               ],
-              readinessProbe: { httpGet: { path: "/health", port: "client" }, periodSeconds: 5 },
+              readinessProbe: { httpGet: { path: "/health", port: probePort }, periodSeconds: 5 },
               livenessProbe: {
-                httpGet: { path: "/health", port: "client" },
+                httpGet: { path: "/health", port: probePort },
                 periodSeconds: 10,
                 failureThreshold: 6,
               },
-              volumeMounts: [{ name: "data", mountPath: "/var/lib/etcd" }],
+              volumeMounts: [
+                { name: "data", mountPath: "/var/lib/etcd" },
+                ...(tls ? [{ name: "tls", mountPath: ETCD_SERVER_TLS_DIR, readOnly: true }] : []),
+              ],
             },
           ],
+          ...(volumes.length > 0 ? { volumes } : {}),
         },
       },
       volumeClaimTemplates: [
@@ -101,6 +141,17 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
     { length: p.natsReplicas },
     (_, i) => `    nats://${name}-${i}.${name}-cluster.${ctx.namespace}.svc:6222`,
   ).join("\n");
+  const tls = natsTlsOn(ctx);
+  // nats-server's tls block: `verify: true` makes clients present a certificate signed by ca_file
+  // (mutual TLS); in the cluster block the same certificate authenticates routes both ways.
+  const tlsBlock = (indent: string, verify: boolean) => [
+    `${indent}tls {`,
+    `${indent}  cert_file: "${NATS_SERVER_TLS_DIR}/tls.crt"`,
+    `${indent}  key_file: "${NATS_SERVER_TLS_DIR}/tls.key"`,
+    `${indent}  ca_file: "${NATS_SERVER_TLS_DIR}/ca.crt"`,
+    ...(verify ? [`${indent}  verify: true`] : []),
+    `${indent}}`,
+  ];
   const conf = [
     `port: ${NATS_PORT}`,
     `http_port: ${NATS_MONITOR_PORT}`,
@@ -108,14 +159,16 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
     "  user: $NATS_USER",
     "  password: $NATS_PASSWORD",
     "}",
+    ...(tls ? tlsBlock("", true) : []),
     ...(p.natsReplicas > 1
       ? [
           "cluster {",
           `  name: ${name}`,
           "  port: 6222",
           "  authorization { user: $NATS_USER, password: $NATS_PASSWORD }",
+          ...(tls ? tlsBlock("  ", true) : []),
           "  routes: [",
-          routes,
+          tls ? routes.replaceAll("nats://", "tls://") : routes,
           "  ]",
           "}",
         ]
@@ -168,10 +221,16 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
                 ],
                 readinessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 5 },
                 livenessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 10 },
-                volumeMounts: [{ name: "config", mountPath: "/etc/nats" }],
+                volumeMounts: [
+                  { name: "config", mountPath: "/etc/nats" },
+                  ...(tls ? [{ name: "tls", mountPath: NATS_SERVER_TLS_DIR, readOnly: true }] : []),
+                ],
               },
             ],
-            volumes: [{ name: "config", configMap: { name: names.natsConfig(ctx) } }],
+            volumes: [
+              { name: "config", configMap: { name: names.natsConfig(ctx) } },
+              ...(tls ? [{ name: "tls", secret: { secretName: names.natsTls(ctx) } }] : []),
+            ],
           },
         },
       },
@@ -194,7 +253,7 @@ export function natsClientEnv(ctx: RenderContext): { name: string; value?: strin
   if (ctx.spec.planes.kind !== "nats") return [];
   const secretName = names.natsSecret(ctx);
   return [
-    { name: "INFERA_NATS_URL", value: `nats://${names.nats(ctx)}.${ctx.namespace}.svc:${NATS_PORT}` },
+    { name: "INFERA_NATS_URL", value: natsUrl(ctx) },
     { name: "INFERA_NATS_USER", valueFrom: { secretKeyRef: { name: secretName, key: "user" } } },
     { name: "INFERA_NATS_PASSWORD", valueFrom: { secretKeyRef: { name: secretName, key: "password" } } },
   ];

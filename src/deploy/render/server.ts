@@ -12,6 +12,7 @@ import { ConfigMap, Secret, Service } from "kubernetes-models/v1";
 import type { IVolume } from "kubernetes-models/v1/Volume";
 import { stringify } from "yaml";
 import {
+  clientTlsMounts,
   componentLabels,
   etcdClientAccess,
   etcdEndpoints,
@@ -19,35 +20,26 @@ import {
   MORIIO_PROXY_PORT,
   meta,
   names,
+  natsClientTlsFiles,
   type RenderContext,
   SERVER_PORT,
   usesMoriioProxy,
 } from "./context.ts";
 import { natsClientEnv } from "./infra.ts";
+import { MORIIO_SINK_JS } from "./moriio-sink.ts";
 
 /** The server's `--config` file: keys of ServerConfig (src/server/config.ts). */
 export function serverConfigFile(ctx: RenderContext): Record<string, unknown> {
   const s = ctx.spec.server;
-  const moriio = ctx.spec.models.find(usesMoriioProxy);
-  const discovery = moriio
-    ? {
-        kind: "moriio",
-        options: {
-          model: moriio.model,
-          servedModelNames: [moriio.servedModelName ?? moriio.model],
-          host: "0.0.0.0",
-          port: MORIIO_PROXY_PORT,
-          engine: moriio.engine.kind,
-          ...(moriio.blockSize ? { blockSize: moriio.blockSize } : {}),
-          ...(moriio.maxModelLen ? { maxModelLen: moriio.maxModelLen } : {}),
-        },
-      }
-    : {
-        kind: "etcd",
-        etcdEndpoints: etcdEndpoints(ctx),
-        prefix: "/infera",
-        ...(etcdClientAccess(ctx).tlsFiles ? { options: etcdClientAccess(ctx).tlsFiles } : {}),
-      };
+  // etcd for every engine, vLLM + MoRIIO included: the launchers register those workers there
+  // with their MoRIIO fields, and every replica sees them (moriio-sink.ts says why not the
+  // MoRIIO socket).
+  const discovery = {
+    kind: "etcd",
+    etcdEndpoints: etcdEndpoints(ctx),
+    prefix: "/infera",
+    ...(etcdClientAccess(ctx).tlsFiles ? { options: etcdClientAccess(ctx).tlsFiles } : {}),
+  };
   return {
     host: "0.0.0.0",
     port: SERVER_PORT,
@@ -55,6 +47,8 @@ export function serverConfigFile(ctx: RenderContext): Record<string, unknown> {
     router: s.router,
     discovery,
     ...(ctx.spec.planes.kind === "direct" ? { requestPlane: "http", eventPlane: "zmq" } : {}),
+    // The URL and credentials come from INFERA_NATS_* (env); the client certificate from here.
+    ...(natsClientTlsFiles(ctx) ? { nats: { tls: natsClientTlsFiles(ctx) } } : {}),
   };
 }
 
@@ -71,15 +65,13 @@ export function serverObjects(ctx: RenderContext) {
     });
   }
   const ports = [{ name: "http", containerPort: SERVER_PORT }];
-  if (moriio) ports.push({ name: "moriio-proxy", containerPort: MORIIO_PROXY_PORT });
   const volumeMounts = [{ name: "config", mountPath: "/etc/infera", readOnly: true }];
   const volumes: IVolume[] = [{ name: "config", configMap: { name: names.serverConfig(ctx) } }];
-  const etcd = etcdClientAccess(ctx);
-  if (etcd.volume && etcd.mount) {
-    volumeMounts.push(etcd.mount);
-    volumes.push(etcd.volume);
+  for (const t of clientTlsMounts(ctx)) {
+    volumeMounts.push(t.mount);
+    volumes.push(t.volume);
   }
-  env.push(...etcd.env);
+  env.push(...etcdClientAccess(ctx).env);
   // The server takes etcd credentials as flags only; the kubelet expands them from the env.
   const etcdAuthArgs = ctx.spec.etcd.credentialsSecret
     ? ["--etcd-user", "$(INFERA_ETCD_USER)", "--etcd-password", "$(INFERA_ETCD_PASSWORD)"]
@@ -144,6 +136,7 @@ export function serverObjects(ctx: RenderContext) {
                 securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
                 volumeMounts,
               },
+              ...(moriio ? [moriioSinkContainer(ctx)] : []),
             ],
             volumes,
           },
@@ -160,7 +153,7 @@ export function serverObjects(ctx: RenderContext) {
     }),
   );
   if (moriio) {
-    // vLLM's MoRIIO workers ping this socket; one server owns the registrations.
+    // vLLM's MoRIIO workers send their heartbeats here; any server pod's sink takes them.
     out.push(
       new Service({
         metadata: meta(ctx, "server", `${name}-moriio`),
@@ -202,4 +195,18 @@ export function serverObjects(ctx: RenderContext) {
     );
   }
   return out;
+}
+
+/** The sidecar that accepts vLLM's MoRIIO heartbeats (moriio-sink.ts). */
+function moriioSinkContainer(ctx: RenderContext) {
+  return {
+    name: "moriio-heartbeats",
+    image: ctx.spec.image,
+    // /app: the image's program directory, whose node_modules has zeromq and msgpackr.
+    workingDir: "/app",
+    command: ["node", "-e", MORIIO_SINK_JS, String(MORIIO_PROXY_PORT)],
+    ports: [{ name: "moriio-proxy", containerPort: MORIIO_PROXY_PORT }],
+    resources: { requests: { cpu: "10m", memory: "64Mi" }, limits: { memory: "128Mi" } },
+    securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
+  };
 }

@@ -11,6 +11,7 @@ import { Service } from "kubernetes-models/v1";
 import type { IVolume } from "kubernetes-models/v1/Volume";
 import type { ModelSpec, PoolSpec } from "../spec.ts";
 import {
+  clientTlsMounts,
   ENGINE_PORT,
   etcdClientAccess,
   etcdEndpoints,
@@ -21,6 +22,7 @@ import {
   MORIIO_PROXY_PORT,
   meta,
   names,
+  natsClientTlsFiles,
   type RenderContext,
   usesMoriioProxy,
   workerLabels,
@@ -59,6 +61,16 @@ export function engineCommand(ctx: RenderContext, m: ModelSpec, p: PoolSpec): st
   // Credentials come from INFERA_ETCD_USER / INFERA_ETCD_PASSWORD (env), never argv.
   const tls = etcdClientAccess(ctx).tlsFiles;
   if (tls) argv.push("--etcd-ca", tls.caFile, "--etcd-cert", tls.certFile, "--etcd-key", tls.keyFile);
+  const natsTls = natsClientTlsFiles(ctx);
+  if (natsTls)
+    argv.push(
+      "--nats-tls-ca",
+      natsTls.caFile,
+      "--nats-tls-cert",
+      natsTls.certFile,
+      "--nats-tls-key",
+      natsTls.keyFile,
+    );
   // Stop the engine well within the pod's grace period.
   argv.push("--stop-timeout", "60");
   if (p.engineArgs.length > 0) argv.push("--", ...p.engineArgs);
@@ -92,10 +104,9 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
     { name: "infera-bin", emptyDir: {} },
     { name: "dshm", emptyDir: { medium: "Memory" } },
   ];
-  const etcd = etcdClientAccess(ctx);
-  if (etcd.volume && etcd.mount) {
-    volumeMounts.push(etcd.mount);
-    volumes.push(etcd.volume);
+  for (const t of clientTlsMounts(ctx)) {
+    volumeMounts.push(t.mount);
+    volumes.push(t.volume);
   }
   if (m.modelCacheHostPath) {
     volumeMounts.push({ name: "models", mountPath: m.modelCacheHostPath, readOnly: true });
@@ -137,7 +148,9 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
               name: "infera-launcher",
               image: ctx.spec.image,
               // The executable and the native addons it loads from node_modules/ beside it.
-              command: ["cp", "-a", `${LAUNCHER_DIR}/.`, "/shared/"],
+              // Not `cp -a`: as uid 10001 it cannot set the times of /shared itself (the
+              // emptyDir is root's) and exits 1, so the pod never starts; -R keeps the modes.
+              command: ["cp", "-R", `${LAUNCHER_DIR}/.`, "/shared/"],
               volumeMounts: [{ name: "infera-bin", mountPath: "/shared" }],
               securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
             },
