@@ -103,7 +103,11 @@ class WholeRelay {
     this.up = up;
     this.requestId = requestId;
     this.limit = limit;
-    this.onChunk = (c) => this.push(c as Buffer);
+    // A body's chunks are Uint8Arrays (the NATS plane hands over its messages' bytes as they
+    // are): one not a Buffer is viewed as one, else a lone chunk's toString("utf8") would give
+    // Uint8Array's "123,34,…" and a valid answer would be refused as invalid.
+    this.onChunk = (c) =>
+      this.push(Buffer.isBuffer(c) ? c : Buffer.from(c.buffer, c.byteOffset, c.byteLength));
   }
 
   private push(c: Buffer): boolean {
