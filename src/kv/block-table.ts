@@ -13,18 +13,18 @@
  * - `buckets`: the head entry of each chain (separate chaining keeps ids stable, which open
  *   addressing with backward-shift deletion would not);
  * - hold: 0 for a free entry; `h + 1` (top bit clear) for one holder `h`, the common case,
- *   stored inline; `SHARED | offset` for a holder list in `slab`: `[length, capacity, h...]`,
- *   capacities 2, 4, 8, … with a free list per capacity.
- * A rank that holds two blocks with one router hash appears twice in the list (a multiset), so
+ *   stored inline; `SHARED | offset` for several: an interned, shared holder set
+ *   (./holder-sets.ts), so the blocks one replica group holds all point at one set.
+ * A rank that holds two blocks with one router hash appears twice in the set (a multiset), so
  * removing one leaves the other, as the per-rank multisets before did.
  */
+import { HolderSets, SET_HEADER, SET_LEN } from "./holder-sets.ts";
 
 const SHARED = 0x80000000;
 const OFFSET = 0x7fffffff;
 const MIN_BUCKETS = 16;
 /** Chains may average this many entries before the bucket array doubles (memory vs. probes). */
 const BUCKET_LOAD = 1;
-const FIRST_CLASS = 1; // capacity 2: most shared blocks have few holders
 /** Entries per page (2^PAGE_BITS); an entry is 4 u32 at `(id & PAGE_MASK) << 2` of its page. */
 const PAGE_BITS = 13;
 const PAGE_MASK = (1 << PAGE_BITS) - 1;
@@ -45,14 +45,12 @@ export class BlockTable {
   private freeHead = 0;
   /** Distinct router hashes held. */
   size = 0;
-  private slab = new Uint32Array(64);
-  private slabTop = 2;
+  /** Holder sets of the blocks held by several ranks. */
+  private readonly sets = new HolderSets();
   /** The walk's batch of bucket heads. */
   private readonly heads = new Uint32Array(WALK_BATCH);
   /** Where the walk leaves the words it touched ahead (see done). */
   sink = 0;
-  /** Free slab blocks per capacity class (offset, 0 = none; linked through slab[o]). */
-  private readonly slabFree: number[] = [];
 
   /** Entry id of the hash (`lo`, `hi`), or 0. */
   find(lo: number, hi: number): number {
@@ -103,19 +101,19 @@ export class BlockTable {
       return;
     }
     const o = v & OFFSET;
-    const s = this.slab;
-    const len = s[o];
-    for (let j = 0; j < len; j++) {
-      if (s[o + 2 + j] !== holder) continue;
-      s[o + 2 + j] = s[o + 1 + len];
-      s[o] = len - 1;
-      if (len - 1 === 1) {
-        // Back to one holder: inline again, so unshared blocks never keep a slab block.
-        this.put(id, HOLD, s[o + 2] + 1);
-        this.slabRelease(o);
-      }
-      return;
-    }
+    const sets = this.sets;
+    if (!sets.has(o, holder)) return;
+    if (sets.len(o) === 2) {
+      // Back to one holder: inline again, so unshared blocks never keep a set.
+      const other = sets.holder(o, 0) === holder ? sets.holder(o, 1) : sets.holder(o, 0);
+      this.put(id, HOLD, other + 1);
+    } else this.put(id, HOLD, SHARED | sets.withRemoved(o, holder));
+    sets.release(o);
+  }
+
+  /** Live holder sets (blocks held by the same ranks share one). */
+  holderSets(): number {
+    return this.sets.count;
   }
 
   /**
@@ -125,7 +123,7 @@ export class BlockTable {
    * has). Afterwards a candidate's overlap is `marks[h] - base`. Returns the depth reached.
    */
   walk(chain: Uint32Array, blocks: number, marks: Uint32Array, base: number): number {
-    const s = this.slab;
+    const s = this.sets.slab;
     const pages = this.pages;
     const buckets = this.buckets;
     const mask = this.mask;
@@ -166,8 +164,8 @@ export class BlockTable {
         }
         let moved = 0;
         const so = v & OFFSET;
-        const end = so + 2 + s[so];
-        for (let j = so + 2; j < end; j++) {
+        const end = so + SET_HEADER + s[so + SET_LEN];
+        for (let j = so + SET_HEADER; j < end; j++) {
           const hd = s[j];
           if (marks[hd] === cur) {
             marks[hd] = nxt;
@@ -188,7 +186,7 @@ export class BlockTable {
 
   /** Bytes held by the typed arrays. */
   bytes(): number {
-    let n = this.buckets.byteLength + this.slab.byteLength;
+    let n = this.buckets.byteLength + this.sets.bytes();
     for (const p of this.pages) n += p.byteLength;
     return n;
   }
@@ -229,57 +227,13 @@ export class BlockTable {
 
   private addHolder(id: number, holder: number): void {
     const v = this.get(id, HOLD);
-    if (v === 0) {
-      this.put(id, HOLD, holder + 1);
-      return;
-    }
-    if ((v & SHARED) === 0) {
-      const o = this.slabAlloc(FIRST_CLASS);
-      const s = this.slab;
-      s[o] = 2;
-      s[o + 2] = v - 1;
-      s[o + 3] = holder;
-      this.put(id, HOLD, SHARED | o);
-      return;
-    }
-    let o = v & OFFSET;
-    const len = this.slab[o];
-    if (len === this.slab[o + 1]) {
-      const bigger = this.slabAlloc(31 - Math.clz32(len) + 1);
-      this.slab.copyWithin(bigger + 2, o + 2, o + 2 + len);
-      this.slabRelease(o);
-      o = bigger;
-      this.put(id, HOLD, SHARED | o);
-    }
-    this.slab[o + 2 + len] = holder;
-    this.slab[o] = len + 1;
-  }
-
-  /** A slab block for 2^cls holders (header included), length left for the caller to set. */
-  private slabAlloc(cls: number): number {
-    const cap = 1 << cls;
-    let o = this.slabFree[cls] ?? 0;
-    if (o !== 0) this.slabFree[cls] = this.slab[o];
+    if (v === 0) this.put(id, HOLD, holder + 1);
+    else if ((v & SHARED) === 0) this.put(id, HOLD, SHARED | this.sets.pair(v - 1, holder));
     else {
-      o = this.slabTop;
-      const need = o + 2 + cap;
-      if (need > this.slab.length) {
-        let n = Math.ceil(this.slab.length * 1.5);
-        while (n < need) n = Math.ceil(n * 1.5);
-        const grown = new Uint32Array(n);
-        grown.set(this.slab);
-        this.slab = grown;
-      }
-      this.slabTop = need;
+      const o = v & OFFSET;
+      this.put(id, HOLD, SHARED | this.sets.withAdded(o, holder));
+      this.sets.release(o);
     }
-    this.slab[o + 1] = cap;
-    return o;
-  }
-
-  private slabRelease(o: number): void {
-    const cls = 31 - Math.clz32(this.slab[o + 1]);
-    this.slab[o] = this.slabFree[cls] ?? 0;
-    this.slabFree[cls] = o;
   }
 
   private rehash(n: number): void {
