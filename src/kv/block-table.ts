@@ -13,18 +13,24 @@
  * - `buckets`: the head entry of each chain (separate chaining keeps ids stable, which open
  *   addressing with backward-shift deletion would not);
  * - hold: 0 for a free entry; `h + 1` (top bit clear) for one holder `h`, the common case,
- *   stored inline; `SHARED | offset` for a holder list in `slab`: `[length, capacity, h...]`,
- *   capacities 2, 4, 8, … with a free list per capacity.
- * A rank that holds two blocks with one router hash appears twice in the list (a multiset), so
+ *   stored inline; `SHARED | offset` for several: an interned, shared holder set
+ *   (./holder-sets.ts), so the blocks one replica group holds all point at one set.
+ * A rank that holds two blocks with one router hash appears twice in the set (a multiset), so
  * removing one leaves the other, as the per-rank multisets before did.
  */
+import { HolderSets, SET_HEADER, SET_LEN } from "./holder-sets.ts";
 
 const SHARED = 0x80000000;
 const OFFSET = 0x7fffffff;
 const MIN_BUCKETS = 16;
-/** Chains may average this many entries before the bucket array doubles (memory vs. probes). */
-const BUCKET_LOAD = 1;
-const FIRST_CLASS = 1; // capacity 2: most shared blocks have few holders
+/**
+ * Chains may average this many entries before the bucket array doubles (memory vs. probes):
+ * 2, so 56M distinct blocks take 2^25 buckets (128 MiB) rather than 2^26. The walk reads a
+ * bucket only where its next-entry guess misses (see walk), so longer chains cost it little;
+ * an insert of a new block follows its chain to the end (1.7 entries on average, at most 2
+ * before doubling, instead of 0.8).
+ */
+const BUCKET_LOAD = 2;
 /** Entries per page (2^PAGE_BITS); an entry is 4 u32 at `(id & PAGE_MASK) << 2` of its page. */
 const PAGE_BITS = 13;
 const PAGE_MASK = (1 << PAGE_BITS) - 1;
@@ -45,14 +51,14 @@ export class BlockTable {
   private freeHead = 0;
   /** Distinct router hashes held. */
   size = 0;
-  private slab = new Uint32Array(64);
-  private slabTop = 2;
+  /** Holder sets of the blocks held by several ranks. */
+  private readonly sets = new HolderSets();
   /** The walk's batch of bucket heads. */
   private readonly heads = new Uint32Array(WALK_BATCH);
   /** Where the walk leaves the words it touched ahead (see done). */
   sink = 0;
-  /** Free slab blocks per capacity class (offset, 0 = none; linked through slab[o]). */
-  private readonly slabFree: number[] = [];
+  /** The entry of the last block the last walk found (where a continued walk guesses next). */
+  private lastId = 0;
 
   /** Entry id of the hash (`lo`, `hi`), or 0. */
   find(lo: number, hi: number): number {
@@ -103,92 +109,127 @@ export class BlockTable {
       return;
     }
     const o = v & OFFSET;
-    const s = this.slab;
-    const len = s[o];
-    for (let j = 0; j < len; j++) {
-      if (s[o + 2 + j] !== holder) continue;
-      s[o + 2 + j] = s[o + 1 + len];
-      s[o] = len - 1;
-      if (len - 1 === 1) {
-        // Back to one holder: inline again, so unshared blocks never keep a slab block.
-        this.put(id, HOLD, s[o + 2] + 1);
-        this.slabRelease(o);
-      }
-      return;
-    }
+    const sets = this.sets;
+    if (!sets.has(o, holder)) return;
+    if (sets.len(o) === 2) {
+      // Back to one holder: inline again, so unshared blocks never keep a set.
+      const other = sets.holder(o, 0) === holder ? sets.holder(o, 1) : sets.holder(o, 0);
+      this.put(id, HOLD, other + 1);
+    } else this.put(id, HOLD, SHARED | sets.withRemoved(o, holder));
+    sets.release(o);
+  }
+
+  /** Live holder sets (blocks held by the same ranks share one). */
+  holderSets(): number {
+    return this.sets.count;
   }
 
   /**
    * The one walk: `marks[h] === base + k` says holder `h` is a candidate that holds blocks
    * 0..k-1 of `chain`. At each depth k, the holders of block k whose mark is `base + k` move on
    * to `base + k + 1`; the walk stops at the first block nobody left holds (or that no entry
-   * has). Afterwards a candidate's overlap is `marks[h] - base`. Returns the depth reached.
+   * has). Afterwards a candidate's overlap is `marks[h] - base`. Walks blocks `from` up to
+   * `blocks` (a caller hashing the prompt piece by piece continues where it left off) and
+   * returns the depth reached: below `blocks` when it stopped.
+   *
+   * Each block is first looked for next to the previous block's entry (`lastId` ± 1): the
+   * blocks of one BlockStored event get consecutive entries (fresh ones in order, recycled ones
+   * off the free list in reverse), so along a stored chain the next entry is usually on the
+   * same cache line and page, and the bucket array (a random access into ~256 MB at 1,000 ×
+   * 100k, a cache and TLB miss) is not read. A live entry with the block's key is the block's
+   * entry (keys are unique), so the guess never changes the result. Blocks whose guess misses
+   * are looked up through their buckets, WALK_BATCH at a time.
    */
-  walk(chain: Uint32Array, blocks: number, marks: Uint32Array, base: number): number {
-    const s = this.slab;
+  walk(chain: Uint32Array, blocks: number, marks: Uint32Array, base: number, from = 0): number {
+    const s = this.sets.slab;
     const pages = this.pages;
     const buckets = this.buckets;
     const mask = this.mask;
     const heads = this.heads;
+    const top = this.top;
     let touch = 0;
-    for (let k0 = 0; k0 < blocks; k0 += WALK_BATCH) {
-      const kEnd = Math.min(blocks, k0 + WALK_BATCH);
-      // The blocks' lookups do not depend on each other, only the stop does: loading a batch of
-      // bucket heads, then touching their first entries, lets those cache misses overlap
-      // instead of paying them one after the other (the table is ~1 GB at 1,000 × 100k).
-      for (let k = k0; k < kEnd; k++) heads[k - k0] = buckets[chain[2 * k] & mask];
-      for (let k = k0; k < kEnd; k++) {
-        const id = heads[k - k0];
-        if (id !== 0) touch ^= pages[id >>> PAGE_BITS][(id & PAGE_MASK) << 2];
+    let prev = from === 0 ? 0 : this.lastId;
+    let batchEnd = from;
+    let headsFrom = from;
+    for (let k = from; k < blocks; k++) {
+      const l = chain[2 * k];
+      const h = chain[2 * k + 1];
+      let id = 0;
+      let p: Uint32Array = s;
+      let o = 0;
+      if (prev !== 0) {
+        // The guesses: the entry after the previous block's, then the one before.
+        let g = prev + 1;
+        if (g < top) {
+          p = pages[g >>> PAGE_BITS];
+          o = (g & PAGE_MASK) << 2;
+          if (p[o] === l && p[o + HI] === h && p[o + HOLD] !== 0) id = g;
+        }
+        if (id === 0 && prev > 1) {
+          g = prev - 1;
+          p = pages[g >>> PAGE_BITS];
+          o = (g & PAGE_MASK) << 2;
+          if (p[o] === l && p[o + HI] === h && p[o + HOLD] !== 0) id = g;
+        }
       }
-      for (let k = k0; k < kEnd; k++) {
-        const l = chain[2 * k];
-        const h = chain[2 * k + 1];
+      if (id === 0) {
+        if (k >= batchEnd) {
+          // The blocks' bucket lookups do not depend on each other, only the stop does:
+          // loading a batch of bucket heads, then touching their first entries, lets those
+          // cache misses overlap instead of paying them one after the other.
+          batchEnd = Math.min(blocks, k + WALK_BATCH);
+          for (let j = k; j < batchEnd; j++) heads[j - k] = buckets[chain[2 * j] & mask];
+          for (let j = k; j < batchEnd; j++) {
+            const e = heads[j - k];
+            if (e !== 0) touch ^= pages[e >>> PAGE_BITS][(e & PAGE_MASK) << 2];
+          }
+          headsFrom = k;
+        }
         // find(), inlined: the entry's page and offset are needed for its holders as well.
-        let id = heads[k - k0];
-        let p: Uint32Array = s;
-        let o = 0;
+        id = heads[k - headsFrom];
         while (id !== 0) {
           p = pages[id >>> PAGE_BITS];
           o = (id & PAGE_MASK) << 2;
           if (p[o] === l && p[o + HI] === h) break;
           id = p[o + NEXT];
         }
-        if (id === 0) return this.done(k, touch);
-        const cur = (base + k) >>> 0;
-        const nxt = (cur + 1) >>> 0;
-        const v = p[o + HOLD];
-        if ((v & SHARED) === 0) {
-          const hd = v - 1;
-          if (marks[hd] !== cur) return this.done(k, touch);
-          marks[hd] = nxt;
-          continue;
-        }
-        let moved = 0;
-        const so = v & OFFSET;
-        const end = so + 2 + s[so];
-        for (let j = so + 2; j < end; j++) {
-          const hd = s[j];
-          if (marks[hd] === cur) {
-            marks[hd] = nxt;
-            moved++;
-          }
-        }
-        if (moved === 0) return this.done(k, touch);
+        if (id === 0) return this.done(k, touch, prev);
       }
+      prev = id;
+      const cur = (base + k) >>> 0;
+      const nxt = (cur + 1) >>> 0;
+      const v = p[o + HOLD];
+      if ((v & SHARED) === 0) {
+        const hd = v - 1;
+        if (marks[hd] !== cur) return this.done(k, touch, prev);
+        marks[hd] = nxt;
+        continue;
+      }
+      let moved = 0;
+      const so = v & OFFSET;
+      const end = so + SET_HEADER + s[so + SET_LEN];
+      for (let j = so + SET_HEADER; j < end; j++) {
+        const hd = s[j];
+        if (marks[hd] === cur) {
+          marks[hd] = nxt;
+          moved++;
+        }
+      }
+      if (moved === 0) return this.done(k, touch, prev);
     }
-    return this.done(blocks, touch);
+    return this.done(blocks, touch, prev);
   }
 
   /** Returns `depth`; keeps the touched words observable so the compiler keeps the loads. */
-  private done(depth: number, touch: number): number {
+  private done(depth: number, touch: number, last: number): number {
     this.sink = touch;
+    this.lastId = last;
     return depth;
   }
 
   /** Bytes held by the typed arrays. */
   bytes(): number {
-    let n = this.buckets.byteLength + this.slab.byteLength;
+    let n = this.buckets.byteLength + this.sets.bytes();
     for (const p of this.pages) n += p.byteLength;
     return n;
   }
@@ -229,57 +270,13 @@ export class BlockTable {
 
   private addHolder(id: number, holder: number): void {
     const v = this.get(id, HOLD);
-    if (v === 0) {
-      this.put(id, HOLD, holder + 1);
-      return;
-    }
-    if ((v & SHARED) === 0) {
-      const o = this.slabAlloc(FIRST_CLASS);
-      const s = this.slab;
-      s[o] = 2;
-      s[o + 2] = v - 1;
-      s[o + 3] = holder;
-      this.put(id, HOLD, SHARED | o);
-      return;
-    }
-    let o = v & OFFSET;
-    const len = this.slab[o];
-    if (len === this.slab[o + 1]) {
-      const bigger = this.slabAlloc(31 - Math.clz32(len) + 1);
-      this.slab.copyWithin(bigger + 2, o + 2, o + 2 + len);
-      this.slabRelease(o);
-      o = bigger;
-      this.put(id, HOLD, SHARED | o);
-    }
-    this.slab[o + 2 + len] = holder;
-    this.slab[o] = len + 1;
-  }
-
-  /** A slab block for 2^cls holders (header included), length left for the caller to set. */
-  private slabAlloc(cls: number): number {
-    const cap = 1 << cls;
-    let o = this.slabFree[cls] ?? 0;
-    if (o !== 0) this.slabFree[cls] = this.slab[o];
+    if (v === 0) this.put(id, HOLD, holder + 1);
+    else if ((v & SHARED) === 0) this.put(id, HOLD, SHARED | this.sets.pair(v - 1, holder));
     else {
-      o = this.slabTop;
-      const need = o + 2 + cap;
-      if (need > this.slab.length) {
-        let n = Math.ceil(this.slab.length * 1.5);
-        while (n < need) n = Math.ceil(n * 1.5);
-        const grown = new Uint32Array(n);
-        grown.set(this.slab);
-        this.slab = grown;
-      }
-      this.slabTop = need;
+      const o = v & OFFSET;
+      this.put(id, HOLD, SHARED | this.sets.withAdded(o, holder));
+      this.sets.release(o);
     }
-    this.slab[o + 1] = cap;
-    return o;
-  }
-
-  private slabRelease(o: number): void {
-    const cls = 31 - Math.clz32(this.slab[o + 1]);
-    this.slab[o] = this.slabFree[cls] ?? 0;
-    this.slabFree[cls] = o;
   }
 
   private rehash(n: number): void {

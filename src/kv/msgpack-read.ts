@@ -1,8 +1,9 @@
 /**
- * A small msgpack reader for the KV event hot path (≥ 1M events/s). Compared with a general
- * decoder it reads 64-bit integers straight into doubles (block hashes need no BigInt), keeps
- * `bin` values as views into the payload, and decodes short ASCII strings without TextDecoder.
- * Throws `RangeError` on truncated or unsupported input; callers catch it.
+ * A small msgpack reader for KV event payloads: the general decoder's (./events.ts) and the
+ * batch decoder's (./batch-decode.ts) reader for side fields and odd events. Compared with a
+ * general msgpack library it reads 64-bit integers straight into doubles (block hashes need no
+ * BigInt), keeps `bin` values as views into the payload, and decodes short ASCII strings
+ * without TextDecoder. Throws `RangeError` on truncated or unsupported input; callers catch it.
  */
 const utf8 = new TextDecoder("utf-8", { fatal: false });
 const TWO32 = 4294967296;
@@ -16,6 +17,16 @@ export class MsgpackReader {
   constructor(buf: Uint8Array) {
     this.buf = buf;
     this.view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  }
+
+  /** Where the next value starts. */
+  get position(): number {
+    return this.pos;
+  }
+
+  /** Moves to byte `pos` (the start of a value). */
+  seek(pos: number): void {
+    this.pos = pos;
   }
 
   get done(): boolean {
@@ -61,103 +72,22 @@ export class MsgpackReader {
   }
 
   private array(n: number): unknown[] {
+    // Every element takes a byte at least: a length past the input is truncation (or a corrupt
+    // header), refused before it allocates a 4-billion-slot array.
+    this.need(n);
     const out = new Array<unknown>(n);
     for (let i = 0; i < n; i++) out[i] = this.read();
     return out;
   }
 
   private map(n: number): Record<string, unknown> {
+    this.need(2 * n);
     const out: Record<string, unknown> = {};
     for (let i = 0; i < n; i++) {
       const k = this.read();
       out[typeof k === "string" ? k : String(k)] = this.read();
     }
     return out;
-  }
-
-  /** The next type byte, without consuming it (-1 at the end). */
-  peek(): number {
-    return this.pos < this.buf.length ? this.buf[this.pos] : -1;
-  }
-
-  /** Reads an array header and returns its length, or -1 (consuming nothing) when the next value is not an array. */
-  arrayHeader(): number {
-    const t = this.peek();
-    if (t >= 0x90 && t <= 0x9f) {
-      this.pos++;
-      return t & 0x0f;
-    }
-    if (t === 0xdc) {
-      this.need(3);
-      const n = this.view.getUint16(this.pos + 1);
-      this.pos += 3;
-      return n;
-    }
-    if (t === 0xdd) {
-      this.need(5);
-      const n = this.view.getUint32(this.pos + 1);
-      this.pos += 5;
-      return n;
-    }
-    return -1;
-  }
-
-  /** Reads an array of numbers (ints or floats); null (consuming the value) when it is anything else. */
-  numberArray(): number[] | null {
-    const n = this.arrayHeader();
-    if (n < 0) {
-      this.read();
-      return null;
-    }
-    const out = new Array<number>(n);
-    let ok = true;
-    for (let i = 0; i < n; i++) {
-      const x = this.uint();
-      if (x >= 0) {
-        out[i] = x;
-        continue;
-      }
-      const v = this.read();
-      if (typeof v === "number") out[i] = v;
-      else ok = false;
-    }
-    return ok ? out : null;
-  }
-
-  /**
-   * Reads an array of numbers (block hashes as uint64 become doubles); null, consuming nothing,
-   * when the next value is anything else, so the caller can read it the general way.
-   */
-  tryNumberArray(): number[] | null {
-    const start = this.pos;
-    const out = this.numberArray();
-    if (out === null) this.pos = start;
-    return out;
-  }
-
-  /**
-   * The next value when it is an unsigned int (positive fixint, uint 8-64), inlined without a
-   * DataView (token ids and hashes are most of an event's bytes); -1, consuming nothing, otherwise.
-   */
-  private uint(): number {
-    const b = this.buf;
-    const p = this.pos;
-    if (p >= b.length) return -1;
-    const t = b[p];
-    if (t < 0x80) {
-      this.pos = p + 1;
-      return t;
-    }
-    if (t < 0xcc || t > 0xcf) return -1;
-    const w = 1 << (t - 0xcc);
-    if (p + 1 + w > b.length) return -1;
-    this.pos = p + 1 + w;
-    if (w === 1) return b[p + 1];
-    if (w === 2) return (b[p + 1] << 8) | b[p + 2];
-    const hi = ((b[p + 1] << 24) | (b[p + 2] << 16) | (b[p + 3] << 8) | b[p + 4]) >>> 0;
-    if (w === 4) return hi;
-    const lo = ((b[p + 5] << 24) | (b[p + 6] << 16) | (b[p + 7] << 8) | b[p + 8]) >>> 0;
-    return hi * TWO32 + lo;
   }
 
   /** Reads one value. */

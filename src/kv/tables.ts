@@ -129,35 +129,63 @@ function mixDouble(k: number): number {
   return h >>> 0;
 }
 
+/** Highest load of an F64U32Map: Robin Hood probing keeps lookups short this full. */
+const MAP_MAX_LOAD = 0.92;
+/** Growth factor past the expected size (not a power of two: the capacity is any size). */
+const MAP_GROWTH = 1.5;
+
+/** Slots for `n` keys at the map's highest load. */
+function mapCapacityFor(n: number): number {
+  return Math.max(MIN_CAP, Math.ceil(n / MAP_MAX_LOAD) + 1);
+}
+
 /**
  * Map from a numeric key (an engine's block hash folded to a double; never -Infinity) to a
  * uint32 value (the index stores the block's entry id in the fleet-wide BlockTable).
+ *
+ * One per worker rank and 12 bytes a slot (Float64 key + Uint32 value): at 1,000 ranks × 100k
+ * blocks these maps are most of the index, so they run full: Robin Hood linear probing up to
+ * 92 % load, with a capacity of any size (a key's home slot is its 32-bit mix scaled to the
+ * capacity, not masked), so a rank sized for its pool ends near 92 % instead of at whatever a
+ * power of two leaves (100k blocks in 131,072 slots: 76 %). A key never sits farther from its
+ * home than a key it passed, so a lookup of an absent key stops at the first slot whose key is
+ * nearer its own home than the probe is. Deletion shifts the run back (no tombstones).
  */
 export class F64U32Map {
   private keys: Float64Array;
   private vals: Uint32Array;
-  private mask: number;
+  private cap: number;
   size = 0;
 
   constructor(expected = 0) {
-    const cap = capacityFor(expected);
-    this.keys = new Float64Array(cap).fill(EMPTY);
-    this.vals = new Uint32Array(cap);
-    this.mask = cap - 1;
+    this.cap = mapCapacityFor(expected);
+    this.keys = new Float64Array(this.cap).fill(EMPTY);
+    this.vals = new Uint32Array(this.cap);
+  }
+
+  /** The home slot of `key`. */
+  private home(key: number): number {
+    // mix < 2^32, so mix × cap < cap × 2^32: exact below 2^53, and above it the rounding error
+    // (under cap × 2^-21) cannot reach cap × 2^32, which is at least cap away.
+    return Math.floor((mixDouble(key) * this.cap) / 4294967296);
   }
 
   /** Slot of `key`, or -1. */
   find(key: number): number {
     const keys = this.keys;
-    const mask = this.mask;
-    let i = mixDouble(key) & mask;
-    let s = keys[i];
-    while (s !== EMPTY) {
+    const cap = this.cap;
+    let i = this.home(key);
+    for (let d = 0; ; d++) {
+      const s = keys[i];
       if (s === key) return i;
-      i = (i + 1) & mask;
-      s = keys[i];
+      if (s === EMPTY) return -1;
+      // Robin Hood: `key` would have displaced a key nearer its home than d.
+      if (d > 0) {
+        const h = this.home(s);
+        if ((i - h + cap) % cap < d) return -1;
+      }
+      i = i + 1 === cap ? 0 : i + 1;
     }
-    return -1;
   }
 
   valueAt(slot: number): number {
@@ -171,15 +199,13 @@ export class F64U32Map {
       this.vals[at] = value;
       return false;
     }
-    if (this.size + 1 > this.keys.length * MAX_LOAD) this.resize(this.keys.length * 2);
-    this.place(key, value);
-    this.size++;
+    this.insertNew(key, value);
     return true;
   }
 
-  /** Inserts a key known to be absent (after a failed `find`), skipping the second probe. */
+  /** Inserts a key known to be absent (after a failed `find`). */
   insertNew(key: number, value: number): void {
-    if (this.size + 1 > this.keys.length * MAX_LOAD) this.resize(this.keys.length * 2);
+    if (this.size + 1 > this.cap * MAP_MAX_LOAD) this.resize(Math.ceil(this.cap * MAP_GROWTH));
     this.place(key, value);
     this.size++;
   }
@@ -189,23 +215,19 @@ export class F64U32Map {
     this.vals[slot] = value;
   }
 
-  /** Removes the key at `slot` (from `find`). */
+  /** Removes the key at `slot` (from `find`): the keys after it that are not at home move back one. */
   deleteAt(slot: number): void {
     const keys = this.keys;
     const vals = this.vals;
-    const mask = this.mask;
+    const cap = this.cap;
     let i = slot;
-    let j = i;
     for (;;) {
-      j = (j + 1) & mask;
+      const j = i + 1 === cap ? 0 : i + 1;
       const s = keys[j];
-      if (s === EMPTY) break;
-      const home = mixDouble(s) & mask;
-      if (((j - home) & mask) >= ((j - i) & mask)) {
-        keys[i] = s;
-        vals[i] = vals[j];
-        i = j;
-      }
+      if (s === EMPTY || this.home(s) === j) break;
+      keys[i] = s;
+      vals[i] = vals[j];
+      i = j;
     }
     keys[i] = EMPTY;
     this.size--;
@@ -219,9 +241,9 @@ export class F64U32Map {
   }
 
   clear(): void {
+    this.cap = MIN_CAP;
     this.keys = new Float64Array(MIN_CAP).fill(EMPTY);
     this.vals = new Uint32Array(MIN_CAP);
-    this.mask = MIN_CAP - 1;
     this.size = 0;
   }
 
@@ -231,19 +253,38 @@ export class F64U32Map {
 
   private place(key: number, value: number): void {
     const keys = this.keys;
-    const mask = this.mask;
-    let i = mixDouble(key) & mask;
-    while (keys[i] !== EMPTY) i = (i + 1) & mask;
-    keys[i] = key;
-    this.vals[i] = value;
+    const vals = this.vals;
+    const cap = this.cap;
+    let k = key;
+    let v = value;
+    let i = this.home(k);
+    for (let d = 0; ; d++) {
+      const s = keys[i];
+      if (s === EMPTY) {
+        keys[i] = k;
+        vals[i] = v;
+        return;
+      }
+      const sd = (i - this.home(s) + cap) % cap;
+      if (sd < d) {
+        // Take the slot from a key nearer its home, and carry that one on.
+        keys[i] = k;
+        const sv = vals[i];
+        vals[i] = v;
+        k = s;
+        v = sv;
+        d = sd;
+      }
+      i = i + 1 === cap ? 0 : i + 1;
+    }
   }
 
   private resize(cap: number): void {
     const oldK = this.keys;
     const oldV = this.vals;
+    this.cap = cap;
     this.keys = new Float64Array(cap).fill(EMPTY);
     this.vals = new Uint32Array(cap);
-    this.mask = cap - 1;
     for (let o = 0; o < oldK.length; o++) if (oldK[o] !== EMPTY) this.place(oldK[o], oldV[o]);
   }
 }

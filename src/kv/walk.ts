@@ -4,7 +4,13 @@
  * the marks of those that hold each next block. A worker's overlap is its best rank's depth.
  */
 import type { BlockTable } from "./block-table.ts";
-import { hashPrompt } from "./hash.ts";
+import { hashBlockInto, rootSeedInto } from "./hash.ts";
+
+/**
+ * Blocks hashed before each stretch of the walk: the walk usually stops well before a long
+ * prompt's end (nobody holds the rest), and the blocks past the stop are then never hashed.
+ */
+const HASH_STRETCH = 32;
 
 /** What the walk needs of a tracked worker. */
 export interface WalkWorker {
@@ -137,12 +143,25 @@ export class FleetWalk {
     loraName: string | null | undefined,
     bestRank: Int32Array | undefined,
   ): void {
-    const need = 2 * Math.floor(tokens.length / bs);
-    if (this.scratch.length < need) this.scratch = new Uint32Array(need * 2);
-    const chain = hashPrompt(tokens, bs, cacheSalt, this.scratch, loraName);
-    const blocks = chain.length >>> 1;
+    const blocks = Math.floor(tokens.length / bs);
+    if (this.scratch.length < 2 * blocks) this.scratch = new Uint32Array(4 * blocks);
+    const chain = this.scratch;
     const marks = this.marks;
-    if (blocks > 0) table.walk(chain, blocks, marks, base);
+    // Hash a stretch, walk it, and go on only while the walk does (./hash.ts hashPrompt, piece
+    // by piece: the same chain).
+    rootSeedInto(chain, cacheSalt, loraName);
+    let lo = chain[0];
+    let hi = chain[1];
+    for (let from = 0; from < blocks; ) {
+      const to = Math.min(blocks, from + HASH_STRETCH);
+      for (let b = from; b < to; b++) {
+        hashBlockInto(lo, hi, tokens, b * bs, (b + 1) * bs, chain, 2 * b);
+        lo = chain[2 * b];
+        hi = chain[2 * b + 1];
+      }
+      if (table.walk(chain, to, marks, base, from) < to) break;
+      from = to;
+    }
     const { hids, ranks, starts, sizes } = p;
     for (let i = 0; i < p.n; i++) {
       if (sizes[i] !== bs) continue;

@@ -73,3 +73,49 @@ test("entries on many pages keep their keys and holders under churn", () => {
     );
   }
 });
+
+test("the walk's next-entry guess never takes a freed neighbour or a stale key", () => {
+  const t = new BlockTable();
+  // A chain of 6 blocks stored in order: consecutive entries, held by holder 0.
+  const chain = new Uint32Array(12);
+  for (let k = 0; k < 6; k++) {
+    chain[2 * k] = 0x1000 + k * 0x10001;
+    chain[2 * k + 1] = 0xabc0 + k;
+  }
+  const ids: number[] = [];
+  for (let k = 0; k < 6; k++) ids.push(t.acquire(chain[2 * k], chain[2 * k + 1], 0));
+  const other = t.acquire(0x7777, 0x8888, 5);
+  assert.deepEqual(
+    ids.map((id) => id - ids[0]),
+    [0, 1, 2, 3, 4, 5],
+  );
+  const marks = new Uint32Array(8);
+  const walk = (base: number) => {
+    marks.fill(0);
+    marks[0] = base;
+    marks[1] = base;
+    return t.walk(chain, 6, marks, base);
+  };
+  assert.equal(walk(10), 6);
+  assert.equal(marks[0], 16);
+  // Block 3 dropped: its entry is freed but keeps its old key words; the guess from block 2
+  // must not take it, and the walk stops at 3.
+  t.release(ids[3], 0);
+  assert.equal(walk(20), 3);
+  assert.equal(marks[0], 23);
+  // Block 3 held again by holder 0, in another entry: free an unrelated entry after it, so the
+  // free list (last in, first out) hands that one out and the old entry of block 3 stays freed
+  // with its stale key. The guess from block 2 meets the stale entry first and must pass it by;
+  // the bucket finds the live one, and the walk reaches the end again.
+  t.release(other, 5);
+  const again = t.acquire(chain[6], chain[7], 0);
+  assert.equal(again, other);
+  assert.equal(t.loOf(ids[3]), chain[6], "the freed entry keeps its stale key");
+  assert.equal(walk(30), 6);
+  assert.equal(marks[0], 36);
+  // Holder 1 holds block 0 only: it stops at 1 while holder 0 goes on.
+  t.acquire(chain[0], chain[1], 1);
+  assert.equal(walk(40), 6);
+  assert.equal(marks[0], 46);
+  assert.equal(marks[1], 41);
+});
