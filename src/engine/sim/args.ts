@@ -32,6 +32,8 @@ export interface ParsedArgs {
   ignored: string[];
   /** Always empty: unknown flags now fail (kept for callers that log it). */
   unknown: string[];
+  /** `--fleet N` / `--fleet-manifest FILE` (fleet.ts): N engines in this process; absent: one. */
+  fleet: { count: number; manifest: string | null } | null;
 }
 
 const ROLES: readonly WorkerRole[] = ["mixed", "prefill", "decode"];
@@ -258,7 +260,12 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     maxLogprobs: int("max-logprobs", 20, 0),
   };
   applyPersonality(config, raw, env);
-  return { config, help: raw.help, ignored: raw.ignored, unknown: [] };
+  const fleetManifest = values.get("fleet-manifest") ?? null;
+  const fleet =
+    values.has("fleet") || fleetManifest !== null
+      ? { count: int("fleet", 1), manifest: fleetManifest }
+      : null;
+  return { config, help: raw.help, ignored: raw.ignored, unknown: [], fleet };
 }
 
 export const SIM_HELP = `usage: infera-sim [--engine vllm|sglang|atom] <the engine's own arguments>
@@ -284,4 +291,10 @@ Sim-only, in every personality:
   --kv-events-framing seq|atom  override the frame layout
   --kv-hold-timeout-ms N        how long a prefill worker holds blocks for the decode pull (120000)
   --tokenizer-dir DIR           HF model dir for the tokenizer (vLLM's --tokenizer, SGLang's --tokenizer-path)
+  --fleet N                     run N engines in this one process, each with its own ports, pool,
+                                scheduler, metrics, KV events and PD side channels: engine i's HTTP
+                                port is --port + i, its KV-event / replay / PD ports base + i x dp size
+                                (port 0 and tcp://host:* stay "any free port")
+  --fleet-manifest FILE         once all are up, write {pid, engines: [{index, url, port, kvRanks}]}
+                                to FILE (atomically)
 Flags the engine does not declare fail with exit 2, as argparse does.`;

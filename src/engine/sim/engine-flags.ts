@@ -46,6 +46,8 @@ export const SIM_FLAGS: Table = {
   "--role": v("role"),
   "--connector": v("connector"),
   "--tokenizer-dir": v("tokenizer"),
+  "--fleet": v("fleet"),
+  "--fleet-manifest": v("fleet-manifest"),
 };
 
 /** vLLM (`vllm serve MODEL ...`). */

@@ -3,6 +3,7 @@ import { Session } from "node:inspector/promises";
 import { envVar } from "../../config/env-table.ts";
 import { createLogger } from "../../util/log.ts";
 import { ArgParseError, parseSimArgs, SIM_HELP } from "./args.ts";
+import { fleetManifest, startSimFleet, writeFleetManifest } from "./fleet.ts";
 import { startWithConfig } from "./server.ts";
 
 /** `infera-sim [serve] MODEL [vLLM flags]`: runs the simulated engine until SIGTERM/SIGINT. */
@@ -24,11 +25,11 @@ export async function simMain(argv: string[]): Promise<void> {
     return;
   }
   for (const f of parsed.ignored) log.debug({ flag: f }, "engine flag accepted and not modelled");
-  let handle: Awaited<ReturnType<typeof startWithConfig>>;
+  let handle: { close(): Promise<void> };
   try {
-    handle = await startWithConfig(parsed.config);
+    handle = parsed.fleet ? await startFleet(parsed, log) : await startWithConfig(parsed.config);
   } catch (err) {
-    log.error({ err }, "sim engine failed to start");
+    log.error({ err }, parsed.fleet ? "sim fleet failed to start" : "sim engine failed to start");
     // Exit even if some part of the start-up left a handle open: a launcher or test waiting
     // for this process must see it fail, not hang on a half-started engine.
     process.exitCode = 1;
@@ -66,4 +67,38 @@ export async function simMain(argv: string[]): Promise<void> {
   };
   process.on("SIGTERM", () => stop("SIGTERM"));
   process.on("SIGINT", () => stop("SIGINT"));
+}
+
+/** `--fleet N`: N engines in this process; progress every batch, one "fleet ready" line, the manifest. */
+async function startFleet(
+  parsed: ReturnType<typeof parseSimArgs>,
+  log: ReturnType<typeof createLogger>,
+): Promise<{ close(): Promise<void> }> {
+  const { count, manifest } = parsed.fleet!;
+  const t0 = performance.now();
+  const fleet = await startSimFleet({
+    count,
+    config: parsed.config,
+    onProgress: (started, total) => {
+      if (started < total) log.info({ started, count: total }, "sim fleet starting");
+    },
+  });
+  try {
+    if (manifest) await writeFleetManifest(manifest, fleetManifest(fleet));
+  } catch (err) {
+    await fleet.close();
+    throw err;
+  }
+  log.info(
+    {
+      count,
+      rssMiB: Math.round(process.memoryUsage.rss() / 2 ** 20),
+      ms: Math.round(performance.now() - t0),
+      first: fleet.engines[0].url,
+      last: fleet.engines[count - 1].url,
+      manifest,
+    },
+    "fleet ready",
+  );
+  return fleet;
 }

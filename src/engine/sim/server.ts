@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
-import { loadTokenizer } from "../../kv/tokenizer.ts";
+import { loadTokenizer, type Tokenizer } from "../../kv/tokenizer.ts";
 import { createLogger } from "../../util/log.ts";
 import { createSimServer } from "./api.ts";
 import { parseSimArgs } from "./args.ts";
@@ -16,6 +16,28 @@ import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts
 
 /** Builds the PD connector; the default is pd/index.ts's createSimConnector (tests inject fakes). */
 export type ConnectorFactory = (opts: SimConnectorOptions, host: SimKvHost) => SimConnector | null;
+
+/** How a fleet (fleet.ts) starts one of its engines; a lone engine needs none of it. */
+export interface StartExtras {
+  /** The engine's index in its fleet: named in its logs; its "ready" line drops to debug. */
+  fleetIndex?: number;
+}
+
+/**
+ * What engines of one process can share because nothing writes to it: the output vocabulary
+ * and the logprob model are built once per tokenizer (loadTokenizer already memoises the
+ * tokenizer per directory), so a fleet of engines costs one copy, not N.
+ */
+const sharedOutput = new WeakMap<Tokenizer, { vocab: OutputVocab; lpModel: LogprobModel }>();
+function outputFor(tokenizer: Tokenizer): { vocab: OutputVocab; lpModel: LogprobModel } {
+  let o = sharedOutput.get(tokenizer);
+  if (!o) {
+    const vocab = OutputVocab.build(tokenizer);
+    o = { vocab, lpModel: new LogprobModel(vocab, tokenizer) };
+    sharedOutput.set(tokenizer, o);
+  }
+  return o;
+}
 
 export interface SimStartOptions extends Partial<Omit<SimConfig, "kvEvents">> {
   /** vLLM `--kv-events-config`, as JSON text or an object. */
@@ -65,10 +87,16 @@ export async function startSimEngine(opts: SimStartOptions = {}): Promise<SimHan
 export async function startWithConfig(
   cfg: SimConfig,
   connectorFactory: ConnectorFactory = createSimConnector,
+  extras: StartExtras = {},
 ): Promise<SimHandle> {
-  const log = createLogger("sim", { model: cfg.model, role: cfg.role });
+  const fleet = extras.fleetIndex;
+  const log = createLogger("sim", {
+    model: cfg.model,
+    role: cfg.role,
+    ...(fleet !== undefined ? { fleetIndex: fleet } : {}),
+  });
   const tokenizer = await loadTokenizer(cfg.tokenizerDir);
-  const vocab = OutputVocab.build(tokenizer);
+  const { vocab, lpModel } = outputFor(tokenizer);
   // One scheduler + pool + KV publisher per data-parallel rank this process serves.
   const ranks = cfg.dpLocal ? Array.from({ length: cfg.dpSize }, (_, r) => r) : [cfg.dpRank];
   const sharedItl =
@@ -132,7 +160,7 @@ export async function startWithConfig(
     engines,
     tokenizer,
     vocab,
-    lpModel: new LogprobModel(vocab, tokenizer),
+    lpModel,
     kvHost,
     connector: () => connector,
     log,
@@ -172,7 +200,7 @@ export async function startWithConfig(
   }
   const urlHost = advertisedHost.includes(":") ? `[${advertisedHost}]` : advertisedHost;
   const url = `http://${urlHost}:${port}`;
-  log.info(
+  (fleet !== undefined ? log.debug.bind(log) : log.info.bind(log))(
     {
       url,
       kvEndpoint,

@@ -1,0 +1,136 @@
+/** Shared by the fleet tests: a fleet as a child process, a KV-event collector, port blocks. */
+import { type ChildProcess, spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { Unpackr } from "msgpackr";
+import { Dealer, Subscriber } from "zeromq";
+import type { FleetManifest } from "../../../src/engine/sim/fleet.ts";
+import { freePort } from "../../helpers/ports.ts";
+
+const SIM_BIN = fileURLToPath(new URL("../../../bin/infera-sim.js", import.meta.url));
+const unpackr = new Unpackr({ int64AsType: "bigint", useRecords: false, mapsAsObjects: true });
+
+export function bindable(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const srv = createServer();
+    srv.unref();
+    srv.once("error", () => resolve(false));
+    srv.listen(port, "127.0.0.1", () => srv.close(() => resolve(true)));
+  });
+}
+
+/** `n` consecutive ports, all free a moment ago, below the ephemeral range. */
+export async function freePortBlock(n: number): Promise<number> {
+  for (let tries = 0; tries < 200; tries++) {
+    const base = await freePort();
+    let ok = true;
+    for (let k = 1; k < n && ok; k++) ok = await bindable(base + k);
+    if (ok) return base;
+  }
+  throw new Error(`no block of ${n} free ports`);
+}
+
+export interface FleetProcess {
+  proc: ChildProcess;
+  manifest: FleetManifest;
+  output(): string;
+  stop(): Promise<number | null>;
+}
+
+/** `infera-sim --fleet N --fleet-manifest F <args>` as a child; resolves once F is written. */
+export async function spawnFleet(count: number, args: string[], timeoutMs = 60_000): Promise<FleetProcess> {
+  const dir = mkdtempSync(join(tmpdir(), "infera-fleet-"));
+  const file = join(dir, "manifest.json");
+  const proc = spawn(
+    process.execPath,
+    [SIM_BIN, "--fleet", String(count), "--fleet-manifest", file, ...args],
+    { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, INFERA_LOG_LEVEL: "info" } },
+  );
+  let out = "";
+  const keep = (b: Buffer) => {
+    out = (out + b.toString()).slice(-20000);
+  };
+  proc.stdout?.on("data", keep);
+  proc.stderr?.on("data", keep);
+  const exited = new Promise<number | null>((r) => proc.once("exit", (code) => r(code)));
+  const stop = async (): Promise<number | null> => {
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
+    const code = await exited;
+    rmSync(dir, { recursive: true, force: true });
+    return code;
+  };
+  const deadline = Date.now() + timeoutMs;
+  while (!existsSync(file)) {
+    if (proc.exitCode !== null) {
+      await stop();
+      throw new Error(`fleet exited (${proc.exitCode}) before its manifest:\n${out}`);
+    }
+    if (Date.now() > deadline) {
+      proc.kill("SIGKILL");
+      await stop();
+      throw new Error(`fleet not up within ${timeoutMs} ms:\n${out}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  const manifest = JSON.parse(readFileSync(file, "utf8")) as FleetManifest;
+  return { proc, manifest, output: () => out, stop };
+}
+
+/** Every KV-event batch one SUB socket hears: each event's tag, in order. */
+export class EventTags {
+  readonly tags: string[] = [];
+  private readonly sub = new Subscriber();
+  constructor(endpoint: string) {
+    this.sub.connect(endpoint);
+    this.sub.subscribe();
+    void this.loop();
+  }
+  private async loop(): Promise<void> {
+    try {
+      for await (const frames of this.sub) this.tags.push(...batchTags(frames[frames.length - 1]));
+    } catch {
+      // closed
+    }
+  }
+  close(): void {
+    this.sub.close();
+  }
+}
+
+/** The event tags of one msgpack EventBatch (array or map layout). */
+export function batchTags(payload: Buffer): string[] {
+  const b = unpackr.unpack(payload) as unknown;
+  const events = (Array.isArray(b) ? b[1] : (b as { events: unknown[] }).events) as unknown[];
+  return events.map((e) => (Array.isArray(e) ? String(e[0]) : String((e as { type: unknown }).type)));
+}
+
+/** vLLM's replay: `[empty, start_seq]` to the ROUTER; batches until seq -1. */
+export async function replay(endpoint: string, start = 0n): Promise<{ seq: bigint; tags: string[] }[]> {
+  const d = new Dealer({ linger: 0, receiveTimeout: 5000 });
+  d.connect(endpoint);
+  try {
+    const s = Buffer.alloc(8);
+    s.writeBigUInt64BE(start);
+    await d.send(["", s]);
+    const out: { seq: bigint; tags: string[] }[] = [];
+    for (;;) {
+      const [, seqBuf, payload] = await d.receive();
+      const seq = seqBuf.readBigInt64BE(0);
+      if (seq === -1n) return out;
+      out.push({ seq, tags: batchTags(payload) });
+    }
+  } finally {
+    d.close();
+  }
+}
+
+export async function waitUntil(pred: () => boolean | Promise<boolean>, ms: number, what: string) {
+  const end = Date.now() + ms;
+  while (!(await pred())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
