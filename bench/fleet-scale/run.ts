@@ -1,0 +1,408 @@
+/**
+ * Scale of the router itself (issue #19): one `infera server --policy kv-aware` in front of a
+ * fleet of N simulated engines (`infera-sim --fleet N`, one process) with KV events on, then two
+ * replicas behind a round-robin balancer. Per fleet size it measures
+ *   - KV events ingested per second (the server's infera_kv_events_total / _batches_total) under
+ *     open-loop load, and in the second replica's start-up replay burst (every engine's buffer
+ *     at once: the ingest rate the fleet's event production does not cap);
+ *   - routing decision time p50/p99 (infera_routing_decision_seconds, the scheduler's own clock)
+ *     and client latency under `--rate` req/s of short non-streamed completions;
+ *   - the server's RSS idle after registration and at the end;
+ * and beside every figure each process's CPU share and the load average (2 shared cores).
+ *
+ *   node bench/fleet-scale/run.ts [--workers 256,1000] [--rate 2000] [--seconds 20]
+ *     [--blocks 256] [--max-rss-mib 6000] [--sim-root DIR] [--out bench/fleet-scale/results.json]
+ *
+ * Progress on stderr; the figures as JSON in --out and a summary on stdout.
+ */
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import {
+  bucketsOf,
+  byLabel,
+  cpuWindow,
+  load,
+  meanBetween,
+  quantileBetween,
+  round1,
+  rssOf,
+  scrape,
+  sumOf,
+} from "./measure.ts";
+import {
+  type Child,
+  type FleetManifest,
+  runLoad,
+  type Server,
+  startBalancer,
+  startFleet,
+  startServer,
+  waitServerReady,
+} from "./procs.ts";
+
+const argv = process.argv.slice(2);
+const opt = (name: string, def: string): string => {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1] : def;
+};
+const SIZES = opt("workers", "256").split(",").map(Number);
+const RATE = Number(opt("rate", "2000"));
+const SECONDS = Number(opt("seconds", "20"));
+/** KV blocks per engine: small, so pools fill and evict (BlockRemoved events as well as stored). */
+const BLOCKS = Number(opt("blocks", "256"));
+const BS = 16;
+const MAX_RSS_MIB = Number(opt("max-rss-mib", "6000"));
+const SIM_ROOT = argv.includes("--sim-root") ? opt("sim-root", "") : undefined;
+const OUT = opt("out", fileURLToPath(new URL("./results.json", import.meta.url)));
+const MODEL = "sim-model";
+
+const t0 = performance.now();
+const say = (s: string) =>
+  process.stderr.write(`[fleet-scale ${((performance.now() - t0) / 1000).toFixed(0).padStart(4)} s] ${s}\n`);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const ms = (s: number) => Number((s * 1000).toFixed(4));
+
+/** The static discovery records of the fleet's engines, with their KV-event sockets. */
+function workerRecords(m: FleetManifest) {
+  return m.engines.map((e) => ({
+    id: `fleet-${e.index}`,
+    url: e.url,
+    model: MODEL,
+    servedModelNames: [MODEL],
+    engine: "vllm",
+    blockSize: BS,
+    kvBlocks: BLOCKS,
+    kvEvents: {
+      endpoint: e.kvRanks[0].endpoint,
+      ...(e.kvRanks[0].replayEndpoint ? { replayEndpoint: e.kvRanks[0].replayEndpoint } : {}),
+      topic: "kv-events",
+      framing: "seq",
+    },
+  }));
+}
+
+interface Sample {
+  t: number;
+  events: number;
+}
+
+/**
+ * Scrapes the servers' event counters every `everyMs` until stopped: per server the peak rate
+ * between two scrapes, and the burst (first to last scrape that saw the counter move).
+ */
+function sampler(servers: readonly Server[], everyMs = 1000) {
+  const series: Sample[][] = servers.map(() => []);
+  let on = true;
+  const loop = (async () => {
+    while (on) {
+      await Promise.all(
+        servers.map(async (s, i) => {
+          try {
+            series[i].push({
+              t: performance.now() / 1000,
+              events: sumOf(await scrape(s.url), "infera_kv_events_total"),
+            });
+          } catch {
+            // a scrape lost under load: the next one counts
+          }
+        }),
+      );
+      await sleep(everyMs);
+    }
+  })();
+  return {
+    async stop(): Promise<{ peak: number; burstSeconds: number; burstEvents: number }[]> {
+      on = false;
+      await loop;
+      return series.map((ser) => {
+        let peak = 0;
+        let first = -1;
+        let last = -1;
+        for (let k = 1; k < ser.length; k++) {
+          const d = ser[k].events - ser[k - 1].events;
+          peak = Math.max(peak, d / (ser[k].t - ser[k - 1].t));
+          if (d > 0) {
+            if (first < 0) first = k - 1;
+            last = k;
+          }
+        }
+        return first < 0
+          ? { peak: 0, burstSeconds: 0, burstEvents: 0 }
+          : {
+              peak: Math.round(peak),
+              burstSeconds: round1(ser[last].t - ser[first].t),
+              burstEvents: ser[last].events - ser[first].events,
+            };
+      });
+    },
+  };
+}
+
+/** Waits until a server's event counter has not moved for `quietMs`; returns the seconds it took. */
+async function drain(
+  s: Server,
+  quietMs = 1500,
+  maxMs = 60_000,
+): Promise<{ seconds: number; events: number }> {
+  const start = performance.now();
+  let last = sumOf(await scrape(s.url), "infera_kv_events_total");
+  let stillSince = performance.now();
+  while (performance.now() - start < maxMs) {
+    await sleep(250);
+    const now = sumOf(await scrape(s.url), "infera_kv_events_total");
+    if (now !== last) {
+      last = now;
+      stillSince = performance.now();
+    } else if (performance.now() - stillSince >= quietMs) break;
+  }
+  return { seconds: round1((stillSince - start) / 1000), events: last };
+}
+
+/** Decision time, KV ingest and routing figures of one server between two scrapes. */
+function serverFigures(before: string, after: string, seconds: number) {
+  const b = bucketsOf(before, "infera_routing_decision_seconds");
+  const a = bucketsOf(after, "infera_routing_decision_seconds");
+  const d = (name: string) => sumOf(after, name) - sumOf(before, name);
+  const reasons = byLabel(after, "infera_kv_routing_decisions_total", "reason");
+  const reasonsBefore = byLabel(before, "infera_kv_routing_decisions_total", "reason");
+  return {
+    decisions: d("infera_routing_decision_seconds_count"),
+    decisionMs: {
+      p50: ms(quantileBetween(b, a, 0.5)),
+      p99: ms(quantileBetween(b, a, 0.99)),
+      mean: ms(meanBetween(before, after, "infera_routing_decision_seconds")),
+    },
+    kvEvents: d("infera_kv_events_total"),
+    kvEventsPerS: Math.round(d("infera_kv_events_total") / seconds),
+    kvBatchesPerS: Math.round(d("infera_kv_event_batches_total") / seconds),
+    kvEventsByType: Object.fromEntries(
+      Object.entries(byLabel(after, "infera_kv_events_total", "type")).map(([k, v]) => [
+        k,
+        v - (byLabel(before, "infera_kv_events_total", "type")[k] ?? 0),
+      ]),
+    ),
+    kvReasons: Object.fromEntries(Object.entries(reasons).map(([k, v]) => [k, v - (reasonsBefore[k] ?? 0)])),
+    kvAnomalies: d("infera_kv_sequence_anomalies_total"),
+    kvDroppedBlocks: d("infera_kv_index_dropped_blocks_total"),
+    kvMalformed: d("infera_kv_malformed_messages_total"),
+  };
+}
+
+/** One load phase through `entry` (a server or the balancer) with the servers behind it. */
+async function phase(
+  label: string,
+  entry: string[],
+  servers: readonly Server[],
+  pids: Record<string, number>,
+  seed: number,
+) {
+  say(`${label}: ${RATE} req/s for ${SECONDS} s (load average ${load()})`);
+  const before = await Promise.all(servers.map((s) => scrape(s.url)));
+  const loadAvgBefore = load();
+  let cpu: ReturnType<typeof cpuWindow> | null = null;
+  const sampling = sampler(servers);
+  const startT = performance.now();
+  const client = await runLoad(
+    { urls: entry, rate: RATE, seconds: SECONDS, seed, prefixBase: seed * 1000, model: MODEL },
+    () => {
+      cpu = cpuWindow({ ...pids, bench: process.pid });
+    },
+  );
+  // The generator has exited by now: its own figure (process.cpuUsage over its run).
+  const shares = {
+    ...((cpu as ReturnType<typeof cpuWindow> | null)?.end() ?? {}),
+    load: Number(client.cpuPct),
+  };
+  const seconds = (performance.now() - startT) / 1000;
+  const after = await Promise.all(servers.map((s) => scrape(s.url)));
+  const loadAvgAfter = load();
+  const peaks = (await sampling.stop()).map((p) => p.peak);
+  // Events still arriving after the load ended: the server (or the fleet's queue) lagged.
+  const drained = await Promise.all(servers.map((s) => drain(s)));
+  const out = {
+    label,
+    client,
+    seconds: round1(seconds),
+    cpuSharePct: shares,
+    loadAverage: { before: loadAvgBefore, after: loadAvgAfter },
+    servers: servers.map((_, i) => ({
+      ...serverFigures(before[i], after[i], seconds),
+      peakKvEventsPerS1s: peaks[i],
+      drainAfterLoad: {
+        seconds: drained[i].seconds,
+        events: drained[i].events - sumOf(after[i], "infera_kv_events_total"),
+      },
+    })),
+  };
+  const c = client as {
+    okPerS: number;
+    latencyMs: { p50: number; p99: number };
+    errors: object;
+    notSent: number;
+    hitRate: number;
+  };
+  say(
+    `${label}: ${c.okPerS} ok/s, client p50 ${c.latencyMs.p50} ms p99 ${c.latencyMs.p99} ms, errors ${JSON.stringify(c.errors)}, not sent ${c.notSent}, hit ${(100 * c.hitRate).toFixed(1)}%`,
+  );
+  for (const [i, s] of out.servers.entries())
+    say(
+      `  server ${i + 1}: decision p50 ${s.decisionMs.p50} ms p99 ${s.decisionMs.p99} ms (${s.decisions} decisions), ${s.kvEventsPerS} events/s (${s.kvBatchesPerS} batches/s, peak ${s.peakKvEventsPerS1s}/s), drain ${s.drainAfterLoad.seconds} s`,
+    );
+  say(`  CPU % of one core: ${JSON.stringify(shares)}; load average ${loadAvgAfter}`);
+  return out;
+}
+
+/** The second replica's start-up: registration, then every engine's replay buffer at once. */
+async function replayBurst(s: Server, n: number, pids: Record<string, number>) {
+  const cpu = cpuWindow(pids);
+  const start = performance.now();
+  // From the spawn on: the replays start as soon as the subscribers do, before /ready says all.
+  const sampling = sampler([s], 50);
+  await waitServerReady(s, n, 120_000 + n * 200);
+  const ready = (performance.now() - start) / 1000;
+  const d = await drain(s, 2000, 120_000);
+  const [burst] = await sampling.stop();
+  const text = await scrape(s.url);
+  const shares = cpu.end();
+  const out = {
+    readySeconds: round1(ready),
+    replayedEvents: d.events,
+    replayedBatches: sumOf(text, "infera_kv_event_batches_total"),
+    /** First to last 50-ms scrape that saw the event counter move. */
+    burstSeconds: burst.burstSeconds,
+    eventsPerS: burst.burstSeconds > 0 ? Math.round(burst.burstEvents / burst.burstSeconds) : null,
+    peakEventsPerS50ms: burst.peak,
+    replays: byLabel(text, "infera_kv_replays_total", "result"),
+    cpuSharePct: shares,
+    loadAverage: load(),
+  };
+  say(
+    `replica 2 start-up: ready in ${out.readySeconds} s, ${out.replayedEvents} events (${out.replayedBatches} batches) replayed in ${out.burstSeconds} s = ${out.eventsPerS}/s (peak ${burst.peak}/s); CPU ${JSON.stringify(shares)}`,
+  );
+  return out;
+}
+
+/** Polls RSS of the processes; rejects when their sum passes the cap. */
+function rssGuard(pids: () => number[]) {
+  let timer: NodeJS.Timeout | undefined;
+  let peak = 0;
+  const tripped = new Promise<never>((_, reject) => {
+    timer = setInterval(() => {
+      const sum = pids().reduce((a, p) => a + (rssOf(p).rssMiB || 0), 0);
+      peak = Math.max(peak, sum);
+      if (sum > MAX_RSS_MIB)
+        reject(new Error(`RSS of fleet + servers ${sum.toFixed(0)} MiB passed the ${MAX_RSS_MIB} MiB cap`));
+    }, 1000);
+  });
+  tripped.catch(() => {});
+  return { tripped, peak: () => Math.round(peak), stop: () => clearInterval(timer) };
+}
+
+async function runSize(n: number) {
+  const dir = mkdtempSync(join(tmpdir(), "fleet-scale-"));
+  const children: Child[] = [];
+  const res: Record<string, unknown> = { workers: n };
+  const guard = rssGuard(() => children.map((c) => c.pid));
+  try {
+    await Promise.race([guard.tripped, sizeSteps(n, dir, children, res)]);
+  } catch (err) {
+    res.stoppedBy = (err as Error).message.slice(0, 2000);
+    say(`${n} workers stopped: ${res.stoppedBy}`);
+  } finally {
+    res.peakRssMiBFleetAndServers = guard.peak();
+    guard.stop();
+    for (const c of children.reverse()) await c.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  return res;
+}
+
+async function sizeSteps(n: number, dir: string, children: Child[], res: Record<string, unknown>) {
+  say(`${n} workers: starting the fleet (load average ${load()})`);
+  const ft = performance.now();
+  const { child: fleet, manifest } = await startFleet({
+    count: n,
+    blockSize: BS,
+    blocks: BLOCKS,
+    manifest: join(dir, "manifest.json"),
+    simRoot: SIM_ROOT,
+    timeoutMs: 60_000 + n * 1000,
+    maxRssMiB: MAX_RSS_MIB,
+    model: MODEL,
+  });
+  children.push(fleet);
+  res.fleet = {
+    startSeconds: round1((performance.now() - ft) / 1000),
+    rssIdleMiB: Math.round(rssOf(fleet.pid).rssMiB),
+  };
+  say(`fleet up: ${JSON.stringify(res.fleet)}`);
+  const workersFile = join(dir, "workers.json");
+  writeFileSync(workersFile, JSON.stringify(workerRecords(manifest)));
+
+  const s1 = await startServer(workersFile);
+  children.push(s1);
+  const st = performance.now();
+  await waitServerReady(s1, n, 120_000 + n * 200);
+  const readySeconds = round1((performance.now() - st) / 1000);
+  await sleep(3000);
+  res.server1Idle = { readySeconds, rssMiB: Math.round(rssOf(s1.pid).rssMiB), loadAverage: load() };
+  say(`server 1 ready in ${readySeconds} s, idle RSS ${JSON.stringify(res.server1Idle)}`);
+
+  // Warm-up: the JIT's first compiles and the pools' connections, not measured.
+  say("warm-up: 3 s at a tenth of the rate");
+  await runLoad({
+    urls: [s1.url],
+    rate: Math.max(50, RATE / 10),
+    seconds: 3,
+    seed: 99,
+    prefixBase: 99_000,
+    model: MODEL,
+  });
+  await drain(s1);
+
+  res.oneReplica = await phase("1 replica", [s1.url], [s1], { fleet: fleet.pid, server1: s1.pid }, 1);
+
+  say("starting replica 2: start-up replay burst");
+  const s2 = await startServer(workersFile);
+  children.push(s2);
+  res.replica2Startup = await replayBurst(s2, n, { fleet: fleet.pid, server1: s1.pid, server2: s2.pid });
+  await sleep(2000);
+  res.server2Idle = { rssMiB: Math.round(rssOf(s2.pid).rssMiB) };
+
+  const lb = await startBalancer([s1.url, s2.url]);
+  children.push(lb);
+  res.twoReplicas = await phase(
+    "2 replicas behind the balancer",
+    [lb.url],
+    [s1, s2],
+    { fleet: fleet.pid, server1: s1.pid, server2: s2.pid, balancer: lb.pid },
+    2,
+  );
+  res.end = {
+    server1RssMiB: Math.round(rssOf(s1.pid).rssMiB),
+    server1PeakRssMiB: Math.round(rssOf(s1.pid).hwmMiB),
+    server2RssMiB: Math.round(rssOf(s2.pid).rssMiB),
+    server2PeakRssMiB: Math.round(rssOf(s2.pid).hwmMiB),
+    fleetRssMiB: Math.round(rssOf(fleet.pid).rssMiB),
+    fleetPeakRssMiB: Math.round(rssOf(fleet.pid).hwmMiB),
+  };
+  say(`end RSS: ${JSON.stringify(res.end)}`);
+}
+
+const results = {
+  date: new Date().toISOString(),
+  node: process.version,
+  cores: cpus().length,
+  loadAverageStart: load(),
+  settings: { rate: RATE, seconds: SECONDS, blocksPerEngine: BLOCKS, blockSize: BS, maxRssMiB: MAX_RSS_MIB },
+  runs: [] as Record<string, unknown>[],
+};
+for (const n of SIZES) {
+  results.runs.push(await runSize(n));
+  writeFileSync(OUT, `${JSON.stringify(results, null, 2)}\n`);
+}
+say(`done; results in ${OUT}`);
+process.stdout.write(`${JSON.stringify(results, null, 2)}\n`);
+process.exit(0);
