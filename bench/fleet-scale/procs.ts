@@ -19,6 +19,8 @@ export interface Child {
   proc: ChildProcess;
   pid: number;
   output(): string;
+  /** The first output line matching `re` from now on. */
+  firstLine(re: RegExp): Promise<string>;
   stop(): Promise<void>;
 }
 
@@ -28,6 +30,7 @@ process.on("exit", () => {
 });
 
 function child(cmd: string, argv: string[], env: Record<string, string> = {}): Child {
+  // Lines split across chunks are missed by firstLine; pino writes a line per write.
   const proc = spawn(cmd, argv, {
     cwd: ROOT,
     stdio: ["ignore", "pipe", "pipe"],
@@ -35,8 +38,17 @@ function child(cmd: string, argv: string[], env: Record<string, string> = {}): C
   });
   live.add(proc);
   let out = "";
+  const watchers: { re: RegExp; resolve(line: string): void }[] = [];
   const keep = (d: Buffer) => {
-    out = (out + d.toString()).slice(-8000);
+    const text = d.toString();
+    out = (out + text).slice(-8000);
+    if (watchers.length === 0) return;
+    for (const line of text.split("\n"))
+      for (let k = watchers.length - 1; k >= 0; k--)
+        if (watchers[k].re.test(line)) {
+          watchers[k].resolve(line);
+          watchers.splice(k, 1);
+        }
   };
   proc.stdout?.on("data", keep);
   proc.stderr?.on("data", keep);
@@ -45,6 +57,7 @@ function child(cmd: string, argv: string[], env: Record<string, string> = {}): C
     proc,
     pid: proc.pid ?? -1,
     output: () => out,
+    firstLine: (re) => new Promise((resolve) => watchers.push({ re, resolve })),
     async stop() {
       if (proc.exitCode === null && proc.signalCode === null) {
         proc.kill("SIGTERM");
@@ -141,19 +154,22 @@ export interface Server extends Child {
 }
 
 /** `infera server --policy kv-aware` over the static workers file. */
-export async function startServer(workersFile: string, extra: readonly string[] = []): Promise<Server> {
+export async function startServer(workersFile: string, logLevel = "warn"): Promise<Server> {
   const port = await freePort();
-  const c = child(process.execPath, [
-    join(ROOT, "bin/infera.js"),
-    ...serverArgs(port),
-    "--discovery",
-    "static",
-    "--workers-file",
-    workersFile,
-    "--policy",
-    "kv-aware",
-    ...extra,
-  ]);
+  const c = child(
+    process.execPath,
+    [
+      join(ROOT, "bin/infera.js"),
+      ...serverArgs(port),
+      "--discovery",
+      "static",
+      "--workers-file",
+      workersFile,
+      "--policy",
+      "kv-aware",
+    ],
+    { INFERA_LOG_LEVEL: logLevel },
+  );
   return { ...c, url: `http://127.0.0.1:${port}` };
 }
 

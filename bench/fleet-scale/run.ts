@@ -10,7 +10,7 @@
  *   - the server's RSS idle after registration and at the end;
  * and beside every figure each process's CPU share and the load average (2 shared cores).
  *
- *   node bench/fleet-scale/run.ts [--workers 256,1000] [--rate 2000] [--seconds 20]
+ *   node bench/fleet-scale/run.ts [--workers 256,1000] [--rates 500,1000,2000] [--seconds 20]
  *     [--blocks 256] [--max-rss-mib 6000] [--sim-root DIR] [--out bench/fleet-scale/results.json]
  *
  * Progress on stderr; the figures as JSON in --out and a summary on stdout.
@@ -48,7 +48,8 @@ const opt = (name: string, def: string): string => {
   return i >= 0 ? argv[i + 1] : def;
 };
 const SIZES = opt("workers", "256").split(",").map(Number);
-const RATE = Number(opt("rate", "2000"));
+/** Open-loop rates, one phase each, in order (the issue asks for 2,000 req/s). */
+const RATES = opt("rates", "500,1000,2000").split(",").map(Number);
 const SECONDS = Number(opt("seconds", "20"));
 /** KV blocks per engine: small, so pools fill and evict (BlockRemoved events as well as stored). */
 const BLOCKS = Number(opt("blocks", "256"));
@@ -190,28 +191,52 @@ function serverFigures(before: string, after: string, seconds: number) {
   };
 }
 
+/**
+ * CPU cost per unit from a server's CPU share: ms per answered request and µs per ingested KV
+ * event (each charged with all the server did in the window, so each is an upper bound), and
+ * what one core would sustain at that cost. These hold up when the box is contended better
+ * than the rates do.
+ */
+function perUnit(cpuPct: number, okPerS: number, before: string, after: string, seconds: number) {
+  const core = cpuPct / 100;
+  const events = (sumOf(after, "infera_kv_events_total") - sumOf(before, "infera_kv_events_total")) / seconds;
+  const routed =
+    (sumOf(after, "infera_routing_decision_seconds_count") -
+      sumOf(before, "infera_routing_decision_seconds_count")) /
+    seconds;
+  return {
+    cpuPct,
+    cpuMsPerRoutedRequest: routed > 0 ? Number(((core / routed) * 1000).toFixed(3)) : null,
+    routedPerSPerCore: routed > 0 ? Math.round(routed / core) : null,
+    cpuUsPerKvEvent: events > 0 ? Number(((core / events) * 1e6).toFixed(1)) : null,
+    kvEventsPerSPerCore: events > 0 ? Math.round(events / core) : null,
+    clientOkPerS: okPerS,
+  };
+}
+
 /** One load phase through `entry` (a server or the balancer) with the servers behind it. */
 async function phase(
   label: string,
+  rate: number,
   entry: string[],
   servers: readonly Server[],
   pids: Record<string, number>,
   seed: number,
 ) {
-  say(`${label}: ${RATE} req/s for ${SECONDS} s (load average ${load()})`);
+  say(`${label}: ${rate} req/s for ${SECONDS} s (load average ${load()})`);
   const before = await Promise.all(servers.map((s) => scrape(s.url)));
   const loadAvgBefore = load();
   let cpu: ReturnType<typeof cpuWindow> | null = null;
   const sampling = sampler(servers);
   const startT = performance.now();
   const client = await runLoad(
-    { urls: entry, rate: RATE, seconds: SECONDS, seed, prefixBase: seed * 1000, model: MODEL },
+    { urls: entry, rate, seconds: SECONDS, seed, prefixBase: seed * 1000, model: MODEL },
     () => {
       cpu = cpuWindow({ ...pids, bench: process.pid });
     },
   );
   // The generator has exited by now: its own figure (process.cpuUsage over its run).
-  const shares = {
+  const shares: Record<string, number> = {
     ...((cpu as ReturnType<typeof cpuWindow> | null)?.end() ?? {}),
     load: Number(client.cpuPct),
   };
@@ -223,12 +248,14 @@ async function phase(
   const drained = await Promise.all(servers.map((s) => drain(s)));
   const out = {
     label,
+    rate,
     client,
     seconds: round1(seconds),
     cpuSharePct: shares,
     loadAverage: { before: loadAvgBefore, after: loadAvgAfter },
     servers: servers.map((_, i) => ({
       ...serverFigures(before[i], after[i], seconds),
+      ...perUnit(shares[`server${i + 1}`], Number(client.okPerS), before[i], after[i], seconds),
       peakKvEventsPerS1s: peaks[i],
       drainAfterLoad: {
         seconds: drained[i].seconds,
@@ -248,40 +275,65 @@ async function phase(
   );
   for (const [i, s] of out.servers.entries())
     say(
-      `  server ${i + 1}: decision p50 ${s.decisionMs.p50} ms p99 ${s.decisionMs.p99} ms (${s.decisions} decisions), ${s.kvEventsPerS} events/s (${s.kvBatchesPerS} batches/s, peak ${s.peakKvEventsPerS1s}/s), drain ${s.drainAfterLoad.seconds} s`,
+      `  server ${i + 1}: decision p50 ${s.decisionMs.p50} ms p99 ${s.decisionMs.p99} ms (${s.decisions} decisions), ${s.kvEventsPerS} events/s (${s.kvBatchesPerS} batches/s, peak ${s.peakKvEventsPerS1s}/s), drain ${s.drainAfterLoad.seconds} s; CPU ${s.cpuPct}% = ${s.cpuMsPerRoutedRequest} ms/request, ${s.cpuUsPerKvEvent} µs/event`,
     );
   say(`  CPU % of one core: ${JSON.stringify(shares)}; load average ${loadAvgAfter}`);
   return out;
 }
 
-/** The second replica's start-up: registration, then every engine's replay buffer at once. */
-async function replayBurst(s: Server, n: number, pids: Record<string, number>) {
-  const cpu = cpuWindow(pids);
+/**
+ * The second replica's start-up: registration, then every engine's replay buffer at once. The
+ * replays start before the server listens, so the burst is timed from its first "kv events:
+ * subscribed" log line (pino's epoch-ms `time`) to the last scrape that saw the counter move;
+ * when the first scrape already saw it all, the rate is a lower bound.
+ */
+async function replayBurst(workersFile: string, n: number, pids: Record<string, number>) {
+  const s = await startServer(workersFile, "info");
+  const subscribedLine = s.firstLine(/kv events: subscribed/);
+  const cpu = cpuWindow({ ...pids, server2: s.pid });
   const start = performance.now();
-  // From the spawn on: the replays start as soon as the subscribers do, before /ready says all.
-  const sampling = sampler([s], 50);
+  const series: { wall: number; events: number }[] = [];
+  let on = true;
+  const poll = (async () => {
+    while (on) {
+      try {
+        const events = sumOf(await scrape(s.url), "infera_kv_events_total");
+        series.push({ wall: Date.now(), events });
+      } catch {
+        // not listening yet
+      }
+      await sleep(50);
+    }
+  })();
   await waitServerReady(s, n, 120_000 + n * 200);
   const ready = (performance.now() - start) / 1000;
   const d = await drain(s, 2000, 120_000);
-  const [burst] = await sampling.stop();
+  on = false;
+  await poll;
+  const subscribedAt = Number(/"time":(\d+)/.exec(await subscribedLine)?.[1]);
   const text = await scrape(s.url);
   const shares = cpu.end();
+  let lastMove = series[0];
+  for (let k = 1; k < series.length; k++) if (series[k].events !== series[k - 1].events) lastMove = series[k];
+  const lowerBound = series[0].events === d.events;
+  const seconds = ((lowerBound ? series[0].wall : lastMove.wall) - subscribedAt) / 1000;
   const out = {
     readySeconds: round1(ready),
     replayedEvents: d.events,
     replayedBatches: sumOf(text, "infera_kv_event_batches_total"),
-    /** First to last 50-ms scrape that saw the event counter move. */
-    burstSeconds: burst.burstSeconds,
-    eventsPerS: burst.burstSeconds > 0 ? Math.round(burst.burstEvents / burst.burstSeconds) : null,
-    peakEventsPerS50ms: burst.peak,
+    /** From the first subscription to the last scrape (50 ms apart) that saw the counter move. */
+    burstSeconds: round1(seconds),
+    eventsPerS: Math.round(d.events / seconds),
+    eventsPerSIsLowerBound: lowerBound,
+    firstScrapeEvents: series[0].events,
     replays: byLabel(text, "infera_kv_replays_total", "result"),
     cpuSharePct: shares,
     loadAverage: load(),
   };
   say(
-    `replica 2 start-up: ready in ${out.readySeconds} s, ${out.replayedEvents} events (${out.replayedBatches} batches) replayed in ${out.burstSeconds} s = ${out.eventsPerS}/s (peak ${burst.peak}/s); CPU ${JSON.stringify(shares)}`,
+    `replica 2 start-up: ready in ${out.readySeconds} s, ${out.replayedEvents} events (${out.replayedBatches} batches) replayed in ${out.burstSeconds} s = ${lowerBound ? "≥ " : ""}${out.eventsPerS}/s; CPU ${JSON.stringify(shares)}`,
   );
-  return out;
+  return { server: s, out };
 }
 
 /** Polls RSS of the processes; rejects when their sum passes the cap. */
@@ -347,14 +399,22 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
   await waitServerReady(s1, n, 120_000 + n * 200);
   const readySeconds = round1((performance.now() - st) / 1000);
   await sleep(3000);
-  res.server1Idle = { readySeconds, rssMiB: Math.round(rssOf(s1.pid).rssMiB), loadAverage: load() };
+  // Idle cost of following N workers: KV subscriptions and the load scraper's polls.
+  const idleCpu = cpuWindow({ fleet: fleet.pid, server1: s1.pid });
+  await sleep(5000);
+  res.server1Idle = {
+    readySeconds,
+    rssMiB: Math.round(rssOf(s1.pid).rssMiB),
+    cpuSharePct: idleCpu.end(),
+    loadAverage: load(),
+  };
   say(`server 1 ready in ${readySeconds} s, idle RSS ${JSON.stringify(res.server1Idle)}`);
 
   // Warm-up: the JIT's first compiles and the pools' connections, not measured.
   say("warm-up: 3 s at a tenth of the rate");
   await runLoad({
     urls: [s1.url],
-    rate: Math.max(50, RATE / 10),
+    rate: Math.max(50, RATES[0] / 5),
     seconds: 3,
     seed: 99,
     prefixBase: 99_000,
@@ -362,24 +422,58 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
   });
   await drain(s1);
 
-  res.oneReplica = await phase("1 replica", [s1.url], [s1], { fleet: fleet.pid, server1: s1.pid }, 1);
+  // KV ingest alone: the load goes straight to the engines, so server 1 only follows events.
+  const top = Math.max(...RATES);
+  res.ingestOnly = await phase(
+    "ingest only (load straight to the engines)",
+    top,
+    manifest.engines.map((e) => e.url),
+    [s1],
+    { fleet: fleet.pid, server1: s1.pid },
+    5,
+  );
+
+  {
+    // Per event above the idle cost (the load scraper's polls and the subscriptions' upkeep).
+    const ing = res.ingestOnly as { servers: { cpuPct: number; kvEventsPerS: number }[] };
+    const idle = (res.server1Idle as { cpuSharePct: Record<string, number> }).cpuSharePct.server1;
+    const s = ing.servers[0];
+    const above = (s.cpuPct - idle) / 100;
+    Object.assign(s, {
+      cpuUsPerKvEventAboveIdle:
+        s.kvEventsPerS > 0 ? Number(((above / s.kvEventsPerS) * 1e6).toFixed(1)) : null,
+      kvEventsPerSPerCoreAboveIdle: above > 0 ? Math.round(s.kvEventsPerS / above) : null,
+    });
+  }
+
+  const one: unknown[] = [];
+  res.oneReplica = one;
+  for (const [k, rate] of RATES.entries())
+    one.push(await phase("1 replica", rate, [s1.url], [s1], { fleet: fleet.pid, server1: s1.pid }, 10 + k));
 
   say("starting replica 2: start-up replay burst");
-  const s2 = await startServer(workersFile);
+  const burst = await replayBurst(workersFile, n, { fleet: fleet.pid, server1: s1.pid });
+  const s2 = burst.server;
   children.push(s2);
-  res.replica2Startup = await replayBurst(s2, n, { fleet: fleet.pid, server1: s1.pid, server2: s2.pid });
+  res.replica2Startup = burst.out;
   await sleep(2000);
   res.server2Idle = { rssMiB: Math.round(rssOf(s2.pid).rssMiB) };
 
   const lb = await startBalancer([s1.url, s2.url]);
   children.push(lb);
-  res.twoReplicas = await phase(
-    "2 replicas behind the balancer",
-    [lb.url],
-    [s1, s2],
-    { fleet: fleet.pid, server1: s1.pid, server2: s2.pid, balancer: lb.pid },
-    2,
-  );
+  const two: unknown[] = [];
+  res.twoReplicas = two;
+  for (const [k, rate] of RATES.entries())
+    two.push(
+      await phase(
+        "2 replicas behind the balancer",
+        rate,
+        [lb.url],
+        [s1, s2],
+        { fleet: fleet.pid, server1: s1.pid, server2: s2.pid, balancer: lb.pid },
+        20 + k,
+      ),
+    );
   res.end = {
     server1RssMiB: Math.round(rssOf(s1.pid).rssMiB),
     server1PeakRssMiB: Math.round(rssOf(s1.pid).hwmMiB),
@@ -396,7 +490,13 @@ const results = {
   node: process.version,
   cores: cpus().length,
   loadAverageStart: load(),
-  settings: { rate: RATE, seconds: SECONDS, blocksPerEngine: BLOCKS, blockSize: BS, maxRssMiB: MAX_RSS_MIB },
+  settings: {
+    rates: RATES,
+    seconds: SECONDS,
+    blocksPerEngine: BLOCKS,
+    blockSize: BS,
+    maxRssMiB: MAX_RSS_MIB,
+  },
   runs: [] as Record<string, unknown>[],
 };
 for (const n of SIZES) {
