@@ -54,8 +54,17 @@ const prefixes = Array.from({ length: PREFIXES }, (_, i) => {
   return `System ${PREFIX_BASE + i}: ${w}.`;
 });
 
+/** An answer not begun or not finished this long after sending counts as an error (UND_ERR_*_TIMEOUT). */
+const TIMEOUT_MS = Number(opt("timeout-ms", "60000"));
 const pools = URLS.map(
-  (u) => new Pool(u, { connections: CONNECTIONS, pipelining: 1, keepAliveTimeout: 30_000 }),
+  (u) =>
+    new Pool(u, {
+      connections: CONNECTIONS,
+      pipelining: 1,
+      keepAliveTimeout: 30_000,
+      headersTimeout: TIMEOUT_MS,
+      bodyTimeout: TIMEOUT_MS,
+    }),
 );
 const total = Math.round(RATE * SECONDS);
 const latencies = new Float64Array(total);

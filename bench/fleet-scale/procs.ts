@@ -154,7 +154,11 @@ export interface Server extends Child {
 }
 
 /** `infera server --policy kv-aware` over the static workers file. */
-export async function startServer(workersFile: string, logLevel = "warn"): Promise<Server> {
+export async function startServer(
+  workersFile: string,
+  logLevel = "warn",
+  scrapeIntervalMs?: number,
+): Promise<Server> {
   const port = await freePort();
   const c = child(
     process.execPath,
@@ -167,6 +171,7 @@ export async function startServer(workersFile: string, logLevel = "warn"): Promi
       workersFile,
       "--policy",
       "kv-aware",
+      ...(scrapeIntervalMs === undefined ? [] : ["--scrape-interval", String(scrapeIntervalMs)]),
     ],
     { INFERA_LOG_LEVEL: logLevel },
   );

@@ -11,11 +11,11 @@
  * and beside every figure each process's CPU share and the load average (2 shared cores).
  *
  *   node bench/fleet-scale/run.ts [--workers 256,1000] [--rates 500,1000,2000] [--seconds 20]
- *     [--blocks 256] [--max-rss-mib 6000] [--sim-root DIR] [--out bench/fleet-scale/results.json]
+ *     [--blocks 256] [--scrape-interval MS] [--max-rss-mib 6000] [--sim-root DIR] [--out bench/fleet-scale/results.json] [--merge]
  *
  * Progress on stderr; the figures as JSON in --out and a summary on stdout.
  */
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -55,6 +55,12 @@ const SECONDS = Number(opt("seconds", "20"));
 const BLOCKS = Number(opt("blocks", "256"));
 const BS = 16;
 const MAX_RSS_MIB = Number(opt("max-rss-mib", "6000"));
+/**
+ * The servers' load-scrape interval (ms; absent: the server's default, 2 s). Each replica polls
+ * every worker's /metrics once per interval; the fleet answers all N engines' polls on one
+ * event loop, which real engines would each do on their own.
+ */
+const SCRAPE_MS = argv.includes("--scrape-interval") ? Number(opt("scrape-interval", "2000")) : undefined;
 const SIM_ROOT = argv.includes("--sim-root") ? opt("sim-root", "") : undefined;
 const OUT = opt("out", fileURLToPath(new URL("./results.json", import.meta.url)));
 const MODEL = "sim-model";
@@ -288,7 +294,7 @@ async function phase(
  * when the first scrape already saw it all, the rate is a lower bound.
  */
 async function replayBurst(workersFile: string, n: number, pids: Record<string, number>) {
-  const s = await startServer(workersFile, "info");
+  const s = await startServer(workersFile, "info", SCRAPE_MS);
   const subscribedLine = s.firstLine(/kv events: subscribed/);
   const cpu = cpuWindow({ ...pids, server2: s.pid });
   const start = performance.now();
@@ -355,7 +361,17 @@ function rssGuard(pids: () => number[]) {
 async function runSize(n: number) {
   const dir = mkdtempSync(join(tmpdir(), "fleet-scale-"));
   const children: Child[] = [];
-  const res: Record<string, unknown> = { workers: n };
+  const res: Record<string, unknown> = {
+    workers: n,
+    settings: {
+      rates: RATES,
+      seconds: SECONDS,
+      scrapeIntervalMs: SCRAPE_MS ?? "server default (2000)",
+      blocksPerEngine: BLOCKS,
+      blockSize: BS,
+    },
+    loadAverageStart: load(),
+  };
   const guard = rssGuard(() => children.map((c) => c.pid));
   try {
     await Promise.race([guard.tripped, sizeSteps(n, dir, children, res)]);
@@ -393,7 +409,7 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
   const workersFile = join(dir, "workers.json");
   writeFileSync(workersFile, JSON.stringify(workerRecords(manifest)));
 
-  const s1 = await startServer(workersFile);
+  const s1 = await startServer(workersFile, "warn", SCRAPE_MS);
   children.push(s1);
   const st = performance.now();
   await waitServerReady(s1, n, 120_000 + n * 200);
@@ -489,16 +505,17 @@ const results = {
   date: new Date().toISOString(),
   node: process.version,
   cores: cpus().length,
-  loadAverageStart: load(),
-  settings: {
-    rates: RATES,
-    seconds: SECONDS,
-    blocksPerEngine: BLOCKS,
-    blockSize: BS,
-    maxRssMiB: MAX_RSS_MIB,
-  },
+  maxRssMiB: MAX_RSS_MIB,
   runs: [] as Record<string, unknown>[],
 };
+// --merge: keep the runs already in --out (another invocation's fleet sizes) beside these.
+const earlier: Record<string, unknown>[] =
+  argv.includes("--merge") && existsSync(OUT)
+    ? (JSON.parse(readFileSync(OUT, "utf8")) as { runs: Record<string, unknown>[] }).runs.filter(
+        (r) => !SIZES.includes(Number(r.workers)),
+      )
+    : [];
+results.runs.push(...earlier);
 for (const n of SIZES) {
   results.runs.push(await runSize(n));
   writeFileSync(OUT, `${JSON.stringify(results, null, 2)}\n`);
