@@ -12,6 +12,7 @@
  *
  *   node bench/fleet-scale/run.ts [--workers 256,1000] [--rates 500,1000,2000] [--seconds 20]
  *     [--blocks 256] [--scrape-interval MS] [--max-rss-mib 6000] [--sim-root DIR] [--out bench/fleet-scale/results.json] [--merge]
+ *     [--no-balancer]
  *
  * Progress on stderr; the figures as JSON in --out and a summary on stdout.
  */
@@ -475,21 +476,38 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
   await sleep(2000);
   res.server2Idle = { rssMiB: Math.round(rssOf(s2.pid).rssMiB) };
 
-  const lb = await startBalancer([s1.url, s2.url]);
-  children.push(lb);
-  const two: unknown[] = [];
-  res.twoReplicas = two;
+  // The same ramp with the client spreading requests over both replicas itself (as DNS or a
+  // kernel-level Service would): no proxy hop of our own on the 2 shared cores.
+  const direct: unknown[] = [];
+  res.twoReplicasClientSpread = direct;
   for (const [k, rate] of RATES.entries())
-    two.push(
+    direct.push(
       await phase(
-        "2 replicas behind the balancer",
+        "2 replicas, client round-robin",
         rate,
-        [lb.url],
+        [s1.url, s2.url],
         [s1, s2],
-        { fleet: fleet.pid, server1: s1.pid, server2: s2.pid, balancer: lb.pid },
-        20 + k,
+        { fleet: fleet.pid, server1: s1.pid, server2: s2.pid },
+        30 + k,
       ),
     );
+  if (!argv.includes("--no-balancer")) {
+    const lb = await startBalancer([s1.url, s2.url]);
+    children.push(lb);
+    const two: unknown[] = [];
+    res.twoReplicas = two;
+    for (const [k, rate] of RATES.entries())
+      two.push(
+        await phase(
+          "2 replicas behind the balancer",
+          rate,
+          [lb.url],
+          [s1, s2],
+          { fleet: fleet.pid, server1: s1.pid, server2: s2.pid, balancer: lb.pid },
+          20 + k,
+        ),
+      );
+  }
   res.end = {
     server1RssMiB: Math.round(rssOf(s1.pid).rssMiB),
     server1PeakRssMiB: Math.round(rssOf(s1.pid).hwmMiB),
