@@ -5,9 +5,9 @@
  * "Too many open file descriptors", whatever the process's fd limit). zeromq.js shares one
  * default context per process. A server following N workers' KV events holds three per worker
  * (its SUB and the two PAIRs of the SUB's monitor) and a DEALER per replay in flight, so the
- * default stopped it at 255 workers; a fleet of sims holds a PUB and a replay ROUTER per
- * engine (511 engines). The limit is raised to libzmq's own ceiling on import, before any
- * socket exists; the process's open-file limit is then what bounds the sockets.
+ * default stopped it at 255 workers (the sim fleet raises its own limit: fleet.ts). The limit
+ * is raised to libzmq's own ceiling on import, before any socket exists; the process's
+ * open-file limit is then what bounds the sockets.
  */
 import { context } from "zeromq";
 

@@ -1,7 +1,5 @@
 import { Packr } from "msgpackr";
 import { Publisher, Router } from "zeromq";
-// Before any socket: one KV socket set per worker/engine passes libzmq's default 1023.
-import "../../util/zmq-limits.ts";
 import type { Logger } from "../../util/log.ts";
 import type { KvEventsConfig, KvEventsFraming, SimConfig } from "./config.ts";
 import type { KvEvent } from "./kv-events.ts";
