@@ -15,16 +15,20 @@
  *             stream per tick;
  *   nokv      the same as sim with KV events off, vLLM's default;
  *   tsx       the same sim run from the TypeScript sources through tsx: what the build buys;
- *   sim4      `infera-sim --stream-interval 4`.
+ *   sim4      `infera-sim --stream-interval 4`;
+ *   fleet     `infera-sim --fleet N` (--fleet-size, default 64): N engines in one process, the
+ *             streams spread evenly over them (stream i → engine i mod N), KV events on as in
+ *             sim; tokens summed over the engines' /metrics. Not in the default rows.
  *
  *   node bench/sim-cpu/run.ts [--streams 64] [--seconds 6] [--rounds 3] [--max-tokens 256]
- *     [--rows floor,sim,nokv,tsx,sim4]
+ *     [--rows floor,sim,nokv,tsx,sim4,fleet] [--fleet-size 64]
  *
  * INFERA_SIM_CPU_PROF=FILE writes a V8 CPU profile of the (first) sim row (see main.ts).
  */
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
-import { readFileSync } from "node:fs";
-import { loadavg } from "node:os";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chooseEntry } from "../../scripts/dist-stamp.mjs";
 import { freePort } from "../../test/helpers/ports.ts";
@@ -42,6 +46,7 @@ const SECONDS = arg("seconds", 6);
 const ROUNDS = arg("rounds", 3);
 const WARMUP = arg("warmup", 2);
 const MAX_TOKENS = arg("max-tokens", 256);
+const FLEET_SIZE = arg("fleet-size", 64);
 const CLK_TCK = 100;
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -80,9 +85,12 @@ interface Window {
   errors: number;
 }
 
-/** Closed-loop load on `url`; measures `pid`'s CPU over the window. Events = SSE data lines received. */
+/**
+ * Closed-loop load, stream i on `urls[i % urls.length]`; measures `pid`'s CPU over the window.
+ * Events = SSE data lines received.
+ */
 async function load(
-  url: string,
+  urls: readonly string[],
   pid: number,
   model: string,
   hooks: { start?: () => Promise<void>; end?: () => Promise<void> } = {},
@@ -97,7 +105,7 @@ async function load(
     let k = 0;
     while (!stop) {
       try {
-        const res = await fetch(`${url}/v1/chat/completions`, {
+        const res = await fetch(`${urls[i % urls.length]}/v1/chat/completions`, {
           method: "POST",
           headers: { "content-type": "application/json" },
           body: JSON.stringify({
@@ -159,11 +167,12 @@ async function waitHealthy(url: string): Promise<void> {
 /** A row's process, started once and loaded in every round. */
 interface Target {
   name: string;
-  url: string;
+  /** One URL, or a fleet's engines (the streams are spread over them). */
+  urls: string[];
   pid: number;
   model: string;
-  /** The sim's /metrics (tokens counted from it); null for the floor (events counted). */
-  metrics: (() => Promise<string>) | null;
+  /** The sim's /metrics, one text per engine (tokens counted from them); null for the floor. */
+  metrics: (() => Promise<string[]>) | null;
   stop(): Promise<void>;
 }
 
@@ -177,7 +186,7 @@ async function startFloor(itlMs: number): Promise<Target> {
   await waitHealthy(url);
   return {
     name: "floor (plain Node SSE)",
-    url,
+    urls: [url],
     pid: child.pid!,
     model: "sim-model",
     metrics: null,
@@ -194,9 +203,9 @@ interface RowWindow extends Window {
 }
 
 async function measure(t: Target): Promise<RowWindow> {
-  let m0 = "";
-  let m1 = "";
-  const w = await load(t.url, t.pid, t.model, {
+  let m0: string[] = [];
+  let m1: string[] = [];
+  const w = await load(t.urls, t.pid, t.model, {
     start: async () => {
       if (t.metrics) m0 = await t.metrics();
     },
@@ -205,7 +214,9 @@ async function measure(t: Target): Promise<RowWindow> {
     },
   });
   if (!t.metrics) return { ...w, units: w.events, itlMs: 0 };
-  const d = (name: string): number => (parseMetric(m1, name) ?? 0) - (parseMetric(m0, name) ?? 0);
+  const sum = (texts: string[], name: string): number =>
+    texts.reduce((a, x) => a + (parseMetric(x, name) ?? 0), 0);
+  const d = (name: string): number => sum(m1, name) - sum(m0, name);
   const itl =
     d("vllm:inter_token_latency_seconds_sum") / Math.max(1, d("vllm:inter_token_latency_seconds_count"));
   return { ...w, units: d("vllm:generation_tokens_total"), itlMs: itl * 1000 };
@@ -230,11 +241,61 @@ async function startSimRow(
   const sim = await startSim({ args: [...SIM_ARGS, ...extra], env: { ...env, ...profEnv() }, kvEvents });
   return {
     name,
-    url: sim.url,
+    urls: [sim.url],
     pid: sim.pid,
     model: sim.model,
-    metrics: () => sim.metrics(),
+    metrics: async () => [await sim.metrics()],
     stop: () => sim.stop(),
+  };
+}
+
+/** `infera-sim --fleet FLEET_SIZE`: one process, its engines on free ports (from the manifest). */
+async function startFleetRow(): Promise<Target> {
+  const dir = mkdtempSync(join(tmpdir(), "sim-cpu-fleet-"));
+  const file = join(dir, "manifest.json");
+  const kv = JSON.stringify({
+    enable_kv_cache_events: true,
+    publisher: "zmq",
+    endpoint: "tcp://127.0.0.1:*",
+    replay_endpoint: "tcp://127.0.0.1:*",
+    topic: "kv-events",
+  });
+  const child = spawn(
+    process.execPath,
+    [
+      `${ROOT}bin/infera-sim.js`,
+      "--fleet",
+      String(FLEET_SIZE),
+      "--fleet-manifest",
+      file,
+      "serve",
+      "sim-model",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      "0",
+      "--kv-events-config",
+      kv,
+      ...SIM_ARGS,
+    ],
+    { stdio: "inherit", env: { ...process.env, INFERA_DIST: "1", INFERA_LOG_LEVEL: "warn", ...profEnv() } },
+  );
+  for (let i = 0; !existsSync(file); i++) {
+    if (child.exitCode !== null || i > 1200) throw new Error("the fleet did not start");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  const m = JSON.parse(readFileSync(file, "utf8")) as { engines: { url: string }[] };
+  const urls = m.engines.map((e) => e.url);
+  return {
+    name: `fleet of ${FLEET_SIZE} (${entry})`,
+    urls,
+    pid: child.pid!,
+    model: "sim-model",
+    metrics: () => Promise.all(urls.map(async (u) => (await fetch(`${u}/metrics`)).text())),
+    stop: async () => {
+      child.kill("SIGTERM");
+      rmSync(dir, { recursive: true, force: true });
+    },
   };
 }
 
@@ -250,7 +311,7 @@ function ensureDist(): "dist" | "src" {
   return chooseEntry();
 }
 
-const entry = ROWS.some((r) => ["sim", "sim4", "nokv"].includes(r)) ? ensureDist() : "src";
+const entry = ROWS.some((r) => ["sim", "sim4", "nokv", "fleet"].includes(r)) ? ensureDist() : "src";
 const SIM_NAME = `sim (per token, ${entry})`;
 
 async function startRow(row: string): Promise<Target> {
@@ -265,6 +326,8 @@ async function startRow(row: string): Promise<Target> {
       return startSimRow("sim, KV events off", [], { INFERA_DIST: "1" }, { enable_kv_cache_events: false });
     case "sim4":
       return startSimRow("sim --stream-interval 4", ["--stream-interval", "4"], { INFERA_DIST: "1" });
+    case "fleet":
+      return startFleetRow();
     case "floor":
       // Ticks at 4.8 ms, the default profile's ITL at 64 streams (the sim rows print theirs).
       return startFloor(4.8);
@@ -341,6 +404,16 @@ if (floorWs && simWs) {
   console.log(
     `  ratio sim / floor (medians)  ${(median(simWs.map(cpuPct)) / median(floorWs.map(cpuPct))).toFixed(2)}x`,
   );
+}
+const fleetWs = [...windows.entries()].find(([n]) => n.startsWith("fleet"))?.[1];
+if (fleetWs && fleetWs.length > 0) {
+  console.log(
+    `  fleet tokens/s          ${median(fleetWs.map((w) => w.units / w.wall)).toFixed(0)} (mean ITL ${median(fleetWs.map((w) => w.itlMs)).toFixed(2)} ms; ${FLEET_SIZE} engines, ${STREAMS} streams)`,
+  );
+  if (simWs && simWs.length > 0)
+    console.log(
+      `  ratio fleet / sim, CPU per token (medians)  ${(median(fleetWs.map(usPer)) / median(simWs.map(usPer))).toFixed(2)}x`,
+    );
 }
 console.log(
   `  units: tokens for the sims, SSE events for the floor; machine load average ${loadavg()

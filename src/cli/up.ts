@@ -17,7 +17,7 @@ export function registerUp(program: Command): void {
   program
     .command("up")
     .description("start a local cluster: infera server + N simulated workers, in-memory discovery")
-    .option("--workers <n>", "number of sim workers", "2")
+    .option("--workers <n>", "number of sim workers (engines of one infera-sim --fleet process)", "2")
     .option("--model <name>", "model name the workers serve", "sim-model")
     .option("--policy <name>", "routing policy (round-robin | kv-aware)", "round-robin")
     .option("--port <port>", "server port", "8000")

@@ -1,16 +1,20 @@
 /**
- * `infera up`: the server in-process with memory discovery, plus N simulated engines as child
- * processes (`bin/infera-sim.js serve …`, vLLM's command line), each added to discovery once
- * its /health answers. Ctrl-C / SIGTERM stops the children (TERM, then KILL after a grace
- * period) and the server; an exit handler kills any child still alive, so none is orphaned.
+ * `infera up`: the server in-process with memory discovery, plus N simulated engines run as
+ * ONE fleet child process (`bin/infera-sim.js --fleet N --fleet-manifest F serve …`, vLLM's
+ * command line; src/engine/sim/fleet.ts). Each engine of the fleet is a worker of its own
+ * (own URL, KV events, metrics), added to discovery once the fleet's manifest is written.
+ * Ctrl-C / SIGTERM stops the fleet (TERM, then KILL after a grace period) and the server; an
+ * exit handler kills the fleet if it is still alive, so nothing is orphaned.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { createServer } from "node:net";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { request } from "undici";
 import { envVar } from "../config/env-table.ts";
 import { completeRecord } from "../discovery/static.ts";
 import type { WorkerRecord } from "../discovery/types.ts";
+import type { FleetManifest } from "../engine/sim/fleet.ts";
 import { type InferaServer, startServer } from "./app.ts";
 
 export interface UpOptions {
@@ -29,12 +33,14 @@ export interface UpOptions {
   handleSignals?: boolean;
 }
 
+/** One engine of the fleet: a worker of the cluster. */
 export interface SimChild {
   index: number;
   url: string;
   port: number;
   kvPort: number;
   replayPort: number;
+  /** The fleet process (shared by every engine). */
   proc: ChildProcess;
   record?: WorkerRecord;
   exited: boolean;
@@ -48,59 +54,40 @@ export interface LocalCluster {
 
 const SIM_BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
 const BLOCK_SIZE = 16;
+const TOPIC = "kv-events";
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const addr = srv.address();
-      const port = typeof addr === "object" && addr ? addr.port : 0;
-      srv.close(() => resolve(port));
-    });
-  });
+function portOf(endpoint: string | null | undefined): number {
+  const m = /:(\d+)$/.exec(endpoint ?? "");
+  return m ? Number(m[1]) : 0;
 }
 
-async function waitHealthy(sim: SimChild, timeoutMs: number, stderrTail: () => string): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (sim.exited) throw new Error(`sim ${sim.index} exited during start-up:\n${stderrTail()}`);
-    try {
-      const res = await request(`${sim.url}/health`, { signal: AbortSignal.timeout(1000) });
-      await res.body.dump();
-      if (res.statusCode === 200) return;
-    } catch {
-      // Not listening yet.
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`sim ${sim.index} did not become healthy within ${timeoutMs} ms:\n${stderrTail()}`);
-}
-
-function spawnSim(index: number, o: UpOptions, port: number, kvPort: number, replayPort: number) {
+function spawnFleet(o: UpOptions, manifestFile: string) {
   const kvConfig = {
     enable_kv_cache_events: true,
     publisher: "zmq",
-    endpoint: `tcp://127.0.0.1:${kvPort}`,
-    replay_endpoint: `tcp://127.0.0.1:${replayPort}`,
-    topic: "kv-events",
+    // `*`: every engine binds a free port; the manifest names them.
+    endpoint: "tcp://127.0.0.1:*",
+    replay_endpoint: "tcp://127.0.0.1:*",
+    topic: TOPIC,
   };
   const args = [
     SIM_BIN,
+    "--fleet",
+    String(o.workers),
+    "--fleet-manifest",
+    manifestFile,
     "serve",
     o.model,
     "--host",
     "127.0.0.1",
     "--port",
-    String(port),
+    "0",
     "--served-model-name",
     o.model,
     "--block-size",
     String(BLOCK_SIZE),
     "--kv-events-config",
     JSON.stringify(kvConfig),
-    "--seed",
-    String(index),
     ...(o.speed !== undefined ? ["--speed", String(o.speed)] : []),
     ...o.simArgs,
   ];
@@ -108,23 +95,28 @@ function spawnSim(index: number, o: UpOptions, port: number, kvPort: number, rep
     stdio: ["ignore", "ignore", "pipe"],
     env: { ...process.env, INFERA_LOG_LEVEL: envVar("INFERA_LOG_LEVEL") ?? "warn" },
   });
-  const sim: SimChild = {
-    index,
-    url: `http://127.0.0.1:${port}`,
-    port,
-    kvPort,
-    replayPort,
-    proc,
-    exited: false,
-  };
   let tail = "";
   proc.stderr?.on("data", (c: Buffer) => {
     tail = (tail + c.toString("utf8")).slice(-4000);
   });
-  proc.on("exit", () => {
-    sim.exited = true;
-  });
-  return { sim, stderrTail: () => tail };
+  return { proc, stderrTail: () => tail };
+}
+
+/** Waits for the fleet's manifest (written by rename once every engine is up). */
+async function waitManifest(
+  proc: ChildProcess,
+  file: string,
+  timeoutMs: number,
+  stderrTail: () => string,
+): Promise<FleetManifest> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null || proc.signalCode !== null)
+      throw new Error(`the sim fleet exited during start-up:\n${stderrTail()}`);
+    if (existsSync(file)) return JSON.parse(readFileSync(file, "utf8")) as FleetManifest;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`the sim fleet did not come up within ${timeoutMs} ms:\n${stderrTail()}`);
 }
 
 export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
@@ -140,22 +132,26 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
   });
   const memory = server.memory!;
   const sims: SimChild[] = [];
+  const dir = mkdtempSync(join(tmpdir(), "infera-up-"));
+  let proc: ChildProcess | null = null;
+  let exited = false;
   let stopped: Promise<void> | null = null;
-  const killAll = (signal: NodeJS.Signals) => {
-    for (const s of sims) if (!s.exited) s.proc.kill(signal);
+  const onExit = () => {
+    if (proc && !exited) proc.kill("SIGKILL");
   };
-  const onExit = () => killAll("SIGKILL");
   process.on("exit", onExit);
 
   const stop = (): Promise<void> => {
     stopped ??= (async () => {
       for (const s of sims) if (s.record) memory.remove(s.record.id);
-      killAll("SIGTERM");
-      const grace = setTimeout(() => killAll("SIGKILL"), 5000);
-      await Promise.all(
-        sims.map((s) => (s.exited ? undefined : new Promise<void>((r) => s.proc.once("exit", () => r())))),
-      );
-      clearTimeout(grace);
+      if (proc && !exited) {
+        const gone = new Promise<void>((r) => proc!.once("exit", () => r()));
+        proc.kill("SIGTERM");
+        const grace = setTimeout(() => proc?.kill("SIGKILL"), 5000);
+        await gone;
+        clearTimeout(grace);
+      }
+      rmSync(dir, { recursive: true, force: true });
       await server.close();
       process.off("exit", onExit);
     })();
@@ -164,39 +160,58 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
 
   try {
     progress(`infera up: server on ${server.url}; starting ${o.workers} sim worker(s) for '${o.model}'…`);
-    let ready = 0;
-    await Promise.all(
-      Array.from({ length: o.workers }, async (_, i) => {
-        const [port, kvPort, replayPort] = [await freePort(), await freePort(), await freePort()];
-        const { sim, stderrTail } = spawnSim(i, o, port, kvPort, replayPort);
-        sims.push(sim);
-        await waitHealthy(sim, 60_000, stderrTail);
-        sim.record = completeRecord({
-          id: `sim-${i}@127.0.0.1:${port}`,
-          url: sim.url,
-          model: o.model,
-          servedModelNames: [o.model],
-          engine: "sim",
-          role: "mixed",
-          blockSize: BLOCK_SIZE,
-          kvEvents: {
-            endpoint: `tcp://127.0.0.1:${kvPort}`,
-            replayEndpoint: `tcp://127.0.0.1:${replayPort}`,
-            topic: "kv-events",
-            framing: "seq",
-          },
-          labels: { pid: String(sim.proc.pid ?? "") },
-        });
-        memory.put(sim.record);
-        ready++;
-        progress(`  worker ${ready}/${o.workers} ready: ${sim.url} (pid ${sim.proc.pid})`);
-        sim.proc.once("exit", (code, signal) => {
-          if (stopped || !sim.record) return;
-          progress(`  worker ${sim.url} exited (${signal ?? code}); removed from the cluster`);
-          memory.remove(sim.record.id);
-        });
-      }),
-    );
+    const file = join(dir, "fleet.json");
+    const fleet = spawnFleet(o, file);
+    const child = fleet.proc;
+    proc = child;
+    child.once("exit", (code, signal) => {
+      exited = true;
+      for (const s of sims) s.exited = true;
+      if (stopped) return;
+      const n = sims.filter((s) => s.record).length;
+      if (n === 0) return;
+      progress(`  sim fleet (pid ${child.pid}) exited (${signal ?? code}); its ${n} workers removed`);
+      for (const s of sims) if (s.record) memory.remove(s.record.id);
+    });
+    const manifest = await waitManifest(child, file, 60_000 + 500 * o.workers, fleet.stderrTail);
+    const every = o.workers <= 16 ? 1 : 16;
+    for (const e of manifest.engines) {
+      const kv = e.kvRanks[0];
+      const sim: SimChild = {
+        index: e.index,
+        url: e.url,
+        port: e.port,
+        kvPort: portOf(kv?.endpoint),
+        replayPort: portOf(kv?.replayEndpoint),
+        proc: child,
+        exited: false,
+      };
+      sim.record = completeRecord({
+        id: `sim-${e.index}@127.0.0.1:${e.port}`,
+        url: e.url,
+        model: o.model,
+        servedModelNames: [o.model],
+        engine: "sim",
+        role: "mixed",
+        blockSize: BLOCK_SIZE,
+        ...(kv
+          ? {
+              kvEvents: {
+                endpoint: kv.endpoint,
+                ...(kv.replayEndpoint ? { replayEndpoint: kv.replayEndpoint } : {}),
+                topic: TOPIC,
+                framing: "seq" as const,
+              },
+            }
+          : {}),
+        labels: { pid: String(manifest.pid) },
+      });
+      memory.put(sim.record);
+      sims.push(sim);
+      const ready = sims.length;
+      if (ready % every === 0 || ready === o.workers)
+        progress(`  worker ${ready}/${o.workers} ready: ${sim.url} (pid ${manifest.pid})`);
+    }
   } catch (err) {
     await stop();
     throw err;

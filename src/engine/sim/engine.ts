@@ -8,6 +8,9 @@ import { stepSeconds } from "./profile.ts";
 import { type ScheduledChunk, Scheduler, type StepPlan } from "./scheduler.ts";
 import type { Sequence } from "./sequence.ts";
 
+/** A step ending this much after its simulated end counts as late (timers alone jitter ~1 ms). */
+const LATE_MS = 10;
+
 /**
  * The engine loop: one timer per scheduler step. A step is planned, its simulated duration
  * (timing model / --speed) elapses, then its tokens take effect and the next step is
@@ -25,6 +28,12 @@ export class SimEngine {
   /** Simulated seconds elapsed in steps. */
   simSeconds = 0;
   steps = 0;
+  /**
+   * Steps that ended more than LATE_MS after their simulated end (the event loop was busy: the
+   * CPU, not the model, set the pace), and their total lateness. A fleet reports them.
+   */
+  lateSteps = 0;
+  lateMs = 0;
   /** Decode-side requests waiting for their KV pull (vLLM counts them as waiting). */
   pendingPulls = 0;
   private plan: StepPlan | null = null;
@@ -137,6 +146,10 @@ export class SimEngine {
   private runSteps(): void {
     this.timer = null;
     const t0 = performance.now();
+    if (this.plan && t0 - this.stepEndMs > LATE_MS) {
+      this.lateSteps++;
+      this.lateMs += t0 - this.stepEndMs;
+    }
     for (;;) {
       if (this.plan) {
         const plan = this.plan;

@@ -8,6 +8,7 @@
  */
 import { rename, writeFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
+import * as zmq from "zeromq";
 import { parseSimArgs } from "./args.ts";
 import type { SimConfig } from "./config.ts";
 import { fleetEngineConfig } from "./fleet-ports.ts";
@@ -71,10 +72,23 @@ function describePorts(cfg: SimConfig): string {
   return parts.length > 0 ? `; ${parts.join("; ")}` : "";
 }
 
+/**
+ * libzmq's context allows 1023 sockets by default (ZMQ_MAX_SOCKETS), two per engine rank here
+ * (KV PUB + replay ROUTER) and more for some connectors: past ~500 engines the fleet would fail
+ * with "Too many open file descriptors". libzmq reads the limit when the context creates its
+ * first socket, so this takes effect when the fleet starts first in its process (the CLI).
+ */
+function raiseZmqSocketLimit(want: number): void {
+  const ctx = zmq.context;
+  const target = Math.min(ctx.maxSocketsLimit, want);
+  if (ctx.maxSockets < target) ctx.maxSockets = target;
+}
+
 /** Starts `count` engines; any engine failing to start fails the fleet, with nothing left running. */
 export async function startSimFleet(o: SimFleetOptions): Promise<SimFleet> {
   if (!Number.isInteger(o.count) || o.count < 1) throw new Error(`--fleet must be >= 1, got ${o.count}`);
   const base = o.config ?? parseSimArgs(o.argv ?? []).config;
+  raiseZmqSocketLimit(o.count * (2 * base.dpSize + 2) + 256);
   const width = Math.max(1, o.concurrency ?? 16);
   const engines: SimHandle[] = new Array(o.count);
   const started: SimHandle[] = [];

@@ -3,6 +3,7 @@ import { Session } from "node:inspector/promises";
 import { envVar } from "../../config/env-table.ts";
 import { createLogger } from "../../util/log.ts";
 import { ArgParseError, parseSimArgs, SIM_HELP } from "./args.ts";
+import type { SimEngine } from "./engine.ts";
 import { fleetManifest, startSimFleet, writeFleetManifest } from "./fleet.ts";
 import { startWithConfig } from "./server.ts";
 
@@ -100,5 +101,48 @@ async function startFleet(
     },
     "fleet ready",
   );
-  return fleet;
+  const stats = fleetStats(
+    fleet.engines.flatMap((h) => h.engines),
+    log,
+  );
+  return {
+    close: async () => {
+      clearInterval(stats);
+      await fleet.close();
+    },
+  };
+}
+
+/**
+ * Every 10 s while the fleet worked: its CPU share (% of one core), steps, and the steps that
+ * ran late because the event loop was busy. A late share well above 0 means the box, not the
+ * simulated engines, set the pace: lower --speed so simulated time stays honest.
+ */
+function fleetStats(engines: SimEngine[], log: ReturnType<typeof createLogger>): NodeJS.Timeout {
+  const sum = (f: (e: SimEngine) => number): number => engines.reduce((a, e) => a + f(e), 0);
+  let last = { cpu: process.cpuUsage(), at: performance.now(), steps: 0, late: 0, lateMs: 0 };
+  const timer = setInterval(() => {
+    const now = { cpu: process.cpuUsage(), at: performance.now() };
+    const steps = sum((e) => e.steps);
+    const late = sum((e) => e.lateSteps);
+    const lateMs = sum((e) => e.lateMs);
+    if (steps > last.steps) {
+      const cpuUs = now.cpu.user + now.cpu.system - last.cpu.user - last.cpu.system;
+      const dl = late - last.late;
+      log.info(
+        {
+          cpuPct: Math.round((cpuUs / 1000 / (now.at - last.at)) * 1000) / 10,
+          steps: steps - last.steps,
+          lateSteps: dl,
+          meanLateMs: dl > 0 ? Math.round(((lateMs - last.lateMs) / dl) * 10) / 10 : 0,
+          busyEngines: engines.filter((e) => e.scheduler.hasWork).length,
+          rssMiB: Math.round(process.memoryUsage.rss() / 2 ** 20),
+        },
+        "fleet stats",
+      );
+    }
+    last = { ...now, steps, late, lateMs };
+  }, 10_000);
+  timer.unref();
+  return timer;
 }

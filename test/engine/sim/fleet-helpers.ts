@@ -1,6 +1,6 @@
 /** Shared by the fleet tests: a fleet as a child process, a KV-event collector, port blocks. */
 import { type ChildProcess, spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -133,4 +133,72 @@ export async function waitUntil(pred: () => boolean | Promise<boolean>, ms: numb
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 25));
   }
+}
+
+const INFERA_BIN = fileURLToPath(new URL("../../../bin/infera.js", import.meta.url));
+
+export interface ServerProcess {
+  url: string;
+  output(): string;
+  stop(): Promise<void>;
+}
+
+/** `infera server --discovery static --workers-file F` over `records`, once /ready answers. */
+export async function startStaticServer(records: unknown[], args: string[] = []): Promise<ServerProcess> {
+  const dir = mkdtempSync(join(tmpdir(), "infera-fleet-server-"));
+  const file = join(dir, "workers.json");
+  writeFileSync(file, JSON.stringify(records));
+  const port = await freePort();
+  const proc = spawn(
+    process.execPath,
+    [
+      INFERA_BIN,
+      "server",
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--discovery",
+      "static",
+      "--workers-file",
+      file,
+      "--scrape-interval",
+      "0",
+      ...args,
+    ],
+    { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, INFERA_LOG_LEVEL: "warn" } },
+  );
+  let out = "";
+  const keep = (b: Buffer) => {
+    out = (out + b.toString()).slice(-20000);
+  };
+  proc.stdout?.on("data", keep);
+  proc.stderr?.on("data", keep);
+  const exited = new Promise<void>((r) => proc.once("exit", () => r()));
+  const stop = async (): Promise<void> => {
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
+    const t = setTimeout(() => proc.kill("SIGKILL"), 5000);
+    await exited;
+    clearTimeout(t);
+    rmSync(dir, { recursive: true, force: true });
+  };
+  const url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    if (proc.exitCode !== null) {
+      await stop();
+      throw new Error(`infera server exited: ${out}`);
+    }
+    try {
+      if ((await fetch(`${url}/ready`, { signal: AbortSignal.timeout(2000) })).ok) break;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) {
+      await stop();
+      throw new Error(`infera server not ready: ${out}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return { url, output: () => out, stop };
 }

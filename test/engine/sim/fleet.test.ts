@@ -9,6 +9,7 @@ import { dirname } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { ArgParseError, parseSimArgs, SIM_HELP } from "../../../src/engine/sim/args.ts";
 import { FleetStartError, type SimFleet, startSimFleet } from "../../../src/engine/sim/fleet.ts";
+import { fleetKvTransferConfig } from "../../../src/engine/sim/fleet-ports.ts";
 import { parseMetric } from "../../helpers/sim.ts";
 import { bindable, EventTags, freePortBlock, replay, spawnFleet, waitUntil } from "./fleet-helpers.ts";
 
@@ -84,6 +85,32 @@ describe("sim fleet in one process", () => {
         `engine ${i}`,
       );
     });
+  });
+
+  it("steps delayed by a busy event loop count as late (the box, not the model, set the pace)", async () => {
+    const e = fleet.engines[5].engine;
+    const before = e.lateSteps;
+    const r = fetch(`${fleet.engines[5].url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, prompt: "late steps", max_tokens: 1500 }),
+    }).then((x) => x.text());
+    const s0 = e.steps;
+    const deadline = Date.now() + 5000;
+    while (e.steps < s0 + 3) {
+      assert.ok(Date.now() < deadline, "engine 5 stepping");
+      await new Promise((r) => setImmediate(r));
+    }
+    for (let k = 0; k < 3; k++) {
+      const until = performance.now() + 40;
+      while (performance.now() < until) {
+        // a CPU-bound stretch: every engine's next step waits for it
+      }
+      await new Promise((r) => setImmediate(r));
+    }
+    await r;
+    assert.ok(e.lateSteps - before >= 1, `late steps ${e.lateSteps - before}`);
+    assert.ok(e.lateMs > 0);
   });
 
   it("KV events: a request to engine i is published on i's endpoint alone, and replayed there", async () => {
@@ -224,6 +251,99 @@ describe("infera-sim --fleet (process)", () => {
     } finally {
       squatter.close();
     }
+  });
+});
+
+describe("fleets of every personality", () => {
+  it("SGLang: engine i's bootstrap server on --disaggregation-bootstrap-port + i", async () => {
+    const b = await freePortBlock(3);
+    const fleet = await startSimFleet({
+      count: 3,
+      argv: [
+        ...["--engine", "sglang", "--model-path", MODEL, "--host", "127.0.0.1", "--port", "0"],
+        ...["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", String(b)],
+      ],
+    });
+    try {
+      // SGLang's bootstrap server answers GET /health "OK" (sgl-project/sglang
+      // python/sglang/srt/disaggregation/common/conn.py @ 0094505da74125a31ceb354f37ae7a1b6a97d3f5).
+      for (let i = 0; i < 3; i++) {
+        const r = await fetch(`http://127.0.0.1:${b + i}/health`);
+        assert.equal(await r.text(), "OK");
+        assert.equal(fleet.engines[i].connector?.describe?.().bootstrapPort, b + i);
+      }
+    } finally {
+      await fleet.close();
+    }
+  });
+
+  it("ATOM: engine i's handshake port (and /kv_transfer_info) is the configured one + i", async () => {
+    const h = await freePortBlock(2);
+    const fleet = await startSimFleet({
+      count: 2,
+      argv: [
+        ...["--engine", "atom", "--model", MODEL, "--host", "127.0.0.1", "--server-port", "0"],
+        "--kv-transfer-config",
+        JSON.stringify({ kv_role: "kv_producer", kv_connector: "mooncake", handshake_port: h }),
+      ],
+    });
+    try {
+      for (let i = 0; i < 2; i++) {
+        // ROCm/ATOM atom/entrypoints/openai/api_server.py @ 003e55685b43743ee1a6d53c9faebe1039808f8b
+        // kv_transfer_info: {tp_size, dp_size, kv_role, handshake_port} from the kv-transfer config.
+        const info = (await (await fetch(`${fleet.engines[i].url}/kv_transfer_info`)).json()) as Record<
+          string,
+          unknown
+        >;
+        assert.deepEqual(info, { tp_size: 1, dp_size: 1, kv_role: "kv_producer", handshake_port: h + i });
+        assert.equal(fleet.engines[i].connector?.describe?.().handshakePort, h + i);
+      }
+    } finally {
+      await fleet.close();
+    }
+  });
+});
+
+describe("fleet PD ports (fleetKvTransferConfig)", () => {
+  // Our convention: engine i's fixed PD ports are the configured base + i x dp size, found where
+  // the connector finds them (config, extra config, env, default); 0 = any free port stays 0.
+  it("moves each connector's fixed ports to engine i's block, wherever the base came from", () => {
+    assert.deepEqual(
+      fleetKvTransferConfig("nixl", { kv_connector_extra_config: { side_channel_port: 7000 } }, 3, 2),
+      {
+        kv_connector_extra_config: { side_channel_port: 7006 },
+      },
+    );
+    assert.deepEqual(fleetKvTransferConfig("nixl", {}, 2, 1, { VLLM_NIXL_SIDE_CHANNEL_PORT: "9000" }), {
+      side_channel_port: 9002,
+    });
+    assert.deepEqual(fleetKvTransferConfig("nixl", {}, 2, 1, {}), { side_channel_port: 5602 });
+    assert.deepEqual(fleetKvTransferConfig("nixl", { side_channel_port: 0 }, 5, 1, {}), {
+      side_channel_port: 0,
+    });
+    assert.deepEqual(fleetKvTransferConfig("mooncake", { bootstrap_port: 8000 }, 1, 1, {}), {
+      bootstrap_port: 8001,
+    });
+    assert.deepEqual(fleetKvTransferConfig("sglang", {}, 4, 1, {}), { bootstrap_port: 9002 });
+    assert.deepEqual(fleetKvTransferConfig("atom", { handshake_port: 6301 }, 1, 4, {}), {
+      handshake_port: 6305,
+    });
+    // MoRIIO: http_port names the engine's own HTTP port, which moves by i (not i x dp size).
+    assert.deepEqual(
+      fleetKvTransferConfig(
+        "moriio",
+        { kv_connector_extra_config: { proxy_ip: "h", proxy_ping_port: 1, http_port: 8100, notify_port: 0 } },
+        2,
+        2,
+        {},
+      ),
+      {
+        handshake_port: 6305,
+        kv_connector_extra_config: { proxy_ip: "h", proxy_ping_port: 1, http_port: 8102, notify_port: 0 },
+      },
+    );
+    const untouched = { kv_connector_extra_config: { side_channel_port: 7000 } };
+    assert.equal(fleetKvTransferConfig("nixl", untouched, 0, 1), untouched);
   });
 });
 
