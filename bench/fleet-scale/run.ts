@@ -23,6 +23,7 @@ import { fileURLToPath } from "node:url";
 import {
   bucketsOf,
   byLabel,
+  cpuOf,
   cpuWindow,
   load,
   meanBetween,
@@ -294,7 +295,12 @@ async function phase(
  * subscribed" log line (pino's epoch-ms `time`) to the last scrape that saw the counter move;
  * when the first scrape already saw it all, the rate is a lower bound.
  */
-async function replayBurst(workersFile: string, n: number, pids: Record<string, number>) {
+async function replayBurst(
+  workersFile: string,
+  n: number,
+  pids: Record<string, number>,
+  base: { cpu: number; seconds: number; idleShare: number },
+) {
   const s = await startServer(workersFile, "info", SCRAPE_MS);
   const subscribedLine = s.firstLine(/kv events: subscribed/);
   const cpu = cpuWindow({ ...pids, server2: s.pid });
@@ -309,14 +315,19 @@ async function replayBurst(workersFile: string, n: number, pids: Record<string, 
       } catch {
         // not listening yet
       }
-      await sleep(50);
+      await sleep(250);
     }
   })();
   await waitServerReady(s, n, 120_000 + n * 200);
   const ready = (performance.now() - start) / 1000;
-  const d = await drain(s, 2000, 120_000);
   on = false;
   await poll;
+  const d = await drain(s, 2000, 120_000);
+  // CPU the replay cost: server 2's CPU from spawn to quiet, less server 1's from spawn to
+  // ready (the same start-up with empty replay buffers), less its idle rate for the extra time.
+  const cpu2 = cpuOf(s.pid)?.cpu ?? Number.NaN;
+  const secs2 = (performance.now() - start) / 1000;
+  const replayCpu = cpu2 - base.cpu - base.idleShare * Math.max(0, secs2 - base.seconds);
   const subscribedAt = Number(/"time":(\d+)/.exec(await subscribedLine)?.[1]);
   const text = await scrape(s.url);
   const shares = cpu.end();
@@ -328,17 +339,21 @@ async function replayBurst(workersFile: string, n: number, pids: Record<string, 
     readySeconds: round1(ready),
     replayedEvents: d.events,
     replayedBatches: sumOf(text, "infera_kv_event_batches_total"),
-    /** From the first subscription to the last scrape (50 ms apart) that saw the counter move. */
+    /** From the first subscription to the last scrape (250 ms apart) that saw the counter move. */
     burstSeconds: round1(seconds),
     eventsPerS: Math.round(d.events / seconds),
     eventsPerSIsLowerBound: lowerBound,
     firstScrapeEvents: series[0].events,
+    /** Server 2's CPU seconds spent on the replay (see above) and what one core would ingest. */
+    replayCpuSeconds: round1(replayCpu * 100) / 100,
+    cpuUsPerReplayedEvent: replayCpu > 0 ? round1((replayCpu / Math.max(1, d.events)) * 1e6) : null,
+    replayedEventsPerCoreSecond: replayCpu > 0 ? Math.round(d.events / replayCpu) : null,
     replays: byLabel(text, "infera_kv_replays_total", "result"),
     cpuSharePct: shares,
     loadAverage: load(),
   };
   say(
-    `replica 2 start-up: ready in ${out.readySeconds} s, ${out.replayedEvents} events (${out.replayedBatches} batches) replayed in ${out.burstSeconds} s = ${lowerBound ? "≥ " : ""}${out.eventsPerS}/s; CPU ${JSON.stringify(shares)}`,
+    `replica 2 start-up: ready in ${out.readySeconds} s, ${out.replayedEvents} events (${out.replayedBatches} batches) replayed in ${out.burstSeconds} s = ${lowerBound ? "≥ " : ""}${out.eventsPerS}/s, ${out.cpuUsPerReplayedEvent} µs CPU each; CPU ${JSON.stringify(shares)}`,
   );
   return { server: s, out };
 }
@@ -416,6 +431,7 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
   await waitServerReady(s1, n, 120_000 + n * 200);
   const readySeconds = round1((performance.now() - st) / 1000);
   await sleep(3000);
+  const s1Base = { cpu: cpuOf(s1.pid)?.cpu ?? Number.NaN, seconds: (performance.now() - st) / 1000 };
   // Idle cost of following N workers: KV subscriptions and the load scraper's polls.
   const idleCpu = cpuWindow({ fleet: fleet.pid, server1: s1.pid });
   await sleep(5000);
@@ -469,7 +485,15 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
     one.push(await phase("1 replica", rate, [s1.url], [s1], { fleet: fleet.pid, server1: s1.pid }, 10 + k));
 
   say("starting replica 2: start-up replay burst");
-  const burst = await replayBurst(workersFile, n, { fleet: fleet.pid, server1: s1.pid });
+  const burst = await replayBurst(
+    workersFile,
+    n,
+    { fleet: fleet.pid, server1: s1.pid },
+    {
+      ...s1Base,
+      idleShare: (res.server1Idle as { cpuSharePct: { server1: number } }).cpuSharePct.server1 / 100,
+    },
+  );
   const s2 = burst.server;
   children.push(s2);
   res.replica2Startup = burst.out;

@@ -29,7 +29,7 @@ for (const r of data.runs as J[]) {
   if (r.replica2Startup) {
     const b = r.replica2Startup;
     console.log(
-      `- replica 2 start-up: ready in ${b.readySeconds} s; replayed ${b.replayedEvents} events (${b.replayedBatches} batches) in ${b.burstSeconds} s = ${b.eventsPerSIsLowerBound ? "≥ " : ""}${b.eventsPerS} events/s; CPU: ${shares(b.cpuSharePct)}`,
+      `- replica 2 start-up: ready in ${b.readySeconds} s; replayed ${b.replayedEvents} events (${b.replayedBatches} batches) in ${b.burstSeconds} s = ${b.eventsPerSIsLowerBound ? "≥ " : ""}${b.eventsPerS} events/s wall; replay CPU ${b.replayCpuSeconds} s = ${b.cpuUsPerReplayedEvent} µs per event → ${b.replayedEventsPerCoreSecond} events/s per core; CPU: ${shares(b.cpuSharePct)}`,
     );
   }
   if (r.end)
