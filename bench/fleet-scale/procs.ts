@@ -4,7 +4,7 @@
  * CPU share and RSS can be read apart from the others'.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { serverArgs } from "../../test/helpers/infera.ts";
@@ -108,6 +108,8 @@ export async function startFleet(o: FleetOptions): Promise<{ child: Child; manif
     replay_endpoint: "tcp://127.0.0.1:*",
     topic: "kv-events",
   };
+  // A manifest left from an earlier run would read as this fleet's.
+  rmSync(o.manifest, { force: true });
   const c = child(process.execPath, [
     join(o.simRoot ?? ROOT, "bin/infera-sim.js"),
     "serve",
