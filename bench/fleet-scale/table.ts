@@ -45,7 +45,7 @@ for (const r of data.runs as J[]) {
   ];
   if (phases.length === 0) continue;
   console.log(
-    "\n| phase | offered req/s | answered/s | not sent | errors | client p50 / p99 ms | decision p50 / p99 / mean ms | KV events/s (peak 1 s) | server CPU % | CPU ms/request | CPU µs/event | CPU % of one core (all) | load avg after |",
+    "\n| phase | offered req/s | answered/s | not sent | errors | client p50 / p99 ms | decision p50 / p99 / mean ms | KV events/s (peak between scrapes) | server CPU % | CPU ms/request | CPU µs/event | CPU % of one core (all) | load avg after |",
   );
   console.log("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
   for (const p of phases) {
@@ -55,7 +55,7 @@ for (const r of data.runs as J[]) {
     const per = (fn: (s: J) => string) =>
       sv.length === 1 ? fn(sv[0]) : sv.map((s, i) => `s${i + 1}: ${fn(s)}`).join("; ");
     console.log(
-      `| ${p.label} | ${p.rate} | ${f(c.okPerS, 0)} | ${c.notSent} | ${errs} | ${f(c.latencyMs.p50, 0)} / ${f(c.latencyMs.p99, 0)} | ${per((s) => (s.decisions > 0 ? `${f(s.decisionMs.p50, 3)} / ${f(s.decisionMs.p99, 2)} / ${f(s.decisionMs.mean, 3)}` : "—"))} | ${per((s) => `${s.kvEventsPerS} (${s.peakKvEventsPerS1s})`)} | ${per((s) => f(s.cpuPct, 0))} | ${per((s) => f(s.cpuMsPerRoutedRequest, 2))} | ${p.label.startsWith("ingest") ? per((s) => `${f(s.cpuUsPerKvEvent, 0)} (${f(s.cpuUsPerKvEventAboveIdle, 0)} above idle)`) : "—"} | ${shares(p.cpuSharePct)} | ${p.loadAverage.after} |`,
+      `| ${p.label} | ${p.rate} | ${f(c.okPerS, 0)} | ${c.notSent} | ${errs} | ${f(c.latencyMs.p50, 0)} / ${f(c.latencyMs.p99, 0)} | ${per((s) => (s.decisions > 0 ? `${f(s.decisionMs.p50, 3)} / ${f(s.decisionMs.p99, 2)} / ${f(s.decisionMs.mean, 3)}` : "—"))} | ${per((s) => `${s.kvEventsPerS} (${s.peakKvEventsPerSample})`)} | ${per((s) => f(s.cpuPct, 0))} | ${per((s) => f(s.cpuMsPerRoutedRequest, 2))} | ${p.label.startsWith("ingest") ? per((s) => `${f(s.cpuUsPerKvEvent, 0)} (${f(s.cpuUsPerKvEventAboveIdle, 0)} above idle)`) : "—"} | ${shares(p.cpuSharePct)} | ${p.loadAverage.after} |`,
     );
   }
 }
