@@ -29,7 +29,7 @@ for (const r of data.runs as J[]) {
   if (r.replica2Startup) {
     const b = r.replica2Startup;
     console.log(
-      `- replica 2 start-up: ready in ${b.readySeconds} s; replayed ${b.replayedEvents} events (${b.replayedBatches} batches) in ${b.burstSeconds} s = ${b.eventsPerSIsLowerBound ? "≥ " : ""}${b.eventsPerS} events/s wall; replay CPU ${b.replayCpuSeconds} s = ${b.cpuUsPerReplayedEvent} µs per event → ${b.replayedEventsPerCoreSecond} events/s per core; CPU: ${shares(b.cpuSharePct)}`,
+      `- replica 2 start-up: ready in ${b.readySeconds} s; replayed ${b.replayedEvents} events (${b.replayedBatches} batches) in ${b.burstSeconds} s = ${b.eventsPerSIsLowerBound ? "≥ " : ""}${b.eventsPerS} events/s wall; replay CPU ${f(b.replayCpuSeconds, 2)} s = ${b.cpuUsPerReplayedEvent} µs per event → ${b.replayedEventsPerCoreSecond} events/s per core; CPU: ${shares(b.cpuSharePct)}`,
     );
   }
   if (r.end)
@@ -55,7 +55,7 @@ for (const r of data.runs as J[]) {
     const per = (fn: (s: J) => string) =>
       sv.length === 1 ? fn(sv[0]) : sv.map((s, i) => `s${i + 1}: ${fn(s)}`).join("; ");
     console.log(
-      `| ${p.label} | ${p.rate} | ${f(c.okPerS, 0)} | ${c.notSent} | ${errs} | ${f(c.latencyMs.p50, 0)} / ${f(c.latencyMs.p99, 0)} | ${per((s) => (s.decisions > 0 ? `${f(s.decisionMs.p50, 3)} / ${f(s.decisionMs.p99, 2)} / ${f(s.decisionMs.mean, 3)}` : "—"))} | ${per((s) => `${s.kvEventsPerS} (${s.peakKvEventsPerSample})`)} | ${per((s) => f(s.cpuPct, 0))} | ${per((s) => f(s.cpuMsPerRoutedRequest, 2))} | ${p.label.startsWith("ingest") ? per((s) => `${f(s.cpuUsPerKvEvent, 0)} (${f(s.cpuUsPerKvEventAboveIdle, 0)} above idle)`) : "—"} | ${shares(p.cpuSharePct)} | ${p.loadAverage.after} |`,
+      `| ${p.label} | ${p.rate} | ${f(c.okPerS, 0)} | ${c.notSent} | ${errs} | ${f(c.latencyMs.p50, 0)} / ${f(c.latencyMs.p99, 0)} | ${per((s) => (s.decisions > 0 ? `${f(s.decisionMs.p50, 3)} / ${f(s.decisionMs.p99, 2)} / ${f(s.decisionMs.mean, 3)}` : "—"))} | ${per((s) => `${s.kvEventsPerS} (${s.peakKvEventsPerSample})`)} | ${per((s) => f(s.cpuPct, 0))} | ${per((s) => f(s.cpuMsPerRoutedRequest, 2))} | ${p.label.startsWith("ingest") ? per((s) => `${f(s.cpuUsPerKvEvent, 0)} (${s.cpuUsPerKvEventAboveIdle > 0 ? f(s.cpuUsPerKvEventAboveIdle, 0) : "n/a"} above idle)`) : "—"} | ${shares(p.cpuSharePct)} | ${p.loadAverage.after} |`,
     );
   }
 }
