@@ -14,6 +14,8 @@
  * replay delivered is skipped. Nothing a worker sends can throw out of here.
  */
 import { Dealer, Subscriber } from "zeromq";
+// Before any socket: one KV socket set per worker/engine passes libzmq's default 1023.
+import "../util/zmq-limits.ts";
 import type { KvEventsInfo } from "../discovery/types.ts";
 import type { Logger } from "../util/log.ts";
 import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "./events.ts";

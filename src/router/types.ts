@@ -81,6 +81,11 @@ export interface Selection {
    * the policy pins one; the mixed router sends it as vLLM's `X-data-parallel-rank` header.
    */
   dpRank?: number;
+  /**
+   * Seconds the policy took to choose (the pipeline scheduler times its own step, prompt
+   * tokenizing and the KV index lookup included); the server's decision-time histogram.
+   */
+  seconds?: number;
 }
 
 export interface RoutingPolicy {

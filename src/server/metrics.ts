@@ -6,9 +6,13 @@
 import { Counter, Gauge, Registry } from "prom-client";
 import type { Selection } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
-import { FastCounterFamily, FastHistogramFamily } from "../util/fast-metrics.ts";
+import { FastCounterFamily, type FastHistogram, FastHistogramFamily } from "../util/fast-metrics.ts";
 
 const LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+/** Routing decisions take microseconds to milliseconds (a KV index walk over hundreds of workers). */
+const DECISION_BUCKETS = [
+  0.000005, 0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+];
 const ITL_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5];
 
 export interface ModelMetrics {
@@ -28,6 +32,7 @@ export class ServerMetrics {
   readonly promptTokens: FastCounterFamily;
   readonly completionTokens: FastCounterFamily;
   readonly decisions: FastCounterFamily;
+  readonly decisionSeconds: FastHistogramFamily;
   readonly retries: Counter<"model" | "reason">;
   readonly clientAborts: Counter<"model">;
 
@@ -70,6 +75,12 @@ export class ServerMetrics {
       "infera_routing_decisions_total",
       "Routing decisions by policy, reason and router kind",
       ["policy", "reason", "router"],
+    );
+    this.decisionSeconds = new FastHistogramFamily(
+      "infera_routing_decision_seconds",
+      "Time the routing policy took to choose a worker (prompt tokenizing and KV index lookup included)",
+      DECISION_BUCKETS,
+      ["policy", "router"],
     );
     this.retries = new Counter({
       name: "infera_retries_total",
@@ -157,12 +168,30 @@ export class ServerMetrics {
     let out = await this.registry.metrics();
     for (const f of [this.requests, this.promptTokens, this.completionTokens, this.decisions])
       out += f.text();
-    return out + this.ttft.text() + this.itl.text() + this.e2e.text();
+    return out + this.ttft.text() + this.itl.text() + this.e2e.text() + this.decisionSeconds.text();
   }
 
   onDecision = (_model: string, policy: string, router: string, sel: Selection): void => {
     this.decisions.child(policy, sel.reason, router).inc();
+    if (sel.seconds !== undefined) this.decisionHistogram(policy, router).observe(sel.seconds);
   };
+
+  /** policy → router → histogram child: two lookups, no key string built per decision. */
+  private readonly decisionChildren = new Map<string, Map<string, FastHistogram>>();
+
+  private decisionHistogram(policy: string, router: string): FastHistogram {
+    let byRouter = this.decisionChildren.get(policy);
+    if (!byRouter) {
+      byRouter = new Map();
+      this.decisionChildren.set(policy, byRouter);
+    }
+    let h = byRouter.get(router);
+    if (!h) {
+      h = this.decisionSeconds.child(policy, router);
+      byRouter.set(router, h);
+    }
+    return h;
+  }
 
   onRetry = (model: string, reason: string): void => {
     this.retries.inc({ model, reason });

@@ -177,4 +177,25 @@ describe("server proxy through two sims (official openai client)", () => {
     );
     assert.match(text, /infera_worker_in_flight\{worker="sim-0",model="sim-model"\} 0/);
   });
+
+  it("/metrics times every routing decision in a histogram", async () => {
+    const text = await (await fetch(`${c.server.url}/metrics`)).text();
+    const decided = Number(
+      /infera_routing_decisions_total\{policy="round-robin",reason="round-robin",router="mixed"\} (\d+)/.exec(
+        text,
+      )?.[1],
+    );
+    const timed = /infera_routing_decision_seconds_count\{policy="round-robin",router="mixed"\} (\d+)/.exec(
+      text,
+    );
+    const sum = /infera_routing_decision_seconds_sum\{policy="round-robin",router="mixed"\} (\S+)/.exec(text);
+    assert.ok(decided > 0);
+    // One observation per decision, each a positive time well under a second.
+    assert.equal(Number(timed?.[1]), decided);
+    assert.ok(Number(sum?.[1]) > 0 && Number(sum?.[1]) < decided);
+    assert.match(
+      text,
+      /infera_routing_decision_seconds_bucket\{policy="round-robin",router="mixed",le="\+Inf"\} \d+/,
+    );
+  });
 });

@@ -237,22 +237,24 @@ export class StepPolicy implements RoutingPolicy {
   }
 
   select(req: RoutingRequest, candidates: readonly WorkerState[]): Selection {
+    const t0 = performance.now();
     const ctx = this.decide(req, candidates);
     this.last = ctx;
     const i = ctx.winner;
     const worker = candidates[i];
     const reason = ctx.reason!;
     this.stats.decisions[reason] = (this.stats.decisions[reason] ?? 0) + 1;
-    if (!this.source) return { worker, reason };
+    if (!this.source) return { worker, reason, seconds: (performance.now() - t0) / 1000 };
     const overlap = ctx.overlaps()[i];
     const blocks = ctx.promptBlocks(i);
     this.stats.overlapBlocks += overlap;
     this.stats.promptBlocks += blocks;
     this.scope.kvIndex?.decisionObserver?.(reason, overlap, blocks);
     const dpRank = pinnedRank(worker, overlap, ctx.ranks()[i]);
+    const seconds = (performance.now() - t0) / 1000;
     return dpRank === undefined
-      ? { worker, overlapBlocks: overlap, reason }
-      : { worker, overlapBlocks: overlap, reason, dpRank };
+      ? { worker, overlapBlocks: overlap, reason, seconds }
+      : { worker, overlapBlocks: overlap, reason, dpRank, seconds };
   }
 
   onRouted(req: RoutingRequest, worker: WorkerState): void {

@@ -94,6 +94,19 @@ test("kv-aware sends a request to the worker holding its prefix, and not after B
   assert.equal(after.reason, "load");
 });
 
+test("kv-aware and round-robin selections carry the time the scheduler took to choose", () => {
+  const index = new KvIndex();
+  const ws = Array.from({ length: 300 }, (_, i) => worker(`w${i}`));
+  for (const w of ws) index.addWorker(w.record.id, BS);
+  index.apply("w7", storedFor(tok.encode(doc), 5000));
+  const sel = kvPolicy(index).select(request(`${doc} Question: what is topic 7?`), ws);
+  assert.equal(sel.worker.record.id, "w7");
+  // The server's infera_routing_decision_seconds observes this: a positive time under a second.
+  assert.ok(sel.seconds !== undefined && sel.seconds > 0 && sel.seconds < 1, `seconds ${sel.seconds}`);
+  const rr = policies["round-robin"]!({ logger, options: {} }).select(request("hi"), ws);
+  assert.ok(rr.seconds !== undefined && rr.seconds >= 0 && rr.seconds < 1, `seconds ${rr.seconds}`);
+});
+
 test("cache salts isolate tenants", () => {
   const index = new KvIndex();
   const ws = [worker("a"), worker("b")];
