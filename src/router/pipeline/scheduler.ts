@@ -44,16 +44,26 @@ export interface SchedulerOptions {
 
 /** Cached [0, 1, …, n−1] rows (never written: filters return new arrays). */
 const identities: (readonly number[])[] = [];
+/** Past 256 workers only the last size is kept: a fleet's size changes seldom, and one row per
+ *  size seen would keep every size a growing fleet passed through. */
+let bigIdentity: readonly number[] = [];
 function identity(n: number): readonly number[] {
-  if (n >= 256) return Array.from({ length: n }, (_, i) => i);
+  if (n >= 256) {
+    if (bigIdentity.length !== n) bigIdentity = Object.freeze(Array.from({ length: n }, (_, i) => i));
+    return bigIdentity;
+  }
   identities[n] ??= Object.freeze(Array.from({ length: n }, (_, i) => i));
   return identities[n];
 }
 
 /** Cached zero totals for steps without scorers (never written). */
 const zeroRows: Float64Array[] = [];
+let bigZeros = new Float64Array(0);
 function zeros(n: number): Float64Array {
-  if (n >= 256) return new Float64Array(n);
+  if (n >= 256) {
+    if (bigZeros.length !== n) bigZeros = new Float64Array(n);
+    return bigZeros;
+  }
   zeroRows[n] ??= new Float64Array(n);
   return zeroRows[n];
 }
