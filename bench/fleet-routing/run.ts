@@ -1,0 +1,347 @@
+/**
+ * Fleet routing under load (issue #19): llm-d's precise-prefix-cache benchmark shape — T tenants
+ * with one long shared prefix each and short questions, Poisson arrivals stepped up past the
+ * fleet's saturation — through `infera server` (1, 2 or 4 replicas behind a balancer) over one
+ * `infera-sim --fleet N` process whose pools hold the working set only when tenants are
+ * partitioned (fleet total ≈ 1.5× the working set).
+ *
+ *   node bench/fleet-routing/run.ts [--quick] [--workers 8,16] [--tenants 150] [--prefix 6000]
+ *     [--rates 4,8,12,16,20,24] [--step-s 20] [--drain-s 10] [--speed 1] [--kv-replicas 1,2,4]
+ *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--hot-rate 12] [--out DIR]
+ *
+ * Rates are per model second for 8 workers and scale with the worker count. Latencies are in
+ * model time (wall × --speed). Output: results.json, plot.html, and the tables on stdout.
+ */
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { runBench } from "../../src/bench/index.ts";
+import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { cpuSeconds, type Engines, engineCounters, resetCaches, startEngines } from "./engines.ts";
+import { type Goal, goals, printGoals, printSteps, renderHtml } from "./report.ts";
+import { COMPOSED_NAME, decisionsOf, MODEL, startReplicas, writeWorkersFile } from "./servers.ts";
+import {
+  type CpuShare,
+  type HotRecord,
+  type RunRecord,
+  type Slo,
+  type StepFigures,
+  stepFigures,
+} from "./stats.ts";
+import { buildStep, type Reuse, ReuseTracker, tenantPrefixes } from "./trace.ts";
+
+const args = process.argv.slice(2);
+const has = (name: string) => args.includes(`--${name}`);
+const str = (name: string, def: string) => {
+  const i = args.indexOf(`--${name}`);
+  return i >= 0 ? args[i + 1] : def;
+};
+const num = (name: string, def: number) => Number(str(name, String(def)));
+const list = (name: string, def: string) => str(name, def).split(",").filter(Boolean);
+const quick = has("quick");
+
+const HERE = fileURLToPath(new URL(".", import.meta.url));
+const OUT = str("out", HERE);
+const BS = num("block-size", 16);
+const SPEED = num("speed", 1);
+const PROFILE = str("profile", join(HERE, "qwen3-32b-tp2-h100.json"));
+const WORKERS = list("workers", quick ? "8" : "8,16").map(Number);
+const TENANTS = num("tenants", quick ? 48 : 150);
+const PREFIX = num("prefix", 6000);
+const QUESTION = num("question", 64);
+const MAX_TOKENS = num("max-tokens", 24);
+/** Offered rates (requests per model second) for 8 workers; ×(workers / 8) for other counts. */
+const RATES = list("rates", quick ? "6,12,18" : "4,8,12,16,20").map(Number);
+/** Model seconds of arrivals per step, and wall seconds a step waits for its backlog after them. */
+const STEP_S = num("step-s", quick ? 10 : 20);
+const DRAIN_S = num("drain-s", quick ? 6 : 10);
+const POLICIES = list("policies", `round-robin,approx-prefix,kv-aware,${COMPOSED_NAME}`);
+const KV_REPLICAS = list("kv-replicas", quick ? "1,4" : "1,2,4").map(Number);
+/** Replica counts for the other policies. */
+const OTHER_REPLICAS = list("other-replicas", "1").map(Number);
+/** Policies at 16+ workers (the costliest part of a run). */
+const BIG_POLICIES = list("big-policies", "round-robin,approx-prefix,kv-aware");
+const HOT_RATE = num("hot-rate", quick ? 12 : 12);
+const HOT_POLICIES = list("hot-policies", `kv-aware,${COMPOSED_NAME},approx-prefix`);
+const SEED = num("seed", 19);
+const SLO: Slo = { ttftMs: num("slo-ttft-ms", 2000), itlMs: num("slo-itl-ms", 50) };
+const READY_TIMEOUT_MS = num("ready-timeout", 90) * 1000;
+const NCPU = cpus().length;
+
+const tok = getDefaultTokenizer();
+const prefixes = tenantPrefixes({ seed: SEED, tenants: TENANTS, prefixWords: PREFIX });
+const log = (s: string) =>
+  process.stderr.write(`[fleet-routing ${new Date().toISOString().slice(11, 19)}] ${s}\n`);
+
+/** Blocks per engine: the fleet holds 1.5× the working set (every tenant's prefix once). */
+function blocksPerEngine(workers: number): number {
+  const working = Math.ceil((PREFIX + 40) / BS) * TENANTS;
+  return Math.ceil((1.5 * working) / workers);
+}
+
+function cpuNow(pids: readonly number[]): number {
+  let t = 0;
+  for (const p of pids) t += cpuSeconds(p);
+  return t;
+}
+
+/** Waits until no engine runs or queues a request (a given-up backlog being aborted). */
+async function waitIdle(engines: Engines, limitMs = 30_000): Promise<void> {
+  const deadline = Date.now() + limitMs;
+  for (;;) {
+    const busy = await Promise.all(
+      engines.engines.map(async (e) => {
+        const t = await (await fetch(`${e.url}/metrics`)).text();
+        return /^vllm:num_requests_(running|waiting)\{[^}]*\} [1-9]/m.test(t);
+      }),
+    );
+    if (!busy.some(Boolean) || Date.now() > deadline) return;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** One rate step through the balancer at `url`: Poisson arrivals, then a bounded drain. */
+async function runStep(
+  url: string,
+  rate: number,
+  reqs: ReturnType<typeof buildStep>,
+  reuse: Reuse,
+  engines: Engines,
+  serverPids: readonly number[],
+  label: string,
+): Promise<StepFigures> {
+  const wallWindowS = STEP_S / SPEED;
+  const ac = new AbortController();
+  let abortMs = Number.POSITIVE_INFINITY;
+  const started = performance.now();
+  const timer = setTimeout(
+    () => {
+      abortMs = performance.now() - started;
+      ac.abort();
+    },
+    (wallWindowS + DRAIN_S) * 1000,
+  );
+  const f0 = cpuNow(engines.pids);
+  const s0 = cpuNow(serverPids);
+  const b0 = process.cpuUsage();
+  const t0 = performance.now();
+  let lastLog = 0;
+  const result = await runBench({
+    url,
+    model: MODEL,
+    workload: reqs,
+    stream: true,
+    seed: SEED,
+    timeoutMs: (wallWindowS + DRAIN_S + 30) * 1000,
+    label,
+    signal: ac.signal,
+    onProgress: (p) => {
+      if (p.elapsedMs - lastLog < 5000) return;
+      lastLog = p.elapsedMs;
+      log(
+        `  ${label}: ${p.done}/${p.total} done, ${p.inFlight} in flight, ${(p.elapsedMs / 1000).toFixed(0)} s`,
+      );
+    },
+  });
+  clearTimeout(timer);
+  const wallS = (performance.now() - t0) / 1000;
+  const b1 = process.cpuUsage(b0);
+  const cpu: CpuShare = {
+    fleetCore: (100 * (cpuNow(engines.pids) - f0)) / wallS,
+    fleetBox: (100 * (cpuNow(engines.pids) - f0)) / wallS / NCPU,
+    serversCore: (100 * (cpuNow(serverPids) - s0)) / wallS,
+    benchCore: (100 * ((b1.user + b1.system) / 1e6)) / wallS,
+    load1: loadavg()[0],
+  };
+  // runBench's records start at its own run start, which is within a millisecond of `started`.
+  const f = stepFigures(rate, result.requests, reqs.length, reuse, {
+    speed: SPEED,
+    slo: SLO,
+    abortMs,
+    wallS,
+    cpu,
+  });
+  await waitIdle(engines);
+  return f;
+}
+
+function stepLine(label: string, f: StepFigures): string {
+  return `${label} rate ${f.rate}/s: TTFT p50/p90/p99 ${f.ttftP50.toFixed(0)}/${f.ttftP90.toFixed(0)}/${f.ttftP99.toFixed(0)} ms, ITL p50 ${f.itlP50.toFixed(1)} ms, ${f.throughput.toFixed(1)} req/s, goodput ${f.goodput.toFixed(1)}, hit ${(100 * f.hitRate).toFixed(1)}% (${(100 * f.ofReachable).toFixed(0)}% of reachable), unfinished ${f.unfinished}, fleet CPU ${f.cpu.fleetCore.toFixed(0)}% of a core, servers ${f.cpu.serversCore.toFixed(0)}%, load ${f.cpu.load1.toFixed(1)}, ${f.wallS.toFixed(0)} s`;
+}
+
+async function main(): Promise<void> {
+  const t0 = Date.now();
+  const scaleRates = (w: number) => RATES.map((r) => +((r * w) / 8).toFixed(2));
+  const stepTraces = new Map<number, { reqs: ReturnType<typeof buildStep>; reuse: Reuse }[]>();
+  for (const w of WORKERS) {
+    const tracker = new ReuseTracker(tok, BS);
+    stepTraces.set(
+      w,
+      scaleRates(w).map((rate) => {
+        const reqs = buildStep(prefixes, {
+          seed: SEED,
+          rate: rate * SPEED,
+          durationS: STEP_S / SPEED,
+          questionWords: QUESTION,
+          maxTokens: MAX_TOKENS,
+        });
+        return { reqs, reuse: tracker.add(reqs) };
+      }),
+    );
+  }
+  log(
+    `${TENANTS} tenants × ${PREFIX}-word prefixes, ${QUESTION}-word questions, max_tokens ${MAX_TOKENS}; workers ${WORKERS.join(",")}; rates ${RATES.join(",")}/s per 8 workers, ${STEP_S} model s each; --speed ${SPEED}; profile ${PROFILE}; ${NCPU} CPUs, load ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(" ")}`,
+  );
+  const dir = mkdtempSync(join(tmpdir(), "fleet-routing-"));
+  const runs: RunRecord[] = [];
+  const hot: HotRecord[] = [];
+  let engines: Engines | null = null;
+  for (const sig of ["SIGINT", "SIGTERM"] as const)
+    process.once(sig, () => {
+      engines?.kill();
+      process.exit(130);
+    });
+  try {
+    for (const w of WORKERS) {
+      const blocks = blocksPerEngine(w);
+      engines = await startEngines(w, [
+        "--block-size",
+        String(BS),
+        "--num-gpu-blocks",
+        String(blocks),
+        "--speed",
+        String(SPEED),
+        "--profile",
+        PROFILE,
+      ]);
+      log(`${w} engines (${engines.mode}, pids ${engines.pids.join(",")}) × ${blocks} blocks of ${BS}`);
+      const workersFile = writeWorkersFile(dir, engines.engines, BS);
+      const configs: Array<[string, number]> = [];
+      for (const p of w === WORKERS[0] ? POLICIES : POLICIES.filter((x) => BIG_POLICIES.includes(x)))
+        for (const n of p === "kv-aware" && w === WORKERS[0] ? KV_REPLICAS : OTHER_REPLICAS)
+          configs.push([p, n]);
+      for (const [policy, replicas] of configs) {
+        await resetCaches(engines.engines);
+        const rs = await startReplicas(policy, replicas, {
+          workersFile,
+          workers: w,
+          dir,
+          readyTimeoutMs: READY_TIMEOUT_MS,
+        });
+        const run: RunRecord = { workers: w, policy, replicas, steps: [], decisions: "" };
+        try {
+          // The kv-aware servers' replay ends in the reset's AllBlocksCleared: their index starts empty too.
+          await new Promise((r) => setTimeout(r, 500));
+          for (const [i, st] of (stepTraces.get(w) ?? []).entries()) {
+            const rate = scaleRates(w)[i];
+            const label = `${w}w ${policy}×${replicas}`;
+            log(`${label} rate ${rate}/s: ${st.reqs.length} requests`);
+            const f = await runStep(rs.url, rate, st.reqs, st.reuse, engines, rs.pids, label);
+            run.steps.push(f);
+            log(stepLine(label, f));
+          }
+          run.decisions = await decisionsOf(rs.servers);
+        } finally {
+          await rs.close();
+        }
+        runs.push(run);
+        writeJson(runs, hot, null);
+      }
+      if (w === WORKERS[0]) {
+        // The hot-spot case: tenant 0 has half of the traffic.
+        const reqs = buildStep(prefixes, {
+          seed: SEED + 1,
+          rate: HOT_RATE * SPEED,
+          durationS: STEP_S / SPEED,
+          questionWords: QUESTION,
+          maxTokens: MAX_TOKENS,
+          dominantShare: 0.5,
+        });
+        const reuse = new ReuseTracker(tok, BS).add(reqs);
+        for (const policy of POLICIES.filter((p) => HOT_POLICIES.includes(p))) {
+          await resetCaches(engines.engines);
+          const rs = await startReplicas(policy, 1, {
+            workersFile,
+            workers: w,
+            dir,
+            readyTimeoutMs: READY_TIMEOUT_MS,
+          });
+          try {
+            await new Promise((r) => setTimeout(r, 500));
+            const c0 = await engineCounters(engines.engines);
+            const label = `${w}w hot-spot ${policy}`;
+            const f = await runStep(rs.url, HOT_RATE, reqs, reuse, engines, rs.pids, label);
+            const c1 = await engineCounters(engines.engines);
+            const perWorker = c1.map((c, i) => ({
+              requests: c.requests - c0[i].requests,
+              prefillTokens: c.prefillTokens - c0[i].prefillTokens,
+            }));
+            const ratio = (xs: number[]) =>
+              Math.max(...xs) / (xs.reduce((a, b) => a + b, 0) / xs.length || 1);
+            const h: HotRecord = {
+              policy,
+              rate: HOT_RATE,
+              dominantShare: 0.5,
+              perWorker,
+              maxOverMeanRequests: ratio(perWorker.map((p) => p.requests)),
+              maxOverMeanPrefill: ratio(perWorker.map((p) => p.prefillTokens)),
+              step: f,
+            };
+            hot.push(h);
+            log(
+              `${stepLine(label, f)}; per-worker requests ${perWorker.map((p) => p.requests).join(",")} (max/mean ${h.maxOverMeanRequests.toFixed(2)}), prefill max/mean ${h.maxOverMeanPrefill.toFixed(2)}`,
+            );
+          } finally {
+            await rs.close();
+          }
+        }
+      }
+      await engines.close();
+      engines = null;
+    }
+  } finally {
+    await engines?.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const g = goals(runs, hot, SLO, WORKERS[0]);
+  printSteps(runs, hot, SPEED);
+  printGoals(g);
+  writeJson(runs, hot, g);
+  writeFileSync(join(OUT, "plot.html"), renderHtml(runs, SLO, settings()));
+  console.log(
+    `\nwrote ${join(OUT, "results.json")} and ${join(OUT, "plot.html")}; total wall time ${((Date.now() - t0) / 1000).toFixed(0)} s`,
+  );
+}
+
+function settings(): Record<string, unknown> {
+  return {
+    quick,
+    tenants: TENANTS,
+    prefixWords: PREFIX,
+    questionWords: QUESTION,
+    maxTokens: MAX_TOKENS,
+    blockSize: BS,
+    blocksPerEngine: Object.fromEntries(WORKERS.map((w) => [w, blocksPerEngine(w)])),
+    rates8: RATES,
+    stepModelS: STEP_S,
+    drainWallS: DRAIN_S,
+    speed: SPEED,
+    profile: PROFILE.replace(HERE, "bench/fleet-routing/"),
+    slo: SLO,
+    seed: SEED,
+    hotRate: HOT_RATE,
+    cpus: NCPU,
+  };
+}
+
+function writeJson(runs: RunRecord[], hot: HotRecord[], g: Goal[] | null): void {
+  writeFileSync(
+    join(OUT, quick ? "results-quick.json" : "results.json"),
+    `${JSON.stringify({ created_at: new Date().toISOString(), settings: settings(), runs, hotSpot: hot, goals: g }, null, 1)}\n`,
+  );
+}
+
+await main();
