@@ -63,7 +63,8 @@ async function freeRange(count: number): Promise<number> {
       s.listen(p, "127.0.0.1", () => s.close(() => res(true)));
     });
   for (let attempt = 0; attempt < 50; attempt++) {
-    const base = 20000 + Math.floor(Math.random() * 30000);
+    // Below the kernel's ephemeral range (32768+), where the engines' own HTTP ports come from.
+    const base = 12000 + Math.floor(Math.random() * 20000);
     let ok = true;
     for (let i = 0; i < count && ok; i++) ok = await probe(base + i);
     if (ok) return base;

@@ -6,10 +6,12 @@
  * partitioned (fleet total ≈ 1.5× the working set).
  *
  *   node bench/fleet-routing/run.ts [--quick] [--workers 8,16] [--tenants 150] [--prefix 6000]
- *     [--rates 4,8,12,16,20,24] [--step-s 20] [--drain-s 10] [--speed 1] [--kv-replicas 1,2,4]
- *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--hot-rate 12] [--out DIR]
+ *     [--rates 8,16,24,32,40] [--big-rates 16,32,40] [--step-s 15] [--drain-s 8] [--speed 1]
+ *     [--kv-replicas 1,2,4] [--other-replicas 1] [--big-policies round-robin,approx-prefix,kv-aware]
+ *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--hot-rate 24] [--profile F] [--out DIR]
  *
- * Rates are per model second for 8 workers and scale with the worker count. Latencies are in
+ * Rates are per model second for 8 workers and scale with the worker count (the first count runs
+ * --rates, the others --big-rates: the full llm-d shape at 16 workers costs the most CPU). Latencies are in
  * model time (wall × --speed). Output: results.json, plot.html, and the tables on stdout.
  */
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -52,17 +54,19 @@ const PREFIX = num("prefix", 6000);
 const QUESTION = num("question", 64);
 const MAX_TOKENS = num("max-tokens", 24);
 /** Offered rates (requests per model second) for 8 workers; ×(workers / 8) for other counts. */
-const RATES = list("rates", quick ? "6,12,18" : "4,8,12,16,20").map(Number);
+const RATES = list("rates", quick ? "8,32" : "8,16,24,32,40").map(Number);
+/** The rates of the runs past the first worker count (per 8 workers, scaled alike). */
+const BIG_RATES = list("big-rates", "16,32,40").map(Number);
 /** Model seconds of arrivals per step, and wall seconds a step waits for its backlog after them. */
-const STEP_S = num("step-s", quick ? 10 : 20);
-const DRAIN_S = num("drain-s", quick ? 6 : 10);
+const STEP_S = num("step-s", quick ? 8 : 15);
+const DRAIN_S = num("drain-s", quick ? 5 : 8);
 const POLICIES = list("policies", `round-robin,approx-prefix,kv-aware,${COMPOSED_NAME}`);
 const KV_REPLICAS = list("kv-replicas", quick ? "1,4" : "1,2,4").map(Number);
 /** Replica counts for the other policies. */
 const OTHER_REPLICAS = list("other-replicas", "1").map(Number);
 /** Policies at 16+ workers (the costliest part of a run). */
 const BIG_POLICIES = list("big-policies", "round-robin,approx-prefix,kv-aware");
-const HOT_RATE = num("hot-rate", quick ? 12 : 12);
+const HOT_RATE = num("hot-rate", 24);
 const HOT_POLICIES = list("hot-policies", `kv-aware,${COMPOSED_NAME},approx-prefix`);
 const SEED = num("seed", 19);
 const SLO: Slo = { ttftMs: num("slo-ttft-ms", 2000), itlMs: num("slo-itl-ms", 50) };
@@ -172,7 +176,8 @@ function stepLine(label: string, f: StepFigures): string {
 
 async function main(): Promise<void> {
   const t0 = Date.now();
-  const scaleRates = (w: number) => RATES.map((r) => +((r * w) / 8).toFixed(2));
+  const scaleRates = (w: number) =>
+    (w === WORKERS[0] ? RATES : BIG_RATES).map((r) => +((r * w) / 8).toFixed(2));
   const stepTraces = new Map<number, { reqs: ReturnType<typeof buildStep>; reuse: Reuse }[]>();
   for (const w of WORKERS) {
     const tracker = new ReuseTracker(tok, BS);
@@ -310,9 +315,9 @@ async function main(): Promise<void> {
   printSteps(runs, hot, SPEED);
   printGoals(g);
   writeJson(runs, hot, g);
-  writeFileSync(join(OUT, "plot.html"), renderHtml(runs, SLO, settings()));
+  writeFileSync(join(OUT, quick ? "plot-quick.html" : "plot.html"), renderHtml(runs, SLO, settings()));
   console.log(
-    `\nwrote ${join(OUT, "results.json")} and ${join(OUT, "plot.html")}; total wall time ${((Date.now() - t0) / 1000).toFixed(0)} s`,
+    `\nwrote ${join(OUT, quick ? "results-quick.json" : "results.json")} and ${join(OUT, quick ? "plot-quick.html" : "plot.html")}; total wall time ${((Date.now() - t0) / 1000).toFixed(0)} s`,
   );
 }
 
@@ -326,6 +331,7 @@ function settings(): Record<string, unknown> {
     blockSize: BS,
     blocksPerEngine: Object.fromEntries(WORKERS.map((w) => [w, blocksPerEngine(w)])),
     rates8: RATES,
+    bigRates8: BIG_RATES,
     stepModelS: STEP_S,
     drainWallS: DRAIN_S,
     speed: SPEED,
