@@ -24,6 +24,9 @@ export interface Engines {
   pids: number[];
   close(): Promise<void>;
   kill(): void;
+  /** Whether every engine process still runs; their recent output, for failure messages. */
+  alive(): boolean;
+  output(): string;
 }
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
@@ -133,6 +136,8 @@ async function startFleet(count: number, simArgs: readonly string[], timeoutMs: 
     mode: "fleet",
     engines,
     pids: [child.pid ?? manifest.pid],
+    alive: () => child.exitCode === null && child.signalCode === null,
+    output: () => out,
     async close() {
       if (child.exitCode !== null || child.signalCode !== null) return;
       child.kill("SIGTERM");
@@ -163,6 +168,8 @@ async function startProcesses(
     mode: "processes",
     engines: sims.map((s) => ({ url: s.url, kvEndpoint: s.kvEndpoint, replayEndpoint: s.replayEndpoint })),
     pids: sims.map((s) => s.pid),
+    alive: () => sims.every((s) => s.child.exitCode === null && s.child.signalCode === null),
+    output: () => sims.map((s) => s.output()).join("\n"),
     close: async () => {
       await Promise.all(sims.map((s) => s.stop()));
     },
@@ -176,9 +183,9 @@ async function startProcesses(
 export async function resetCaches(engines: readonly Engine[]): Promise<void> {
   for (const e of engines) {
     for (let i = 0; ; i++) {
-      const r = await fetch(`${e.url}/reset_prefix_cache`, { method: "POST" });
-      if (r.ok) break;
-      if (i > 100) throw new Error(`reset_prefix_cache on ${e.url}: ${r.status}`);
+      const r = await fetch(`${e.url}/reset_prefix_cache`, { method: "POST" }).catch(() => null);
+      if (r?.ok) break;
+      if (i > 100) throw new Error(`reset_prefix_cache on ${e.url}: ${r?.status ?? "no answer"}`);
       await new Promise((res) => setTimeout(res, 100));
     }
   }
@@ -203,7 +210,7 @@ export async function engineCounters(
 ): Promise<Array<{ requests: number; promptTokens: number; prefillTokens: number }>> {
   return Promise.all(
     engines.map(async (e) => {
-      const text = await (await fetch(`${e.url}/metrics`)).text();
+      const text = await fetchText(`${e.url}/metrics`);
       const promptTokens = metricSum(text, "vllm:prompt_tokens_total");
       return {
         requests: metricSum(text, "vllm:request_success_total"),
@@ -213,6 +220,18 @@ export async function engineCounters(
       };
     }),
   );
+}
+
+/** GET with a few retries: an engine busy with a burst may reset a connection. */
+export async function fetchText(url: string): Promise<string> {
+  for (let i = 0; ; i++) {
+    try {
+      return await (await fetch(url)).text();
+    } catch (err) {
+      if (i >= 5) throw err;
+      await new Promise((r) => setTimeout(r, 200 * (i + 1)));
+    }
+  }
 }
 
 /** CPU seconds (user + system) a process has used, from /proc/<pid>/stat; 0 once it is gone. */

@@ -128,9 +128,9 @@ function row(label: string, s: StepFigures): string {
 const HEADER =
   "| policy × replicas | rate/s | TTFT p50 ms | p90 ms | p99 ms | ITL p50 ms | req/s | goodput | hit | of reachable | done | fleet CPU core / box | servers CPU | bench CPU | load 1m |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
-export function printSteps(runs: RunRecord[], hot: HotRecord[], speed: number): void {
+export function printSteps(runs: RunRecord[], hot: HotRecord[], speed: string): void {
   console.log(
-    `\nAll latencies and rates in model time (wall × ${speed}); CPU as % of one core over the step.`,
+    `\nAll latencies and rates in model time (wall × the sims' --speed: ${speed}); CPU as % of one core over the step.`,
   );
   for (const w of [...new Set(runs.map((r) => r.workers))]) {
     console.log(`\n### ${w} workers\n\n${HEADER}`);

@@ -5,14 +5,17 @@
  * `infera-sim --fleet N` process whose pools hold the working set only when tenants are
  * partitioned (fleet total ≈ 1.5× the working set).
  *
- *   node bench/fleet-routing/run.ts [--quick] [--workers 8,16] [--tenants 150] [--prefix 6000]
- *     [--rates 8,16,24,32,40] [--big-rates 16,32,40] [--step-s 15] [--drain-s 8] [--speed 1]
- *     [--kv-replicas 1,2,4] [--other-replicas 1] [--big-policies round-robin,approx-prefix,kv-aware]
- *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--hot-rate 24] [--profile F] [--out DIR]
+ *   node bench/fleet-routing/run.ts [--quick] [--workers 8,16] [--tenants 64] [--prefix 6000]
+ *     [--rates 8,16,24,32,40] [--big-rates 8,24,40] [--step-s 6] [--drain-s 20] [--warm-rate 8]
+ *     [--speed 0.5] [--big-speed 0.25] [--kv-replicas 1,2,4] [--other-replicas 1]
+ *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--big-policies round-robin,kv-aware]
+ *     [--hot-rate 24] [--hot-policies kv-aware,kv+queue] [--profile F] [--out DIR]
  *
- * Rates are per model second for 8 workers and scale with the worker count (the first count runs
- * --rates, the others --big-rates: the full llm-d shape at 16 workers costs the most CPU). Latencies are in
- * model time (wall × --speed). Output: results.json, plot.html, and the tables on stdout.
+ * The full llm-d shape: --tenants 150. Rates are per model second for 8 workers and scale with
+ * the worker count (the first count runs --rates, the others --big-rates). Each policy × replica
+ * count: reset caches, a warm-up (one request per tenant), then the rate stages back to back.
+ * Latencies and rates are in model time (wall × --speed). Output: results.json, plot.html
+ * (results-quick.json, plot-quick.html with --quick) and the tables on stdout.
  */
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, tmpdir } from "node:os";
@@ -46,28 +49,36 @@ const quick = has("quick");
 const HERE = fileURLToPath(new URL(".", import.meta.url));
 const OUT = str("out", HERE);
 const BS = num("block-size", 16);
-const SPEED = num("speed", 1);
+/** Sim speed of the first worker count, and of the others (more engines, twice the rates). */
+const SPEED = num("speed", quick ? 1 : 0.5);
+const BIG_SPEED = num("big-speed", 0.25);
+const speedFor = (w: number) => (w === WORKERS[0] ? SPEED : BIG_SPEED);
 const PROFILE = str("profile", join(HERE, "qwen3-32b-tp2-h100.json"));
 const WORKERS = list("workers", quick ? "8" : "8,16").map(Number);
-const TENANTS = num("tenants", quick ? 48 : 150);
+const TENANTS = num("tenants", quick ? 32 : 64);
 const PREFIX = num("prefix", 6000);
 const QUESTION = num("question", 64);
 const MAX_TOKENS = num("max-tokens", 24);
 /** Offered rates (requests per model second) for 8 workers; ×(workers / 8) for other counts. */
-const RATES = list("rates", quick ? "8,32" : "8,16,24,32,40").map(Number);
+const RATES = list("rates", quick ? "8,40" : "8,16,24,32,40").map(Number);
 /** The rates of the runs past the first worker count (per 8 workers, scaled alike). */
-const BIG_RATES = list("big-rates", "16,32,40").map(Number);
-/** Model seconds of arrivals per step, and wall seconds a step waits for its backlog after them. */
-const STEP_S = num("step-s", quick ? 8 : 15);
-const DRAIN_S = num("drain-s", quick ? 5 : 8);
-const POLICIES = list("policies", `round-robin,approx-prefix,kv-aware,${COMPOSED_NAME}`);
+const BIG_RATES = list("big-rates", "8,24,40").map(Number);
+/** Model seconds of arrivals per stage, and wall seconds the run waits for its backlog after the last. */
+const STEP_S = num("step-s", 6);
+const DRAIN_S = num("drain-s", quick ? 10 : 20);
+const POLICIES = list(
+  "policies",
+  quick ? "round-robin,approx-prefix,kv-aware" : `round-robin,approx-prefix,kv-aware,${COMPOSED_NAME}`,
+);
 const KV_REPLICAS = list("kv-replicas", quick ? "1,4" : "1,2,4").map(Number);
 /** Replica counts for the other policies. */
 const OTHER_REPLICAS = list("other-replicas", "1").map(Number);
 /** Policies at 16+ workers (the costliest part of a run). */
-const BIG_POLICIES = list("big-policies", "round-robin,approx-prefix,kv-aware");
+const BIG_POLICIES = list("big-policies", "round-robin,kv-aware");
 const HOT_RATE = num("hot-rate", 24);
-const HOT_POLICIES = list("hot-policies", `kv-aware,${COMPOSED_NAME},approx-prefix`);
+/** Warm-up before the stages: one request per tenant at this rate (per model second). */
+const WARM_RATE = num("warm-rate", 8);
+const HOT_POLICIES = list("hot-policies", quick ? "kv-aware" : `kv-aware,${COMPOSED_NAME}`);
 const SEED = num("seed", 19);
 const SLO: Slo = { ttftMs: num("slo-ttft-ms", 2000), itlMs: num("slo-itl-ms", 50) };
 const READY_TIMEOUT_MS = num("ready-timeout", 90) * 1000;
@@ -96,8 +107,16 @@ async function waitIdle(engines: Engines, limitMs = 30_000): Promise<void> {
   for (;;) {
     const busy = await Promise.all(
       engines.engines.map(async (e) => {
-        const t = await (await fetch(`${e.url}/metrics`)).text();
-        return /^vllm:num_requests_(running|waiting)\{[^}]*\} [1-9]/m.test(t);
+        try {
+          const t = await (await fetch(`${e.url}/metrics`)).text();
+          return /^vllm:num_requests_(running|waiting)\{[^}]*\} [1-9]/m.test(t);
+        } catch (err) {
+          // A busy engine may reset a scrape; ask again (until the deadline).
+          log(
+            `waitIdle: ${e.url}/metrics: ${String(err)}${engines.alive() ? "" : `; the engines exited: ${engines.output()}`}`,
+          );
+          return true;
+        }
       }),
     );
     if (!busy.some(Boolean) || Date.now() > deadline) return;
@@ -105,17 +124,42 @@ async function waitIdle(engines: Engines, limitMs = 30_000): Promise<void> {
   }
 }
 
-/** One rate step through the balancer at `url`: Poisson arrivals, then a bounded drain. */
-async function runStep(
+interface Stage {
+  rate: number;
+  reqs: ReturnType<typeof buildStep>;
+  reuse: Reuse;
+  /** Wall ms the stage lasts (its arrivals' window). */
+  durationMs: number;
+}
+
+/**
+ * Rate stages back to back through the balancer at `url`, as llm-d's benchmark runs its load
+ * stages: one open-loop arrival stream whose rate steps up every STEP_S model seconds, with no
+ * pause between stages, so a backlog a policy builds in one stage is still there in the next.
+ * After the last stage the run waits DRAIN_S (wall) for its backlog, then gives up on the rest:
+ * those requests count as unfinished, with the time they had waited as their TTFT (a lower bound).
+ * Figures are per stage, over the requests that arrived in it; CPU over the stage's window.
+ */
+async function runStages(
   url: string,
-  rate: number,
-  reqs: ReturnType<typeof buildStep>,
-  reuse: Reuse,
+  stages: readonly Stage[],
   engines: Engines,
   serverPids: readonly number[],
   label: string,
-): Promise<StepFigures> {
-  const wallWindowS = STEP_S / SPEED;
+  speed: number,
+): Promise<StepFigures[]> {
+  const all: ReturnType<typeof buildStep> = [];
+  const offsets: number[] = [];
+  for (const [k, st] of stages.entries()) {
+    offsets.push(all.length);
+    for (const r of st.reqs)
+      all.push({
+        ...r,
+        index: all.length,
+        arrivalMs: (r.arrivalMs ?? 0) + k * windowMs,
+        group: `${r.group}@${k}`,
+      });
+  }
   const ac = new AbortController();
   let abortMs = Number.POSITIVE_INFINITY;
   const started = performance.now();
@@ -124,24 +168,42 @@ async function runStep(
       abortMs = performance.now() - started;
       ac.abort();
     },
-    (wallWindowS + DRAIN_S) * 1000,
+    endMs + DRAIN_S * 1000,
   );
-  const f0 = cpuNow(engines.pids);
-  const s0 = cpuNow(serverPids);
-  const b0 = process.cpuUsage();
-  const t0 = performance.now();
+  // CPU counters at every stage boundary (and at the end of the run).
+  const marks: Array<{ fleet: number; servers: number; bench: number; at: number; load: number }> = [];
+  const mark = () => {
+    const u = process.cpuUsage();
+    marks.push({
+      fleet: cpuNow(engines.pids),
+      servers: cpuNow(serverPids),
+      bench: (u.user + u.system) / 1e6,
+      at: performance.now(),
+      load: loadavg()[0],
+    });
+  };
+  mark();
+  const timers = stages.slice(1).map((_, k) =>
+    setTimeout(
+      () => {
+        mark();
+        log(`${label}: stage ${k + 2}/${stages.length}, ${stages[k + 1].rate}/s`);
+      },
+      (k + 1) * windowMs,
+    ),
+  );
   let lastLog = 0;
   const result = await runBench({
     url,
     model: MODEL,
-    workload: reqs,
+    workload: all,
     stream: true,
     seed: SEED,
-    timeoutMs: (wallWindowS + DRAIN_S + 30) * 1000,
+    timeoutMs: endMs + DRAIN_S * 1000 + 60_000,
     label,
     signal: ac.signal,
     onProgress: (p) => {
-      if (p.elapsedMs - lastLog < 5000) return;
+      if (p.elapsedMs - lastLog < 10_000) return;
       lastLog = p.elapsedMs;
       log(
         `  ${label}: ${p.done}/${p.total} done, ${p.inFlight} in flight, ${(p.elapsedMs / 1000).toFixed(0)} s`,
@@ -149,25 +211,30 @@ async function runStep(
     },
   });
   clearTimeout(timer);
-  const wallS = (performance.now() - t0) / 1000;
-  const b1 = process.cpuUsage(b0);
-  const cpu: CpuShare = {
-    fleetCore: (100 * (cpuNow(engines.pids) - f0)) / wallS,
-    fleetBox: (100 * (cpuNow(engines.pids) - f0)) / wallS / NCPU,
-    serversCore: (100 * (cpuNow(serverPids) - s0)) / wallS,
-    benchCore: (100 * ((b1.user + b1.system) / 1e6)) / wallS,
-    load1: loadavg()[0],
-  };
-  // runBench's records start at its own run start, which is within a millisecond of `started`.
-  const f = stepFigures(rate, result.requests, reqs.length, reuse, {
-    speed: SPEED,
-    slo: SLO,
-    abortMs,
-    wallS,
-    cpu,
-  });
+  for (const t of timers) clearTimeout(t);
+  mark();
+  const out: StepFigures[] = [];
+  for (const [k, st] of stages.entries()) {
+    const a = marks[k];
+    // The last stage's CPU window runs to the end of the drain.
+    const b = marks[Math.min(k + 1, marks.length - 1)];
+    const wallS = (b.at - a.at) / 1000;
+    const cpu: CpuShare = {
+      fleetCore: (100 * (b.fleet - a.fleet)) / wallS,
+      fleetBox: (100 * (b.fleet - a.fleet)) / wallS / NCPU,
+      serversCore: (100 * (b.servers - a.servers)) / wallS,
+      benchCore: (100 * (b.bench - a.bench)) / wallS,
+      load1: b.load,
+    };
+    const lo = offsets[k];
+    const hi = lo + st.reqs.length;
+    const recs = result.requests
+      .filter((r) => r.index >= lo && r.index < hi)
+      .map((r) => ({ ...r, index: r.index - lo }));
+    out.push(stepFigures(st.rate, recs, st.reqs.length, st.reuse, { speed, slo: SLO, abortMs, wallS, cpu }));
+  }
   await waitIdle(engines);
-  return f;
+  return out;
 }
 
 function stepLine(label: string, f: StepFigures): string {
@@ -178,25 +245,41 @@ async function main(): Promise<void> {
   const t0 = Date.now();
   const scaleRates = (w: number) =>
     (w === WORKERS[0] ? RATES : BIG_RATES).map((r) => +((r * w) / 8).toFixed(2));
-  const stepTraces = new Map<number, { reqs: ReturnType<typeof buildStep>; reuse: Reuse }[]>();
+  const stepTraces = new Map<number, Stage[]>();
+  const warmStage = (tracker: ReuseTracker, speed: number): Stage => {
+    const reqs = buildWarmup(prefixes, {
+      seed: SEED,
+      rate: WARM_RATE * speed,
+      questionWords: QUESTION,
+      maxTokens: MAX_TOKENS,
+    });
+    return {
+      rate: WARM_RATE,
+      reqs,
+      reuse: tracker.add(reqs),
+      durationMs: (reqs[reqs.length - 1]?.arrivalMs ?? 0) + 1,
+    };
+  };
   for (const w of WORKERS) {
     const tracker = new ReuseTracker(tok, BS);
-    stepTraces.set(
-      w,
-      scaleRates(w).map((rate) => {
+    const speed = speedFor(w);
+    const warm = warmStage(tracker, speed);
+    stepTraces.set(w, [
+      warm,
+      ...scaleRates(w).map((rate) => {
         const reqs = buildStep(prefixes, {
           seed: SEED,
-          rate: rate * SPEED,
-          durationS: STEP_S / SPEED,
+          rate: rate * speed,
+          durationS: STEP_S / speed,
           questionWords: QUESTION,
           maxTokens: MAX_TOKENS,
         });
-        return { reqs, reuse: tracker.add(reqs) };
+        return { rate, reqs, reuse: tracker.add(reqs), durationMs: (STEP_S / speed) * 1000 };
       }),
-    );
+    ]);
   }
   log(
-    `${TENANTS} tenants × ${PREFIX}-word prefixes, ${QUESTION}-word questions, max_tokens ${MAX_TOKENS}; workers ${WORKERS.join(",")}; rates ${RATES.join(",")}/s per 8 workers, ${STEP_S} model s each; --speed ${SPEED}; profile ${PROFILE}; ${NCPU} CPUs, load ${loadavg()
+    `${TENANTS} tenants × ${PREFIX}-word prefixes, ${QUESTION}-word questions, max_tokens ${MAX_TOKENS}; workers ${WORKERS.join(",")}; rates ${RATES.join(",")}/s per 8 workers, ${STEP_S} model s each; --speed ${WORKERS.map(speedFor).join(",")}; profile ${PROFILE}; ${NCPU} CPUs, load ${loadavg()
       .map((x) => x.toFixed(1))
       .join(" ")}`,
   );
@@ -218,7 +301,7 @@ async function main(): Promise<void> {
         "--num-gpu-blocks",
         String(blocks),
         "--speed",
-        String(SPEED),
+        String(speedFor(w)),
         "--profile",
         PROFILE,
       ]);
@@ -240,14 +323,16 @@ async function main(): Promise<void> {
         try {
           // The kv-aware servers' replay ends in the reset's AllBlocksCleared: their index starts empty too.
           await new Promise((r) => setTimeout(r, 500));
-          for (const [i, st] of (stepTraces.get(w) ?? []).entries()) {
-            const rate = scaleRates(w)[i];
-            const label = `${w}w ${policy}×${replicas}`;
-            log(`${label} rate ${rate}/s: ${st.reqs.length} requests`);
-            const f = await runStep(rs.url, rate, st.reqs, st.reuse, engines, rs.pids, label);
-            run.steps.push(f);
-            log(stepLine(label, f));
-          }
+          const stages = stepTraces.get(w) ?? [];
+          const label = `${w}w ${policy}×${replicas}`;
+          log(
+            `${label}: ${stages.map((x, i) => `${x.reqs.length} at ${x.rate}/s${i === 0 ? " (warm-up)" : ""}`).join(", ")}`,
+          );
+          const [warm, ...steps] = await runStages(rs.url, stages, engines, rs.pids, label, speedFor(w));
+          run.warmup = warm;
+          run.steps = steps;
+          log(stepLine(`${label} warm-up`, warm));
+          for (const f of run.steps) log(stepLine(label, f));
           run.decisions = await decisionsOf(rs.servers);
         } finally {
           await rs.close();
@@ -265,7 +350,9 @@ async function main(): Promise<void> {
           maxTokens: MAX_TOKENS,
           dominantShare: 0.5,
         });
-        const reuse = new ReuseTracker(tok, BS).add(reqs);
+        const hotTracker = new ReuseTracker(tok, BS);
+        const hotWarm = warmStage(hotTracker, SPEED);
+        const reuse = hotTracker.add(reqs);
         for (const policy of POLICIES.filter((p) => HOT_POLICIES.includes(p))) {
           await resetCaches(engines.engines);
           const rs = await startReplicas(policy, 1, {
@@ -276,9 +363,18 @@ async function main(): Promise<void> {
           });
           try {
             await new Promise((r) => setTimeout(r, 500));
-            const c0 = await engineCounters(engines.engines);
             const label = `${w}w hot-spot ${policy}`;
-            const f = await runStep(rs.url, HOT_RATE, reqs, reuse, engines, rs.pids, label);
+            // Warm-up first (each tenant placed once), then the counters, then the hot stage.
+            await runStages(rs.url, [hotWarm], engines, rs.pids, `${label} warm-up`, SPEED);
+            const c0 = await engineCounters(engines.engines);
+            const [f] = await runStages(
+              rs.url,
+              [{ rate: HOT_RATE, reqs, reuse, durationMs: (STEP_S / SPEED) * 1000 }],
+              engines,
+              rs.pids,
+              label,
+              SPEED,
+            );
             const c1 = await engineCounters(engines.engines);
             const perWorker = c1.map((c, i) => ({
               requests: c.requests - c0[i].requests,
@@ -312,7 +408,7 @@ async function main(): Promise<void> {
     rmSync(dir, { recursive: true, force: true });
   }
   const g = goals(runs, hot, SLO, WORKERS[0]);
-  printSteps(runs, hot, SPEED);
+  printSteps(runs, hot, WORKERS.map(speedFor).join(", "));
   printGoals(g);
   writeJson(runs, hot, g);
   writeFileSync(join(OUT, quick ? "plot-quick.html" : "plot.html"), renderHtml(runs, SLO, settings()));
@@ -334,7 +430,7 @@ function settings(): Record<string, unknown> {
     bigRates8: BIG_RATES,
     stepModelS: STEP_S,
     drainWallS: DRAIN_S,
-    speed: SPEED,
+    speed: Object.fromEntries(WORKERS.map((w) => [w, speedFor(w)])),
     profile: PROFILE.replace(HERE, "bench/fleet-routing/"),
     slo: SLO,
     seed: SEED,

@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { startBalancer } from "./balancer.ts";
-import type { Engine } from "./engines.ts";
+import { type Engine, fetchText } from "./engines.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 export const MODEL = "sim-model";
@@ -167,7 +167,9 @@ export async function startReplicas(
 export async function decisionsOf(servers: Replicas["servers"]): Promise<string> {
   const per = await Promise.all(
     servers.map(async (s) => {
-      const text = await (await fetch(`${s.url}/metrics`)).text();
+      const text = await fetchText(`${s.url}/metrics`).catch(
+        (e: unknown) => `# ${String(e)}; server exit code ${s.child.exitCode}, signal ${s.child.signalCode}`,
+      );
       const out: string[] = [];
       for (const m of text.matchAll(/^infera_routing_decisions_total\{([^}]*)\} (\d+)/gm)) {
         const reason = /reason="([^"]*)"/.exec(m[1])?.[1];

@@ -127,6 +127,8 @@ export interface RunRecord {
   workers: number;
   policy: string;
   replicas: number;
+  /** The warm-up stage (one request per tenant), not part of the goals. */
+  warmup?: StepFigures;
   steps: StepFigures[];
   decisions: string;
 }

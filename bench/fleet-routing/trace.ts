@@ -75,6 +75,37 @@ export function buildStep(prefixes: readonly string[], o: StepTraceOptions): Ben
   return reqs;
 }
 
+/**
+ * The warm-up before the measured stages: one request per tenant, tenants in a seeded random
+ * order, Poisson arrivals at `rate`, so every policy starts from caches that have seen each
+ * prefix once (the first measured stage is not all cold misses). It lasts until its last arrival.
+ */
+export function buildWarmup(
+  prefixes: readonly string[],
+  o: { seed: number; rate: number; questionWords: number; maxTokens: number },
+): BenchRequest[] {
+  const rng = new Prng(o.seed).fork("warmup");
+  const order = prefixes.map((_, i) => i);
+  for (let i = order.length - 1; i > 0; i--) {
+    const j = rng.int(0, i);
+    [order[i], order[j]] = [order[j], order[i]];
+  }
+  let t = 0;
+  return order.map((tenant, index) => {
+    t += rng.exponential(o.rate) * 1000;
+    return {
+      index,
+      messages: [
+        { role: "system", content: prefixes[tenant] },
+        { role: "user", content: `Warm-up ${index}: ${words(rng, o.questionWords)}` },
+      ],
+      maxTokens: o.maxTokens,
+      arrivalMs: t,
+      group: `tenant-${tenant}`,
+    };
+  });
+}
+
 /** Tokens of the trace's prompts, and what a never-evicting cache could have hit. */
 export interface Reuse {
   prompt: number;

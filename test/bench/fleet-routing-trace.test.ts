@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { buildStep, ReuseTracker, tenantPrefixes } from "../../bench/fleet-routing/trace.ts";
+import { buildStep, buildWarmup, ReuseTracker, tenantPrefixes } from "../../bench/fleet-routing/trace.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 
 const tok = getDefaultTokenizer();
@@ -63,6 +63,23 @@ describe("fleet-routing trace", () => {
     const hot = share(buildStep(p, { ...step, dominantShare: 0.5 }));
     assert.ok(Math.abs(hot[0] - 0.5) < 0.03, `dominant share ${hot[0]}`);
     for (const s of hot.slice(1)) assert.ok(Math.abs(s - 0.5 / 9) < 0.02, `other share ${s}`);
+  });
+
+  it("warms up with exactly one request per tenant, seeded, in arrival order", () => {
+    const p = tenantPrefixes({ seed: 1, tenants: 40, prefixWords: 5 });
+    const o = { seed: 9, rate: 8, questionWords: 4, maxTokens: 2 };
+    const w = buildWarmup(p, o);
+    assert.equal(JSON.stringify(w), JSON.stringify(buildWarmup(p, o)));
+    assert.deepEqual(
+      w.map((r) => Number(r.group?.split("-")[1])).sort((a, b) => a - b),
+      p.map((_, i) => i),
+    );
+    for (let i = 1; i < w.length; i++) assert.ok((w[i].arrivalMs ?? 0) >= (w[i - 1].arrivalMs ?? 0));
+    assert.notDeepEqual(
+      w.map((r) => r.group),
+      p.map((_, i) => `tenant-${i}`),
+      "a shuffled order",
+    );
   });
 
   it("counts as reachable the leading full blocks an earlier prompt shares, across steps", () => {
