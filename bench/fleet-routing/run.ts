@@ -25,7 +25,14 @@ import { runBench } from "../../src/bench/index.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches, startEngines } from "./engines.ts";
 import { type Goal, goals, printGoals, printSteps, renderHtml } from "./report.ts";
-import { COMPOSED_NAME, decisionsOf, MODEL, startReplicas, writeWorkersFile } from "./servers.ts";
+import {
+  COMPOSED_NAME,
+  decisionsOf,
+  killServers,
+  MODEL,
+  startReplicas,
+  writeWorkersFile,
+} from "./servers.ts";
 import {
   type CpuShare,
   type HotRecord,
@@ -34,7 +41,7 @@ import {
   type StepFigures,
   stepFigures,
 } from "./stats.ts";
-import { buildStep, type Reuse, ReuseTracker, tenantPrefixes } from "./trace.ts";
+import { buildStep, buildWarmup, type Reuse, ReuseTracker, tenantPrefixes } from "./trace.ts";
 
 const args = process.argv.slice(2);
 const has = (name: string) => args.includes(`--${name}`);
@@ -150,16 +157,20 @@ async function runStages(
 ): Promise<StepFigures[]> {
   const all: ReturnType<typeof buildStep> = [];
   const offsets: number[] = [];
+  /** Wall ms from the run start to each stage's start, and to the end of the last. */
+  const starts: number[] = [0];
   for (const [k, st] of stages.entries()) {
     offsets.push(all.length);
     for (const r of st.reqs)
       all.push({
         ...r,
         index: all.length,
-        arrivalMs: (r.arrivalMs ?? 0) + k * windowMs,
+        arrivalMs: (r.arrivalMs ?? 0) + starts[k],
         group: `${r.group}@${k}`,
       });
+    starts.push(starts[k] + st.durationMs);
   }
+  const endMs = starts[stages.length];
   const ac = new AbortController();
   let abortMs = Number.POSITIVE_INFINITY;
   const started = performance.now();
@@ -189,7 +200,7 @@ async function runStages(
         mark();
         log(`${label}: stage ${k + 2}/${stages.length}, ${stages[k + 1].rate}/s`);
       },
-      (k + 1) * windowMs,
+      starts[k + 1],
     ),
   );
   let lastLog = 0;
@@ -290,6 +301,7 @@ async function main(): Promise<void> {
   for (const sig of ["SIGINT", "SIGTERM"] as const)
     process.once(sig, () => {
       engines?.kill();
+      killServers();
       process.exit(130);
     });
   try {

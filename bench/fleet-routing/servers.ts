@@ -137,6 +137,14 @@ async function stopChild(child: ChildProcess): Promise<void> {
   clearTimeout(t);
 }
 
+/** Server processes running now, for killServers() on an interrupted run. */
+const live = new Set<ChildProcess>();
+
+/** SIGKILLs every server replica still running (the run was interrupted). */
+export function killServers(): void {
+  for (const c of live) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+}
+
 /** `n` replicas of `policy` behind a round-robin balancer. */
 export async function startReplicas(
   policy: string,
@@ -152,6 +160,7 @@ export async function startReplicas(
     throw (started.find((s) => s.status === "rejected") as PromiseRejectedResult).reason;
   }
   const lb = await startBalancer(servers.map((s) => s.url));
+  for (const s of servers) live.add(s.child);
   return {
     url: lb.url,
     servers,
@@ -159,6 +168,7 @@ export async function startReplicas(
     async close() {
       await lb.close();
       await Promise.all(servers.map((s) => stopChild(s.child)));
+      for (const s of servers) live.delete(s.child);
     },
   };
 }
