@@ -213,3 +213,21 @@ ${parts.join("\n")}
 </body></html>
 `;
 }
+
+/** TTFT p90 (model s) per policy × replicas and rate, one table per worker count: the headline. */
+export function printHeadline(runs: RunRecord[]): void {
+  for (const w of [...new Set(runs.map((r) => r.workers))]) {
+    const rs = runs.filter((r) => r.workers === w);
+    const rates = rs[0]?.steps.map((s) => s.rate) ?? [];
+    console.log(
+      `\nTTFT p90 (model s) by offered rate, ${w} workers (≥: some requests unfinished, their wait counted)\n\n| policy | ${rates.map((r) => `${r}/s`).join(" | ")} | hit at ${rates[rates.length - 1]}/s |\n|---|${rates.map(() => "---|").join("")}---|`,
+    );
+    for (const r of rs) {
+      const cells = r.steps.map((s) => `${s.unfinished > 0 ? "≥ " : ""}${(s.ttftP90 / 1000).toFixed(2)}`);
+      const last = r.steps[r.steps.length - 1];
+      console.log(
+        `| ${r.policy}${r.replicas > 1 ? ` × ${r.replicas}` : ""} | ${cells.join(" | ")} | ${last ? pct(last.hitRate) : "-"} |`,
+      );
+    }
+  }
+}

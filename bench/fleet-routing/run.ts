@@ -24,7 +24,7 @@ import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches, startEngines } from "./engines.ts";
-import { type Goal, goals, printGoals, printSteps, renderHtml } from "./report.ts";
+import { type Goal, goals, printGoals, printHeadline, printSteps, renderHtml } from "./report.ts";
 import {
   COMPOSED_NAME,
   decisionsOf,
@@ -421,6 +421,7 @@ async function main(): Promise<void> {
   }
   const g = goals(runs, hot, SLO, WORKERS[0]);
   printSteps(runs, hot, WORKERS.map(speedFor).join(", "));
+  printHeadline(runs);
   printGoals(g);
   writeJson(runs, hot, g);
   writeFileSync(join(OUT, quick ? "plot-quick.html" : "plot.html"), renderHtml(runs, SLO, settings()));
