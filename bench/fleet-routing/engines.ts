@@ -185,7 +185,7 @@ export async function resetCaches(engines: readonly Engine[]): Promise<void> {
     for (let i = 0; ; i++) {
       const r = await fetch(`${e.url}/reset_prefix_cache`, { method: "POST" }).catch(() => null);
       if (r?.ok) break;
-      if (i > 100) throw new Error(`reset_prefix_cache on ${e.url}: ${r?.status ?? "no answer"}`);
+      if (i > 600) throw new Error(`reset_prefix_cache on ${e.url}: ${r?.status ?? "no answer"}`);
       await new Promise((res) => setTimeout(res, 100));
     }
   }

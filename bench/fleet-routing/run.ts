@@ -6,8 +6,9 @@
  * partitioned (fleet total ≈ 1.5× the working set).
  *
  *   node bench/fleet-routing/run.ts [--quick] [--workers 8,16] [--tenants 64] [--prefix 6000]
- *     [--rates 8,16,24,32,40] [--big-rates 8,24,40] [--step-s 6] [--drain-s 20] [--warm-rate 8]
- *     [--speed 0.5] [--big-speed 0.25] [--kv-replicas 1,2,4] [--other-replicas 1]
+ *     [--rates 8,16,24,32,40] [--big-rates 8,24,40] [--step-s 6] [--drain-s 15] [--warm-rate 8]
+ *     [--speed 0.5] [--big-speed 0.25] [--kv-replicas 1,2,4] [--approx-replicas 1,4]
+ *     [--other-replicas 1]
  *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--big-policies round-robin,kv-aware]
  *     [--hot-rate 24] [--hot-policies kv-aware,kv+queue] [--profile F] [--out DIR]
  *
@@ -72,7 +73,7 @@ const RATES = list("rates", quick ? "8,40" : "8,16,24,32,40").map(Number);
 const BIG_RATES = list("big-rates", "8,24,40").map(Number);
 /** Model seconds of arrivals per stage, and wall seconds the run waits for its backlog after the last. */
 const STEP_S = num("step-s", 6);
-const DRAIN_S = num("drain-s", quick ? 10 : 20);
+const DRAIN_S = num("drain-s", quick ? 10 : 15);
 const POLICIES = list(
   "policies",
   quick ? "round-robin,approx-prefix,kv-aware" : `round-robin,approx-prefix,kv-aware,${COMPOSED_NAME}`,
@@ -80,6 +81,8 @@ const POLICIES = list(
 const KV_REPLICAS = list("kv-replicas", quick ? "1,4" : "1,2,4").map(Number);
 /** Replica counts for the other policies. */
 const OTHER_REPLICAS = list("other-replicas", "1").map(Number);
+/** approx-prefix's replica counts: with several, each replica's tree sees only its share. */
+const APPROX_REPLICAS = list("approx-replicas", quick ? "1" : "1,4").map(Number);
 /** Policies at 16+ workers (the costliest part of a run). */
 const BIG_POLICIES = list("big-policies", "round-robin,kv-aware");
 const HOT_RATE = num("hot-rate", 24);
@@ -321,7 +324,13 @@ async function main(): Promise<void> {
       const workersFile = writeWorkersFile(dir, engines.engines, BS);
       const configs: Array<[string, number]> = [];
       for (const p of w === WORKERS[0] ? POLICIES : POLICIES.filter((x) => BIG_POLICIES.includes(x)))
-        for (const n of p === "kv-aware" && w === WORKERS[0] ? KV_REPLICAS : OTHER_REPLICAS)
+        for (const n of w !== WORKERS[0]
+          ? OTHER_REPLICAS
+          : p === "kv-aware"
+            ? KV_REPLICAS
+            : p === "approx-prefix"
+              ? APPROX_REPLICAS
+              : OTHER_REPLICAS)
           configs.push([p, n]);
       for (const [policy, replicas] of configs) {
         await resetCaches(engines.engines);
