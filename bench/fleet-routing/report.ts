@@ -226,7 +226,7 @@ export function printHeadline(runs: RunRecord[]): void {
       const cells = r.steps.map((s) => `${s.unfinished > 0 ? "≥ " : ""}${(s.ttftP90 / 1000).toFixed(2)}`);
       const last = r.steps[r.steps.length - 1];
       console.log(
-        `| ${r.policy}${r.replicas > 1 ? ` × ${r.replicas}` : ""} | ${cells.join(" | ")} | ${last ? pct(last.hitRate) : "-"} |`,
+        `| ${r.policy}${r.replicas > 1 ? ` × ${r.replicas}` : ""} | ${cells.join(" | ")} | ${last && last.ok > 0 ? pct(last.hitRate) : "none finished"} |`,
       );
     }
   }
