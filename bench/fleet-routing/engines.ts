@@ -207,7 +207,7 @@ export function metricSum(text: string, name: string): number {
 /** Per engine: requests finished, prompt and computed prompt tokens (the load served so far). */
 export async function engineCounters(
   engines: readonly Engine[],
-): Promise<Array<{ requests: number; promptTokens: number; prefillTokens: number }>> {
+): Promise<Array<{ requests: number; promptTokens: number; prefillTokens: number; preemptions: number }>> {
   return Promise.all(
     engines.map(async (e) => {
       const text = await fetchText(`${e.url}/metrics`);
@@ -217,6 +217,7 @@ export async function engineCounters(
         promptTokens,
         // What the engine computed: prompt tokens less its prefix-cache hits.
         prefillTokens: promptTokens - metricSum(text, "vllm:prefix_cache_hits_total"),
+        preemptions: metricSum(text, "vllm:num_preemptions_total"),
       };
     }),
   );

@@ -137,7 +137,9 @@ export function printSteps(runs: RunRecord[], hot: HotRecord[], speed: string): 
     for (const r of runs.filter((x) => x.workers === w))
       for (const s of r.steps) console.log(row(`${r.policy} × ${r.replicas}`, s));
     for (const r of runs.filter((x) => x.workers === w))
-      console.log(`decisions ${r.policy} × ${r.replicas}: ${r.decisions}`);
+      console.log(
+        `decisions ${r.policy} × ${r.replicas}: ${r.decisions}; per-worker requests ${r.perWorkerRequests.join(", ")}; engine preemptions ${r.preemptions}`,
+      );
   }
   if (hot.length > 0) {
     console.log(`\n### hot spot: tenant 0 has 50% of the traffic\n\n${HEADER}`);

@@ -340,7 +340,16 @@ async function main(): Promise<void> {
           dir,
           readyTimeoutMs: READY_TIMEOUT_MS,
         });
-        const run: RunRecord = { workers: w, policy, replicas, steps: [], decisions: "" };
+        const run: RunRecord = {
+          workers: w,
+          policy,
+          replicas,
+          steps: [],
+          decisions: "",
+          perWorkerRequests: [],
+          preemptions: 0,
+        };
+        const before = await engineCounters(engines.engines);
         try {
           // The kv-aware servers' replay ends in the reset's AllBlocksCleared: their index starts empty too.
           await new Promise((r) => setTimeout(r, 500));
@@ -355,6 +364,12 @@ async function main(): Promise<void> {
           log(stepLine(`${label} warm-up`, warm));
           for (const f of run.steps) log(stepLine(label, f));
           run.decisions = await decisionsOf(rs.servers);
+          const after = await engineCounters(engines.engines);
+          run.perWorkerRequests = after.map((c, i) => c.requests - before[i].requests);
+          run.preemptions = after.reduce((a, c, i) => a + c.preemptions - before[i].preemptions, 0);
+          log(
+            `${label}: per-worker requests ${run.perWorkerRequests.join(",")}, preemptions ${run.preemptions}`,
+          );
         } finally {
           await rs.close();
         }

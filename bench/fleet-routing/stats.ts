@@ -131,6 +131,9 @@ export interface RunRecord {
   warmup?: StepFigures;
   steps: StepFigures[];
   decisions: string;
+  /** Per engine over the whole run (warm-up included): requests finished and preemptions. */
+  perWorkerRequests: number[];
+  preemptions: number;
 }
 
 export interface HotRecord {
