@@ -159,6 +159,15 @@ const COLORS: Record<string, string> = {
 };
 const DASH = ["#1f77b4", "#9467bd", "#17becf", "#8c564b"];
 
+/** Gives a chart's SVG its title as a <title> and aria-label (screen readers; biome's a11y rules). */
+function titled(svg: string): string {
+  return svg.replace(
+    /^<svg ([^>]*)>\n(<text [^>]*>([^<]*)<\/text>)/,
+    (_m, attrs: string, text: string, title: string) =>
+      `<svg role="img" aria-label="${title}" ${attrs}>\n<title>${title}</title>\n${text}`,
+  );
+}
+
 /** TTFT p90 (and goodput, hit rate) against rate per policy, one set of charts per worker count. */
 export function renderHtml(runs: RunRecord[], slo: Slo, settings: Record<string, unknown>): string {
   const parts: string[] = [];
@@ -205,13 +214,13 @@ export function renderHtml(runs: RunRecord[], slo: Slo, settings: Record<string,
     );
   }
   return `<!doctype html>
-<html><head><meta charset="utf-8"><title>infera bench: fleet-routing</title>
+<html lang="en"><head><meta charset="utf-8"><title>infera bench: fleet-routing</title>
 <style>body{font-family:sans-serif;margin:24px;color:#222}</style></head><body>
 <h2>infera bench: fleet-routing (bench/fleet-routing)</h2>
 <p>${Object.entries(settings)
     .map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : String(v)}`)
     .join(" · ")}</p>
-${parts.join("\n")}
+${parts.map(titled).join("\n")}
 </body></html>
 `;
 }
