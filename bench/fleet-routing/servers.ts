@@ -1,0 +1,196 @@
+/**
+ * `infera server` replicas for one policy, spawned through the CLI with static discovery over a
+ * workers file (records with `kvEvents`), behind the round-robin HTTP balancer of
+ * bench/kv-routing, as a production deployment would have them.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { serverArgs } from "../../test/helpers/infera.ts";
+import { freePort } from "../../test/helpers/ports.ts";
+import { startBalancer } from "./balancer.ts";
+import { type Engine, fetchText } from "./engines.ts";
+
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+export const MODEL = "sim-model";
+
+/**
+ * The composed profile this benchmark adds to the three presets: kv-aware's scorers with the
+ * engine's own waiting queue weighted 4× more (16 per waiting request instead of 4), so a
+ * worker that has started to queue loses its affinity sooner, in the way llm-d's precise
+ * profile weighs its queue scorer against the prefix scorer. Config-file syntax:
+ * src/router/pipeline/README.md ("Composing a profile").
+ */
+export const COMPOSED_NAME = "kv+queue";
+const COMPOSED_YAML = `policy: kv-aware
+profiles:
+  mixed:
+    filters:
+      - name: imbalance-guard
+        params: { balanceAbsThreshold: 16, balanceRelThreshold: 1.5, prefer: overlap }
+    scorers:
+      - { name: kv-prefix, weight: 1 }
+      - { name: prefill-backlog, weight: 1 }
+      - { name: active-decode, weight: 0.5 }
+      - { name: engine-queue, weight: 16 }
+      - { name: cache-pressure, weight: 0.1 }
+    picker: { name: argmin }
+`;
+
+/** Writes the workers file the servers discover the engines from. */
+export function writeWorkersFile(dir: string, engines: readonly Engine[], blockSize: number): string {
+  const file = join(dir, `workers-${engines.length}.json`);
+  writeFileSync(
+    file,
+    JSON.stringify(
+      engines.map((e, i) => ({
+        id: `sim-${i}`,
+        url: e.url,
+        model: MODEL,
+        servedModelNames: [MODEL],
+        engine: "sim",
+        blockSize,
+        kvEvents: {
+          endpoint: e.kvEndpoint,
+          replayEndpoint: e.replayEndpoint ?? undefined,
+          topic: "kv-events",
+          framing: "seq",
+        },
+      })),
+    ),
+  );
+  return file;
+}
+
+export interface Replicas {
+  url: string;
+  servers: Array<{ url: string; child: ChildProcess }>;
+  pids: number[];
+  close(): Promise<void>;
+}
+
+async function startServer(
+  policy: string,
+  workersFile: string,
+  workers: number,
+  dir: string,
+  readyTimeoutMs: number,
+): Promise<{ url: string; child: ChildProcess }> {
+  const port = await freePort();
+  let policyArgs = ["--policy", policy];
+  if (policy === COMPOSED_NAME) {
+    const file = join(dir, "composed.yaml");
+    writeFileSync(file, COMPOSED_YAML);
+    policyArgs = ["--config", file];
+  }
+  const child = spawn(
+    process.execPath,
+    [
+      join(ROOT, "bin/infera.js"),
+      ...serverArgs(port),
+      "--discovery",
+      "static",
+      "--workers-file",
+      workersFile,
+      ...policyArgs,
+      "--scrape-interval",
+      "250",
+    ],
+    {
+      cwd: ROOT,
+      env: { ...process.env, INFERA_LOG_LEVEL: process.env.FLEET_ROUTING_SERVER_LOG ?? "warn" },
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
+  let out = "";
+  const keep = (b: Buffer) => {
+    out = (out + b.toString()).slice(-20000);
+  };
+  child.stdout?.on("data", keep);
+  child.stderr?.on("data", keep);
+  const url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + readyTimeoutMs;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`infera server exited: ${out}`);
+    try {
+      const r = await fetch(`${url}/ready`);
+      if (r.ok && ((await r.json()) as { workers: number }).workers === workers) break;
+    } catch {
+      // not up yet
+    }
+    if (Date.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error(`infera server not ready: ${out}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { url, child };
+}
+
+async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const done = new Promise((r) => child.once("exit", r));
+  child.kill("SIGTERM");
+  const t = setTimeout(() => child.kill("SIGKILL"), 5000);
+  await done;
+  clearTimeout(t);
+}
+
+/** Server processes running now, for killServers() on an interrupted run. */
+const live = new Set<ChildProcess>();
+
+/** SIGKILLs every server replica still running (the run was interrupted). */
+export function killServers(): void {
+  for (const c of live) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+}
+
+/** `n` replicas of `policy` behind a round-robin balancer. */
+export async function startReplicas(
+  policy: string,
+  n: number,
+  o: { workersFile: string; workers: number; dir: string; readyTimeoutMs: number },
+): Promise<Replicas> {
+  const started = await Promise.allSettled(
+    Array.from({ length: n }, () => startServer(policy, o.workersFile, o.workers, o.dir, o.readyTimeoutMs)),
+  );
+  const servers = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
+  if (servers.length < n) {
+    await Promise.all(servers.map((s) => stopChild(s.child)));
+    throw (started.find((s) => s.status === "rejected") as PromiseRejectedResult).reason;
+  }
+  const lb = await startBalancer(servers.map((s) => s.url));
+  for (const s of servers) live.add(s.child);
+  return {
+    url: lb.url,
+    servers,
+    pids: servers.map((s) => s.child.pid ?? 0),
+    async close() {
+      await lb.close();
+      await Promise.all(servers.map((s) => stopChild(s.child)));
+      for (const s of servers) live.delete(s.child);
+    },
+  };
+}
+
+/** The servers' routing decisions by reason, and KV-ingest trouble, from their /metrics. */
+export async function decisionsOf(servers: Replicas["servers"]): Promise<string> {
+  const per = await Promise.all(
+    servers.map(async (s) => {
+      const text = await fetchText(`${s.url}/metrics`).catch(
+        (e: unknown) => `# ${String(e)}; server exit code ${s.child.exitCode}, signal ${s.child.signalCode}`,
+      );
+      const out: string[] = [];
+      for (const m of text.matchAll(/^infera_routing_decisions_total\{([^}]*)\} (\d+)/gm)) {
+        const reason = /reason="([^"]*)"/.exec(m[1])?.[1];
+        if (reason) out.push(`${reason}=${m[2]}`);
+      }
+      for (const m of text.matchAll(
+        /^infera_kv_(worker_resets|malformed_messages)_total(\{[^}]*\})? (\d+)/gm,
+      ))
+        if (m[3] !== "0") out.push(`${m[1]}=${m[3]}`);
+      return out.join(" ");
+    }),
+  );
+  return per.join(" | ");
+}
