@@ -53,7 +53,7 @@ await build({
     [BODY_PARSER_WORKER]: join(SRC, "server/body-parser-worker.ts"),
   },
   define: {
-    INFERA_BODY_PARSER_WORKER: JSON.stringify(
+    __BODY_PARSER_WORKER_FILE__: JSON.stringify(
       `${relative(join(SRC, "server"), OUT).split("\\").join("/")}/${BODY_PARSER_WORKER}.js`,
     ),
   },

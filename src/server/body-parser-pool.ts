@@ -45,12 +45,12 @@ export const OFF_LOOP_BODY_BYTES = 256 * 1024;
  * (esbuild `define`); absent when the sources run as they are. (In dist/, `import.meta.url` is
  * rewritten to the source file's URL: see the build script.)
  */
-declare const INFERA_BODY_PARSER_WORKER: string | undefined;
+declare const __BODY_PARSER_WORKER_FILE__: string | undefined;
 
 /** Where the worker's module should be (the pool checks that it is there). */
 function defaultWorkerFile(): URL {
   const rel =
-    typeof INFERA_BODY_PARSER_WORKER === "string" ? INFERA_BODY_PARSER_WORKER : "./body-parser-worker.ts";
+    typeof __BODY_PARSER_WORKER_FILE__ === "string" ? __BODY_PARSER_WORKER_FILE__ : "./body-parser-worker.ts";
   return new URL(rel, import.meta.url);
 }
 
