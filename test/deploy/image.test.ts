@@ -46,6 +46,19 @@ function whyNot(): string | undefined {
       return `${tool} not installed (Debian package ${tool}; scripts/install-system-deps.sh installs it)`;
     }
   }
+  // A host where podman itself cannot start (no storage driver, no user namespaces) cannot build
+  // any image: that is the machine, not the image, and the reason is printed as the skip.
+  try {
+    execFileSync("podman", ["info", "--format", "{{.Store.GraphDriverName}}"], {
+      stdio: ["ignore", "ignore", "pipe"],
+      timeout: 60_000,
+    });
+  } catch (err) {
+    const why = String((err as { stderr?: Buffer }).stderr ?? err)
+      .trim()
+      .split("\n")[0];
+    return `podman cannot run on this host: podman info failed: ${why}`;
+  }
   return undefined;
 }
 const skip = whyNot();
