@@ -92,6 +92,25 @@ test("filters: imbalance-guard narrows to the least loaded only past both thresh
   assert.throws(() => filter("imbalance-guard", { balanceAbs: 3 }), /Unrecognized key/);
 });
 
+test("filters: load-ceiling drops only the workers above ratio × mean + slack", () => {
+  const w = ws("a", "b", "c", "d");
+  const f = filter("load-ceiling", { ratio: 1.5, slack: 1 });
+  assert.deepEqual(f.filter(ctx(w), at(4)), [0, 1, 2, 3], "idle fleet: all kept");
+  w[0].inFlight = 6; // mean 2.25 → ceiling 4.375: a is out, the rest stay (unlike the guard)
+  w[1].inFlight = 2;
+  w[2].inFlight = 1;
+  w[3].inFlight = 0;
+  const c = ctx(w);
+  assert.deepEqual(f.filter(c, at(4)), [1, 2, 3]);
+  assert.equal(c.reason, undefined, "it names no decision: the scorers still choose");
+  w[0].inFlight = 4; // mean 1.75 → ceiling 3.625: still out
+  assert.deepEqual(f.filter(ctx(w), at(4)), [1, 2, 3]);
+  w[0].inFlight = 3; // mean 1.5 → ceiling 3.25: kept
+  assert.deepEqual(f.filter(ctx(w), at(4)), [0, 1, 2, 3]);
+  assert.deepEqual(f.filter(ctx(w), [0]), [0], "a lone candidate is kept");
+  assert.throws(() => filter("load-ceiling", { ratio: 0.5 }), /ratio/);
+});
+
 test("filters: health, model, role, connector", () => {
   const w = ws(
     "a",
