@@ -38,6 +38,33 @@ profiles:
     picker: { name: argmin }
 `;
 
+/**
+ * A second composed profile, for the hot-spot case: kv-aware's scorers behind the load-ceiling
+ * filter (src/router/pipeline/filters/load-ceiling.ts) instead of SGLang's imbalance guard: a
+ * worker loaded above 1.5 × the mean + 2 leaves the choice, so a hot tenant spills to the next
+ * worker by prefix score while every other request keeps its locality.
+ */
+export const SPREAD_NAME = "kv+spread";
+const SPREAD_YAML = `policy: kv-aware
+profiles:
+  mixed:
+    filters:
+      - name: load-ceiling
+        params: { ratio: 1.5, slack: 2 }
+    scorers:
+      - { name: kv-prefix, weight: 1 }
+      - { name: prefill-backlog, weight: 1 }
+      - { name: active-decode, weight: 0.5 }
+      - { name: engine-queue, weight: 4 }
+      - { name: cache-pressure, weight: 0.1 }
+    picker: { name: argmin }
+`;
+
+const COMPOSED_PROFILES: Readonly<Record<string, string>> = {
+  [COMPOSED_NAME]: COMPOSED_YAML,
+  [SPREAD_NAME]: SPREAD_YAML,
+};
+
 /** Writes the workers file the servers discover the engines from. */
 export function writeWorkersFile(dir: string, engines: readonly Engine[], blockSize: number): string {
   const file = join(dir, `workers-${engines.length}.json`);
@@ -79,9 +106,10 @@ async function startServer(
 ): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
   let policyArgs = ["--policy", policy];
-  if (policy === COMPOSED_NAME) {
-    const file = join(dir, "composed.yaml");
-    writeFileSync(file, COMPOSED_YAML);
+  const composed = COMPOSED_PROFILES[policy];
+  if (composed) {
+    const file = join(dir, `${policy.replace(/[^a-z0-9-]/gi, "_")}.yaml`);
+    writeFileSync(file, composed);
     policyArgs = ["--config", file];
   }
   const child = spawn(
