@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
-import { startBalancer } from "./balancer.ts";
+import { startBalancer } from "../kv-routing/balancer.ts";
 import { type Engine, fetchText } from "./engines.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));

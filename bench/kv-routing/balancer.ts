@@ -1,7 +1,9 @@
 /**
  * A minimal round-robin HTTP load balancer in front of several `infera server` replicas, as a
  * production deployment would have: each request (and so each turn of a conversation) may land
- * on a different replica. Streams both ways; no buffering.
+ * on a different replica. Streams both ways; no buffering. It ends the upstream request when
+ * the client goes away (bench/fleet-routing: a step that gives up on its backlog must not leave
+ * it queued in the engines for the next step). Shared by bench/kv-routing and bench/fleet-routing.
  */
 import { createServer, request, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -22,6 +24,10 @@ export async function startBalancer(
     up.on("error", () => {
       if (!res.headersSent) res.writeHead(502);
       res.end();
+    });
+    // The client hung up before the answer was complete: hang up upstream too.
+    res.on("close", () => {
+      if (!res.writableFinished) up.destroy();
     });
     req.pipe(up);
   });
