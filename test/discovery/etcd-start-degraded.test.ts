@@ -75,7 +75,14 @@ describe("etcd unreachable at start-up", () => {
     await reg.register(mixedRecord({ id: "w1", model: "deg-model", url: sim.url }));
 
     await waitUntil(async () => (await get(`${base}/ready`)).status === 200, 20_000, "server ready");
-    assert.match((await get(`${base}/metrics`)).text, /^infera_discovery_degraded 0$/m);
+    // The listed workers are served as soon as the list returns; the gauge clears once the
+    // watch from the list's revision is connected too (etcd-watcher.ts listAndWatch), a moment
+    // later on a busy machine.
+    await waitUntil(
+      async () => /^infera_discovery_degraded 0$/m.test((await get(`${base}/metrics`)).text),
+      10_000,
+      "infera_discovery_degraded back to 0",
+    );
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
