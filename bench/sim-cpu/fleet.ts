@@ -22,6 +22,7 @@ import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { FleetManifest } from "../../src/engine/sim/fleet.ts";
+import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { parseMetric } from "../../test/helpers/sim.ts";
 
@@ -159,11 +160,7 @@ async function startServer(
     process.execPath,
     [
       `${ROOT}bin/infera.js`,
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
+      ...serverArgs(port),
       "--discovery",
       "static",
       "--workers-file",

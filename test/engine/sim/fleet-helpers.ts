@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { Unpackr } from "msgpackr";
 import { Dealer, Subscriber } from "zeromq";
 import type { FleetManifest } from "../../../src/engine/sim/fleet.ts";
+import { serverArgs } from "../../helpers/infera.ts";
 import { freePort } from "../../helpers/ports.ts";
 
 const SIM_BIN = fileURLToPath(new URL("../../../bin/infera-sim.js", import.meta.url));
@@ -153,11 +154,7 @@ export async function startStaticServer(records: unknown[], args: string[] = [])
     process.execPath,
     [
       INFERA_BIN,
-      "server",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(port),
+      ...serverArgs(port),
       "--discovery",
       "static",
       "--workers-file",
