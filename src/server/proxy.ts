@@ -155,7 +155,8 @@ export async function handleCompletion(
     // but an attempt that failed destroyed its connection (a connection error, an abort), and
     // an engine that answered 2xx had read the whole prompt first. An error answer may come
     // before the engine read the body, the connection kept and still sending from this
-    // buffer: that one is left to the GC.
+    // buffer: that one is left to the GC. Over NATS the bytes are copied into nats.js's write
+    // buffer a microtask after the publish, before any answer or failure can reach here.
     if (raw && (answered === 0 || (answered >= 200 && answered < 300))) releaseBody(raw);
   }
 }

@@ -201,6 +201,8 @@ export class NatsRequestAgent {
     this.handled++;
     this.frame(st, "accept");
     if (this.earlyAborts.delete(inbox)) st.abort("client aborted");
+    // The payload goes to the engine as the bytes it came as, never parsed here: they are the
+    // client's own (plus any fields the server appended), which a re-serialisation would change.
     void this.run(st, endpoint, fwd, msg.data).finally(() => {
       st.done = true;
       this.streams.delete(inbox);

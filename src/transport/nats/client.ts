@@ -21,6 +21,7 @@ import { createLogger, type Logger } from "../../util/log.ts";
 import {
   type EndpointKind,
   type RequestExecutor,
+  rawBodyOf,
   type SendOptions,
   type SendTarget,
   type UpstreamResponse,
@@ -117,7 +118,13 @@ export class NatsRequestExecutor implements RequestExecutor {
     if (opts.signal.aborted) throw new AbortError();
     const rec = worker.record;
     const subject = rec.natsSubject ?? requestSubject(rec.model, rec.id);
-    const payload = this.enc.encode(JSON.stringify(body));
+    // The body's registered bytes when it has them (the client's own, or those plus a PD
+    // half's appended fields, ../types.ts), as the HTTP executor sends: re-serialising would
+    // change what the engine reads (1.0 → 1, integers past 2^53, duplicate keys) and costs
+    // milliseconds per long prompt. The agent hands these bytes to the engine as they are.
+    // nats.js copies them into its write buffer at its next flush (a microtask after the
+    // publish), so a pooled body buffer is not read once send() has settled.
+    const payload = rawBodyOf(body) ?? this.enc.encode(JSON.stringify(body));
     const maxPayload = this.nc.info?.max_payload ?? Number.POSITIVE_INFINITY;
     if (payload.length + 1024 > maxPayload) {
       // Not the worker's fault, so not the retry path: every worker would refuse it alike.
