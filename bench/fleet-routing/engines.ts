@@ -9,6 +9,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { isRunning, killChild, stopChild } from "../../src/util/child-process.ts";
 import { startSim } from "../../test/helpers/sim.ts";
 
 export interface Engine {
@@ -113,14 +114,13 @@ async function startFleet(count: number, simArgs: readonly string[], timeoutMs: 
   };
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
-  const exited = new Promise<void>((r) => child.once("exit", () => r()));
   const deadline = Date.now() + timeoutMs;
   let manifest: Manifest | null = null;
   while (!manifest) {
     if (child.exitCode !== null) throw new Error(`infera-sim --fleet exited with ${child.exitCode}: ${out}`);
     if (existsSync(manifestFile)) manifest = JSON.parse(readFileSync(manifestFile, "utf8")) as Manifest;
     else if (Date.now() > deadline) {
-      child.kill("SIGKILL");
+      killChild(child);
       throw new Error(`infera-sim --fleet wrote no manifest in time: ${out}`);
     } else await new Promise((r) => setTimeout(r, 100));
   }
@@ -136,18 +136,10 @@ async function startFleet(count: number, simArgs: readonly string[], timeoutMs: 
     mode: "fleet",
     engines,
     pids: [child.pid ?? manifest.pid],
-    alive: () => child.exitCode === null && child.signalCode === null,
+    alive: () => isRunning(child),
     output: () => out,
-    async close() {
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      child.kill("SIGTERM");
-      const t = setTimeout(() => child.kill("SIGKILL"), 5000);
-      await exited;
-      clearTimeout(t);
-    },
-    kill() {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-    },
+    close: () => stopChild(child),
+    kill: () => killChild(child),
   };
 }
 

@@ -7,6 +7,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { killChild, stopChild } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { startBalancer } from "../kv-routing/balancer.ts";
@@ -148,7 +149,7 @@ async function startServer(
       // not up yet
     }
     if (Date.now() > deadline) {
-      child.kill("SIGKILL");
+      killChild(child);
       throw new Error(`infera server not ready: ${out}`);
     }
     await new Promise((r) => setTimeout(r, 100));
@@ -156,21 +157,12 @@ async function startServer(
   return { url, child };
 }
 
-async function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const done = new Promise((r) => child.once("exit", r));
-  child.kill("SIGTERM");
-  const t = setTimeout(() => child.kill("SIGKILL"), 5000);
-  await done;
-  clearTimeout(t);
-}
-
 /** Server processes running now, for killServers() on an interrupted run. */
 const live = new Set<ChildProcess>();
 
 /** SIGKILLs every server replica still running (the run was interrupted). */
 export function killServers(): void {
-  for (const c of live) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+  for (const c of live) killChild(c);
 }
 
 /** `n` replicas of `policy` behind a round-robin balancer. */

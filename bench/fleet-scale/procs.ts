@@ -7,6 +7,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { stopChild } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { rssOf, scrape, sumOf } from "./measure.ts";
@@ -52,19 +53,13 @@ function child(cmd: string, argv: string[], env: Record<string, string> = {}): C
   };
   proc.stdout?.on("data", keep);
   proc.stderr?.on("data", keep);
-  const exited = new Promise<void>((r) => proc.once("exit", () => r()));
   return {
     proc,
     pid: proc.pid ?? -1,
     output: () => out,
     firstLine: (re) => new Promise((resolve) => watchers.push({ re, resolve })),
     async stop() {
-      if (proc.exitCode === null && proc.signalCode === null) {
-        proc.kill("SIGTERM");
-        const t = setTimeout(() => proc.kill("SIGKILL"), 10_000);
-        await exited;
-        clearTimeout(t);
-      }
+      await stopChild(proc, 10_000);
       live.delete(proc);
     },
   };

@@ -24,6 +24,7 @@ import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import type { BenchResult } from "../../src/bench/schema.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { stopChild } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { type SimProcess, startSim } from "../../test/helpers/sim.ts";
@@ -116,15 +117,6 @@ async function startServer(
     await new Promise((r) => setTimeout(r, 100));
   }
   return { url, child };
-}
-
-async function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null) return;
-  const done = new Promise((r) => child.once("exit", r));
-  child.kill("SIGTERM");
-  const t = setTimeout(() => child.kill("SIGKILL"), 5000);
-  await done;
-  clearTimeout(t);
 }
 
 async function resetCaches(sims: SimProcess[]): Promise<void> {

@@ -15,6 +15,7 @@ import { envVar } from "../config/env-table.ts";
 import { completeRecord } from "../discovery/static.ts";
 import type { WorkerRecord } from "../discovery/types.ts";
 import type { FleetManifest } from "../engine/sim/fleet.ts";
+import { stopChild } from "../util/child-process.ts";
 import { type InferaServer, startServer } from "./app.ts";
 
 export interface UpOptions {
@@ -144,13 +145,7 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
   const stop = (): Promise<void> => {
     stopped ??= (async () => {
       for (const s of sims) if (s.record) memory.remove(s.record.id);
-      if (proc && !exited) {
-        const gone = new Promise<void>((r) => proc!.once("exit", () => r()));
-        proc.kill("SIGTERM");
-        const grace = setTimeout(() => proc?.kill("SIGKILL"), 5000);
-        await gone;
-        clearTimeout(grace);
-      }
+      if (proc && !exited) await stopChild(proc);
       rmSync(dir, { recursive: true, force: true });
       await server.close();
       process.off("exit", onExit);

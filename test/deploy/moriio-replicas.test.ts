@@ -22,6 +22,7 @@ import { parse, stringify } from "yaml";
 import { LAUNCHER_BIN } from "../../src/deploy/render/context.ts";
 import { plain, renderCluster } from "../../src/deploy/render/index.ts";
 import { parseClusterDocument } from "../../src/deploy/spec.ts";
+import { stopChild } from "../../src/util/child-process.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
@@ -47,14 +48,7 @@ let etcd: EtcdHandle | undefined;
 let nats: NatsServerHandle | undefined;
 
 after(async () => {
-  for (const { proc } of procs.reverse()) {
-    if (proc.exitCode !== null || proc.signalCode !== null) continue;
-    proc.kill("SIGTERM");
-    const gone = new Promise((r) => proc.once("exit", r));
-    const timer = setTimeout(() => proc.kill("SIGKILL"), 10_000);
-    await gone;
-    clearTimeout(timer);
-  }
+  for (const { proc } of procs.reverse()) await stopChild(proc, 10_000);
   await etcd?.dispose();
   await nats?.close();
   rmSync(dir, { recursive: true, force: true });

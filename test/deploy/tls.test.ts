@@ -33,6 +33,7 @@ import { parseClusterDocument } from "../../src/deploy/spec.ts";
 import { createEtcdClient, etcdOptionsFromFlags } from "../../src/discovery/etcd-client.ts";
 import { natsConnectFromCli } from "../../src/transport/nats/cli-options.ts";
 import { connectNats } from "../../src/transport/nats/connection.ts";
+import { stopChild } from "../../src/util/child-process.ts";
 import { makeTlsFiles } from "../helpers/etcd.ts";
 import { spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
@@ -112,14 +113,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const p of procs.reverse()) {
-    if (p.exitCode !== null || p.signalCode !== null) continue;
-    p.kill("SIGTERM");
-    const gone = new Promise((r) => p.once("exit", r));
-    const timer = setTimeout(() => p.kill("SIGKILL"), 10_000);
-    await gone;
-    clearTimeout(timer);
-  }
+  for (const p of procs.reverse()) await stopChild(p, 10_000);
   rmSync(dir, { recursive: true, force: true });
 });
 

@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
+import { killChild, stopChild } from "../../src/util/child-process.ts";
 import { freePort, retryOnPortRace } from "./ports.ts";
 import { mixedRecord } from "./records.ts";
 
@@ -115,10 +116,6 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
   };
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
-  const exited = new Promise<void>((resolve) => {
-    if (child.exitCode !== null) resolve();
-    else child.once("exit", () => resolve());
-  });
   const url = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + (opts.timeoutMs ?? 20000);
   for (;;) {
@@ -132,7 +129,7 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
       // not listening yet
     }
     if (Date.now() > deadline) {
-      child.kill("SIGKILL");
+      killChild(child);
       throw new Error(`infera-sim did not become healthy: ${out}`);
     }
     await new Promise((r) => setTimeout(r, 50));
@@ -149,16 +146,8 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
       const r = await fetch(`${url}/metrics`);
       return r.text();
     },
-    async stop() {
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      child.kill("SIGTERM");
-      const t = setTimeout(() => child.kill("SIGKILL"), 5000);
-      await exited;
-      clearTimeout(t);
-    },
-    kill() {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-    },
+    stop: () => stopChild(child),
+    kill: () => killChild(child),
     output: () => out,
   };
 }

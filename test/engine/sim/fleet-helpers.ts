@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { Unpackr } from "msgpackr";
 import { Dealer, Subscriber } from "zeromq";
 import type { FleetManifest } from "../../../src/engine/sim/fleet.ts";
+import { stopChild } from "../../../src/util/child-process.ts";
 import { serverArgs } from "../../helpers/infera.ts";
 import { freePort } from "../../helpers/ports.ts";
 
@@ -171,12 +172,8 @@ export async function startStaticServer(records: unknown[], args: string[] = [])
   };
   proc.stdout?.on("data", keep);
   proc.stderr?.on("data", keep);
-  const exited = new Promise<void>((r) => proc.once("exit", () => r()));
   const stop = async (): Promise<void> => {
-    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
-    const t = setTimeout(() => proc.kill("SIGKILL"), 5000);
-    await exited;
-    clearTimeout(t);
+    await stopChild(proc);
     rmSync(dir, { recursive: true, force: true });
   };
   const url = `http://127.0.0.1:${port}`;

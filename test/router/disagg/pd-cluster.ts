@@ -16,6 +16,7 @@ import OpenAI, { APIError } from "openai";
 import * as zmq from "zeromq";
 import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
 import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.ts";
+import { stopChild } from "../../../src/util/child-process.ts";
 import { serverArgs } from "../../helpers/infera.ts";
 import { freePort, retryOnPortRace } from "../../helpers/ports.ts";
 import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
@@ -271,19 +272,7 @@ export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
   server.stderr?.on("data", keep);
   const url = `http://127.0.0.1:${port}`;
   const stopAll = async () => {
-    if (server.exitCode === null && server.signalCode === null) {
-      server.kill("SIGTERM");
-      await new Promise<void>((r) => {
-        const t = setTimeout(() => {
-          server.kill("SIGKILL");
-          r();
-        }, 5000);
-        server.once("exit", () => {
-          clearTimeout(t);
-          r();
-        });
-      });
-    }
+    await stopChild(server);
     await Promise.all([...prefills, ...decodes].map((w) => w.sim.stop()));
     moriio?.close();
     rmSync(dir, { recursive: true, force: true });
