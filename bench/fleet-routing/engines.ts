@@ -9,7 +9,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { isRunning, killChild, stopChild } from "../../src/util/child-process.ts";
+import { isRunning, killChild, killOnExit, stopChild } from "../../src/util/child-process.ts";
 import { startSim } from "../../test/helpers/sim.ts";
 
 export interface Engine {
@@ -24,7 +24,6 @@ export interface Engines {
   /** The processes that run the engines (one for a fleet). */
   pids: number[];
   close(): Promise<void>;
-  kill(): void;
   /** Whether every engine process still runs; their recent output, for failure messages. */
   alive(): boolean;
   output(): string;
@@ -108,6 +107,7 @@ async function startFleet(count: number, simArgs: readonly string[], timeoutMs: 
     ],
     { cwd: ROOT, env: { ...process.env, INFERA_LOG_LEVEL: "warn" }, stdio: ["ignore", "pipe", "pipe"] },
   );
+  killOnExit(child);
   let out = "";
   const keep = (b: Buffer) => {
     out = (out + b.toString()).slice(-20000);
@@ -139,7 +139,6 @@ async function startFleet(count: number, simArgs: readonly string[], timeoutMs: 
     alive: () => isRunning(child),
     output: () => out,
     close: () => stopChild(child),
-    kill: () => killChild(child),
   };
 }
 
@@ -160,13 +159,10 @@ async function startProcesses(
     mode: "processes",
     engines: sims.map((s) => ({ url: s.url, kvEndpoint: s.kvEndpoint, replayEndpoint: s.replayEndpoint })),
     pids: sims.map((s) => s.pid),
-    alive: () => sims.every((s) => s.child.exitCode === null && s.child.signalCode === null),
+    alive: () => sims.every((s) => isRunning(s.child)),
     output: () => sims.map((s) => s.output()).join("\n"),
     close: async () => {
       await Promise.all(sims.map((s) => s.stop()));
-    },
-    kill: () => {
-      for (const s of sims) s.kill();
     },
   };
 }

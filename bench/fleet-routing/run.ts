@@ -16,24 +16,20 @@
  * the worker count (the first count runs --rates, the others --big-rates). Each policy × replica
  * count: reset caches, a warm-up (one request per tenant), then the rate stages back to back.
  * Latencies and rates are in model time (wall × --speed). Output: results.json, plot.html
- * (results-quick.json, plot-quick.html with --quick) and the tables on stdout.
+ * (results-quick.json, plot-quick.html with --quick) and the tables on stdout. --help prints
+ * this and exits. Interrupted (SIGINT, SIGTERM, SIGHUP, or stdout a closed pipe), it stops the
+ * fleet and the server replicas before exiting.
  */
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { handleFatalSignals } from "../../src/util/child-process.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches, startEngines } from "./engines.ts";
 import { type Goal, goals, printGoals, printHeadline, printSteps, renderHtml } from "./report.ts";
-import {
-  COMPOSED_NAME,
-  decisionsOf,
-  killServers,
-  MODEL,
-  startReplicas,
-  writeWorkersFile,
-} from "./servers.ts";
+import { COMPOSED_NAME, decisionsOf, MODEL, startReplicas, writeWorkersFile } from "./servers.ts";
 import {
   type CpuShare,
   type HotRecord,
@@ -45,6 +41,13 @@ import {
 import { buildStep, buildWarmup, type Reuse, ReuseTracker, tenantPrefixes } from "./trace.ts";
 
 const args = process.argv.slice(2);
+if (args.includes("--help") || args.includes("-h")) {
+  // The usage is this file's header comment; nothing is started.
+  const src = readFileSync(fileURLToPath(import.meta.url), "utf8");
+  const header = /^\/\*\*\n([\s\S]*?)\n \*\//.exec(src)?.[1] ?? "";
+  process.stdout.write(`${header.replace(/^ \*( |$)/gm, "")}\n`);
+  process.exit(0);
+}
 const has = (name: string) => args.includes(`--${name}`);
 const str = (name: string, def: string) => {
   const i = args.indexOf(`--${name}`);
@@ -256,6 +259,9 @@ function stepLine(label: string, f: StepFigures): string {
 }
 
 async function main(): Promise<void> {
+  // Interrupted (a signal, or stdout piped to `head` that went away): stop the fleet and the
+  // server replicas first; each registers itself with killOnExit when it is spawned.
+  handleFatalSignals();
   const t0 = Date.now();
   const scaleRates = (w: number) =>
     (w === WORKERS[0] ? RATES : BIG_RATES).map((r) => +((r * w) / 8).toFixed(2));
@@ -301,12 +307,6 @@ async function main(): Promise<void> {
   const runs: RunRecord[] = [];
   const hot: HotRecord[] = [];
   let engines: Engines | null = null;
-  for (const sig of ["SIGINT", "SIGTERM"] as const)
-    process.once(sig, () => {
-      engines?.kill();
-      killServers();
-      process.exit(130);
-    });
   try {
     for (const w of WORKERS) {
       const blocks = blocksPerEngine(w);

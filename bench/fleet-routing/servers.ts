@@ -7,7 +7,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { killChild, stopChild } from "../../src/util/child-process.ts";
+import { killChild, killOnExit, stopChild } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { startBalancer } from "../kv-routing/balancer.ts";
@@ -132,6 +132,7 @@ async function startServer(
       stdio: ["ignore", "pipe", "pipe"],
     },
   );
+  killOnExit(child);
   let out = "";
   const keep = (b: Buffer) => {
     out = (out + b.toString()).slice(-20000);
@@ -157,14 +158,6 @@ async function startServer(
   return { url, child };
 }
 
-/** Server processes running now, for killServers() on an interrupted run. */
-const live = new Set<ChildProcess>();
-
-/** SIGKILLs every server replica still running (the run was interrupted). */
-export function killServers(): void {
-  for (const c of live) killChild(c);
-}
-
 /** `n` replicas of `policy` behind a round-robin balancer. */
 export async function startReplicas(
   policy: string,
@@ -180,7 +173,6 @@ export async function startReplicas(
     throw (started.find((s) => s.status === "rejected") as PromiseRejectedResult).reason;
   }
   const lb = await startBalancer(servers.map((s) => s.url));
-  for (const s of servers) live.add(s.child);
   return {
     url: lb.url,
     servers,
@@ -188,7 +180,6 @@ export async function startReplicas(
     async close() {
       await lb.close();
       await Promise.all(servers.map((s) => stopChild(s.child)));
-      for (const s of servers) live.delete(s.child);
     },
   };
 }

@@ -7,7 +7,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { stopChild } from "../../src/util/child-process.ts";
+import { killOnExit, stopChild } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { rssOf, scrape, sumOf } from "./measure.ts";
@@ -25,11 +25,6 @@ export interface Child {
   stop(): Promise<void>;
 }
 
-const live = new Set<ChildProcess>();
-process.on("exit", () => {
-  for (const p of live) if (p.exitCode === null && p.signalCode === null) p.kill("SIGKILL");
-});
-
 function child(cmd: string, argv: string[], env: Record<string, string> = {}): Child {
   // Lines split across chunks are missed by firstLine; pino writes a line per write.
   const proc = spawn(cmd, argv, {
@@ -37,7 +32,8 @@ function child(cmd: string, argv: string[], env: Record<string, string> = {}): C
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...env },
   });
-  live.add(proc);
+  // Killed if the runner dies first (its main calls handleFatalSignals).
+  killOnExit(proc);
   let out = "";
   const watchers: { re: RegExp; resolve(line: string): void }[] = [];
   const keep = (d: Buffer) => {
@@ -60,7 +56,6 @@ function child(cmd: string, argv: string[], env: Record<string, string> = {}): C
     firstLine: (re) => new Promise((resolve) => watchers.push({ re, resolve })),
     async stop() {
       await stopChild(proc, 10_000);
-      live.delete(proc);
     },
   };
 }

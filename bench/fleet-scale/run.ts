@@ -20,6 +20,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "no
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { handleFatalSignals } from "../../src/util/child-process.ts";
 import {
   bucketsOf,
   byLabel,
@@ -551,6 +552,9 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
   say(`end RSS: ${JSON.stringify(res.end)}`);
 }
 
+// Interrupted (a signal, a closed stdout): stop the fleet, servers, balancer and load generator
+// (procs.ts registers each with killOnExit) before exiting.
+handleFatalSignals();
 const results = {
   date: new Date().toISOString(),
   node: process.version,

@@ -24,7 +24,7 @@ import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import type { BenchResult } from "../../src/bench/schema.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
-import { stopChild } from "../../src/util/child-process.ts";
+import { handleFatalSignals, killOnExit, stopChild } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { type SimProcess, startSim } from "../../test/helpers/sim.ts";
@@ -96,6 +96,7 @@ async function startServer(
       stdio: ["ignore", "pipe", "pipe"],
     },
   );
+  killOnExit(child);
   let out = "";
   if (process.env.KV_ROUTING_SERVER_LOG) child.stdout?.on("data", (b) => process.stderr.write(b));
   child.stdout?.on("data", (b) => (out += b));
@@ -221,6 +222,8 @@ function printSideBySide(rows: Row[]): void {
 }
 
 async function main(): Promise<void> {
+  // Interrupted: stop the sims and the server replicas (killOnExit, at spawn) before exiting.
+  handleFatalSignals();
   const t0 = Date.now();
   console.log(
     `kv-routing benchmark: ${trace.length} requests (${traceOpts.conversations} conversations × ${traceOpts.turns} turns over ${traceOpts.systemPrompts} system prompts, ${traceOpts.questions} questions over ${traceOpts.documents} documents of ~${traceOpts.documentWords} tokens), ${WORKERS} sims × ${BLOCKS} blocks of ${BS} tokens, --speed ${SPEED}, ${REPLICAS} server replicas behind a round-robin balancer`,
@@ -253,11 +256,6 @@ async function main(): Promise<void> {
     await Promise.all(sims.map((s) => s.stop()));
     throw (started.find((s) => s.status === "rejected") as PromiseRejectedResult).reason;
   }
-  for (const sig of ["SIGINT", "SIGTERM"] as const)
-    process.once(sig, () => {
-      for (const s of sims) s.kill();
-      process.exit(130);
-    });
   const dir = mkdtempSync(join(tmpdir(), "kv-routing-"));
   const workersFile = join(dir, "workers.json");
   writeFileSync(

@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
-import { killChild, stopChild } from "../../src/util/child-process.ts";
+import { killChild, killOnExit, stopChild } from "../../src/util/child-process.ts";
 import { freePort, retryOnPortRace } from "./ports.ts";
 import { mixedRecord } from "./records.ts";
 
@@ -109,6 +109,7 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
     env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...atomEnv, ...opts.env },
     stdio: ["ignore", "pipe", "pipe"],
   });
+  killOnExit(child);
   let out = "";
   const keep = (b: Buffer): void => {
     out += b.toString();
