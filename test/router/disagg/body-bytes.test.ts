@@ -14,16 +14,11 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import type { ConnectorInfo } from "../../../src/discovery/types.ts";
-import { makeDisaggRouterFactory } from "../../../src/router/disagg/index.ts";
 import { pdProtocols } from "../../../src/router/disagg/protocols/index.ts";
 import type { PdInput } from "../../../src/router/disagg/protocols/types.ts";
 import { HttpExecutor } from "../../../src/transport/http.ts";
 import { appendFields, rawBodyOf, setRawBody } from "../../../src/transport/types.ts";
-import { createLogger } from "../../../src/util/log.ts";
-import { firstPolicy, record, routingRequest, state } from "./fixtures.ts";
-
-const logger = createLogger("test", {});
-logger.level = "silent";
+import { firstPairRouter, record, routingRequest, state } from "./fixtures.ts";
 
 /** A client body as a client might write it: spaces, its own key order, a duplicate key. */
 const CLIENT_TEXT =
@@ -153,14 +148,7 @@ describe("through the HttpExecutor: what P and D receive (nixl)", () => {
     const c: ConnectorInfo = { kind: "nixl", bootstrapHost: "127.0.0.1", bootstrapPort: 9 };
     const p = state(record("p1", "prefill", c, { url: base }));
     const d = state(record("d1", "decode", c, { url: base }));
-    const r = makeDisaggRouterFactory()({
-      model: "m",
-      prefillWorkers: () => [p],
-      decodeWorkers: () => [d],
-      policy: firstPolicy(),
-      logger,
-      options: {},
-    });
+    const r = firstPairRouter([p], [d]);
     const up = await r.handle(routingRequest(clientBody()), exec, new AbortController().signal);
     for await (const _ of up.body);
     await exec.close();

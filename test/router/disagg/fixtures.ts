@@ -1,5 +1,7 @@
 import type { ConnectorInfo, WorkerRecord, WorkerRole } from "../../../src/discovery/types.ts";
-import type { RoutingPolicy, RoutingRequest, WorkerState } from "../../../src/router/types.ts";
+import { makeDisaggRouterFactory } from "../../../src/router/disagg/index.ts";
+import type { ModelRouter, RoutingPolicy, RoutingRequest, WorkerState } from "../../../src/router/types.ts";
+import { createLogger } from "../../../src/util/log.ts";
 
 export function record(
   id: string,
@@ -55,4 +57,19 @@ export function firstPolicy(): RoutingPolicy & { offered: string[][] } {
       return { worker: cands[0], reason: "first" };
     },
   };
+}
+
+const silent = createLogger("test", {});
+silent.level = "silent";
+
+/** A disagg router with default options over these workers, taking the first P and D offered. */
+export function firstPairRouter(ps: WorkerState[], ds: WorkerState[]): ModelRouter {
+  return makeDisaggRouterFactory()({
+    model: "m",
+    prefillWorkers: () => ps,
+    decodeWorkers: () => ds,
+    policy: firstPolicy(),
+    logger: silent,
+    options: {},
+  });
 }

@@ -13,27 +13,12 @@ import http from "node:http";
 import { after, before, describe, test } from "node:test";
 import { parseMoriioRegistration } from "../../../src/discovery/moriio-proxy.ts";
 import type { ConnectorInfo, WorkerRecord } from "../../../src/discovery/types.ts";
-import { makeDisaggRouterFactory } from "../../../src/router/disagg/index.ts";
 import { pdProtocols } from "../../../src/router/disagg/protocols/index.ts";
 import { engineIdFromQuery } from "../../../src/router/disagg/protocols/mooncake.ts";
-import type { ModelRouter, WorkerState } from "../../../src/router/types.ts";
-import { createLogger } from "../../../src/util/log.ts";
 import { type Call, delay, FakeExecutor, jsonAnswer } from "./fake-exec.ts";
-import { firstPolicy, record, routingRequest, state } from "./fixtures.ts";
+import { firstPairRouter, record, routingRequest, state } from "./fixtures.ts";
 
-const logger = createLogger("test", {});
-logger.level = "silent";
-
-function router(ps: WorkerState[], ds: WorkerState[]): ModelRouter {
-  return makeDisaggRouterFactory()({
-    model: "m",
-    prefillWorkers: () => ps,
-    decodeWorkers: () => ds,
-    policy: firstPolicy(),
-    logger,
-    options: {},
-  });
-}
+const router = firstPairRouter;
 
 const body = { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, max_tokens: 20 };
 const kvp = (c: Call) => c.body.kv_transfer_params as Record<string, unknown>;

@@ -14,21 +14,17 @@ import { after, before, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import type { ConnectorInfo } from "../../../src/discovery/types.ts";
-import { makeDisaggRouterFactory } from "../../../src/router/disagg/index.ts";
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { HttpExecutor } from "../../../src/transport/http.ts";
 import { type NatsRequestAgent, startRequestAgent } from "../../../src/transport/nats/agent.ts";
 import { NatsRequestExecutor } from "../../../src/transport/nats/client.ts";
 import { connectNats } from "../../../src/transport/nats/connection.ts";
 import { type RequestExecutor, setRawBody } from "../../../src/transport/types.ts";
-import { createLogger } from "../../../src/util/log.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { mixedRecord } from "../../helpers/records.ts";
-import { firstPolicy, record, routingRequest, state } from "../../router/disagg/fixtures.ts";
+import { firstPairRouter, record, routingRequest, state } from "../../router/disagg/fixtures.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
-const logger = createLogger("test", {});
-logger.level = "silent";
 
 /** What JSON.stringify(JSON.parse(x)) would not give back: every line of it changes. */
 const COMPLETION_TEXT =
@@ -117,14 +113,7 @@ async function pdHalves(exec: RequestExecutor): Promise<[Buffer, Buffer]> {
   const over = exec instanceof HttpExecutor ? { url: engineUrl } : { url: "http://127.0.0.1:9" };
   const p = state(record("p1", "prefill", c, { ...over, natsSubject: agent.subject }));
   const d = state(record("d1", "decode", c, { ...over, natsSubject: agent.subject }));
-  const router = makeDisaggRouterFactory()({
-    model: "m",
-    prefillWorkers: () => [p],
-    decodeWorkers: () => [d],
-    policy: firstPolicy(),
-    logger,
-    options: {},
-  });
+  const router = firstPairRouter([p], [d]);
   const body = JSON.parse(CHAT_TEXT) as Record<string, unknown>;
   setRawBody(body, Buffer.from(CHAT_TEXT));
   received.length = 0;
