@@ -339,6 +339,7 @@ async function main(): Promise<void> {
           workers: w,
           dir,
           readyTimeoutMs: READY_TIMEOUT_MS,
+          speed: speedFor(w),
         });
         const run: RunRecord = {
           workers: w,
@@ -396,6 +397,7 @@ async function main(): Promise<void> {
             workers: w,
             dir,
             readyTimeoutMs: READY_TIMEOUT_MS,
+            speed: SPEED,
           });
           try {
             await new Promise((r) => setTimeout(r, 500));

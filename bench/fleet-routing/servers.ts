@@ -61,9 +61,37 @@ profiles:
     picker: { name: argmin }
 `;
 
-const COMPOSED_PROFILES: Readonly<Record<string, string>> = {
-  [COMPOSED_NAME]: COMPOSED_YAML,
-  [SPREAD_NAME]: SPREAD_YAML,
+/**
+ * A third, for bursts of new prefixes: kv-aware's preset with its `recentRoutingMs` bridge on.
+ * KV events report a prefix only once the engine has prefilled it; a prompt queued behind a
+ * backlog is invisible to the index for as long as it waits, so the same tenant's next requests
+ * see no overlap anywhere and kv-aware spreads them by load, each paying a cold prefill (a
+ * collapse under overload, bench/fleet-routing/RESULTS.md). The bridge counts a routed prompt as
+ * cached on its worker for RECENT_MODEL_S model seconds (the max with the events). The router's
+ * clock is wall time: the window is RECENT_MODEL_S / --speed, as for GPUs that much slower.
+ */
+export const RECENT_NAME = "kv+recent";
+const RECENT_MODEL_S = 10;
+const RECENT_YAML = (speed: number) => `policy: kv-aware
+profiles:
+  mixed:
+    filters:
+      - name: imbalance-guard
+        params: { balanceAbsThreshold: 16, balanceRelThreshold: 1.5, prefer: overlap }
+    scorers:
+      - { name: kv-prefix, weight: 1, params: { recentRoutingMs: ${Math.round((RECENT_MODEL_S * 1000) / speed)} } }
+      - { name: prefill-backlog, weight: 1 }
+      - { name: active-decode, weight: 0.5 }
+      - { name: engine-queue, weight: 4 }
+      - { name: cache-pressure, weight: 0.1 }
+    picker: { name: argmin }
+`;
+
+/** Composed profiles by bench name: their config file for a run at `speed`. */
+const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
+  [COMPOSED_NAME]: () => COMPOSED_YAML,
+  [SPREAD_NAME]: () => SPREAD_YAML,
+  [RECENT_NAME]: RECENT_YAML,
 };
 
 /** Writes the workers file the servers discover the engines from. */
@@ -104,13 +132,14 @@ async function startServer(
   workers: number,
   dir: string,
   readyTimeoutMs: number,
+  speed: number,
 ): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
   let policyArgs = ["--policy", policy];
   const composed = COMPOSED_PROFILES[policy];
   if (composed) {
     const file = join(dir, `${policy.replace(/[^a-z0-9-]/gi, "_")}.yaml`);
-    writeFileSync(file, composed);
+    writeFileSync(file, composed(speed));
     policyArgs = ["--config", file];
   }
   const child = spawn(
@@ -162,10 +191,12 @@ async function startServer(
 export async function startReplicas(
   policy: string,
   n: number,
-  o: { workersFile: string; workers: number; dir: string; readyTimeoutMs: number },
+  o: { workersFile: string; workers: number; dir: string; readyTimeoutMs: number; speed: number },
 ): Promise<Replicas> {
   const started = await Promise.allSettled(
-    Array.from({ length: n }, () => startServer(policy, o.workersFile, o.workers, o.dir, o.readyTimeoutMs)),
+    Array.from({ length: n }, () =>
+      startServer(policy, o.workersFile, o.workers, o.dir, o.readyTimeoutMs, o.speed),
+    ),
   );
   const servers = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   if (servers.length < n) {
