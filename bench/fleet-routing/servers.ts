@@ -87,11 +87,36 @@ profiles:
     picker: { name: argmin }
 `;
 
+/**
+ * A fourth: the same bridge for exactly as long as the lag lasts (kv-prefix `bridgePending`: a
+ * routed prompt counts as cached on its worker until the worker's pending prefill shows it past
+ * its first token, plus 1 s of grace), with the prefix weighted 2: a follower that would wait
+ * behind its tenant's queued prompt costs that prompt's backlog (prefill-backlog), and with
+ * weight 1 it would tie with a cold worker's whole prefill and leave, the copy the bridge is
+ * there to avoid. No time window, so nothing depends on --speed.
+ */
+export const PENDING_NAME = "kv+pending";
+const PENDING_YAML = `policy: kv-aware
+profiles:
+  mixed:
+    filters:
+      - name: imbalance-guard
+        params: { balanceAbsThreshold: 16, balanceRelThreshold: 1.5, prefer: overlap }
+    scorers:
+      - { name: kv-prefix, weight: 2, params: { bridgePending: true } }
+      - { name: prefill-backlog, weight: 1 }
+      - { name: active-decode, weight: 0.5 }
+      - { name: engine-queue, weight: 4 }
+      - { name: cache-pressure, weight: 0.1 }
+    picker: { name: argmin }
+`;
+
 /** Composed profiles by bench name: their config file for a run at `speed`. */
 const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [COMPOSED_NAME]: () => COMPOSED_YAML,
   [SPREAD_NAME]: () => SPREAD_YAML,
   [RECENT_NAME]: RECENT_YAML,
+  [PENDING_NAME]: () => PENDING_YAML,
 };
 
 /** Writes the workers file the servers discover the engines from. */

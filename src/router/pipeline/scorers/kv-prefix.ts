@@ -8,7 +8,10 @@
  * - a worker the index does not track (no KV events) gets O from an approximate prefix tree of
  *   what this server routed to it (chunkChars, maxNodesPerWorker);
  * - with `recentRoutingMs` > 0, for that long after routing a prompt it also counts as cached on
- *   the chosen worker (the max of both), bridging the events' lag behind routing.
+ *   the chosen worker (the max of both), bridging the events' lag behind routing;
+ * - with `bridgePending`, a routed prompt counts as cached on its worker while it waits for its
+ *   prefill there, plus `bridgeGraceMs` (../pending-prefixes.ts): the same bridge, as long as
+ *   the lag lasts rather than a fixed time.
  * - LoRA: a request whose `model` the events named as an adapter is hashed with it (vLLM puts the
  *   adapter name first in a block's extra keys).
  * The trees are shared by every step of the model with the same params (one state per model).
@@ -16,6 +19,7 @@
 import { z } from "zod";
 import { ApproxPrefixTree } from "../../../kv/approx-tree.ts";
 import type { RoutingRequest, WorkerState } from "../../types.ts";
+import { PendingPrefixes } from "../pending-prefixes.ts";
 import { defineScorer } from "../plugin.ts";
 import type { ModelScope, OverlapSource, StepContext } from "../types.ts";
 
@@ -24,11 +28,14 @@ const params = z
     chunkChars: z.number().int().positive().default(64),
     maxNodesPerWorker: z.number().int().positive().default(100_000),
     recentRoutingMs: z.number().nonnegative().default(0),
+    bridgePending: z.boolean().default(false),
+    bridgeGraceMs: z.number().nonnegative().default(1000),
   })
   .strict();
 
 function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
-  return scope.shared(`kv-prefix:${p.chunkChars}:${p.maxNodesPerWorker}:${p.recentRoutingMs}`, () => {
+  const key = `kv-prefix:${p.chunkChars}:${p.maxNodesPerWorker}:${p.recentRoutingMs}:${p.bridgePending}:${p.bridgeGraceMs}`;
+  return scope.shared(key, () => {
     const index = scope.kvIndex;
     const tree = new ApproxPrefixTree({ chunkChars: p.chunkChars, maxNodesPerWorker: p.maxNodesPerWorker });
     const recent =
@@ -39,6 +46,7 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
             maxAgeMs: p.recentRoutingMs,
           })
         : null;
+    const pending = p.bridgePending ? new PendingPrefixes(p.bridgeGraceMs) : null;
     const src: OverlapSource = {
       overlaps(ctx: StepContext) {
         const { req, all } = ctx;
@@ -52,8 +60,9 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
           : new Int32Array(n).fill(-1);
         let missing = false;
         for (let i = 0; i < n; i++) if (overlaps[i] < 0) missing = true;
-        const text = recent || missing ? req.promptText() : "";
+        const text = recent || pending || missing ? req.promptText() : "";
         const fresh = recent ? recent.match(text, ids) : null;
+        const path = pending ? tree.path(text) : null;
         let approx: Int32Array | null = null;
         for (let i = 0; i < n; i++) {
           const blocks = ctx.promptBlocks(i);
@@ -65,18 +74,24 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
             overlaps[i] = toBlocks(approx[i]);
           }
           if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
+          if (pending && path) {
+            const nodes = pending.match(ids[i], path, all[i].pendingPrefillTokens);
+            if (nodes > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(nodes * p.chunkChars));
+          }
         }
         return { overlaps, ranks };
       },
       held: (id) => (index?.hasWorker(id) ? index.blockCount(id) : tree.size(id)),
       onRouted(req: RoutingRequest, worker: WorkerState) {
         recent?.insert(req.promptText(), worker.record.id);
+        pending?.add(worker.record.id, tree.path(req.promptText()), req.promptTokens().length);
         // The long-lived fallback tree is only needed for workers that publish no KV events.
         if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
       },
       onWorkerRemoved(id) {
         tree.removeWorker(id);
         recent?.removeWorker(id);
+        pending?.removeWorker(id);
       },
     };
     return src;
