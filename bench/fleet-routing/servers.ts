@@ -111,12 +111,40 @@ profiles:
     picker: { name: argmin }
 `;
 
+/**
+ * A fifth, for the hot-spot case: kv-aware with the `hot-spread` filter in front
+ * (src/router/pipeline/filters/hot-spread.ts): a prefix carrying more than 1/N of the recent
+ * decisions may not go to a worker whose routed share is above 1.25 × the mean, so a dominant
+ * tenant spills onto more workers (each caching it) while the other tenants keep theirs.
+ */
+export const HOT_NAME = "kv+hot";
+const HOT_YAML = `policy: kv-aware
+profiles:
+  mixed:
+    filters:
+      - name: imbalance-guard
+        params: { balanceAbsThreshold: 16, balanceRelThreshold: 1.5, prefer: overlap }
+      - name: hot-spread
+        params: { window: 256, ratio: 1.25 }
+    scorers:
+      - { name: kv-prefix, weight: 1 }
+      - { name: prefill-backlog, weight: 1 }
+      - { name: active-decode, weight: 0.5 }
+      - { name: engine-queue, weight: 4 }
+      - { name: cache-pressure, weight: 0.1 }
+    picker: { name: argmin }
+`;
+
 /** Composed profiles by bench name: their config file for a run at `speed`. */
 const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [COMPOSED_NAME]: () => COMPOSED_YAML,
   [SPREAD_NAME]: () => SPREAD_YAML,
   [RECENT_NAME]: RECENT_YAML,
   [PENDING_NAME]: () => PENDING_YAML,
+  // The same without SGLang's imbalance guard, which under overload sends requests to the
+  // least-loaded worker whatever its cache (RESULTS.md, Run C).
+  [`${PENDING_NAME}-noguard`]: () => PENDING_YAML.replace(/ {4}filters:\n.*\n.*\n/, ""),
+  [HOT_NAME]: () => HOT_YAML,
 };
 
 /** Writes the workers file the servers discover the engines from. */

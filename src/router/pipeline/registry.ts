@@ -7,6 +7,7 @@ import { registered } from "./plugin.ts";
 
 import "./filters/imbalance-guard.ts";
 import "./filters/load-ceiling.ts";
+import "./filters/hot-spread.ts";
 import "./filters/health.ts";
 import "./filters/model.ts";
 import "./filters/role.ts";

@@ -269,6 +269,7 @@ export class StepPolicy implements RoutingPolicy {
 
   onRouted(req: RoutingRequest, worker: WorkerState): void {
     const ctx = this.last?.req.requestId === req.requestId ? this.last : null;
+    for (const f of this.filters) f.onRouted?.(req, worker);
     for (const s of this.scorers) s.onRouted?.(req, worker, ctx);
     this.source?.onRouted?.(req, worker);
     this.picker.onRouted?.(req, worker);
@@ -276,6 +277,7 @@ export class StepPolicy implements RoutingPolicy {
   }
 
   onWorkerRemoved(id: string): void {
+    for (const f of this.filters) f.onWorkerRemoved?.(id);
     for (const s of this.scorers) s.onWorkerRemoved?.(id);
     this.source?.onWorkerRemoved?.(id);
     this.picker.onWorkerRemoved?.(id);

@@ -87,6 +87,9 @@ export interface Filter {
   readonly name: string;
   readonly needs: readonly Need[];
   filter(ctx: StepContext, at: readonly number[]): readonly number[];
+  /** Told after a step of this profile routed a request (filters that keep a history). */
+  onRouted?(req: RoutingRequest, worker: WorkerState): void;
+  onWorkerRemoved?(id: string): void;
 }
 
 /**
