@@ -21,18 +21,18 @@
  * one publisher grow the heap without bound.
  */
 import { BlockTable } from "./block-table.ts";
+import { EngineBlockMap, MAX_VALUE as MAX_ENTRY } from "./engine-block-map.ts";
 import { FULL_KINDS, isGpu, saltFromExtraKeys } from "./event-keys.ts";
 import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
 import { hashBlockInto, rootSeedInto } from "./hash.ts";
 import type { PrefixIndex } from "./prefix-index.ts";
-import { F64U32Map } from "./tables.ts";
 import { FleetWalk, plan, type WalkPlan } from "./walk.ts";
 
 interface RankBlocks {
   /** The rank's holder id in the shared BlockTable. */
   hid: number;
   /** Engine block hash → the block's BlockTable entry id (one entry per engine hash held). */
-  engine: F64U32Map;
+  engine: EngineBlockMap;
   /** The KV-cache group that holds full attention, once an event named its kind. */
   fullGroup: number | null;
 }
@@ -220,7 +220,7 @@ export class KvIndex implements PrefixIndex {
     if (!r) {
       const hid = this.freeHids.pop() ?? this.nextHid++;
       this.walker.holder(hid);
-      r = { hid, engine: new F64U32Map(expected), fullGroup: null };
+      r = { hid, engine: new EngineBlockMap(expected), fullGroup: null };
       w.ranks.set(rank, r);
       w.rankIds.push(rank);
       w.rankList.push(r);
@@ -345,23 +345,41 @@ export class KvIndex implements PrefixIndex {
         if (table.loOf(old) !== lo || table.hiOf(old) !== hi) {
           // The engine reused its hash for other tokens: the rank now holds the new block only.
           table.release(old, hid);
-          r.engine.setAt(slot, table.acquire(lo, hi, hid));
+          const e = table.acquire(lo, hi, hid);
+          if (e > MAX_ENTRY) {
+            table.release(e, hid);
+            r.engine.deleteAt(slot);
+            this.capRest(workerId, hashes.length - b);
+            return;
+          }
+          r.engine.setAt(slot, e);
         }
       } else {
         if (r.engine.size >= w.cap) {
           // The rank holds more than its pool can: removals were missed. Drop the rest of the
           // event without hashing it (a flood must not cost CPU per dropped block either).
-          const dropped = hashes.length - b;
-          c.capped += dropped;
-          this.onCapped?.(workerId, dropped);
+          this.capRest(workerId, hashes.length - b);
           return;
         }
-        r.engine.insertNew(eh, table.acquire(lo, hi, hid));
+        const e = table.acquire(lo, hi, hid);
+        if (e > MAX_ENTRY) {
+          // The fleet holds more distinct blocks than a rank map can name (268M): drop as at a cap.
+          table.release(e, hid);
+          this.capRest(workerId, hashes.length - b);
+          return;
+        }
+        r.engine.insertNew(eh, e);
       }
       pLo = lo;
       pHi = hi;
       c.stored++;
     }
+  }
+
+  /** Counts the `dropped` blocks left of an event as capped. */
+  private capRest(workerId: string, dropped: number): void {
+    this.counters.capped += dropped;
+    this.onCapped?.(workerId, dropped);
   }
 
   private removeHashes(r: RankBlocks, hashes: readonly EngineBlockHash[]): void {

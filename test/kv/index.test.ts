@@ -2,7 +2,6 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { BlockStored, KvEvent } from "../../src/kv/events.ts";
 import { KvIndex, saltFromExtraKeys } from "../../src/kv/index.ts";
-import { F64U32Map, U32MultiSet } from "../../src/kv/tables.ts";
 
 const BS = 4;
 const prompt = Array.from({ length: 22 }, (_, i) => 500 + i); // 5 full blocks + 2 tokens
@@ -99,44 +98,4 @@ test("re-storing an engine hash with new tokens replaces the old block", () => {
   idx.apply("a", stored([1], null, prompt.slice(0, 4)), BS);
   assert.equal(idx.blockCount("a"), 1);
   assert.deepEqual([...idx.overlaps(prompt, ["a"])], [1]);
-});
-
-test("typed-array tables agree with Map/Set under random churn", () => {
-  let seed = 12345;
-  const rnd = () => {
-    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
-    return seed;
-  };
-  const set = new U32MultiSet();
-  const ref = new Map<number, number>();
-  const map = new F64U32Map();
-  const refMap = new Map<number, number>();
-  for (let i = 0; i < 60000; i++) {
-    const k = 2 + (rnd() % 3000); // small key space: many duplicates and deletions (0 aliases 1)
-    const op = rnd() % 3;
-    if (op < 2) {
-      set.add(k);
-      ref.set(k, (ref.get(k) ?? 0) + 1);
-      const fk = k * 1e9 + 0.5;
-      map.set(fk, k);
-      refMap.set(fk, k);
-    } else {
-      const had = (ref.get(k) ?? 0) > 0;
-      assert.equal(set.delete(k), had);
-      if (had) ref.set(k, ref.get(k)! - 1);
-      const fk = k * 1e9 + 0.5;
-      const slot = map.find(fk);
-      assert.equal(slot >= 0, refMap.has(fk));
-      if (slot >= 0) {
-        assert.equal(map.valueAt(slot), refMap.get(fk));
-        map.deleteAt(slot);
-        refMap.delete(fk);
-      }
-    }
-  }
-  for (let k = 2; k < 3002; k++) {
-    assert.equal(set.has(k), (ref.get(k) ?? 0) > 0, `key ${k}`);
-    assert.equal(map.find(k * 1e9 + 0.5) >= 0, refMap.has(k * 1e9 + 0.5));
-  }
-  assert.equal(map.size, refMap.size);
 });
