@@ -14,6 +14,7 @@ import { fileURLToPath } from "node:url";
 import { Etcd3, type Lease } from "etcd3";
 import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
+import { handleFatalSignals, killOnExit } from "../../src/util/child-process.ts";
 import { startEtcd } from "../../test/helpers/etcd.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
@@ -88,6 +89,7 @@ async function startServer(endpoint: string, prefix: string): Promise<{ proc: Ch
     ],
     { stdio: "ignore", env: { ...process.env, INFERA_LOG_LEVEL: "warn" } },
   );
+  killOnExit(proc);
   return { proc, base: `http://127.0.0.1:${port}` };
 }
 
@@ -254,4 +256,6 @@ async function main(): Promise<void> {
   }
 }
 
+// Interrupted (SIGINT/SIGTERM/SIGHUP, or EPIPE on stdout): stop the servers before exiting.
+handleFatalSignals();
 await main();

@@ -20,13 +20,14 @@
  * this and exits. Interrupted (SIGINT, SIGTERM, SIGHUP, or stdout a closed pipe), it stops the
  * fleet and the server replicas before exiting.
  */
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 import { handleFatalSignals } from "../../src/util/child-process.ts";
+import { exitWithUsageIfAsked } from "../usage.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches, startEngines } from "./engines.ts";
 import { type Goal, goals, printGoals, printHeadline, printSteps, renderHtml } from "./report.ts";
 import { COMPOSED_NAME, decisionsOf, MODEL, startReplicas, writeWorkersFile } from "./servers.ts";
@@ -41,13 +42,7 @@ import {
 import { buildStep, buildWarmup, type Reuse, ReuseTracker, tenantPrefixes } from "./trace.ts";
 
 const args = process.argv.slice(2);
-if (args.includes("--help") || args.includes("-h")) {
-  // The usage is this file's header comment; nothing is started.
-  const src = readFileSync(fileURLToPath(import.meta.url), "utf8");
-  const header = /^\/\*\*\n([\s\S]*?)\n \*\//.exec(src)?.[1] ?? "";
-  process.stdout.write(`${header.replace(/^ \*( |$)/gm, "")}\n`);
-  process.exit(0);
-}
+exitWithUsageIfAsked(import.meta.url, args);
 const has = (name: string) => args.includes(`--${name}`);
 const str = (name: string, def: string) => {
   const i = args.indexOf(`--${name}`);

@@ -21,6 +21,7 @@ import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { handleFatalSignals } from "../../src/util/child-process.ts";
+import { exitWithUsageIfAsked } from "../usage.ts";
 import {
   bucketsOf,
   byLabel,
@@ -46,6 +47,7 @@ import {
 } from "./procs.ts";
 
 const argv = process.argv.slice(2);
+exitWithUsageIfAsked(import.meta.url, argv);
 const opt = (name: string, def: string): string => {
   const i = argv.indexOf(`--${name}`);
   return i >= 0 ? argv[i + 1] : def;

@@ -9,6 +9,7 @@
 import { Packr } from "msgpackr";
 import { decodeMessage, encodeSeq, isDecodeError, type KvEvent } from "../../src/kv/events.ts";
 import { KvIndex } from "../../src/kv/index.ts";
+import { exitWithUsageIfAsked } from "../usage.ts";
 import { KvIndex as BaselineIndex } from "./baseline/index.ts";
 import {
   BS,
@@ -22,6 +23,7 @@ import {
 } from "./fleet.ts";
 
 const args = process.argv.slice(2);
+exitWithUsageIfAsked(import.meta.url, args);
 const arg = (name: string, def: number) => {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? Number(args[i + 1]) : def;

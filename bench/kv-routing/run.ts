@@ -28,10 +28,12 @@ import { handleFatalSignals, killOnExit, stopChild } from "../../src/util/child-
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { type SimProcess, startSim } from "../../test/helpers/sim.ts";
+import { exitWithUsageIfAsked } from "../usage.ts";
 import { startBalancer } from "./balancer.ts";
 import { buildTrace, defaultTrace, reachableReuse } from "./trace.ts";
 
 const args = process.argv.slice(2);
+exitWithUsageIfAsked(import.meta.url, args);
 const flag = (name: string, def: number) => {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? Number(args[i + 1]) : def;

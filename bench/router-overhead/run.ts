@@ -29,6 +29,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Pool } from "undici";
 import { chooseEntry } from "../../scripts/dist-stamp.mjs";
+import { handleFatalSignals, isRunning, killOnExit } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { dashboardPoller, dashboardStats } from "./dashboard-poller.ts";
@@ -66,16 +67,16 @@ function start(cmd: string, argv: string[], env: Record<string, string> = {}, cw
     if (!stopping) console.error(`${cmd} ${argv.slice(0, 2).join(" ")} exited (${sig ?? code}): ${err}`);
   });
   children.push(p);
-  return p;
+  return killOnExit(p);
 }
 let stopping = false;
 function stopAll(): void {
   stopping = true;
-  for (const c of children) if (c.exitCode === null) c.kill("SIGTERM");
+  for (const c of children) if (isRunning(c)) c.kill("SIGTERM");
 }
-process.on("exit", () => {
-  for (const c of children) if (c.exitCode === null) c.kill("SIGKILL");
-});
+// Children are SIGKILLed if this process exits while they run (killOnExit, at spawn); an
+// interrupt (SIGINT/SIGTERM/SIGHUP) or EPIPE on stdout stops them first.
+handleFatalSignals();
 
 async function waitHttp(url: string, timeoutMs = 30_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;

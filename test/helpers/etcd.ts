@@ -9,6 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { request } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { killOnExit } from "../../src/util/child-process.ts";
 import { freePort, retryOnPortRace } from "./ports.ts";
 
 export interface TlsFiles {
@@ -148,6 +149,8 @@ async function startEtcdOnce(opts: StartEtcdOptions): Promise<EtcdHandle> {
       ],
       { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ETCD_UNSUPPORTED_ARCH: process.arch } },
     );
+    // Not left running if the test or bench process exits without disposing of it.
+    killOnExit(p);
     let stderr = "";
     p.stderr?.on("data", (d: Buffer) => {
       stderr = (stderr + d.toString()).slice(-4000);
