@@ -48,6 +48,8 @@ export class BlockTable {
   private mask = MIN_BUCKETS - 1;
   /** Entry ids handed out so far (id 0 is never used). */
   private top = 1;
+  /** The highest entry id this table may hand out (the holder of the ids may store fewer bits). */
+  private readonly maxId: number;
   private freeHead = 0;
   /** Distinct router hashes held. */
   size = 0;
@@ -59,6 +61,11 @@ export class BlockTable {
   sink = 0;
   /** The entry of the last block the last walk found (where a continued walk guesses next). */
   private lastId = 0;
+
+  /** `maxId`: the highest entry id to hand out (default: any uint32). */
+  constructor(maxId = 0xffffffff) {
+    this.maxId = maxId;
+  }
 
   /** Entry id of the hash (`lo`, `hi`), or 0. */
   find(lo: number, hi: number): number {
@@ -93,10 +100,16 @@ export class BlockTable {
     return this.get(id, HI);
   }
 
-  /** Adds `holder` to the entry of hash (`lo`, `hi`), creating it; returns the entry id. */
+  /**
+   * Adds `holder` to the entry of hash (`lo`, `hi`), creating it; returns the entry id, or 0
+   * (nothing changed) when the hash is new and every id up to `maxId` is in use.
+   */
   acquire(lo: number, hi: number, holder: number): number {
     let id = this.find(lo, hi);
-    if (id === 0) id = this.create(lo >>> 0, hi >>> 0);
+    if (id === 0) {
+      if (this.freeHead === 0 && this.top > this.maxId) return 0;
+      id = this.create(lo >>> 0, hi >>> 0);
+    }
     this.addHolder(id, holder);
     return id;
   }

@@ -89,7 +89,8 @@ export class EngineBlockMap {
 
   /** The home slot of the key (lo, hi). */
   private home(lo: number, hi: number): number {
-    // mix < 2^32, so mix × cap < 2^53 for any cap a typed array can have: exact.
+    // mix < 2^32, so mix × cap < cap × 2^32: exact below 2^53, and above it the rounding error
+    // (under cap × 2^-21) cannot reach cap × 2^32, which is at least cap away.
     return Math.floor((mix(lo, hi) * this.cap) / TWO_32);
   }
 

@@ -90,7 +90,8 @@ export class KvIndex implements PrefixIndex {
   /** LoRA adapter names the engines' events have named (a request for one hashes with it). */
   private readonly loras = new Set<string>();
   /** Every rank's blocks, by router hash. */
-  private readonly table = new BlockTable();
+  /** Entry ids past MAX_ENTRY would not fit a rank's EngineBlockMap: the table stops there. */
+  private readonly table = new BlockTable(MAX_ENTRY);
   /** Holder ids of dropped ranks, for reuse (the walk's marks are indexed by holder id). */
   private readonly freeHids: number[] = [];
   private nextHid = 0;
@@ -346,8 +347,7 @@ export class KvIndex implements PrefixIndex {
           // The engine reused its hash for other tokens: the rank now holds the new block only.
           table.release(old, hid);
           const e = table.acquire(lo, hi, hid);
-          if (e > MAX_ENTRY) {
-            table.release(e, hid);
+          if (e === 0) {
             r.engine.deleteAt(slot);
             this.capRest(workerId, hashes.length - b);
             return;
@@ -362,9 +362,8 @@ export class KvIndex implements PrefixIndex {
           return;
         }
         const e = table.acquire(lo, hi, hid);
-        if (e > MAX_ENTRY) {
+        if (e === 0) {
           // The fleet holds more distinct blocks than a rank map can name (268M): drop as at a cap.
-          table.release(e, hid);
           this.capRest(workerId, hashes.length - b);
           return;
         }

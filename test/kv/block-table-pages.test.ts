@@ -119,3 +119,17 @@ test("the walk's next-entry guess never takes a freed neighbour or a stale key",
   assert.equal(marks[0], 46);
   assert.equal(marks[1], 41);
 });
+
+test("a table with maxId hands out no id past it: a new hash gets 0, known ones still acquire", () => {
+  // The index makes its table with maxId = EngineBlockMap's MAX_VALUE (28-bit entry ids).
+  const t = new BlockTable(3);
+  const ids = [t.acquire(10, 1, 0), t.acquire(11, 1, 0), t.acquire(12, 1, 0)];
+  assert.deepEqual(ids, [1, 2, 3]);
+  assert.equal(t.acquire(13, 1, 0), 0, "a fourth distinct hash is refused");
+  assert.equal(t.find(13, 1), 0, "and left no entry behind");
+  assert.equal(t.size, 3);
+  assert.equal(t.acquire(11, 1, 5), 2, "a hash already held takes one more holder");
+  t.release(1, 0);
+  assert.equal(t.acquire(13, 1, 0), 1, "a freed id is handed out again");
+  assert.equal(t.size, 3);
+});

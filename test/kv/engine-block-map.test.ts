@@ -10,7 +10,12 @@ function lcg(seed: number): () => number {
   };
 }
 
-/** Keys of every kind the decoders hand the index: exact 52-bit integers, rounded uint64s, int64s, floats. */
+/**
+ * Keys of every kind the decoders hand the index: exact 52-bit integers (vLLM's default sha256
+ * block hashes are bytes, folded into 52 bits by src/kv/event-model.ts foldRange), rounded
+ * uint64s, negative int64s (SGLang's page hashes: `hash_str_to_int64(node.hash_value[i])` in
+ * python/sglang/srt/mem_cache/radix_cache.py, sgl-project/sglang @ 006b0e3d), floats.
+ */
 function keyOf(kind: number, n: number): number {
   switch (kind % 5) {
     case 0:
