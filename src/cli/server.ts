@@ -74,6 +74,8 @@ interface ServerFlags extends NatsCliValues {
   upstreamHeadersTimeout?: string;
   upstreamBodyTimeout?: string;
   maxResponseBuffer?: string;
+  promptBudget?: string;
+  promptCacheTokens?: string;
   metricsPublic?: boolean;
   drainTimeout?: string;
   tokenizer?: string;
@@ -113,6 +115,8 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   maxBodyBytes: "--max-body-size",
   requestTimeoutMs: "--request-timeout",
   maxResponseBufferBytes: "--max-response-buffer",
+  promptBudgetMs: "--prompt-budget",
+  promptCacheTokens: "--prompt-cache-tokens",
   drainTimeoutS: "--drain-timeout",
   metricsPublic: "--metrics-public",
   "upstream.headersTimeoutMs": "--upstream-headers-timeout",
@@ -169,6 +173,8 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     maxBodyBytes: optSize("--max-body-size", f.maxBodySize),
     requestTimeoutMs: optNum(f.requestTimeout),
     maxResponseBufferBytes: optSize("--max-response-buffer", f.maxResponseBuffer),
+    promptBudgetMs: optNum(f.promptBudget),
+    promptCacheTokens: optNum(f.promptCacheTokens),
     drainTimeoutS: optNum(f.drainTimeout),
     metricsPublic: f.metricsPublic,
     upstream: {
@@ -270,6 +276,14 @@ export function registerServer(program: Command): void {
     .option(
       "--max-response-buffer <bytes>",
       "non-streamed answers held to be checked up to this size, larger relayed as they come (default 16MiB)",
+    )
+    .option(
+      "--prompt-budget <ms>",
+      "tokenizing time per request for routing; past it, routing scores the head it has (default 100)",
+    )
+    .option(
+      "--prompt-cache-tokens <n>",
+      "token ids kept of recent prompts, so a next turn tokenizes only its new text; 0 = off (default 4194304)",
     )
     .option("--metrics-public", "serve /metrics without an API key when keys are set (default: key required)")
     .option(

@@ -93,6 +93,20 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     { configKey: "upstream.bodyTimeoutMs" },
   ),
   v(
+    "INFERA_PROMPT_BUDGET_MS",
+    "integer",
+    "server",
+    "Tokenizing time per request for routing; past it, routing scores the head it has (`--prompt-budget`).",
+    { configKey: "promptBudgetMs" },
+  ),
+  v(
+    "INFERA_PROMPT_CACHE_TOKENS",
+    "integer",
+    "server",
+    "Token ids kept of recent prompts for the next turn; 0 = off (`--prompt-cache-tokens`).",
+    { configKey: "promptCacheTokens" },
+  ),
+  v(
     "INFERA_DRAIN_TIMEOUT_S",
     "number",
     "server",

@@ -27,6 +27,7 @@ import { sendError, sendJson } from "./http-util.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
 import { handleCompletion, type ProxyContext } from "./proxy.ts";
+import { TokenPrefixCache } from "./token-prefix-cache.ts";
 
 export interface StartServerOptions {
   /** Use this watcher instead of building one from `config.discovery` (caller owns it). */
@@ -162,6 +163,10 @@ export async function startServer(
     // Profiles that read the prompt (prefix matching, prefill accounting), and PD routing
     // (prefill accounting), get long prompts tokenized ahead, in slices.
     preparePrompt: needs.has("promptTokens") || needs.has("approxTree") || config.router !== "mixed",
+    promptLimits: {
+      budgetMs: config.promptBudgetMs,
+      cache: config.promptCacheTokens > 0 ? new TokenPrefixCache(config.promptCacheTokens) : null,
+    },
     logger,
     bodyParser: opts.bodyParser,
   };

@@ -207,6 +207,8 @@ export const serverConfigLayerSchema = z
     maxResponseBufferBytes: posInt("max response buffer"),
     requestTimeoutMs: ms("request timeout"),
     drainTimeoutS: num("drain timeout, seconds", { min: 0 }),
+    promptBudgetMs: ms("prompt tokenizing budget"),
+    promptCacheTokens: num("prompt token cache size", { int: true, min: 0 }),
     // workers
     upstream: upstreamSchema,
     breaker: breakerSchema,

@@ -57,6 +57,13 @@ export interface ServerConfig {
   maxResponseBufferBytes: number;
   /** On SIGTERM: how long requests in flight may finish before the process exits. */
   drainTimeoutS: number;
+  /**
+   * Tokenizing time per request for routing (src/server/prompt-tokens.ts); past it, routing
+   * scores the prompt's head it has. The prompt is otherwise read whole (up to 1 Mi characters).
+   */
+  promptBudgetMs: number;
+  /** Token ids kept of recent prompts so a conversation's next turn tokenizes only its new text; 0 = off. */
+  promptCacheTokens: number;
   /** Serve /metrics without an API key even when keys are set (it lists every worker's address). */
   metricsPublic: boolean;
   /** Model directory with tokenizer.json (+ chat template); the built-in BPE when absent. */
@@ -104,6 +111,8 @@ export const defaultServerConfig: ServerConfig = {
   requestTimeoutMs: 60_000,
   maxResponseBufferBytes: 16 * 1024 * 1024,
   drainTimeoutS: 30,
+  promptBudgetMs: 100,
+  promptCacheTokens: 4 * 1024 * 1024,
   metricsPublic: false,
   scrapeIntervalMs: 2000,
   maxRetries: 2,

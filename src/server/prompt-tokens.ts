@@ -1,10 +1,12 @@
 /**
  * Bounded prompt tokenizing for routing. A BPE tokenizer's cost grows with the square of a
  * pre-tokenizer "word" (200 k identical characters took 26 s; 100 k random CJK characters 52 s),
- * and it ran on the event loop, so one adversarial prompt froze the whole server. Routing only
- * needs the prompt's leading blocks, so:
+ * and it ran on the event loop, so one adversarial prompt froze the whole server. Routing scores
+ * the whole prompt when it can (issue #28 item 4: a 64 Ki-character cap made every conversation
+ * past ~12.6 k tokens score the same), so the bound is time, not length:
  *
- * - the text looked at is capped (`ROUTING_TEXT_CAP` characters, `ROUTING_TOKEN_CAP` ids);
+ * - the text looked at is capped only as a memory bound (`ROUTING_TEXT_CAP` characters,
+ *   `ROUTING_TOKEN_CAP` ids: far past any model's context, and the body limit is 4 MiB);
  * - it is tokenized in pieces of at most `PIECE_CHARS` characters, cut where the pre-tokenizer
  *   splits words anyway (before a non-word character that follows a word character), so a
  *   pathological "word" is chunked and each piece costs a bounded amount;
@@ -16,11 +18,16 @@
  * Short prompts (at most one piece) keep the exact, synchronous path.
  */
 import type { Tokenizer } from "../kv/tokenizer.ts";
+import { type Around, PrefixHasher, type TokenPrefixCache } from "./token-prefix-cache.ts";
 
-/** Characters of templated prompt text that routing looks at (≈ 16 k tokens of English). */
-export const ROUTING_TEXT_CAP = 64 * 1024;
-/** Token ids that routing looks at (a token-id prompt is cut here). */
-export const ROUTING_TOKEN_CAP = 32 * 1024;
+/**
+ * Characters of templated prompt text that routing looks at: a memory bound (≈ 200–260 k tokens
+ * of English, past any `max_model_len` served today); the time budget (`BUDGET_MS`) is what
+ * bounds tokenizing. Was 64 Ki, which cut prompts past ~12.6 k tokens of the bench's words.
+ */
+export const ROUTING_TEXT_CAP = 1024 * 1024;
+/** Token ids that routing looks at (a token-id prompt is cut here; hashing 256 Ki ids ≈ 1 ms). */
+export const ROUTING_TOKEN_CAP = 256 * 1024;
 /** Largest piece handed to the tokenizer at once. */
 export const PIECE_CHARS = 512;
 /**
@@ -34,7 +41,10 @@ export const WORD_CUT_CHARS = 128;
  * (one per loop phase it goes through) pays up to this each time: 2 ms added ~10 ms at p99.
  */
 export const SLICE_MS = 1;
-/** Total tokenizing time per request before routing settles for the ids so far. */
+/**
+ * Default tokenizing time per request before routing settles for the ids so far (config
+ * `promptBudgetMs`). A 40 k-token prompt takes 5–40 ms here (bench/tokenizer/RESULTS.md).
+ */
 export const BUDGET_MS = 100;
 
 /** Word characters: letters, marks, digits; the apostrophe joins contractions ("don't"). */
@@ -91,7 +101,7 @@ export function capText(text: string): string {
  * The special tokens `encode(…, true)` puts around a text (e.g. a BOS before it), found by
  * comparing both encodings of the first piece.
  */
-function specialAround(tok: Tokenizer, piece: string, plain: readonly number[]) {
+function specialAround(tok: Tokenizer, piece: string, plain: readonly number[]): Around {
   const withSp = tok.encode(piece, true);
   if (withSp.length === plain.length) return { prefix: [], suffix: [] };
   for (let k = 0; k + plain.length <= withSp.length; k++) {
@@ -104,7 +114,7 @@ function specialAround(tok: Tokenizer, piece: string, plain: readonly number[]) 
 
 export interface BoundedTokens {
   ids: number[];
-  /** False when the time budget ran out before the (capped) text was done. */
+  /** False when the time budget (or the id cap) ran out before the (capped) text was done. */
   complete: boolean;
 }
 
@@ -112,15 +122,17 @@ const yieldToLoop = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 /**
  * Token ids of `text` (already capped), piece by piece, yielding to the event loop every
- * `SLICE_MS`. `addSpecialTokens` wraps the whole in what the tokenizer adds (a BOS).
+ * `SLICE_MS`. `addSpecialTokens` wraps the whole in what the tokenizer adds (a BOS). With a
+ * `cache`, the head of a text tokenized before (a conversation's earlier turn) is reused.
  */
 export async function tokenizeBounded(
   tok: Tokenizer,
   text: string,
   addSpecialTokens: boolean,
   budgetMs = BUDGET_MS,
+  cache: TokenPrefixCache | null = null,
 ): Promise<BoundedTokens> {
-  const run = new PieceRun(tok, text, addSpecialTokens, budgetMs);
+  const run = new PieceRun(tok, text, addSpecialTokens, budgetMs, cache);
   while (!run.step(SLICE_MS)) await yieldToLoop();
   return run.result();
 }
@@ -131,8 +143,9 @@ export function tokenizeBoundedSync(
   text: string,
   addSpecialTokens: boolean,
   budgetMs = BUDGET_MS,
+  cache: TokenPrefixCache | null = null,
 ): BoundedTokens {
-  const run = new PieceRun(tok, text, addSpecialTokens, budgetMs);
+  const run = new PieceRun(tok, text, addSpecialTokens, budgetMs, cache);
   run.step(Number.POSITIVE_INFINITY);
   return run.result();
 }
@@ -143,31 +156,87 @@ class PieceRun {
   private readonly text: string;
   private readonly addSpecialTokens: boolean;
   private readonly budgetMs: number;
-  private readonly ids: number[] = [];
-  private around: { prefix: number[]; suffix: number[] } | null = null;
+  private readonly cache: TokenPrefixCache | null;
+  private readonly hasher: PrefixHasher | null;
+  private ids: number[] = [];
+  private around: Around | null = null;
+  /** Checkpoints passed (./token-prefix-cache.ts): their keys and the ids up to each. */
+  private readonly keys: number[] = [];
+  private readonly counts: number[] = [];
   private at = 0;
   private spent = 0;
   private complete = true;
 
-  constructor(tok: Tokenizer, text: string, addSpecialTokens: boolean, budgetMs: number) {
+  constructor(
+    tok: Tokenizer,
+    text: string,
+    addSpecialTokens: boolean,
+    budgetMs: number,
+    cache: TokenPrefixCache | null,
+  ) {
     this.tok = tok;
     this.text = text;
     this.addSpecialTokens = addSpecialTokens;
     this.budgetMs = budgetMs;
+    this.cache = cache;
+    this.hasher = cache ? new PrefixHasher(text, addSpecialTokens ? 1 : 0) : null;
+  }
+
+  /**
+   * The key of the piece ending at `end` after starting at `from`, when it is a checkpoint: its
+   * end was found by a word boundary (it read the text up to `from + PIECE_CHARS`), not by the
+   * text's end.
+   */
+  private checkpointKey(from: number): number | null {
+    const hard = from + PIECE_CHARS;
+    return this.hasher && hard < this.text.length ? this.hasher.keyTo(hard + 1) : null;
+  }
+
+  /** Skips the head a cached text shares with this one (its pieces, their ids). */
+  private resume(): void {
+    const cache = this.cache!;
+    let best: ReturnType<TokenPrefixCache["get"]>;
+    let at = 0;
+    while (at < this.text.length) {
+      const key = this.checkpointKey(at);
+      const hit = key === null ? undefined : cache.get(key);
+      if (key === null || !hit) break;
+      best = hit;
+      at = pieceEnd(this.text, at);
+      this.keys.push(key);
+      this.counts.push(hit.n);
+    }
+    if (!best) return;
+    // The hasher has read past the last checkpoint's lookahead; the next key continues from it.
+    this.ids = Array.from(best.entry.ids.subarray(0, best.n));
+    this.around = best.entry.around;
+    this.at = at;
+    cache.noteReuse(best.n);
   }
 
   /** Tokenizes pieces for up to `sliceMs`; true when finished (done, capped or out of budget). */
   step(sliceMs: number): boolean {
-    const { tok, text, ids } = this;
+    const { tok, text } = this;
     const t0 = performance.now();
+    if (this.at === 0 && this.cache) this.resume();
+    const ids = this.ids;
     while (this.at < text.length) {
-      const end = pieceEnd(text, this.at);
-      const piece = text.slice(this.at, end);
+      const from = this.at;
+      const end = pieceEnd(text, from);
+      const piece = text.slice(from, end);
       const got = tok.encode(piece, false);
-      if (this.at === 0 && this.addSpecialTokens) this.around = specialAround(tok, piece, got);
+      if (from === 0 && this.addSpecialTokens) this.around = specialAround(tok, piece, got);
       for (const id of got) ids.push(id);
       this.at = end;
-      if (ids.length >= ROUTING_TOKEN_CAP) return true;
+      const key = this.checkpointKey(from);
+      if (key !== null) {
+        this.keys.push(key);
+        this.counts.push(ids.length);
+      }
+      if (ids.length > ROUTING_TOKEN_CAP || (ids.length === ROUTING_TOKEN_CAP && end < text.length)) {
+        this.complete = false;
+        return true;
+      }
       const used = performance.now() - t0;
       if (this.spent + used > this.budgetMs) {
         this.complete = this.at >= text.length;
@@ -183,6 +252,8 @@ class PieceRun {
 
   result(): BoundedTokens {
     const { ids, around, complete } = this;
+    // Kept even when the budget ran out: the next turn continues from where this one stopped.
+    this.cache?.put(ids, this.keys, this.counts, around);
     if (ids.length > ROUTING_TOKEN_CAP) ids.length = ROUTING_TOKEN_CAP;
     if (!around) return { ids, complete };
     return { ids: [...around.prefix, ...ids, ...(complete ? around.suffix : [])], complete };

@@ -31,7 +31,7 @@ import { BodyAbortedError, readBody, releaseBody, sendError } from "./http-util.
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
-import { ServerRoutingRequest } from "./routing-request.ts";
+import { type PromptLimits, ServerRoutingRequest } from "./routing-request.ts";
 import { SseUsageFilter, type Usage } from "./sse.ts";
 
 export { pump } from "./pump.ts";
@@ -47,6 +47,8 @@ export interface ProxyContext {
   maxResponseBufferBytes: number;
   /** Whether routing reads the prompt (tokenize long prompts ahead, in slices). */
   preparePrompt: boolean;
+  /** Tokenizing budget and the cache of earlier prompts' ids (default: 100 ms, no cache). */
+  promptLimits?: PromptLimits;
   logger: Logger;
   /** Where bodies past OFF_LOOP_BODY_BYTES are parsed (default: the process's shared pool). */
   bodyParser?: BodyParserPool;
@@ -105,6 +107,7 @@ export async function handleCompletion(
       stream,
       typeof body.cache_salt === "string" ? body.cache_salt : undefined,
       ctx.tokenizer,
+      ctx.promptLimits,
     );
     const abort = new RequestAbort();
     ac = abort;

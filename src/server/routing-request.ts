@@ -7,6 +7,7 @@ import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/t
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
+  BUDGET_MS,
   capText,
   PIECE_CHARS,
   ROUTING_TEXT_CAP,
@@ -14,6 +15,17 @@ import {
   tokenizeBounded,
   tokenizeBoundedSync,
 } from "./prompt-tokens.ts";
+import type { TokenPrefixCache } from "./token-prefix-cache.ts";
+
+/** How much tokenizing a request's prompt may cost (config `promptBudgetMs`, `promptCacheTokens`). */
+export interface PromptLimits {
+  /** Tokenizing time per request before routing settles for the ids so far. */
+  budgetMs: number;
+  /** Earlier prompts' ids by text prefix (a conversation's next turn reuses its history's). */
+  cache: TokenPrefixCache | null;
+}
+
+const DEFAULT_LIMITS: PromptLimits = { budgetMs: BUDGET_MS, cache: null };
 
 export class ServerRoutingRequest implements RoutingRequest {
   readonly requestId: string;
@@ -23,6 +35,7 @@ export class ServerRoutingRequest implements RoutingRequest {
   readonly stream: boolean;
   readonly cacheSalt: string | undefined;
   private readonly tokenizer: Tokenizer;
+  private readonly limits: PromptLimits;
   private text: string | undefined;
   private tokens: readonly number[] | undefined;
 
@@ -34,6 +47,7 @@ export class ServerRoutingRequest implements RoutingRequest {
     stream: boolean,
     cacheSalt: string | undefined,
     tokenizer: Tokenizer,
+    limits: PromptLimits = DEFAULT_LIMITS,
   ) {
     this.requestId = requestId;
     this.model = model;
@@ -42,6 +56,7 @@ export class ServerRoutingRequest implements RoutingRequest {
     this.stream = stream;
     this.cacheSalt = cacheSalt;
     this.tokenizer = tokenizer;
+    this.limits = limits;
   }
 
   /** The templated prompt's head (at most ROUTING_TEXT_CAP characters). */
@@ -75,7 +90,7 @@ export class ServerRoutingRequest implements RoutingRequest {
         this.tokens =
           text.length <= PIECE_CHARS
             ? this.tokenizer.encode(text, add)
-            : tokenizeBoundedSync(this.tokenizer, text, add).ids;
+            : tokenizeBoundedSync(this.tokenizer, text, add, this.limits.budgetMs, this.limits.cache).ids;
       }
     }
     return this.tokens;
@@ -90,7 +105,8 @@ export class ServerRoutingRequest implements RoutingRequest {
     if (this.endpoint === "completion" && typeof firstPrompt(this.body.prompt) !== "string") return null;
     const text = this.promptText();
     if (text.length <= PIECE_CHARS) return null;
-    return tokenizeBounded(this.tokenizer, text, addsSpecialTokens(this.endpoint, this.body)).then((r) => {
+    const add = addsSpecialTokens(this.endpoint, this.body);
+    return tokenizeBounded(this.tokenizer, text, add, this.limits.budgetMs, this.limits.cache).then((r) => {
       this.tokens = r.ids;
     });
   }

@@ -121,7 +121,7 @@ describe("large bodies parsed off the loop", () => {
   it("the head kept for routing is at most one piece past the cap, also per content part", async () => {
     const pool = new BodyParserPool({ workers: 1 });
     try {
-      const big = "a".repeat(1_000_000);
+      const big = "a".repeat(ROUTING_TEXT_CAP * 2);
       const body = {
         model: "m",
         messages: [
