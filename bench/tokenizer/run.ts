@@ -7,7 +7,9 @@
  * - `pieces`: the router's bounded path (src/server/prompt-tokens.ts: 512-character pieces cut
  *   at word ends), with no time budget, which is what the time budget is spent on;
  * - `hash`: the router's block hashes of those ids (src/kv/hash.ts, 16-token blocks);
- * - `bridge path`: the approximate tree's chunk path of the text (the pending bridge's key).
+ * - `bridge path`: the approximate tree's chunk path of the text (the pending bridge's key);
+ * - `next turn`: a conversation's turn at ≈ `--tokens` after turns of ≈ 2 k tokens each, with and
+ *   without the token prefix cache (src/server/token-prefix-cache.ts) holding the previous turn.
  *
  * Texts: `filler` (the bench workloads' common words, src/bench/prng.ts), `prose` (made-up words
  * of 2–12 letters with punctuation, numbers and newlines: few repeated words, so per-word caches
@@ -24,6 +26,7 @@ import { ApproxPrefixTree } from "../../src/kv/approx-tree.ts";
 import { hashPrompt } from "../../src/kv/hash.ts";
 import { getDefaultTokenizer, loadTokenizer, type Tokenizer } from "../../src/kv/tokenizer.ts";
 import { tokenizeBoundedSync } from "../../src/server/prompt-tokens.ts";
+import { TokenPrefixCache } from "../../src/server/token-prefix-cache.ts";
 import { writeO200kHf } from "./o200k-hf.ts";
 
 const { values } = parseArgs({
@@ -142,4 +145,37 @@ console.log(
 );
 console.log(
   `bridge path of ${text.length} chars (64-char chunks): cold ${path.cold.toFixed(2)} ms, warm ${path.warm.toFixed(2)} ms`,
+);
+
+// A conversation's next turn: the history (≈ TOKENS) re-sent with a new question, prose text.
+for (const [name, tok] of [
+  ["built-in", builtin],
+  ["hf", hf],
+] as const) {
+  const rng = new Prng(77);
+  const messages: { role: string; content: string }[] = [];
+  while (builtin.encode(builtin.applyChatTemplate(messages)).length < TOKENS - 2000) {
+    messages.push(
+      { role: "user", content: prose(rng, 200) },
+      { role: "assistant", content: prose(rng, 1600) },
+    );
+  }
+  const before = tok.applyChatTemplate(messages);
+  messages.push({ role: "user", content: prose(rng, 200) });
+  const turn = tok.applyChatTemplate(messages);
+  const cache = new TokenPrefixCache();
+  tokenizeBoundedSync(tok, before, false, Number.POSITIVE_INFINITY, cache);
+  const cached = time(() => tokenizeBoundedSync(tok, turn, false, Number.POSITIVE_INFINITY, cache));
+  const reused = cache.reusedTokens;
+  const plain = time(() => tokenizeBoundedSync(tok, turn, false, Number.POSITIVE_INFINITY, null));
+  const n = builtin.encode(turn).length;
+  console.log(
+    `next turn, ${name}: ${n} tokens (${reused} from the cache): ${cached.toFixed(1)} ms with the cache, ${plain.toFixed(1)} ms without`,
+  );
+}
+console.log(
+  `# load average after: ${(await import("node:os"))
+    .loadavg()
+    .map((x) => x.toFixed(2))
+    .join(" ")}`,
 );

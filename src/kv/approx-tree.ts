@@ -29,6 +29,16 @@ export interface ApproxTreeOptions {
 /** Default head of a text the tree walks: 32 Ki characters (512 chunks of 64). */
 export const APPROX_TEXT_CAP = 32 * 1024;
 
+/**
+ * Head of a prompt the pending bridge keys by (kv-prefix `bridgePending`): 256 Ki characters
+ * (≈ 50 k tokens of English), so a prompt at a 40 k `max_model_len` counts whole while it waits
+ * for its prefill; with the 32 Ki head such a prompt counted as 16 % cached. The bridge only
+ * counts nodes (no per-node LRU as in `insert`): a 208 Ki-character path and its `add` cost
+ * ≈ 1.3 ms each on a loaded 2-core box (bench/tokenizer/bridge.ts); the whole 1 Mi routing head
+ * cost 8 + 22 ms, so the bridge stops here.
+ */
+export const BRIDGE_TEXT_CAP = 256 * 1024;
+
 const TWO20 = 1048576;
 
 export class ApproxPrefixTree {

@@ -17,7 +17,7 @@
  * The trees are shared by every step of the model with the same params (one state per model).
  */
 import { z } from "zod";
-import { ApproxPrefixTree } from "../../../kv/approx-tree.ts";
+import { ApproxPrefixTree, BRIDGE_TEXT_CAP } from "../../../kv/approx-tree.ts";
 import type { RoutingRequest, WorkerState } from "../../types.ts";
 import { PendingPrefixes } from "../pending-prefixes.ts";
 import { defineScorer } from "../plugin.ts";
@@ -47,6 +47,10 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
           })
         : null;
     const pending = p.bridgePending ? new PendingPrefixes(p.bridgeGraceMs) : null;
+    // The bridge keys a prompt by more of its head than the fallback tree walks (issue #28 item 4).
+    const bridge = pending
+      ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxChars: BRIDGE_TEXT_CAP })
+      : null;
     const src: OverlapSource = {
       overlaps(ctx: StepContext) {
         const { req, all } = ctx;
@@ -62,7 +66,7 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
         for (let i = 0; i < n; i++) if (overlaps[i] < 0) missing = true;
         const text = recent || pending || missing ? req.promptText() : "";
         const fresh = recent ? recent.match(text, ids) : null;
-        const path = pending ? tree.path(text) : null;
+        const path = bridge ? bridge.path(text) : null;
         let approx: Int32Array | null = null;
         for (let i = 0; i < n; i++) {
           const blocks = ctx.promptBlocks(i);
@@ -84,7 +88,8 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
       held: (id) => (index?.hasWorker(id) ? index.blockCount(id) : tree.size(id)),
       onRouted(req: RoutingRequest, worker: WorkerState) {
         recent?.insert(req.promptText(), worker.record.id);
-        pending?.add(worker.record.id, tree.path(req.promptText()), req.promptTokens().length);
+        if (pending && bridge)
+          pending.add(worker.record.id, bridge.path(req.promptText()), req.promptTokens().length);
         // The long-lived fallback tree is only needed for workers that publish no KV events.
         if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
       },
