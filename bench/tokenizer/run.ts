@@ -163,11 +163,19 @@ for (const [name, tok] of [
   const before = tok.applyChatTemplate(messages);
   messages.push({ role: "user", content: prose(rng, 200) });
   const turn = tok.applyChatTemplate(messages);
-  const cache = new TokenPrefixCache();
-  tokenizeBoundedSync(tok, before, false, Number.POSITIVE_INFINITY, cache);
-  const cached = time(() => tokenizeBoundedSync(tok, turn, false, Number.POSITIVE_INFINITY, cache));
-  const reused = cache.reusedTokens;
-  const plain = time(() => tokenizeBoundedSync(tok, turn, false, Number.POSITIVE_INFINITY, null));
+  // Median of RUNS, each with a cache holding just the previous turn.
+  const withCache: number[] = [];
+  const without: number[] = [];
+  let reused = 0;
+  for (let r = 0; r < RUNS; r++) {
+    const cache = new TokenPrefixCache();
+    tokenizeBoundedSync(tok, before, false, Number.POSITIVE_INFINITY, cache);
+    withCache.push(time(() => tokenizeBoundedSync(tok, turn, false, Number.POSITIVE_INFINITY, cache)));
+    reused = cache.reusedTokens;
+    without.push(time(() => tokenizeBoundedSync(tok, turn, false, Number.POSITIVE_INFINITY, null)));
+  }
+  const cached = median(withCache);
+  const plain = median(without);
   const n = builtin.encode(turn).length;
   console.log(
     `next turn, ${name}: ${n} tokens (${reused} from the cache): ${cached.toFixed(1)} ms with the cache, ${plain.toFixed(1)} ms without`,
