@@ -27,6 +27,7 @@ import { sendError, sendJson } from "./http-util.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
 import { handleCompletion, type ProxyContext } from "./proxy.ts";
+import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
 
 export interface StartServerOptions {
@@ -152,6 +153,12 @@ export async function startServer(
   if (needs.has("engineLoad")) scraper.start();
 
   const auth = new ApiKeyAuth(config.apiKeys);
+  const promptLimits = {
+    budgetMs: config.promptBudgetMs,
+    cache: config.promptCacheTokens > 0 ? new TokenPrefixCache(config.promptCacheTokens) : null,
+    stats: new PromptStats(),
+  };
+  metrics.watchPrompts(promptLimits.stats, promptLimits.cache);
   const pctx: ProxyContext = {
     router,
     executor,
@@ -163,10 +170,7 @@ export async function startServer(
     // Profiles that read the prompt (prefix matching, prefill accounting), and PD routing
     // (prefill accounting), get long prompts tokenized ahead, in slices.
     preparePrompt: needs.has("promptTokens") || needs.has("approxTree") || config.router !== "mixed",
-    promptLimits: {
-      budgetMs: config.promptBudgetMs,
-      cache: config.promptCacheTokens > 0 ? new TokenPrefixCache(config.promptCacheTokens) : null,
-    },
+    promptLimits,
     logger,
     bodyParser: opts.bodyParser,
   };

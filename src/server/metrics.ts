@@ -139,6 +139,36 @@ export class ServerMetrics {
   private readonly perModel = new Map<string, ModelMetrics>();
 
   /** Label children of one model, cached: the hot path skips prom-client's label hashing. */
+  /** Routing's prompt tokenizing: pieced prompts, partial scores, ids reused from the cache. */
+  watchPrompts(stats: { pieced: number; partial: number }, cache: { reusedTokens: number } | null): void {
+    const registers = [this.registry];
+    const counter = (name: string, help: string, read: () => number) =>
+      new Counter({
+        name,
+        help,
+        registers,
+        collect() {
+          this.reset();
+          this.inc(read());
+        },
+      });
+    counter(
+      "infera_prompt_tokenized_total",
+      "Prompts tokenized for routing piece by piece (longer than one 512-character piece)",
+      () => stats.pieced,
+    );
+    counter(
+      "infera_prompt_partial_total",
+      "Prompts scored on their head: the tokenizing budget (promptBudgetMs) ran out first",
+      () => stats.partial,
+    );
+    counter(
+      "infera_prompt_cache_reused_tokens_total",
+      "Prompt token ids reused from the token prefix cache instead of tokenized",
+      () => cache?.reusedTokens ?? 0,
+    );
+  }
+
   forModel(model: string): ModelMetrics {
     let m = this.perModel.get(model);
     if (!m) {

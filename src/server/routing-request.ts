@@ -7,6 +7,7 @@ import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/t
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
+  type BoundedTokens,
   BUDGET_MS,
   capText,
   PIECE_CHARS,
@@ -23,6 +24,18 @@ export interface PromptLimits {
   budgetMs: number;
   /** Earlier prompts' ids by text prefix (a conversation's next turn reuses its history's). */
   cache: TokenPrefixCache | null;
+  /** Counts for the server's metrics. */
+  stats?: PromptStats;
+}
+
+/** Prompts tokenized piece by piece, and those scored on their head (the budget ran out). */
+export class PromptStats {
+  pieced = 0;
+  partial = 0;
+  note(complete: boolean): void {
+    this.pieced++;
+    if (!complete) this.partial++;
+  }
 }
 
 const DEFAULT_LIMITS: PromptLimits = { budgetMs: BUDGET_MS, cache: null };
@@ -90,7 +103,9 @@ export class ServerRoutingRequest implements RoutingRequest {
         this.tokens =
           text.length <= PIECE_CHARS
             ? this.tokenizer.encode(text, add)
-            : tokenizeBoundedSync(this.tokenizer, text, add, this.limits.budgetMs, this.limits.cache).ids;
+            : this.counted(
+                tokenizeBoundedSync(this.tokenizer, text, add, this.limits.budgetMs, this.limits.cache),
+              );
       }
     }
     return this.tokens;
@@ -107,8 +122,13 @@ export class ServerRoutingRequest implements RoutingRequest {
     if (text.length <= PIECE_CHARS) return null;
     const add = addsSpecialTokens(this.endpoint, this.body);
     return tokenizeBounded(this.tokenizer, text, add, this.limits.budgetMs, this.limits.cache).then((r) => {
-      this.tokens = r.ids;
+      this.tokens = this.counted(r);
     });
+  }
+
+  private counted(r: BoundedTokens): number[] {
+    this.limits.stats?.note(r.complete);
+    return r.ids;
   }
 }
 

@@ -107,4 +107,42 @@ test("a 40 k-token prompt: a worker holding all its blocks is credited with all 
   assert.equal(b!.promptBlocks, blocks);
   assert.equal(b!.cachedBlocks, shared);
   assert.equal(a!.cachedBlocks, 0);
+  const metrics = await (
+    await fetch(`${server.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })
+  ).text();
+  assert.match(metrics, /^infera_prompt_tokenized_total 1$/m);
+  assert.match(metrics, /^infera_prompt_partial_total 0$/m);
+});
+
+test("a budget overrun degrades to a partial score of the prompt's head, not an error", async () => {
+  // No budget at all: one piece is tokenized, then routing settles for it.
+  const file = join(dir, "zero.yaml");
+  writeFileSync(file, `policy: kv-aware\nscrapeIntervalMs: 0\napiKeys: [${KEY}]\npromptBudgetMs: 0\n`);
+  const memory = new MemoryDiscovery(
+    ["w-a", "w-b"].map((id, i) =>
+      simWorkerRecord(sims[i]!, { id, model: MODEL, maxModelLen: 65536, blockSize: BS }),
+    ),
+  );
+  const zero = await startServer(
+    { ...configFromFile(file), host: "127.0.0.1", port: 0 },
+    { discovery: memory, logger },
+  );
+  try {
+    const client = new OpenAI({ baseURL: `${zero.url}/v1`, apiKey: KEY, maxRetries: 0 });
+    const res = await client.chat.completions.create({ model: MODEL, messages: chat("q2"), max_tokens: 1 });
+    assert.ok((res.usage?.prompt_tokens ?? 0) > 40_000, "the engine got the whole prompt");
+    const got = (await (
+      await fetch(`${zero.url}/debug/decisions?model=${MODEL}&limit=1`, {
+        headers: { authorization: `Bearer ${KEY}` },
+      })
+    ).json()) as { data: DecisionExplanation[] };
+    const c = got.data[0]!.candidates[0]!;
+    assert.ok((c.promptBlocks ?? 0) > 0 && (c.promptBlocks ?? 0) < 100, `${c.promptBlocks} blocks scored`);
+    const metrics = await (
+      await fetch(`${zero.url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })
+    ).text();
+    assert.match(metrics, /^infera_prompt_partial_total 1$/m);
+  } finally {
+    await zero.close();
+  }
 });
