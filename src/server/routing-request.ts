@@ -104,7 +104,7 @@ export class ServerRoutingRequest implements RoutingRequest {
           text.length <= PIECE_CHARS
             ? this.tokenizer.encode(text, add)
             : this.counted(
-                tokenizeBoundedSync(this.tokenizer, text, add, this.limits.budgetMs, this.limits.cache),
+                tokenizeBoundedSync(this.tokenizer, text, add, this.limits.budgetMs, this.cache()),
               );
       }
     }
@@ -121,9 +121,17 @@ export class ServerRoutingRequest implements RoutingRequest {
     const text = this.promptText();
     if (text.length <= PIECE_CHARS) return null;
     const add = addsSpecialTokens(this.endpoint, this.body);
-    return tokenizeBounded(this.tokenizer, text, add, this.limits.budgetMs, this.limits.cache).then((r) => {
+    return tokenizeBounded(this.tokenizer, text, add, this.limits.budgetMs, this.cache()).then((r) => {
       this.tokens = this.counted(r);
     });
+  }
+
+  /**
+   * The prefix cache, except for a request with a `cache_salt`: the salt asks the engine to keep
+   * its prefix cache apart from other users', so its text is neither reused nor kept here.
+   */
+  private cache(): TokenPrefixCache | null {
+    return this.cacheSalt ? null : this.limits.cache;
   }
 
   private counted(r: BoundedTokens): number[] {

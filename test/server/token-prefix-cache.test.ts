@@ -147,3 +147,21 @@ describe("token prefix cache", () => {
     assert.equal(got, whole.length);
   });
 });
+
+describe("token prefix cache and cache_salt", () => {
+  it("a salted request neither reuses nor leaves ids in the cache", () => {
+    const cache = new TokenPrefixCache();
+    const text = words(new Prng(13), 3000);
+    const make = (salt: string | undefined) =>
+      new ServerRoutingRequest("r", "m", "completion", { prompt: text }, false, salt, tok, {
+        budgetMs: NO_BUDGET,
+        cache,
+      });
+    assert.deepEqual(make("tenant-a").promptTokens(), tok.encode(text));
+    assert.equal(cache.size(), 0, "nothing kept from a salted prompt");
+    make(undefined).promptTokens();
+    assert.ok(cache.size() > 0);
+    make("tenant-b").promptTokens();
+    assert.equal(cache.hits, 0, "a salted prompt does not reuse another's ids");
+  });
+});
