@@ -1,7 +1,9 @@
 /**
  * The server's RoutingRequest: prompt text and tokens are computed on first use only, and
- * bounded: routing looks at the prompt's head (see ./prompt-tokens.ts). A prompt longer than
- * one tokenizer piece is tokenized by `prepare()` in event-loop slices before routing.
+ * bounded: the whole prompt up to a memory cap, tokenized within a time budget (past it,
+ * routing has the head's ids; see ./prompt-tokens.ts). A prompt longer than one tokenizer piece
+ * is tokenized by `prepare()` in event-loop slices before routing, reusing the ids of an earlier
+ * prompt it starts with (./token-prefix-cache.ts).
  */
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
