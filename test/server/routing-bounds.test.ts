@@ -157,3 +157,37 @@ describe("large bodies parsed off the loop", () => {
     }
   });
 });
+
+describe("token-id prompts", () => {
+  it("the text of a long token-id prompt is decoded in chunks within the budget", () => {
+    const ids = tok.encode("the quick brown fox jumps over the lazy dog. ".repeat(8000));
+    assert.ok(ids.length > 50_000);
+    let calls = 0;
+    let slow = false;
+    const counting = {
+      ...tok,
+      decode: (x: readonly number[]) => {
+        calls++;
+        if (slow) {
+          const t0 = performance.now();
+          while (performance.now() - t0 < 5);
+        }
+        return tok.decode(x);
+      },
+    };
+    const req = (budgetMs: number) =>
+      new ServerRoutingRequest("r", "m", "completion", { prompt: ids }, false, undefined, counting, {
+        budgetMs,
+        cache: null,
+      });
+    // Within the budget: the whole text, chunk by chunk.
+    assert.equal(req(10_000).promptText(), capText(tok.decode(ids)));
+    assert.ok(calls > 10, `${calls} decode calls`);
+    // A slow decoder (5 ms a chunk) and a 12 ms budget: the head's text only, never a long stall.
+    slow = true;
+    calls = 0;
+    const head = req(12).promptText();
+    assert.ok(calls >= 1 && calls <= 4, `${calls} decode calls`);
+    assert.ok(tok.decode(ids).startsWith(head) && head.length < tok.decode(ids).length / 2);
+  });
+});
