@@ -13,6 +13,23 @@
  */
 export type IndexSync = "syncing" | "synced" | "unknown";
 
+/** One worker rank's KV index sync (GET /dashboard/state, and counted on GET /ready). */
+export interface KvRankSync {
+  worker: string;
+  rank: number;
+  state: IndexSync;
+  /** Ms from the subscriber's start to its first `synced`; null while not yet. */
+  syncMs: number | null;
+}
+
+/** Per-rank sync of the KV index, with counts per state. */
+export interface KvSyncReport {
+  synced: number;
+  syncing: number;
+  unknown: number;
+  ranks: KvRankSync[];
+}
+
 export interface PrefixIndex {
   /**
    * True while the index tracks the worker (it publishes KV events) and its view is in sync:
