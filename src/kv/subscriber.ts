@@ -29,11 +29,11 @@ import { Dealer, Subscriber } from "zeromq";
 import "../util/zmq-limits.ts";
 import type { KvEventsInfo } from "../discovery/types.ts";
 import type { Logger } from "../util/log.ts";
-import { isGpu } from "./event-keys.ts";
 import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "./events.ts";
 import type { KvIndex } from "./index.ts";
 import type { KvIngestMetrics } from "./metrics.ts";
 import type { IndexSync } from "./prefix-index.ts";
+import { RankSync } from "./rank-sync.ts";
 import { streamReplay } from "./replay.ts";
 
 export interface KvSubscriberOptions {
@@ -120,10 +120,8 @@ export class KvSubscriber {
     sync: "syncing",
     syncMs: -1,
   };
-  private startedAt = 0;
-  /** Set while the rank's history has a hole: blocks stored since, toward a pool's worth. */
-  private hole = false;
-  private storedSinceHole = 0;
+  /** The rank's sync state and the rebuild rule (./rank-sync.ts); made by start(). */
+  private rs: RankSync | null = null;
 
   constructor(opts: KvSubscriberOptions) {
     this.opts = opts;
@@ -142,14 +140,23 @@ export class KvSubscriber {
 
   /** The rank's sync state. */
   get sync(): IndexSync {
-    return this.stats.sync;
+    return this.rs?.state ?? "syncing";
   }
 
   start(): void {
     if (this.loop) return;
-    this.startedAt = performance.now();
     this.opts.index.addWorker(this.opts.workerId, this.opts.blockSize, 0, this.opts.kvBlocks);
-    this.setSync("syncing");
+    this.rs = new RankSync({
+      index: this.opts.index,
+      workerId: this.opts.workerId,
+      rank: this.dpRank,
+      kvBlocks: this.opts.kvBlocks,
+      onChange: (state) => {
+        this.stats.sync = state;
+        this.stats.syncMs = this.rs?.syncMs ?? -1;
+        this.opts.logger.info({ worker: this.opts.workerId, rank: this.dpRank, state }, "kv index sync");
+      },
+    });
     this.loop = this.run().catch((err) => {
       if (!this.closed) this.opts.logger.error({ err, worker: this.opts.workerId }, "kv subscriber stopped");
     });
@@ -157,6 +164,7 @@ export class KvSubscriber {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.rs?.close();
     this.syncedResolve();
     try {
       this.sub.close();
@@ -181,11 +189,11 @@ export class KvSubscriber {
       this.settle();
     } else if (this.opts.replayOnStart === false) {
       // The caller knows the engine starts with us: what arrives is its whole history.
-      this.setSync("synced");
+      this.rs?.set("synced");
     } else {
       // No replay socket: only a first live batch numbered 0 says nothing came before it.
-      this.hole = true;
-      this.setSync("unknown");
+      this.markHole();
+      this.rs?.settle();
     }
     this.syncedResolve();
     this.workStart = performance.now();
@@ -246,7 +254,7 @@ export class KvSubscriber {
     const lastLive = this.lastLiveSeq;
     this.lastLiveSeq = seq;
     if (this.lastSeq < 0) {
-      if (seq === 0 && this.hole && this.stats.batches === 0) this.clearHole();
+      if (seq === 0 && this.rs?.open && this.stats.batches === 0) this.clearHole();
       this.apply(msg.batch);
       this.setSeq(seq);
       this.lastPayload = frames[2];
@@ -335,14 +343,12 @@ export class KvSubscriber {
     this.replayed.clear();
     this.lastLiveSeq = seq ?? -1;
     if (this.opts.events.framing === "seq" && this.opts.events.replayEndpoint) {
-      this.hole = false;
-      this.setSync("syncing");
+      this.rs?.begin();
       await this.replay(0);
       this.settle();
     } else if (seq === 0) {
       // The new engine's first batch: nothing came before it.
-      this.hole = false;
-      this.setSync("synced");
+      this.clearHole();
     } else this.markHole();
     if (seq === null || seq > this.lastSeq) {
       const msg = decodeMessage(frames, this.opts.events.framing);
@@ -362,9 +368,8 @@ export class KvSubscriber {
 
   private apply(batch: EventBatch): void {
     const { index, workerId, blockSize, metrics } = this.opts;
-    const removed = index.counters.removed;
-    index.applyEvents(workerId, batch.events, blockSize, this.dpRank);
-    if (this.hole) this.countRebuild(batch, index.counters.removed > removed);
+    if (this.rs) this.rs.apply(batch, blockSize);
+    else index.applyEvents(workerId, batch.events, blockSize, this.dpRank);
     this.stats.batches++;
     this.stats.events += batch.events.length;
     if (batch.skipped > 0) this.malformed(`${batch.skipped} undecodable events in a batch`);
@@ -374,54 +379,16 @@ export class KvSubscriber {
     }
   }
 
-  /** Sets the rank's state here and in the index (nothing once closed: a new feed may own the rank). */
-  private setSync(state: IndexSync): void {
-    if (this.closed) return;
-    if (state === "synced" && this.stats.syncMs < 0) this.stats.syncMs = performance.now() - this.startedAt;
-    if (state !== this.stats.sync)
-      this.opts.logger.info({ worker: this.opts.workerId, rank: this.dpRank, state }, "kv index sync");
-    this.stats.sync = state;
-    this.opts.index.setSync(this.opts.workerId, this.dpRank, state);
-  }
-
-  /** The rank's history has a hole: unknown until rebuilt (see the file comment). */
   private markHole(): void {
-    this.hole = true;
-    this.storedSinceHole = 0;
-    if (this.stats.sync !== "syncing") this.setSync("unknown");
+    this.rs?.markHole();
   }
 
   private clearHole(): void {
-    this.hole = false;
-    this.storedSinceHole = 0;
-    if (this.stats.sync !== "syncing") this.setSync("synced");
+    this.rs?.clearHole();
   }
 
-  /** After a replay that began with a `syncing` rank: settle on what the replay found. */
   private settle(): void {
-    if (this.hole) this.setSync("unknown");
-    else this.setSync("synced");
-  }
-
-  /**
-   * While there is a hole: does this batch rebuild the rank? Yes on a clear; on the eviction of
-   * a block the index knows (so stored after the hole: the engine's LRU frees the blocks last
-   * used before the hole first, so those are gone); or once a pool's worth has been stored.
-   */
-  private countRebuild(batch: EventBatch, evictedKnown: boolean): void {
-    if (evictedKnown) {
-      this.clearHole();
-      return;
-    }
-    const pool = this.opts.kvBlocks ?? 0;
-    for (const ev of batch.events) {
-      if (ev.type === "AllBlocksCleared" && isGpu(ev.medium ?? null)) {
-        this.clearHole();
-        return;
-      }
-      if (ev.type === "BlockStored") this.storedSinceHole += ev.blockHashes.length;
-    }
-    if (pool > 0 && this.storedSinceHole >= pool) this.clearHole();
+    this.rs?.settle();
   }
 
   private reset(reason: string): void {
@@ -463,7 +430,7 @@ export class KvSubscriber {
     if (res.outcome === "failed") {
       logger.warn({ worker: workerId, rank: this.dpRank, err: res.error, start }, "kv replay failed");
       // What the replay was to fill cannot be had: an operating rank's entries may be stale.
-      if (this.lastSeq >= 0 && this.stats.sync === "synced") this.reset("gap");
+      if (this.lastSeq >= 0 && this.sync === "synced") this.reset("gap");
       this.markHole();
     } else if (res.rounds > 1)
       logger.info(
