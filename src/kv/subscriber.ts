@@ -429,8 +429,7 @@ export class KvSubscriber {
     if (res.outcome === "closed") return;
     if (res.outcome === "failed") {
       logger.warn({ worker: workerId, rank: this.dpRank, err: res.error, start }, "kv replay failed");
-      // What the replay was to fill cannot be had: an operating rank's entries may be stale.
-      if (this.lastSeq >= 0 && this.sync === "synced") this.reset("gap");
+      // What the replay was to fill cannot be had (a gap's caller then resets the rank).
       this.markHole();
     } else if (res.rounds > 1)
       logger.info(

@@ -91,6 +91,28 @@ test("a long history with replies dropped in transit is resumed, not reset: ever
   assert.ok(ingest.syncReport().ranks[0].syncMs !== null);
 });
 
+test("a gap during operation whose replay loses replies in transit is resumed: the rank is never emptied", async () => {
+  const pub = await engineWithHistory();
+  const { index, ingest } = ingestFor(record("w1", pub, true), 300);
+  await ingest.synced();
+  const sub = ingest.subscriber("w1")!;
+  await new Promise((r) => setTimeout(r, 300)); // the SUB has joined
+  // 500 batches the subscriber misses, then one it sees: a gap of 500.
+  for (let i = HISTORY; i < HISTORY + 500; i++)
+    await pub.publish([storedEv([2 * i + 1, 2 * i + 2], null, promptOf(i), BS)], { drop: true });
+  pub.dropReply = (seq, request) => request === 1 && (seq === HISTORY + 250 || seq === -1);
+  const last = HISTORY + 500;
+  await pub.publish([storedEv([2 * last + 1, 2 * last + 2], null, promptOf(last), BS)]);
+  await waitFor(() => sub.stats.lastSeq === last, 5000, "gap filled");
+  assert.equal(sub.stats.gaps, 1);
+  assert.equal(sub.stats.resets, 0);
+  assert.equal(sub.sync, "synced");
+  assert.ok(pub.requests >= 3, `replay requests ${pub.requests}`);
+  assert.equal(index.blockCount("w1"), 2 * (last + 1));
+  for (const i of [0, HISTORY + 250, last])
+    assert.deepEqual([...index.overlaps(promptOf(i), ["w1"])], [2], `prompt ${i}`);
+});
+
 test("a history older than the buffer: the rank is unknown (-1), not empty, until the engine evicts", async () => {
   const pub = await engineWithHistory();
   pub.bufferSteps = 1000;

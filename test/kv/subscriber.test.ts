@@ -83,6 +83,7 @@ test("a dropped message is recovered by replay; a gap beyond the buffer resets t
   assert.equal(sub.stats.replays, 2);
 
   assert.equal(sub.sync, "synced");
+  assert.equal(sub.stats.resets, 0, "a gap the replay fills leaves the rank as it was");
 
   // Now the engine's buffer is too short to cover a gap: the rank's old entries are dropped and
   // it is unknown (overlap -1: routed on what this server sent it), not empty.
