@@ -25,7 +25,7 @@ import { EngineBlockMap, MAX_VALUE as MAX_ENTRY } from "./engine-block-map.ts";
 import { FULL_KINDS, isGpu, saltFromExtraKeys } from "./event-keys.ts";
 import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
 import { hashBlockInto, rootSeedInto } from "./hash.ts";
-import type { PrefixIndex } from "./prefix-index.ts";
+import type { IndexSync, PrefixIndex } from "./prefix-index.ts";
 import { FleetWalk, plan, type WalkPlan } from "./walk.ts";
 
 interface RankBlocks {
@@ -77,6 +77,14 @@ export { saltFromExtraKeys };
 
 export class KvIndex implements PrefixIndex {
   private readonly workers = new Map<string, WorkerBlocks>();
+  /**
+   * Sync state per worker rank, as the subscribers report it. A rank never reported is
+   * `synced` (an index fed directly, as in tests and the kvd), so only workers listed here can
+   * read as untracked.
+   */
+  private readonly sync = new Map<string, Map<number, IndexSync>>();
+  /** Workers with a rank not `synced` (the fast path of `overlaps` skips the check when empty). */
+  private readonly unsynced = new Set<string>();
   readonly counters: KvIndexCounters = {
     stored: 0,
     removed: 0,
@@ -143,7 +151,53 @@ export class KvIndex implements PrefixIndex {
   }
 
   hasWorker(id: string): boolean {
+    return this.workers.has(id) && !this.unsynced.has(id);
+  }
+
+  /** True while the worker is tracked at all, in sync or not. */
+  tracks(id: string): boolean {
     return this.workers.has(id);
+  }
+
+  /** Records a rank's sync state (src/kv/subscriber.ts); `synced` is also what no record means. */
+  setSync(id: string, rank: number, state: IndexSync): void {
+    let ranks = this.sync.get(id);
+    if (!ranks) {
+      ranks = new Map();
+      this.sync.set(id, ranks);
+    }
+    ranks.set(rank, state);
+    let all = true;
+    for (const s of ranks.values()) if (s !== "synced") all = false;
+    if (all) this.unsynced.delete(id);
+    else this.unsynced.add(id);
+  }
+
+  /** Forgets a rank's sync record (its subscriber closed). */
+  dropSync(id: string, rank: number): void {
+    const ranks = this.sync.get(id);
+    if (!ranks) return;
+    ranks.delete(rank);
+    if (ranks.size === 0) this.sync.delete(id);
+    let all = true;
+    for (const s of ranks.values()) if (s !== "synced") all = false;
+    if (all) this.unsynced.delete(id);
+  }
+
+  syncOf(id: string): IndexSync | null {
+    if (!this.workers.has(id)) return null;
+    const ranks = this.sync.get(id);
+    if (!ranks || !this.unsynced.has(id)) return "synced";
+    let state: IndexSync = "synced";
+    for (const s of ranks.values()) if (s === "unknown" || (s === "syncing" && state === "synced")) state = s;
+    return state;
+  }
+
+  rankSyncOf(id: string): ReadonlyMap<number, IndexSync> {
+    if (!this.workers.has(id)) return new Map();
+    const out = new Map<number, IndexSync>(this.sync.get(id));
+    for (const r of this.workers.get(id)?.rankIds ?? []) if (!out.has(r)) out.set(r, "synced");
+    return out;
   }
 
   workerIds(): string[] {
@@ -156,6 +210,8 @@ export class KvIndex implements PrefixIndex {
     if (!w) return;
     for (const r of w.rankList) this.dropRank(r);
     this.workers.delete(id);
+    this.sync.delete(id);
+    this.unsynced.delete(id);
     this.version++;
   }
 
@@ -407,7 +463,22 @@ export class KvIndex implements PrefixIndex {
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array {
-    return this.walker.overlaps(this.table, tokens, this.resolve(workerIds), cacheSalt, loraName, bestRank);
+    const out = this.walker.overlaps(
+      this.table,
+      tokens,
+      this.resolve(workerIds),
+      cacheSalt,
+      loraName,
+      bestRank,
+    );
+    // A worker whose view is not in sync is unknown, not empty: the caller's fallback decides.
+    if (this.unsynced.size > 0)
+      for (let i = 0; i < workerIds.length; i++)
+        if (this.unsynced.has(workerIds[i])) {
+          out[i] = -1;
+          if (bestRank) bestRank[i] = -1;
+        }
+    return out;
   }
 
   /**

@@ -10,6 +10,7 @@ import type { DiscoveryWatcher, WorkerRecord } from "../discovery/types.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { KvIndex } from "./index.ts";
 import { KvIngestMetrics } from "./metrics.ts";
+import type { KvSyncReport } from "./prefix-index.ts";
 import { KvSubscriber } from "./subscriber.ts";
 import { rankSockets, WorkerFeeds } from "./worker-feeds.ts";
 
@@ -72,6 +73,22 @@ export class KvIngest {
   /** Resolves when every current subscriber has finished its start-up replay. */
   async synced(): Promise<void> {
     await Promise.all(this.feeds.all().flatMap((subs) => subs.map((s) => s.synced)));
+  }
+
+  /** Every rank's sync state, with counts per state (GET /ready, /dashboard/state). */
+  syncReport(): KvSyncReport {
+    const report: KvSyncReport = { synced: 0, syncing: 0, unknown: 0, ranks: [] };
+    for (const subs of this.feeds.all())
+      for (const s of subs) {
+        report[s.sync]++;
+        report.ranks.push({
+          worker: s.workerId,
+          rank: s.dpRank,
+          state: s.sync,
+          syncMs: s.stats.syncMs >= 0 ? Math.round(s.stats.syncMs) : null,
+        });
+      }
+    return report;
   }
 
   /** The worker's lowest rank's subscriber. */

@@ -48,5 +48,10 @@ export const createServerKvIngest: KvIngestFactory = (ctx): ServerKvIngestHandle
     overlap.observe(blocks > 0 ? cached / blocks : 0);
   };
   ingest.start();
-  return { ingest, indexFor: () => ingest.index, close: () => ingest.close() };
+  return {
+    ingest,
+    indexFor: () => ingest.index,
+    syncReport: () => ingest.syncReport(),
+    close: () => ingest.close(),
+  };
 };

@@ -2,8 +2,19 @@
  * One worker rank's KV event feed: a ZMQ SUB socket on the rank's events endpoint, applied to
  * the shared KvIndex (under that rank) in sequence order. At start it replays the engine's
  * buffer from seq 0 (so a new server replica builds the full index, not only what it routed
- * itself); a gap in `seq` replays the missing range through a DEALER on the replay socket, and
- * when that cannot fill it the rank is reset to empty (engine-protocols.md §3).
+ * itself); a gap in `seq` replays the missing range through a DEALER on the replay socket
+ * (./replay.ts: streamed, resumed after drops, a stall timeout rather than a total one).
+ *
+ * Sync state (IndexSync, reported to the index, which routes a rank that is not `synced` as
+ * untracked): `syncing` while the start-up replay runs; `synced` once it reached the end of a
+ * buffer that holds the rank's whole history; `unknown` when the history cannot be had (no
+ * replay socket and the first live batch is not seq 0, the replay failed, or the buffer no
+ * longer reaches back to what is missing). An unknown rank keeps applying events and becomes
+ * `synced` when the engine clears its cache (AllBlocksCleared) or, with a known pool size, once
+ * the events since the hole stored a pool's worth of blocks (the cache has turned over; blocks
+ * that stayed cached all along by being hit are the approximation). A gap filled by the replay
+ * keeps the rank as it is; an unfillable one resets it (its entries may be long gone) and makes
+ * it `unknown`, never "empty".
  *
  * Restarts: vLLM's and SGLang's publishers number batches from 0 per process
  * (`itertools.count()` / `_next_seq = 0`), so a live sequence number that goes backwards, or a
@@ -21,6 +32,9 @@ import type { Logger } from "../util/log.ts";
 import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "./events.ts";
 import type { KvIndex } from "./index.ts";
 import type { KvIngestMetrics } from "./metrics.ts";
+import type { IndexSync } from "./prefix-index.ts";
+import { RankSync } from "./rank-sync.ts";
+import { streamReplay } from "./replay.ts";
 
 export interface KvSubscriberOptions {
   workerId: string;
@@ -35,7 +49,10 @@ export interface KvSubscriberOptions {
   index: KvIndex;
   logger: Logger;
   metrics?: KvIngestMetrics;
-  /** How long to wait for each replay reply before giving up (default 2000 ms). */
+  /**
+   * How long a replay may go without a reply (default 2000 ms): a stall timeout, not one for the
+   * whole replay, which lasts as long as it keeps delivering.
+   */
   replayTimeoutMs?: number;
   /** Replay the engine's buffer from seq 0 at start (default true). */
   replayOnStart?: boolean;
@@ -51,6 +68,13 @@ export interface KvSubscriberStats {
   /** Engine restarts seen (seq went back, replayed bytes changed, or a new SGLang epoch). */
   restarts: number;
   lastSeq: number;
+  /** Replay rounds (a round ends at the end marker, a drop in transit or a stall). */
+  replayRounds: number;
+  /** Batches applied from replays. */
+  replayed: number;
+  /** The rank's sync state, and ms from start() to the first `synced` (-1: not yet). */
+  sync: IndexSync;
+  syncMs: number;
 }
 
 /** Yield to the event loop after this much continuous work, so /health stays responsive. */
@@ -91,7 +115,13 @@ export class KvSubscriber {
     resets: 0,
     restarts: 0,
     lastSeq: -1,
+    replayRounds: 0,
+    replayed: 0,
+    sync: "syncing",
+    syncMs: -1,
   };
+  /** The rank's sync state and the rebuild rule (./rank-sync.ts); made by start(). */
+  private rs: RankSync | null = null;
 
   constructor(opts: KvSubscriberOptions) {
     this.opts = opts;
@@ -108,9 +138,25 @@ export class KvSubscriber {
     return this.opts.dpRank ?? 0;
   }
 
+  /** The rank's sync state. */
+  get sync(): IndexSync {
+    return this.rs?.state ?? "syncing";
+  }
+
   start(): void {
     if (this.loop) return;
     this.opts.index.addWorker(this.opts.workerId, this.opts.blockSize, 0, this.opts.kvBlocks);
+    this.rs = new RankSync({
+      index: this.opts.index,
+      workerId: this.opts.workerId,
+      rank: this.dpRank,
+      kvBlocks: this.opts.kvBlocks,
+      onChange: (state) => {
+        this.stats.sync = state;
+        this.stats.syncMs = this.rs?.syncMs ?? -1;
+        this.opts.logger.info({ worker: this.opts.workerId, rank: this.dpRank, state }, "kv index sync");
+      },
+    });
     this.loop = this.run().catch((err) => {
       if (!this.closed) this.opts.logger.error({ err, worker: this.opts.workerId }, "kv subscriber stopped");
     });
@@ -118,6 +164,7 @@ export class KvSubscriber {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.rs?.close();
     this.syncedResolve();
     try {
       this.sub.close();
@@ -137,8 +184,17 @@ export class KvSubscriber {
     this.sub.connect(events.endpoint);
     if (events.topic) this.sub.subscribe(events.topic);
     else this.sub.subscribe();
-    if (events.framing === "seq" && events.replayEndpoint && this.opts.replayOnStart !== false)
+    if (events.framing === "seq" && events.replayEndpoint && this.opts.replayOnStart !== false) {
       await this.replay(0);
+      this.settle();
+    } else if (this.opts.replayOnStart === false) {
+      // The caller knows the engine starts with us: what arrives is its whole history.
+      this.rs?.set("synced");
+    } else {
+      // No replay socket: only a first live batch numbered 0 says nothing came before it.
+      this.markHole();
+      this.rs?.settle();
+    }
     this.syncedResolve();
     this.workStart = performance.now();
     while (!this.closed) {
@@ -198,6 +254,7 @@ export class KvSubscriber {
     const lastLive = this.lastLiveSeq;
     this.lastLiveSeq = seq;
     if (this.lastSeq < 0) {
+      if (seq === 0 && this.rs?.open && this.stats.batches === 0) this.clearHole();
       this.apply(msg.batch);
       this.setSeq(seq);
       this.lastPayload = frames[2];
@@ -235,9 +292,10 @@ export class KvSubscriber {
       if (seq <= this.lastSeq) return;
       if (seq > this.lastSeq + 1) {
         // A jump the replay could not fill (no replay socket, or it failed): what the index
-        // holds may be long gone from the engine.
+        // holds may be long gone from the engine, and what it lacks cannot be had.
         this.opts.metrics?.sequence.inc({ kind: "jump" });
         this.reset("jump");
+        this.markHole();
       }
     }
     this.apply(msg.batch);
@@ -284,7 +342,14 @@ export class KvSubscriber {
     this.setSeq(-1);
     this.replayed.clear();
     this.lastLiveSeq = seq ?? -1;
-    if (this.opts.events.framing === "seq" && this.opts.events.replayEndpoint) await this.replay(0);
+    if (this.opts.events.framing === "seq" && this.opts.events.replayEndpoint) {
+      this.rs?.begin();
+      await this.replay(0);
+      this.settle();
+    } else if (seq === 0) {
+      // The new engine's first batch: nothing came before it.
+      this.clearHole();
+    } else this.markHole();
     if (seq === null || seq > this.lastSeq) {
       const msg = decodeMessage(frames, this.opts.events.framing);
       if (!isDecodeError(msg)) {
@@ -303,7 +368,8 @@ export class KvSubscriber {
 
   private apply(batch: EventBatch): void {
     const { index, workerId, blockSize, metrics } = this.opts;
-    index.applyEvents(workerId, batch.events, blockSize, this.dpRank);
+    if (this.rs) this.rs.apply(batch, blockSize);
+    else index.applyEvents(workerId, batch.events, blockSize, this.dpRank);
     this.stats.batches++;
     this.stats.events += batch.events.length;
     if (batch.skipped > 0) this.malformed(`${batch.skipped} undecodable events in a batch`);
@@ -313,13 +379,25 @@ export class KvSubscriber {
     }
   }
 
+  private markHole(): void {
+    this.rs?.markHole();
+  }
+
+  private clearHole(): void {
+    this.rs?.clearHole();
+  }
+
+  private settle(): void {
+    this.rs?.settle();
+  }
+
   private reset(reason: string): void {
     this.opts.index.clearWorker(this.opts.workerId, this.dpRank);
     this.stats.resets++;
     this.opts.metrics?.resets.inc({ reason });
     this.opts.logger.warn(
       { worker: this.opts.workerId, rank: this.dpRank, reason },
-      "kv index: worker rank reset to empty",
+      "kv index: worker rank reset (unknown until rebuilt)",
     );
   }
 
@@ -339,50 +417,48 @@ export class KvSubscriber {
     const { events, workerId, logger, metrics } = this.opts;
     if (!events.replayEndpoint) return;
     this.stats.replays++;
-    const dealer = new Dealer({ linger: 0, receiveTimeout: this.opts.replayTimeoutMs ?? 2000 });
-    let result = "ok";
-    try {
-      dealer.connect(events.replayEndpoint);
-      await dealer.send([Buffer.alloc(0), encodeSeq(start)]);
-      for (;;) {
-        if (this.closed) return;
-        const frames = await dealer.receive();
-        // ROUTER replies [b"", seq, payload]; tolerate a reply without the empty delimiter.
-        const parts = frames.length >= 3 && frames[0].length === 0 ? frames.slice(1) : frames;
-        if (parts.length < 1) continue;
-        const seq = readSeq(parts[0]);
-        if (seq === null) {
-          this.malformed("replay reply without an 8-byte seq");
-          continue;
-        }
-        if (seq === -1) break;
-        if (seq <= this.lastSeq) continue;
-        if (this.lastSeq >= 0 && seq > this.lastSeq + 1) {
-          // The engine's buffer no longer holds the missing batches.
-          result = "incomplete";
-          this.opts.metrics?.sequence.inc({ kind: "jump" });
-          this.reset("gap");
-        }
-        const batch = parts.length >= 2 ? decodeBatch(parts[1]) : { error: "replay reply without payload" };
-        if (isDecodeError(batch)) this.malformed(batch.error);
-        else this.apply(batch);
-        this.setSeq(seq);
-        if (parts.length >= 2) this.lastPayload = parts[1];
-        // Remember what the replay delivered past the live stream, to tell a later live copy
-        // (skip) from a restarted engine's different batch under the same seq.
-        if (seq > this.lastLiveSeq && parts.length >= 2) {
-          this.replayed.set(seq, parts[1]);
-          if (this.replayed.size > REPLAYED_KEPT)
-            this.replayed.delete(this.replayed.keys().next().value as number);
-        }
-      }
-    } catch (err) {
-      if (this.closed) return;
-      result = "failed";
-      logger.warn({ worker: workerId, err: (err as Error).message, start }, "kv replay failed");
-    } finally {
-      metrics?.replays.inc({ result });
-      dealer.close();
+    const res = await streamReplay(start, {
+      endpoint: events.replayEndpoint,
+      stallMs: this.opts.replayTimeoutMs ?? 2000,
+      lastSeq: () => this.lastSeq,
+      closed: () => this.closed,
+      malformed: (e) => this.malformed(e),
+      deliver: (seq, payload, hole) => this.deliverReplayed(seq, payload, hole),
+    });
+    this.stats.replayRounds += res.rounds;
+    if (res.outcome === "closed") return;
+    if (res.outcome === "failed") {
+      logger.warn({ worker: workerId, rank: this.dpRank, err: res.error, start }, "kv replay failed");
+      // What the replay was to fill cannot be had (a gap's caller then resets the rank).
+      this.markHole();
+    } else if (res.rounds > 1)
+      logger.info(
+        { worker: workerId, rank: this.dpRank, rounds: res.rounds, batches: res.batches },
+        "kv replay resumed",
+      );
+    metrics?.replays.inc({ result: res.outcome === "hole" ? "incomplete" : res.outcome });
+  }
+
+  private deliverReplayed(seq: number, payload: Uint8Array | null, hole: boolean): void {
+    if (hole) {
+      // The engine's buffer no longer holds the missing batches.
+      this.opts.metrics?.sequence.inc({ kind: "jump" });
+      if (this.lastSeq >= 0 || this.opts.index.blockCount(this.opts.workerId, this.dpRank) > 0)
+        this.reset("gap");
+      this.markHole();
+    }
+    const batch = payload ? decodeBatch(payload) : { error: "replay reply without payload" };
+    if (isDecodeError(batch)) this.malformed(batch.error);
+    else this.apply(batch);
+    this.setSeq(seq);
+    this.stats.replayed++;
+    if (payload) this.lastPayload = payload;
+    // Remember what the replay delivered past the live stream, to tell a later live copy
+    // (skip) from a restarted engine's different batch under the same seq.
+    if (seq > this.lastLiveSeq && payload) {
+      this.replayed.set(seq, payload);
+      if (this.replayed.size > REPLAYED_KEPT)
+        this.replayed.delete(this.replayed.keys().next().value as number);
     }
   }
 }

@@ -54,6 +54,11 @@ export class WorkerFeeds<S> {
     return this.feeds.has(workerId);
   }
 
+  /** [workerId, feed] for every open feed. */
+  entries(): [string, S][] {
+    return [...this.feeds].map(([id, f]) => [id, f.feed]);
+  }
+
   all(): S[] {
     return [...this.feeds.values()].map((f) => f.feed);
   }

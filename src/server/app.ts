@@ -30,6 +30,13 @@ import { handleCompletion, type ProxyContext } from "./proxy.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
 
+/**
+ * How long /ready holds a new server out (503) while a rank's start-up KV replay still runs: long
+ * enough for 8 engines × 10,000 steps of history (bench/kv-sync), short enough that one engine
+ * whose replay stalls cannot keep a replica out for good. A rank that ends `unknown` never holds it.
+ */
+const DEFAULT_READY_WAIT_KV_SYNC_MS = 60_000;
+
 export interface StartServerOptions {
   /** Use this watcher instead of building one from `config.discovery` (caller owns it). */
   discovery?: DiscoveryWatcher;
@@ -119,6 +126,8 @@ export async function startServer(
 
   // KV ingest only when a plugin of the used profiles reads the prefix index.
   const kvIngest = ext.kvIngestFactory && needs.has("kvIndex") ? await ext.kvIngestFactory(cctx) : null;
+  const kvStartedAt = performance.now();
+  const readyWaitKvSyncMs = config.ingest.readyWaitKvSyncMs ?? DEFAULT_READY_WAIT_KV_SYNC_MS;
   let executor: ManagedExecutor;
   if (opts.executor) executor = opts.executor;
   else if (config.requestPlane === "http") executor = new HttpExecutor(config.upstream);
@@ -134,6 +143,9 @@ export async function startServer(
   });
 
   const decisions = new DecisionLog();
+  // One index serves every model (worker ids are unique across models).
+  const syncIndex = kvIngest?.indexFor("");
+  if (syncIndex?.syncOf) decisions.syncOf = (id) => syncIndex.syncOf?.(id) ?? null;
   const router = new AutoRouter({
     workers,
     policy: config.policy,
@@ -187,6 +199,7 @@ export async function startServer(
       decisions,
       policy: config.policy,
       kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
+      kvSync: () => kvIngest?.syncReport?.(),
       draining: () => draining,
       // Waiting and KV usage need the engines' load: scraped from the first look on.
       onView: () => scraper.start(),
@@ -232,7 +245,15 @@ export async function startServer(
               return;
             }
             const live = workers.list().filter((w) => w.available).length;
-            sendJson(res, live > 0 ? 200 : 503, { ready: live > 0, workers: live });
+            // Counts only: which worker is where is on /dashboard/state, behind the key.
+            const kv = kvIngest?.syncReport?.();
+            const holding =
+              kv !== undefined && kv.syncing > 0 && performance.now() - kvStartedAt < readyWaitKvSyncMs;
+            const ready = live > 0 && !holding;
+            const kvIndex = kv
+              ? { synced: kv.synced, syncing: kv.syncing, unknown: kv.unknown, waiting: holding }
+              : undefined;
+            sendJson(res, ready ? 200 : 503, { ready, workers: live, ...(kvIndex ? { kvIndex } : {}) });
             return;
           }
           case "/metrics":

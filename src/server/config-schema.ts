@@ -171,8 +171,16 @@ export const disaggSchema = z
 /** KV event ingestion (was `--policy-option kvReplayTimeoutMs=...` / `kvMaxBlocksPerWorker=...`). */
 export const ingestSchema = z
   .object({
-    /** How long a worker's event replay may take before the ingest gives up on it. */
+    /**
+     * How long a worker's event replay may go without a reply before the ingest gives up on it
+     * (a stall timeout: a replay that keeps delivering lasts as long as the history; 2000).
+     */
     kvReplayTimeoutMs: posInt("KV replay timeout"),
+    /**
+     * How long /ready answers 503 while some rank's start-up replay is still running (60000;
+     * 0: never wait). A rank whose history cannot be had (`unknown`) never holds it.
+     */
+    readyWaitKvSyncMs: z.number().int().nonnegative(),
     /** Index cap per DP rank for workers whose record has no kvBlocks. */
     kvMaxBlocksPerWorker: posInt("KV blocks per worker"),
   })

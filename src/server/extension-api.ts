@@ -7,7 +7,7 @@
  */
 import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
-import type { PrefixIndex } from "../kv/prefix-index.ts";
+import type { KvSyncReport, PrefixIndex } from "../kv/prefix-index.ts";
 import type { Tokenizer } from "../kv/tokenizer.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
@@ -18,6 +18,8 @@ import type { ServerConfig } from "./config.ts";
 export interface KvIngest {
   /** The model's KV prefix index, handed to policies as `PolicyContext.kvIndex`. */
   indexFor(model: string): PrefixIndex | undefined;
+  /** Each rank's index sync; absent for an ingest that cannot tell. */
+  syncReport?(): KvSyncReport;
   close(): Promise<void>;
 }
 

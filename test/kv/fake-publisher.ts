@@ -22,6 +22,15 @@ export class FakePublisher {
   private closed = false;
   /** Keep only the last N batches for replay (engine's buffer_steps). */
   bufferSteps = 10000;
+  /**
+   * Replies to leave out, as a ROUTER past its send high-water mark drops them: (seq, or -1
+   * for the end marker; the request's number from 0) → true to drop.
+   */
+  dropReply: ((seq: number, request: number) => boolean) | null = null;
+  /** Leave replay requests unanswered (an engine whose replay stalls). */
+  silent = false;
+  /** Replay requests received. */
+  requests = 0;
 
   constructor(topic = "kv-events") {
     this.topic = topic;
@@ -76,10 +85,14 @@ export class FakePublisher {
         return;
       }
       const [id, , start] = frames;
+      const request = this.requests++;
+      if (this.silent) continue;
       const from = Number(start.readBigInt64BE());
+      const drop = this.dropReply;
       for (const b of this.buffer)
-        if (b.seq >= from) await this.router.send([id, Buffer.alloc(0), encodeSeq(b.seq), b.payload]);
-      await this.router.send([id, Buffer.alloc(0), encodeSeq(-1), Buffer.alloc(0)]);
+        if (b.seq >= from && !drop?.(b.seq, request))
+          await this.router.send([id, Buffer.alloc(0), encodeSeq(b.seq), b.payload]);
+      if (!drop?.(-1, request)) await this.router.send([id, Buffer.alloc(0), encodeSeq(-1), Buffer.alloc(0)]);
     }
   }
 

@@ -82,14 +82,29 @@ test("a dropped message is recovered by replay; a gap beyond the buffer resets t
   assert.equal(sub.stats.gaps, 1);
   assert.equal(sub.stats.replays, 2);
 
-  // Now the engine's buffer is too short to cover a gap: the worker must be reset to empty.
+  assert.equal(sub.sync, "synced");
+  assert.equal(sub.stats.resets, 0, "a gap the replay fills leaves the rank as it was");
+
+  // Now the engine's buffer is too short to cover a gap: the rank's old entries are dropped and
+  // it is unknown (overlap -1: routed on what this server sent it), not empty.
   pub.bufferSteps = 1;
   await pub.publish([storedEv([5], 4, p.slice(16, 20), BS)], { drop: true });
   await pub.publish([storedEv([6], 5, p.slice(20, 24), BS)], { drop: true });
   await pub.publish([storedEv([21, 22], null, toks(8, 9000), BS)]);
   await waitFor(() => sub.stats.resets === 1, 3000, "reset");
+  assert.equal(sub.sync, "unknown");
+  assert.equal(index.syncOf("w1"), "unknown");
+  assert.equal(index.hasWorker("w1"), false);
+  assert.deepEqual([...index.overlaps(p, ["w1"])], [-1]);
+  assert.deepEqual([...index.overlaps(toks(8, 9000), ["w1"])], [-1]);
+  // It keeps learning meanwhile: only the batch after the hole is held.
+  assert.equal(index.blockCount("w1"), 2);
+  // The engine evicts a block stored after the hole: its LRU has freed everything older, so
+  // the rank is rebuilt.
+  await pub.publish([removedEv([22])]);
+  await waitFor(() => sub.sync === "synced", 3000, "rebuilt by an eviction");
+  assert.deepEqual([...index.overlaps(toks(8, 9000), ["w1"])], [1]);
   assert.deepEqual([...index.overlaps(p, ["w1"])], [0]);
-  assert.deepEqual([...index.overlaps(toks(8, 9000), ["w1"])], [2]);
 });
 
 test("without a replay socket a gap resets; malformed frames are counted, not fatal; worker gone drops entries", async () => {
@@ -97,19 +112,24 @@ test("without a replay socket a gap resets; malformed frames are counted, not fa
   disc.put(rec);
   await ingest.synced();
   await new Promise((r) => setTimeout(r, 300));
+  const sub = ingest.subscriber("w1")!;
+  // Without a replay socket nothing before the first live batch can be had...
+  assert.equal(sub.sync, "unknown");
   const p = toks(8, 7000);
   await pub.publish([storedEv([1, 2], null, p, BS)]);
+  // ...but a first batch numbered 0 says there was nothing before it.
   await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "first batch");
+  assert.equal(sub.sync, "synced");
   await pub.sendRaw([pub.topic, "not-8-bytes", "x"]);
   await pub.sendRaw([pub.topic, Buffer.alloc(8), Buffer.from([0xc1])]);
   await pub.publish([{ type: "Bogus" }, storedEv([3], 2, toks(4, 1), BS)]);
-  const sub = ingest.subscriber("w1")!;
   await waitFor(() => sub.stats.malformed >= 3, 3000, "malformed counted");
   assert.equal(index.blockCount("w1"), 3);
   await pub.publish([], { drop: true });
   await pub.publish([storedEv([9], null, toks(4, 1), BS)]);
   await waitFor(() => sub.stats.resets === 1, 3000, "reset without replay");
   assert.equal(index.blockCount("w1"), 1);
+  assert.equal(sub.sync, "unknown");
   disc.remove("w1");
   assert.equal(index.hasWorker("w1"), false);
   assert.equal(ingest.tracks("w1"), false);
@@ -122,7 +142,13 @@ test("ATOM framing ([topic, payload], no seq, no replay socket) feeds the index"
   await new Promise((r) => setTimeout(r, 300));
   const p = toks(12, 3000);
   await pub.publishAtom([storedEv([1, 2, 3], null, p, BS)]);
-  await waitFor(() => index.overlaps(p, ["w1"])[0] === 3, 3000, "atom batch applied");
+  // No sequence numbers and no replay: the engine's history before us cannot be had, so the
+  // rank is unknown (-1) while the index learns...
+  await waitFor(() => index.blockCount("w1") === 3, 3000, "atom batch applied");
+  assert.deepEqual([...index.overlaps(p, ["w1"])], [-1]);
+  assert.equal(index.syncOf("w1"), "unknown");
+  // ...until the engine moves a block it stored since out of GPU: older blocks are gone first.
   await pub.publishAtom([["BlockTransferred", [3], "GPU", "CPU", 0]]);
   await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "transfer out of GPU applied");
+  assert.equal(index.syncOf("w1"), "synced");
 });

@@ -72,6 +72,7 @@ function fleet(m: ModelView): HTMLElement {
       h("td", { "data-field": "waiting" }, fmt(w.waiting)),
       h("td", { "data-field": "kvUsage" }, pct(w.kvUsage)),
       h("td", { "data-field": "indexBlocks" }, fmt(w.indexBlocks)),
+      h("td", { "data-field": "indexSync", class: `sync-${w.indexSync ?? "none"}` }, w.indexSync ?? "–"),
     ),
   );
   return h(
@@ -91,6 +92,7 @@ function fleet(m: ModelView): HTMLElement {
         "waiting",
         "KV usage",
         "index blocks",
+        "index sync",
       ],
       rows,
     ),

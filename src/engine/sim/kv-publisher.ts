@@ -20,6 +20,15 @@ export function kvLayoutOf(cfg: Pick<SimConfig, "engine" | "kvEventsEncoding">):
  * replay endpoint answering `[identity, "", start_seq]` with every buffered batch whose seq
  * >= start_seq, then `[identity, "", -1, ""]`.
  *
+ * The replay, as vllm-project/vllm vllm/distributed/kv_events.py at 0181ea3173e5 has it
+ * (`ZmqEventPublisher`; SGLang's python/sglang/srt/disaggregation/kv_events.py at 006d053f182f
+ * is the same code): the buffer is a `deque(maxlen=buffer_steps)` (default 10,000) of the last
+ * published batches, one per step with events, as `(seq, payload)`; a request of any other
+ * frame count is logged and not answered; `start_seq` is `int.from_bytes(frame, "big")`
+ * (unsigned, any length); a start older than the buffer gets the whole buffer (its first reply
+ * is above the seq asked for). All replies are sent in one go on a ROUTER with libzmq's default
+ * send high-water mark (1000): past it, replies to a slow reader are dropped, as on the engine.
+ *
  * Block hashes are msgpack integers (uint64, or int64 when below 2^63): decode them with
  * msgpackr's `int64AsType: "bigint"` (or "string") to keep every bit.
  */
@@ -28,6 +37,13 @@ const END_SEQ = (() => {
   b.writeBigInt64BE(-1n);
   return b;
 })();
+
+/** Python's `int.from_bytes(b, "big")`: unsigned, any length (an empty frame is 0). */
+export function startSeqOf(b: Uint8Array): bigint {
+  let v = 0n;
+  for (const x of b) v = (v << 8n) | BigInt(x);
+  return v;
+}
 
 export class KvEventPublisher {
   private readonly cfg: KvEventsConfig;
@@ -54,7 +70,8 @@ export class KvEventPublisher {
     this.dpRank = dpRank;
     this.log = log;
     this.pub = new Publisher({ sendHighWaterMark: cfg.hwm, linger: 0 });
-    this.replay = cfg.replay_endpoint && framing === "seq" ? new Router({ linger: 0 }) : null;
+    this.replay =
+      cfg.replay_endpoint && framing === "seq" ? new Router({ linger: 0, sendHighWaterMark: 1000 }) : null;
     this.topic = Buffer.from(cfg.topic);
   }
 
@@ -120,14 +137,14 @@ export class KvEventPublisher {
   private async serveReplay(sock: Router): Promise<void> {
     try {
       for await (const frames of sock) {
-        const id = frames[0];
-        const startBuf = frames.length >= 3 ? frames[2] : frames[1];
-        if (startBuf?.length !== 8) {
+        // vLLM answers only `[identity, b"", start_seq]`; anything else is logged and gets no
+        // reply at all (not even the end marker).
+        if (frames.length !== 3) {
           this.log.warn({ frames: frames.length }, "bad kv replay request");
-          await sock.send([id, "", END_SEQ, ""]);
           continue;
         }
-        const start = startBuf.readBigUInt64BE(0);
+        const id = frames[0];
+        const start = startSeqOf(frames[2]);
         const buffered = [...this.ring.slice(this.ringStart), ...this.ring.slice(0, this.ringStart)];
         for (const b of buffered) {
           if (b.seq.readBigUInt64BE(0) >= start) await sock.send([id, "", b.seq, b.payload]);

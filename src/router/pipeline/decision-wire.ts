@@ -24,6 +24,13 @@ export interface CandidateExplanation<Total = number> {
   cachedBlocks: number | null;
   /** The prompt's full blocks at this candidate's block size; null with no overlap source. */
   promptBlocks: number | null;
+  /**
+   * Whether the KV index's view of this worker was in sync when the decision was made
+   * (src/kv/prefix-index.ts IndexSync): `syncing` or `unknown` mean `cachedBlocks` came from the
+   * fallback (what this server routed there), not the engine's events; null when the index does
+   * not track the worker. Absent when the profile has no overlap source or no index.
+   */
+  indexSync?: "syncing" | "synced" | "unknown" | null;
 }
 
 /** One decision, explained: per candidate, each scorer's weighted value and the total. */

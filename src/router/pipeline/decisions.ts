@@ -6,6 +6,7 @@
  * (grown only when a step has more candidates than any before it in that slot), so the dashboard
  * can show absolute overlap. The JSON form is built only when someone asks.
  */
+import type { IndexSync } from "../../kv/prefix-index.ts";
 import type { WorkerState } from "../types.ts";
 import type { DecisionExplanation, Step, StepContext } from "./types.ts";
 
@@ -27,6 +28,9 @@ class Slot {
   cachedBuf = new Int32Array(16);
   promptBuf = new Int32Array(16);
   hasOverlap = false;
+  /** syncBuf[pos]: the candidate's index sync (SYNC_CODES), when `hasSync`. */
+  syncBuf = new Uint8Array(16);
+  hasSync = false;
   get cached(): Int32Array | null {
     return this.hasOverlap ? this.cachedBuf : null;
   }
@@ -56,8 +60,16 @@ export interface DecisionRecord {
   promptBlocks: Int32Array | null;
 }
 
+/** IndexSync as a byte per candidate (0: the index does not track the worker). */
+const SYNC_CODES: readonly (IndexSync | null)[] = [null, "syncing", "synced", "unknown"];
+
 export class DecisionLog {
   readonly capacity;
+  /**
+   * The KV index's sync state of a worker (the server sets it when it ingests KV events): each
+   * decision with an overlap source keeps its candidates' states as they were.
+   */
+  syncOf?: (workerId: string) => IndexSync | null;
   private readonly slots: Slot[];
   private next = 0;
   private count = 0;
@@ -110,6 +122,13 @@ export class DecisionLog {
         s.promptBuf[i] = overlap.promptBlocks(i);
       }
     }
+    const syncOf = this.syncOf;
+    s.hasSync = overlap !== null && syncOf !== undefined;
+    if (s.hasSync && syncOf) {
+      if (s.syncBuf.length < all.length)
+        s.syncBuf = new Uint8Array(Math.max(all.length, s.syncBuf.length * 2));
+      for (let i = 0; i < all.length; i++) s.syncBuf[i] = SYNC_CODES.indexOf(syncOf(all[i].record.id));
+    }
   }
 
   /** Oldest first; `model` filters, `limit` keeps the newest. */
@@ -125,7 +144,9 @@ export class DecisionLog {
 }
 
 /** The JSON form of one decision. */
-export function explain(s: DecisionRecord & { at?: number }): DecisionExplanation {
+export function explain(
+  s: DecisionRecord & { at?: number; hasSync?: boolean; syncBuf?: Uint8Array },
+): DecisionExplanation {
   const n = s.kept.length;
   const row = new Map<number, number>();
   for (let k = 0; k < n; k++) row.set(s.kept[k], k);
@@ -138,6 +159,7 @@ export function explain(s: DecisionRecord & { at?: number }): DecisionExplanatio
       const k = row.get(pos);
       const cachedBlocks = s.cached ? s.cached[pos] : null;
       const promptBlocks = s.promptBlocks ? s.promptBlocks[pos] : null;
+      const sync = s.hasSync && s.syncBuf ? { indexSync: SYNC_CODES[s.syncBuf[pos]] ?? null } : {};
       if (k === undefined)
         return {
           worker: w.record.id,
@@ -146,12 +168,13 @@ export function explain(s: DecisionRecord & { at?: number }): DecisionExplanatio
           total: Number.NaN,
           cachedBlocks,
           promptBlocks,
+          ...sync,
         };
       const scores: Record<string, number> = {};
       s.scorerNames.forEach((name, si) => {
         scores[name] = s.values ? s.values[si * n + k] : 0;
       });
-      return { worker: w.record.id, scores, total: s.totals[k], cachedBlocks, promptBlocks };
+      return { worker: w.record.id, scores, total: s.totals[k], cachedBlocks, promptBlocks, ...sync };
     }),
     winner: s.all[s.winner].record.id,
     reason: s.reason,

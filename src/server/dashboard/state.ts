@@ -5,7 +5,7 @@
  * and ServerMetrics' counters (through TrafficWindow). The request path is not touched.
  */
 import type { Counter, Registry } from "prom-client";
-import type { PrefixIndex } from "../../kv/prefix-index.ts";
+import type { KvSyncReport, PrefixIndex } from "../../kv/prefix-index.ts";
 import type { AutoRouter } from "../../router/auto.ts";
 import type { DecisionLog } from "../../router/pipeline/decisions.ts";
 import type { DecisionExplanation } from "../../router/pipeline/types.ts";
@@ -27,6 +27,8 @@ export interface DashboardSources {
   decisions: DecisionLog;
   policy: string;
   kvIndexFor?: (model: string) => PrefixIndex | undefined;
+  /** Per-rank KV index sync (the KV ingest's report). */
+  kvSync?: () => KvSyncReport | undefined;
   draining: () => boolean;
   /** Called on every snapshot (the server starts its engine-load scraper here). */
   onView?: () => void;
@@ -72,11 +74,13 @@ export class DashboardState {
       });
     }
     const limit = opts.limit ?? 50;
+    const kvIndex = this.src.kvSync?.();
     return {
       object: "dashboard.state",
       at: Date.now(),
       server: { policy: this.src.policy, draining, decisionCapacity: this.src.decisions.capacity },
       models,
+      ...(kvIndex ? { kvIndex } : {}),
       decisions: recent.slice(Math.max(0, recent.length - limit)).reverse(),
     };
   }
@@ -103,8 +107,15 @@ function workerView(w: LiveWorker, index: PrefixIndex | undefined, draining: boo
     running: load?.running ?? null,
     waiting: load?.waiting ?? null,
     kvUsage: load?.kvUsage ?? null,
-    indexBlocks: index?.hasWorker(w.id) ? index.blockCount(w.id) : null,
+    indexBlocks: tracked(index, w.id) ? (index?.blockCount(w.id) ?? null) : null,
+    indexSync: index?.syncOf ? index.syncOf(w.id) : null,
   };
+}
+
+/** Tracked by the index, in sync or not (hasWorker alone is false while a rank is unsynced). */
+function tracked(index: PrefixIndex | undefined, id: string): boolean {
+  if (!index) return false;
+  return index.syncOf ? index.syncOf(id) !== null : index.hasWorker(id);
 }
 
 /** PD pairs from the decision ring: a request's prefill step and decode step, joined by id. */

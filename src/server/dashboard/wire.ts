@@ -23,6 +23,22 @@ export interface DashboardWorker {
   kvUsage: number | null;
   /** Blocks the KV index holds for it (null when the index does not track it). */
   indexBlocks: number | null;
+  /**
+   * Whether the KV index's view of it is in sync (its least synced rank; src/kv/prefix-index.ts):
+   * `syncing` (start-up replay running), `synced`, `unknown` (history could not be had: routed
+   * on what this server sent it); null when the index does not track it.
+   */
+  indexSync: KvIndexSync | null;
+}
+
+export type KvIndexSync = "syncing" | "synced" | "unknown";
+
+/** The KV index's sync per worker rank, with counts (the same counts GET /ready gives). */
+export interface KvIndexSyncView {
+  synced: number;
+  syncing: number;
+  unknown: number;
+  ranks: Array<{ worker: string; rank: number; state: KvIndexSync; syncMs: number | null }>;
 }
 
 export interface PdTransfer {
@@ -75,6 +91,8 @@ export interface DashboardSnapshot<D extends DecisionExplanationJson = DecisionE
   at: number;
   server: { policy: string; draining: boolean; decisionCapacity: number };
   models: DashboardModel[];
+  /** Per-rank KV index sync; absent when the server ingests no KV events. */
+  kvIndex?: KvIndexSyncView;
   /** The newest routing decisions, newest first. */
   decisions: D[];
 }

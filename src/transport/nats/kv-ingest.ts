@@ -11,6 +11,8 @@ import type { DiscoveryWatcher, WorkerRecord } from "../../discovery/types.ts";
 import { decodeBatch, isDecodeError } from "../../kv/events.ts";
 import { KvIndex } from "../../kv/index.ts";
 import { KvIngestMetrics } from "../../kv/metrics.ts";
+import type { KvSyncReport } from "../../kv/prefix-index.ts";
+import { RankSync } from "../../kv/rank-sync.ts";
 import { rankSockets, WorkerFeeds } from "../../kv/worker-feeds.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { NatsKvSubscriber } from "./kv-subscriber.ts";
@@ -38,6 +40,9 @@ export function workerKvSubject(rec: Pick<WorkerRecord, "model" | "id">): string
 interface NatsFeed {
   /** One per DP rank, lowest first. */
   subs: NatsKvSubscriber[];
+  /** Each rank's index sync and DP rank, in the order of `subs`. */
+  syncs: RankSync[];
+  rankIds: number[];
   started: Promise<void>;
 }
 
@@ -75,6 +80,7 @@ export class NatsKvIngest {
           : null,
       open: (rec) => this.open(rec),
       close: async (feed) => {
+        for (const rs of feed.syncs) rs.close();
         await Promise.all(feed.subs.map((s) => s.close()));
       },
       removeWorker: (id) => this.index.removeWorker(id),
@@ -89,6 +95,22 @@ export class NatsKvIngest {
   /** Resolves when every current subscriber has applied its start-up replay. */
   async synced(): Promise<void> {
     await Promise.all(this.feeds.all().map((f) => f.started));
+  }
+
+  /** Every rank's sync state, with counts per state (GET /ready, /dashboard/state). */
+  syncReport(): KvSyncReport {
+    const report: KvSyncReport = { synced: 0, syncing: 0, unknown: 0, ranks: [] };
+    for (const [workerId, feed] of this.feeds.entries())
+      feed.syncs.forEach((rs, i) => {
+        report[rs.state]++;
+        report.ranks.push({
+          worker: workerId,
+          rank: feed.rankIds[i],
+          state: rs.state,
+          syncMs: rs.syncMs >= 0 ? Math.round(rs.syncMs) : null,
+        });
+      });
+    return report;
   }
 
   tracks(workerId: string): boolean {
@@ -113,7 +135,12 @@ export class NatsKvIngest {
     const workerId = rec.id;
     const blockSize = rec.blockSize;
     index.addWorker(workerId, blockSize, 0, rec.kvBlocks);
-    const subs = rankSubjects(rec).map(({ dpRank, subject }) => {
+    const syncs: RankSync[] = [];
+    const ranks = rankSubjects(rec);
+    const subs = ranks.map(({ dpRank, subject }) => {
+      // The same sync rules as the ZMQ plane: unknown (not empty) when history cannot be had.
+      const rs = new RankSync({ index, workerId, rank: dpRank, kvBlocks: rec.kvBlocks });
+      syncs.push(rs);
       const sub = new NatsKvSubscriber({
         nc: this.opts.nc,
         subject,
@@ -126,14 +153,18 @@ export class NatsKvIngest {
               metrics.malformed.inc({ worker: workerId });
               return;
             }
-            index.applyEvents(workerId, batch.events, blockSize, dpRank);
+            rs.apply(batch, blockSize);
             metrics.batches.inc({ worker: workerId });
             for (const ev of batch.events) metrics.events.inc({ type: ev.type });
           },
           onReset: (reason) => {
             index.clearWorker(workerId, dpRank);
             metrics.resets.inc({ reason: reason.includes("restart") ? "restart" : "gap" });
+            // An engine restart numbers from 0 again: the batch that follows is its first.
+            if (reason.includes("restarted")) rs.clearHole();
+            else rs.markHole();
           },
+          onUnknown: () => rs.markHole(),
         },
       });
       this.logger.info({ worker: workerId, rank: dpRank, subject }, "kv events: subscribed over NATS");
@@ -143,8 +174,12 @@ export class NatsKvIngest {
       .then(() => {})
       .catch((err: Error) => {
         this.logger.warn({ worker: workerId, err: err.message }, "kv events over NATS: start failed");
+        for (const rs of syncs) rs.markHole();
+      })
+      .finally(() => {
+        for (const rs of syncs) rs.settle();
       });
-    return { subs, started };
+    return { subs, syncs, rankIds: ranks.map((r) => r.dpRank), started };
   }
 }
 

@@ -16,6 +16,11 @@ export interface KvBatchSink {
   onBatch(seq: number, payload: Uint8Array): void;
   /** History was lost (or the engine restarted): drop what is known about this worker. */
   onReset(reason: string): void;
+  /**
+   * The start-up replay could not give the whole history (the agent did not answer, or its
+   * buffer no longer reaches back to seq 0): what the sink holds is partial, not "empty".
+   */
+  onUnknown?(reason: string): void;
 }
 
 export interface KvSubscriberOptions {
@@ -27,7 +32,7 @@ export interface KvSubscriberOptions {
   replayOnStart?: boolean;
   /** Batches asked per replay page (default 1000). */
   replayPage?: number;
-  /** Wait for each replay page (default 2000 ms). */
+  /** How long a replay page may go without a message (default 2000 ms): a stall timeout. */
   replayTimeoutMs?: number;
   logger?: Logger;
 }
@@ -121,6 +126,15 @@ export class NatsKvSubscriber {
     }
   }
 
+  private unknown(reason: string): void {
+    this.log.info({ reason }, "kv history before the start-up replay cannot be had");
+    try {
+      this.o.sink.onUnknown?.(reason);
+    } catch (err) {
+      this.log.warn({ err: String(err) }, "kv sink failed on unknown");
+    }
+  }
+
   private reset(reason: string): void {
     this.stats.resets++;
     this.log.warn({ reason }, "kv history lost; resetting worker");
@@ -144,6 +158,7 @@ export class NatsKvSubscriber {
         if (!page) {
           // The agent did not answer: deliver what we have; the next gap asks again.
           if (!initial && this.expected !== null) this.reset("replay unavailable");
+          else if (initial) this.unknown("replay unavailable at start");
           break;
         }
         const { msgs, end } = page;
@@ -152,7 +167,8 @@ export class NatsKvSubscriber {
         // drop, so only a gap mid-run (or lost history after one) is a reset.
         if (first && firstSeq > start && (!initial || start > 0)) {
           this.reset(`batches ${start}..${firstSeq - 1} no longer buffered by the agent`);
-        }
+        } else if (first && firstSeq > start)
+          this.unknown(`batches ${start}..${firstSeq - 1} no longer buffered`);
         first = false;
         if (this.expected === null || firstSeq > this.expected) this.expected = firstSeq;
         for (const m of msgs) {
@@ -188,6 +204,7 @@ export class NatsKvSubscriber {
     const msgs: Uint8Array[] = [];
     return new Promise((resolve) => {
       let sub: Subscription | undefined;
+      // A stall timeout: a page that keeps arriving is not cut, however slow the box.
       const timer = setTimeout(() => {
         sub?.unsubscribe();
         resolve(null);
@@ -210,6 +227,7 @@ export class NatsKvSubscriber {
             return;
           }
           msgs.push(msg.data);
+          timer.refresh();
         },
       });
       try {

@@ -68,6 +68,7 @@ export const createNatsKvIngest: KvIngestFactory = async (ctx) => {
     inner: ingest,
     // One index for all models: workers are keyed by id, and lookups name their candidates.
     indexFor: () => ingest.index,
+    syncReport: () => ingest.syncReport(),
     close: async () => {
       await ingest.close();
       await nc.close().catch(() => {});

@@ -282,4 +282,28 @@ describe("sim KV replay buffer keeps only the last buffer_steps batches", () => 
       dealer.close();
     }
   });
+
+  // vllm-project/vllm vllm/distributed/kv_events.py at 0181ea3173e5, ZmqEventPublisher
+  // ._service_replay (SGLang's kv_events.py at 006d053f182f is the same): `len(frame) != 3` is
+  // logged and answered with nothing; `start_seq = int.from_bytes(start_seq_bytes, "big")`
+  // reads a start of any length, unsigned.
+  it("answers a malformed request with nothing, and reads start_seq as Python's int.from_bytes", async () => {
+    const dealer = new Dealer({ receiveTimeout: 700 });
+    dealer.connect(sim.replayEndpoint);
+    try {
+      await dealer.send(["", Buffer.alloc(8), "extra"]); // 4 frames at the ROUTER
+      await assert.rejects(dealer.receive(), "no reply, not even the end marker");
+      await dealer.send(["", Buffer.from([3])]); // a 1-byte start: seq 3
+      const seqs: bigint[] = [];
+      for (;;) {
+        const frames = await dealer.receive();
+        const seq = frames[1].readBigInt64BE(0);
+        if (seq === -1n) break;
+        seqs.push(seq);
+      }
+      assert.deepEqual(seqs, [3n, 4n]);
+    } finally {
+      dealer.close();
+    }
+  });
 });

@@ -165,6 +165,28 @@ test("scorers: kv-prefix counts uncached blocks from the index, approximating wo
   assert.equal(s.overlapSource!.held("a"), 2);
 });
 
+test("scorers: kv-prefix routes a worker whose index is not in sync on what this server sent it, not as empty", () => {
+  // Issue #28: a rank whose history could not be had (or is still replaying) is unknown.
+  const index = new KvIndex();
+  const w = ws("a", "b");
+  index.addWorker("a", 16);
+  index.addWorker("b", 16);
+  index.setSync("b", 0, "unknown");
+  const r = req("z".repeat(64));
+  const sc = scope(index);
+  const s = scorer("kv-prefix", {}, sc);
+  const c: StepContext = { ...ctx(w, { req: r, sc }) };
+  c.overlaps = () => s.overlapSource!.overlaps(c).overlaps;
+  const out = new Float64Array(2);
+  s.overlapSource!.onRouted!(r, w[1]); // routed to b while unknown: the fallback tree learns it
+  s.score(c, at(2), 1, out);
+  assert.deepEqual(Array.from(out), [4, 0], "b: all 4 blocks from what was sent there; a: the index, none");
+  assert.ok(s.overlapSource!.held("b") > 0, "held comes from the fallback tree");
+  index.setSync("b", 0, "synced"); // rebuilt: the engine's events are believed again
+  s.score(c, at(2), 1, out);
+  assert.deepEqual(Array.from(out), [4, 4]);
+});
+
 test("scorers: prefill-backlog counts only the uncached part of requests still in prefill (FIFO ledger)", () => {
   const w = ws("a", "b");
   const sc = scope();
