@@ -16,6 +16,10 @@ const dns1123 = z
   .max(40)
   .regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, "must be a DNS-1123 label (lowercase letters, digits, '-')");
 
+/** The control planes' default images (the operator's own defaults, with its own image). */
+export const DEFAULT_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17";
+export const DEFAULT_NATS_IMAGE = "nats:2.10-alpine";
+
 /** A namespace (DNS-1123 label, up to 63 characters). */
 export const namespaceName = z
   .string()
@@ -262,7 +266,7 @@ export const clusterSpecSchema = z
         external: z.array(z.string().url()).min(1).optional(),
         replicas: z.number().int().min(1).max(7).default(1),
         storage: quantity.default("2Gi"),
-        image: imageRef.default("quay.io/coreos/etcd:v3.5.17"),
+        image: imageRef.default(DEFAULT_ETCD_IMAGE),
         /** External etcd: Secret with `ca.crt` (and `tls.crt`/`tls.key` for mutual TLS), mounted into server and workers. */
         tlsSecret: dns1123.optional(),
         /** External etcd: Secret with `username` and `password`. */
@@ -275,7 +279,7 @@ export const clusterSpecSchema = z
         /** `nats` (default): requests and KV events over NATS; `direct`: HTTP + each engine's ZMQ socket. */
         kind: z.enum(["nats", "direct"]).default("nats"),
         natsReplicas: z.number().int().min(1).max(5).default(1),
-        natsImage: imageRef.default("nats:2.10-alpine"),
+        natsImage: imageRef.default(DEFAULT_NATS_IMAGE),
       })
       .strict()
       .default({}),
