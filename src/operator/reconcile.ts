@@ -9,9 +9,9 @@
  */
 import { createHash } from "node:crypto";
 import { CRD_GROUP, CRD_KIND, CRD_VERSION } from "../deploy/crd.ts";
+import { type ClusterPolicy, policyIssues } from "../deploy/policy.ts";
 import { MANAGED_BY, names, poolName, workerObjectName } from "../deploy/render/context.ts";
 import { plain, renderCluster } from "../deploy/render/index.ts";
-import { type ClusterPolicy, policyIssues } from "../deploy/policy.ts";
 import { type ClusterSpec, ClusterSpecError, parseClusterSpec } from "../deploy/spec.ts";
 import { isCreateOnly, kindKey } from "./kinds.ts";
 
@@ -134,7 +134,12 @@ export function reconcile(
       observedGeneration: generation,
       conditions: [
         cond("SpecValid", "False", "PolicyRefused", message),
-        cond("Ready", "False", "PolicyRefused", "the spec asks for what the operator does not allow; nothing was changed"),
+        cond(
+          "Ready",
+          "False",
+          "PolicyRefused",
+          "the spec asks for what the operator does not allow; nothing was changed",
+        ),
       ],
     });
   }
