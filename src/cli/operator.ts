@@ -6,13 +6,10 @@ interface OperatorFlags {
   resync: string;
   allowedHostPath: string[];
   allowedImage: string[];
-  ownImage: string;
+  ownImage?: string;
 }
 
 const collect = (v: string, prev: string[]): string[] => [...prev, v];
-
-/** The image this release is published as (deploy/operator.yaml runs it). */
-export const OPERATOR_IMAGE = "ghcr.io/infera/infera:0.1.0";
 
 /** `infera operator`: reconciles InferaCluster resources (install the CRD with `infera deploy crd`). */
 export function registerOperator(program: Command): void {
@@ -34,14 +31,16 @@ export function registerOperator(program: Command): void {
       collect,
       [],
     )
-    .option("--own-image <ref>", "the operator's own infera image, always allowed", OPERATOR_IMAGE)
+    .option("--own-image <ref>", "the operator's own infera image, always allowed (default: this release's)")
     .action(async (f: OperatorFlags) => {
-      const [{ KubeConfig }, { KubeClusterApi }, { Controller }, { createLogger }] = await Promise.all([
-        import("@kubernetes/client-node"),
-        import("../operator/kube-api.ts"),
-        import("../operator/controller.ts"),
-        import("../util/log.ts"),
-      ]);
+      const [{ KubeConfig }, { KubeClusterApi }, { Controller }, { createLogger }, { OPERATOR_IMAGE }] =
+        await Promise.all([
+          import("@kubernetes/client-node"),
+          import("../operator/kube-api.ts"),
+          import("../operator/controller.ts"),
+          import("../util/log.ts"),
+          import("../deploy/policy.ts"),
+        ]);
       const log = createLogger("operator");
       const kc = new KubeConfig();
       if (f.kubeconfig) kc.loadFromFile(f.kubeconfig);
@@ -53,7 +52,11 @@ export function registerOperator(program: Command): void {
         logger: log,
         namespace: f.namespace,
         resyncMs: resync * 1000,
-        policy: { allowedHostPaths: f.allowedHostPath, allowedImages: f.allowedImage, ownImage: f.ownImage },
+        policy: {
+          allowedHostPaths: f.allowedHostPath,
+          allowedImages: f.allowedImage,
+          ownImage: f.ownImage ?? OPERATOR_IMAGE,
+        },
       });
       await c.start();
       log.info(

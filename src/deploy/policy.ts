@@ -13,6 +13,9 @@
  */
 import { type ClusterSpec, DEFAULT_ETCD_IMAGE, DEFAULT_NATS_IMAGE, formatPath } from "./spec.ts";
 
+/** The image this release is published as (deploy/operator.yaml runs it). */
+export const OPERATOR_IMAGE = "ghcr.io/infera/infera:0.1.0";
+
 export interface ClusterPolicy {
   allowedHostPaths: readonly string[];
   allowedImages: readonly string[];

@@ -331,3 +331,25 @@ test("kvd: the rendered init step and command line start kvd as uid 10001; it li
     rmSync(root, { recursive: true, force: true });
   }
 });
+
+test("deploy k8s with --allowed-host-path/--allowed-image applies the operator's allowlists", async () => {
+  const { renderFile } = await import("../../src/deploy/cli-action.ts");
+  const policy = {
+    allowedHostPaths: ["/models"],
+    allowedImages: ["rocm/vllm:"],
+    ownImage: "ghcr.io/infera/infera:0.1.0",
+  };
+  // Without a policy the admin's CLI renders what it rendered before.
+  assert.ok(renderFile(join(DIR, "kvd.yaml")).length > 0);
+  assert.throws(
+    () => renderFile(join(DIR, "kvd.yaml"), {}, policy),
+    (e: unknown) =>
+      e instanceof ClusterSpecError &&
+      e.issues.length === 1 &&
+      e.issues[0]!.path === "spec.kvd.disk.hostPath",
+  );
+  assert.ok(
+    renderFile(join(DIR, "kvd.yaml"), {}, { ...policy, allowedHostPaths: ["/models", "/mnt/nvme"] }).length >
+      0,
+  );
+});

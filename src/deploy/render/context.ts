@@ -210,7 +210,7 @@ export const commandWords = (words: readonly (string | EnvRef)[]): string[] =>
   words.map((w) => (typeof w === "string" ? kubeLiteral(w) : `$(${w.ref})`));
 
 /** The uid/gid of the infera image (deploy/Containerfile `USER 10001:10001`). */
-export const INFERA_UID = 10001;
+export const IMAGE_UID = 10001;
 
 /**
  * Pod-level settings of the Pod Security "restricted" profile (runAsNonRoot, a non-zero user,

@@ -21,7 +21,7 @@ import {
   commandWords,
   componentLabels,
   IMAGE_BIN,
-  INFERA_UID,
+  IMAGE_UID,
   KVD_METRICS_PORT,
   KVD_SOCKET_DIR,
   meta,
@@ -47,7 +47,7 @@ export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
     `${KVD_SOCKET_DIR}/kvd.sock`,
     // 0660, group 10001: engine pods run with that supplemental group (workers.ts).
     "--socket-group",
-    String(INFERA_UID),
+    String(IMAGE_UID),
     "--tcp",
     `0.0.0.0:${k.port}`,
     "--tcp-token-file",
@@ -87,13 +87,13 @@ export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
           spec: {
             // The GPU nodes: label them infera.dev/kvd=true.
             nodeSelector: { "infera.dev/kvd": "true" },
-            securityContext: restrictedPod(INFERA_UID),
+            securityContext: restrictedPod(IMAGE_UID),
             initContainers: [
               {
                 name: "kvd-dirs",
                 image: ctx.spec.image,
                 // The directories themselves, not their content (an L3 directory may hold a TiB).
-                command: ["chown", `${INFERA_UID}:${INFERA_UID}`, ...chownDirs],
+                command: ["chown", `${IMAGE_UID}:${IMAGE_UID}`, ...chownDirs],
                 securityContext: {
                   ...restrictedContainer(true, ["CHOWN"]),
                   runAsNonRoot: false,

@@ -17,7 +17,7 @@ import {
   etcdClientAccess,
   etcdEndpoints,
   IMAGE_BIN,
-  INFERA_UID,
+  IMAGE_UID,
   MORIIO_PROXY_PORT,
   meta,
   names,
@@ -111,7 +111,7 @@ export function serverObjects(ctx: RenderContext) {
             },
           },
           spec: {
-            securityContext: restrictedPod(INFERA_UID),
+            securityContext: restrictedPod(IMAGE_UID),
             terminationGracePeriodSeconds: 60,
             containers: [
               {

@@ -19,7 +19,7 @@ import {
   etcdClientAccess,
   etcdEndpoints,
   gpusOf,
-  INFERA_UID,
+  IMAGE_UID,
   KVD_SOCKET_DIR,
   LAUNCHER_BIN,
   LAUNCHER_DIR,
@@ -141,8 +141,8 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
   const annotations: Record<string, string> = {};
   if (rdmaPool && rdma.mode === "attachment") annotations["k8s.v1.cni.cncf.io/networks"] = rdma.networks!;
   const hostNetwork = rdmaPool && rdma.mode === "hostNetwork";
-  // kvd's socket is 0660, group INFERA_UID (kvd.ts --socket-group): engines join that group.
-  const groups = [INFERA_UID, ...(m.engine.supplementalGroups ?? [])];
+  // kvd's socket is 0660, group IMAGE_UID (kvd.ts --socket-group): engines join that group.
+  const groups = [IMAGE_UID, ...(m.engine.supplementalGroups ?? [])];
   // Pod Security "restricted" for every pool but RDMA ones. Those add IPC_LOCK (ibv_reg_mr pins
   // the KV cache beyond RLIMIT_MEMLOCK), which Kubernetes grants only to a root process: an added
   // capability reaches a non-root process only through ambient capabilities, which the CRI
@@ -150,7 +150,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
   // other capability dropped; docs/deploy-kubernetes.md "Security" lists each pod's level.
   const podSecurity = rdmaPool
     ? { seccompProfile: { type: "RuntimeDefault" as const }, supplementalGroups: groups }
-    : restrictedPod(INFERA_UID, { supplementalGroups: groups });
+    : restrictedPod(IMAGE_UID, { supplementalGroups: groups });
   const engineSecurity = rdmaPool
     ? {
         allowPrivilegeEscalation: false,
@@ -191,7 +191,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
               // emptyDir is root's) and exits 1, so the pod never starts; -R keeps the modes.
               command: ["cp", "-R", `${LAUNCHER_DIR}/.`, "/shared/"],
               volumeMounts: [{ name: "infera-bin", mountPath: "/shared" }],
-              securityContext: { ...restrictedContainer(), runAsUser: INFERA_UID, runAsGroup: INFERA_UID },
+              securityContext: { ...restrictedContainer(), runAsUser: IMAGE_UID, runAsGroup: IMAGE_UID },
             },
           ],
           containers: [
