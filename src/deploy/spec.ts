@@ -148,6 +148,12 @@ const modelSchema = z
     kvEvents: z.boolean().default(true),
     /** Host path with the weights, mounted read-only at the same path. */
     modelCacheHostPath: hostPath.optional(),
+    /**
+     * The weights on a PersistentVolumeClaim instead (e.g. a ReadOnlyMany NFS/CSI volume),
+     * mounted read-only at `mountPath`: unlike a host path it keeps the pool at Pod Security
+     * "restricted".
+     */
+    modelCacheClaim: z.object({ name: dns1123, mountPath: hostPath }).strict().optional(),
     pools: z.array(poolSchema).min(1),
   })
   .strict();
@@ -371,6 +377,12 @@ export const clusterSpecSchema = z
           });
         pools.add(n);
       });
+      if (m.modelCacheHostPath && m.modelCacheClaim)
+        ctx.addIssue({
+          code: "custom",
+          path: ["models", i, "modelCacheClaim"],
+          message: "give modelCacheHostPath or modelCacheClaim, not both",
+        });
       const roles = new Set(m.pools.map((p) => p.role));
       if (roles.has("prefill") !== roles.has("decode")) {
         ctx.addIssue({

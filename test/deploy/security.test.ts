@@ -353,3 +353,23 @@ test("deploy k8s with --allowed-host-path/--allowed-image applies the operator's
       0,
   );
 });
+
+test("modelCacheClaim: the weights on a PVC keep an engine pool 'restricted' (a host path cannot)", () => {
+  const d = doc("mixed.yaml");
+  delete d.spec.models[0].modelCacheHostPath;
+  d.spec.models[0].modelCacheClaim = { name: "llama-weights", mountPath: "/models" };
+  const w = podTemplates(render(d)).filter((t) => t.labels["app.kubernetes.io/component"] === "worker");
+  assert.ok(w.length > 0);
+  for (const t of w) {
+    assert.deepEqual(violations(t.pod, "restricted"), [], t.name);
+    const v = t.pod.volumes.find((x: Obj) => x.name === "models");
+    assert.deepEqual(v.persistentVolumeClaim, { claimName: "llama-weights", readOnly: true });
+    const m = t.pod.containers[0].volumeMounts.find((x: Obj) => x.name === "models");
+    assert.deepEqual(m, { name: "models", mountPath: "/models", readOnly: true });
+  }
+  d.spec.models[0].modelCacheHostPath = "/models";
+  assert.throws(
+    () => parseClusterDocument(d),
+    /spec\.models\[0\]\.modelCacheClaim: give modelCacheHostPath or modelCacheClaim/,
+  );
+});

@@ -133,6 +133,13 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
     volumeMounts.push({ name: "models", mountPath: m.modelCacheHostPath, readOnly: true });
     volumes.push({ name: "models", hostPath: { path: m.modelCacheHostPath, type: "Directory" } });
   }
+  if (m.modelCacheClaim) {
+    volumeMounts.push({ name: "models", mountPath: m.modelCacheClaim.mountPath, readOnly: true });
+    volumes.push({
+      name: "models",
+      persistentVolumeClaim: { claimName: m.modelCacheClaim.name, readOnly: true },
+    });
+  }
   if (ctx.spec.kvd.enabled) {
     env.push({ name: "INFERA_KVD_SOCKET", value: `${KVD_SOCKET_DIR}/kvd.sock` });
     volumeMounts.push({ name: "kvd", mountPath: KVD_SOCKET_DIR });
