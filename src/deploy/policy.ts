@@ -11,6 +11,7 @@
  *    bare `sha256:<hex>` digest (any name pinned to it). The operator's own default images (its
  *    image and the etcd and NATS defaults) are always allowed; an empty list admits only those.
  */
+import { KVD_SOCKET_DIR } from "./render/context.ts";
 import { type ClusterSpec, DEFAULT_ETCD_IMAGE, DEFAULT_NATS_IMAGE, formatPath } from "./spec.ts";
 
 /** The image this release is published as (deploy/operator.yaml runs it). */
@@ -76,6 +77,9 @@ export function policyIssues(spec: ClusterSpec, p: ClusterPolicy, prefix = "spec
   });
   if (!spec.etcd.external) image(spec.etcd.image, "etcd", "image");
   if (spec.planes.kind === "nats") image(spec.planes.natsImage, "planes", "natsImage");
+  // kvd shares its socket with the engines through the node's /run/infera (and chowns it): a
+  // host path like any other, so the installer allows it (or not) by the same list.
+  if (spec.kvd.enabled) hostPath(KVD_SOCKET_DIR, "kvd", "enabled");
   if (spec.kvd.enabled && spec.kvd.disk) hostPath(spec.kvd.disk.hostPath, "kvd", "disk", "hostPath");
   return out;
 }

@@ -345,12 +345,14 @@ test("deploy k8s with --allowed-host-path/--allowed-image applies the operator's
     () => renderFile(join(DIR, "kvd.yaml"), {}, policy),
     (e: unknown) =>
       e instanceof ClusterSpecError &&
-      e.issues.length === 1 &&
-      e.issues[0]!.path === "spec.kvd.disk.hostPath",
+      e.issues.map((i) => i.path).join() === "spec.kvd.enabled,spec.kvd.disk.hostPath",
   );
   assert.ok(
-    renderFile(join(DIR, "kvd.yaml"), {}, { ...policy, allowedHostPaths: ["/models", "/mnt/nvme"] }).length >
-      0,
+    renderFile(
+      join(DIR, "kvd.yaml"),
+      {},
+      { ...policy, allowedHostPaths: ["/models", "/mnt/nvme", "/run/infera"] },
+    ).length > 0,
   );
 });
 

@@ -268,6 +268,7 @@ test("policy: host / and a tenant's images are refused with a reason per key; no
     "spec.models[0].engine.image: image 'evil.example/tenant/vllm:1'",
     "spec.models[0].modelCacheHostPath: host path '/etc'",
     "spec.kvd.disk.hostPath: host path '/mnt/nvme/infera-kvd'",
+    "spec.kvd.enabled: host path '/run/infera'",
   ])
     assert.ok(valid.message.includes(key), `${key} in ${valid.message}`);
   assert.equal(st.conditions.find((x: Obj) => x.type === "Ready").status, "False");
@@ -277,7 +278,7 @@ test("policy: allowed prefixes, digests and host paths let the example through; 
   const c = cr("kvd.yaml");
   const policy = {
     ...strict,
-    allowedHostPaths: ["/models", "/mnt/nvme/"],
+    allowedHostPaths: ["/models", "/mnt/nvme/", "/run/infera"],
     allowedImages: ["rocm/vllm:"],
   };
   const actions = reconcile(c, [], { now, policy });

@@ -56,11 +56,11 @@ test("operator as a confused deputy (item 2)", () => {
   const secretVerbs = role.rules
     .filter((r: Obj) => r.resources.includes("secrets"))
     .flatMap((r: Obj) => r.verbs);
-  const pass = applied === 0 && refused === 4 && secretVerbs.join() === "create";
+  const pass = applied === 0 && refused === 5 && secretVerbs.join() === "create";
   record(
     import.meta.url,
     "operator allowlists + RBAC",
-    `hostile spec: ${refused}/4 keys refused in status, ${applied} objects applied; ClusterRole secrets verbs [${secretVerbs}]`,
+    `hostile spec: ${refused}/5 keys refused in status, ${applied} objects applied; ClusterRole secrets verbs [${secretVerbs}]`,
     "all refused, 0 applied, Secrets create-only",
     pass,
   );
