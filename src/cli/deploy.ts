@@ -4,7 +4,11 @@ interface DeployK8sFlags {
   file: string;
   output?: string;
   generateSecrets?: boolean;
+  allowedHostPath?: string[];
+  allowedImage?: string[];
 }
+
+const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
 
 /**
  * `infera deploy k8s -f cluster.yaml [-o out.yaml|dir/]`: renders a cluster spec to manifests
@@ -20,11 +24,35 @@ export function registerDeploy(program: Command): void {
       "-o, --output <path>",
       "write here instead of stdout; a path ending in / (or a dir) gets one file per object",
     )
-    .option("--generate-secrets", "also emit Secrets (NATS credentials, API keys) with random values")
+    .option(
+      "--generate-secrets",
+      "also emit Secrets (NATS credentials, API keys, kvd's token) with random values",
+    )
+    .option(
+      "--allowed-host-path <dir>",
+      "check host paths against this allowlist as the operator does (repeatable; default: no check)",
+      collect,
+    )
+    .option(
+      "--allowed-image <entry>",
+      "check images against this allowlist as the operator does (repeatable; default: no check)",
+      collect,
+    )
     .action(async (f: DeployK8sFlags, cmd: Command) => {
-      const { renderFile, writeOutput } = await import("../deploy/cli-action.ts");
+      const [{ renderFile, writeOutput }, { OPERATOR_IMAGE }] = await Promise.all([
+        import("../deploy/cli-action.ts"),
+        import("../deploy/policy.ts"),
+      ]);
+      const policy =
+        f.allowedHostPath || f.allowedImage
+          ? {
+              allowedHostPaths: f.allowedHostPath ?? [],
+              allowedImages: f.allowedImage ?? [],
+              ownImage: OPERATOR_IMAGE,
+            }
+          : undefined;
       try {
-        const objects = renderFile(f.file, { secrets: f.generateSecrets ? "generate" : "reference" });
+        const objects = renderFile(f.file, { secrets: f.generateSecrets ? "generate" : "reference" }, policy);
         writeOutput(objects, f.output);
       } catch (err) {
         cmd.error(`infera deploy k8s: ${err instanceof Error ? err.message : String(err)}`, { exitCode: 2 });

@@ -4,7 +4,12 @@ interface OperatorFlags {
   kubeconfig?: string;
   namespace?: string;
   resync: string;
+  allowedHostPath: string[];
+  allowedImage: string[];
+  ownImage?: string;
 }
+
+const collect = (v: string, prev: string[]): string[] => [...prev, v];
 
 /** `infera operator`: reconciles InferaCluster resources (install the CRD with `infera deploy crd`). */
 export function registerOperator(program: Command): void {
@@ -14,13 +19,28 @@ export function registerOperator(program: Command): void {
     .option("--kubeconfig <file>", "kubeconfig (default: in-cluster service account, then ~/.kube/config)")
     .option("--namespace <ns>", "watch only this namespace (default: all)")
     .option("--resync <seconds>", "re-reconcile every cluster this often (status of children)", "30")
+    .option(
+      "--allowed-host-path <dir>",
+      "host directory an InferaCluster may mount (modelCacheHostPath, kvd.disk.hostPath), it or below it; repeatable (default: none)",
+      collect,
+      [],
+    )
+    .option(
+      "--allowed-image <prefix|ref@sha256:…|sha256:…>",
+      "image an InferaCluster may run: a prefix ending in / or :, an exact digest reference, or a digest; repeatable (default: only the operator's own default images)",
+      collect,
+      [],
+    )
+    .option("--own-image <ref>", "the operator's own infera image, always allowed (default: this release's)")
     .action(async (f: OperatorFlags) => {
-      const [{ KubeConfig }, { KubeClusterApi }, { Controller }, { createLogger }] = await Promise.all([
-        import("@kubernetes/client-node"),
-        import("../operator/kube-api.ts"),
-        import("../operator/controller.ts"),
-        import("../util/log.ts"),
-      ]);
+      const [{ KubeConfig }, { KubeClusterApi }, { Controller }, { createLogger }, { OPERATOR_IMAGE }] =
+        await Promise.all([
+          import("@kubernetes/client-node"),
+          import("../operator/kube-api.ts"),
+          import("../operator/controller.ts"),
+          import("../util/log.ts"),
+          import("../deploy/policy.ts"),
+        ]);
       const log = createLogger("operator");
       const kc = new KubeConfig();
       if (f.kubeconfig) kc.loadFromFile(f.kubeconfig);
@@ -32,9 +52,21 @@ export function registerOperator(program: Command): void {
         logger: log,
         namespace: f.namespace,
         resyncMs: resync * 1000,
+        policy: {
+          allowedHostPaths: f.allowedHostPath,
+          allowedImages: f.allowedImage,
+          ownImage: f.ownImage ?? OPERATOR_IMAGE,
+        },
       });
       await c.start();
-      log.info({ namespace: f.namespace ?? "(all)" }, "operator started");
+      log.info(
+        {
+          namespace: f.namespace ?? "(all)",
+          allowedHostPaths: f.allowedHostPath,
+          allowedImages: f.allowedImage.length > 0 ? f.allowedImage : "(defaults only)",
+        },
+        "operator started",
+      );
       const stop = () => {
         c.stop().then(
           () => process.exit(0),

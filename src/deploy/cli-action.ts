@@ -2,11 +2,20 @@
 import { mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { parse } from "yaml";
+import { type ClusterPolicy, policyIssues } from "./policy.ts";
 import { type KubeObject, type RenderOptions, renderCluster, toYaml } from "./render/index.ts";
-import { parseClusterDocument } from "./spec.ts";
+import { ClusterSpecError, parseClusterDocument } from "./spec.ts";
 
-export function renderFile(path: string, opts: RenderOptions = {}): KubeObject[] {
+/**
+ * Renders a spec file. With `policy` (the CLI's --allowed-host-path / --allowed-image), the
+ * operator's allowlists are checked too: a cluster admin may opt in to the same refusals.
+ */
+export function renderFile(path: string, opts: RenderOptions = {}, policy?: ClusterPolicy): KubeObject[] {
   const doc = parseClusterDocument(parse(readFileSync(path, "utf8")));
+  if (policy) {
+    const issues = policyIssues(doc.spec, policy);
+    if (issues.length > 0) throw new ClusterSpecError(issues);
+  }
   return renderCluster(doc, opts);
 }
 

@@ -9,12 +9,17 @@
  */
 import { z } from "zod";
 import { parseSize } from "../kvd/size.ts";
+import { hostPath, imageRef, labelKey, labelValue, namespaceName, safeText } from "./spec-fields.ts";
 
 const dns1123 = z
   .string()
   .min(1)
   .max(40)
   .regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, "must be a DNS-1123 label (lowercase letters, digits, '-')");
+
+/** The control planes' default images (the operator's own defaults, with its own image). */
+export const DEFAULT_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17";
+export const DEFAULT_NATS_IMAGE = "nats:2.10-alpine";
 
 /** A Kubernetes quantity such as `64Gi` or `500m`. */
 const quantity = z
@@ -41,16 +46,16 @@ const poolSchema = z
     replicas: z.number().int().min(0).max(1024).default(1),
     tp: z.number().int().min(1).max(64).optional(),
     dp: z.number().int().min(1).max(64).optional(),
-    quantization: z.string().min(1).optional(),
-    kvCacheDtype: z.string().min(1).optional(),
+    quantization: safeText.optional(),
+    kvCacheDtype: safeText.optional(),
     /** GPUs per pod (`amd.com/gpu`); default tp × dp. */
     gpus: z.number().int().min(0).max(64).optional(),
     /** Overrides the model's KV-events choice for this pool (e.g. ATOM with dp > 1). */
     kvEvents: z.boolean().optional(),
     resources: resourcesSchema.optional(),
-    nodeSelector: z.record(z.string()).optional(),
-    /** Passed to the engine after `--`, untouched. */
-    engineArgs: z.array(z.string()).default([]),
+    nodeSelector: z.record(labelKey, labelValue).optional(),
+    /** Passed to the engine after `--`, untouched (a `$` stays literal: no env expansion). */
+    engineArgs: z.array(safeText).default([]),
   })
   .strict();
 
@@ -59,13 +64,18 @@ const modelSchema = z
     /** Short name used in object names. */
     name: dns1123,
     /** Model path or hub id the engine loads (`--model`). */
-    model: z.string().min(1),
+    model: safeText,
     /** Name clients use; default: `model`. */
-    servedModelName: z.string().min(1).optional(),
+    servedModelName: safeText.optional(),
     engine: z
       .object({
         kind: z.enum(engineKinds),
-        image: z.string().min(1),
+        image: imageRef,
+        /**
+         * Extra groups of the engine process, e.g. the nodes' `video` and `render` GIDs so a
+         * non-root engine can open /dev/kfd and /dev/dri (ROCm).
+         */
+        supplementalGroups: z.array(z.number().int().min(1).max(2147483647)).optional(),
       })
       .strict(),
     /** KV transfer for prefill/decode pools; default the engine's PD default. */
@@ -74,7 +84,13 @@ const modelSchema = z
     blockSize: z.number().int().min(1).optional(),
     kvEvents: z.boolean().default(true),
     /** Host path with the weights, mounted read-only at the same path. */
-    modelCacheHostPath: z.string().startsWith("/").optional(),
+    modelCacheHostPath: hostPath.optional(),
+    /**
+     * The weights on a PersistentVolumeClaim instead (e.g. a ReadOnlyMany NFS/CSI volume),
+     * mounted read-only at `mountPath`: unlike a host path it keeps the pool at Pod Security
+     * "restricted".
+     */
+    modelCacheClaim: z.object({ name: dns1123, mountPath: hostPath }).strict().optional(),
     pools: z.array(poolSchema).min(1),
   })
   .strict();
@@ -84,13 +100,31 @@ const rdmaSchema = z
     /** `hostNetwork`: pods use the node's RoCE NICs directly; `attachment`: a Multus network. */
     mode: z.enum(["hostNetwork", "attachment"]),
     /** `k8s.v1.cni.cncf.io/networks` value, e.g. `infera/roce-net` (attachment mode). */
-    networks: z.string().min(1).optional(),
+    networks: z
+      .string()
+      .regex(/^[a-z0-9][a-z0-9@/,._-]*$/, "must be a Multus network list (ns/name[@iface],…)")
+      .optional(),
     /** RDMA device (SGLang --disaggregation-ib-device, show_gids filter), e.g. `rdma0`. */
-    device: z.string().min(1).optional(),
+    device: z
+      .string()
+      .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]*$/, "must be a device name such as rdma0")
+      .optional(),
     /** RoCEv2 GID index, or `auto` (the launcher runs show_gids). */
     gidIndex: z.union([z.number().int().min(0).max(255), z.literal("auto")]).optional(),
     /** Extended resource the RDMA device plugin exposes, e.g. `rdma/hca_shared_devices_a`. */
-    resourceName: z.string().min(1).optional(),
+    resourceName: z
+      .string()
+      .regex(/^[a-z0-9][a-z0-9./_-]*$/, "must be an extended resource name such as rdma/hca")
+      .optional(),
+    /**
+     * hostNetwork mode: the nodes' address ranges (CIDRs). Traffic from host-network pods carries
+     * the node's IP, which no podSelector matches, so the NetworkPolicies admit the workers'
+     * traffic to etcd, NATS, kvd, the server and their peers by these ranges instead.
+     */
+    nodeCidrs: z
+      .array(z.string().regex(/^[0-9a-fA-F:.]+\/[0-9]{1,3}$/, "must be a CIDR such as 10.0.0.0/16"))
+      .min(1)
+      .optional(),
   })
   .strict()
   .refine((r) => r.mode !== "attachment" || r.networks !== undefined, {
@@ -116,18 +150,30 @@ const kvdSchema = z
     ramBytes: byteSize.default("8GiB"),
     disk: z
       .object({
-        hostPath: z.string().startsWith("/"),
+        hostPath: hostPath,
         bytes: byteSize.default("100GiB"),
       })
       .strict()
       .optional(),
     /** L4 store, e.g. `redis://redis:6379/0`. */
-    remote: z.string().min(1).optional(),
+    remote: z
+      .string()
+      .url()
+      .regex(/^[^\s"'`$;|&<>\\]+$/, "must be a URL without spaces or shell metacharacters")
+      .optional(),
     port: z.number().int().min(1).max(65535).default(7070),
+    /**
+     * Secret with key `token`: the shared secret TCP clients send in HELLO (kvd refuses a
+     * non-loopback listener without one). Default `<name>-kvd-token`, generated by the operator
+     * and `infera deploy k8s --generate-secrets` when absent.
+     */
+    tokenSecret: dns1123.optional(),
   })
   .strict();
 
-const secretRef = z.object({ name: dns1123, key: z.string().min(1) }).strict();
+const secretRef = z
+  .object({ name: dns1123, key: z.string().regex(/^[-._a-zA-Z0-9]+$/, "must be a Secret key") })
+  .strict();
 
 const serverSchema = z
   .object({
@@ -154,7 +200,7 @@ const serverSchema = z
 export const clusterSpecSchema = z
   .object({
     /** The infera image (server, kvd, and the launcher binary copied into engine pods). */
-    image: z.string().min(1),
+    image: imageRef,
     models: z.array(modelSchema).min(1),
     server: serverSchema.default({}),
     etcd: z
@@ -163,7 +209,7 @@ export const clusterSpecSchema = z
         external: z.array(z.string().url()).min(1).optional(),
         replicas: z.number().int().min(1).max(7).default(1),
         storage: quantity.default("2Gi"),
-        image: z.string().default("quay.io/coreos/etcd:v3.5.17"),
+        image: imageRef.default(DEFAULT_ETCD_IMAGE),
         /** External etcd: Secret with `ca.crt` (and `tls.crt`/`tls.key` for mutual TLS), mounted into server and workers. */
         tlsSecret: dns1123.optional(),
         /** External etcd: Secret with `username` and `password`. */
@@ -176,7 +222,7 @@ export const clusterSpecSchema = z
         /** `nats` (default): requests and KV events over NATS; `direct`: HTTP + each engine's ZMQ socket. */
         kind: z.enum(["nats", "direct"]).default("nats"),
         natsReplicas: z.number().int().min(1).max(5).default(1),
-        natsImage: z.string().default("nats:2.10-alpine"),
+        natsImage: imageRef.default(DEFAULT_NATS_IMAGE),
       })
       .strict()
       .default({}),
@@ -214,7 +260,7 @@ export const clusterSpecSchema = z
         serviceMonitor: z.boolean().default(true),
         dashboard: z.boolean().default(true),
         /** Namespace Prometheus runs in (allowed through the NetworkPolicies). */
-        prometheusNamespace: z.string().default("monitoring"),
+        prometheusNamespace: namespaceName.default("monitoring"),
       })
       .strict()
       .default({}),
@@ -228,6 +274,14 @@ export const clusterSpecSchema = z
         path: ["etcd", s.etcd.tlsSecret ? "tlsSecret" : "credentialsSecret"],
         message:
           "etcd TLS/credentials are for etcd.external (the in-cluster etcd is reached only through NetworkPolicy)",
+      });
+    }
+    if (s.rdma?.mode === "hostNetwork" && s.networkPolicies && !s.rdma.nodeCidrs) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["rdma", "nodeCidrs"],
+        message:
+          "rdma.mode hostNetwork with networkPolicies needs rdma.nodeCidrs (host-network traffic matches no podSelector)",
       });
     }
     if ((s.tls.etcdSecret || s.tls.natsSecret || s.tls.clientSecret) && !s.tls.enabled) {
@@ -260,6 +314,12 @@ export const clusterSpecSchema = z
           });
         pools.add(n);
       });
+      if (m.modelCacheHostPath && m.modelCacheClaim)
+        ctx.addIssue({
+          code: "custom",
+          path: ["models", i, "modelCacheClaim"],
+          message: "give modelCacheHostPath or modelCacheClaim, not both",
+        });
       const roles = new Set(m.pools.map((p) => p.role));
       if (roles.has("prefill") !== roles.has("decode")) {
         ctx.addIssue({
@@ -328,6 +388,9 @@ export function parseClusterDocument(doc: unknown): ClusterDocument {
   if (!name.success) {
     throw new ClusterSpecError([{ path: "metadata.name", message: name.error.issues[0]!.message }]);
   }
-  const ns = meta.namespace === undefined ? "default" : String(meta.namespace);
-  return { name: name.data, namespace: ns, spec: parseClusterSpec(d.spec) };
+  const ns = namespaceName.safeParse(meta.namespace ?? "default");
+  if (!ns.success) {
+    throw new ClusterSpecError([{ path: "metadata.namespace", message: ns.error.issues[0]!.message }]);
+  }
+  return { name: name.data, namespace: ns.data, spec: parseClusterSpec(d.spec) };
 }

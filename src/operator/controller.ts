@@ -4,6 +4,7 @@
  * without the custom resource changing. A failed pass is retried with backoff; a closed or
  * expired watch is re-listed and re-opened.
  */
+import type { ClusterPolicy } from "../deploy/policy.ts";
 import type { Logger } from "../util/log.ts";
 import type { ClusterApi } from "./kube-api.ts";
 import { type Action, type ClusterStatus, type InferaClusterResource, reconcile } from "./reconcile.ts";
@@ -13,6 +14,8 @@ export interface ControllerOptions {
   logger: Logger;
   /** Watch one namespace; all when absent. */
   namespace?: string;
+  /** The installer's allowlists, checked on every pass. */
+  policy?: ClusterPolicy;
   resyncMs?: number;
   retryMs?: number;
 }
@@ -108,9 +111,17 @@ export class Controller {
     const ns = cr.metadata.namespace ?? "default";
     try {
       const observed = await this.o.api.listOwned(ns, cr.metadata.name);
-      const actions = reconcile(cr, observed, { now: new Date(), unserved: this.o.api.skipped });
+      const actions = reconcile(cr, observed, {
+        now: new Date(),
+        unserved: this.o.api.skipped,
+        policy: this.o.policy,
+      });
       await this.execute(ns, key, cr, actions);
       this.passes++;
+      for (const a of actions) {
+        const refused = a.type === "status" && a.status.conditions.find((c) => c.reason === "PolicyRefused");
+        if (refused) this.o.logger.warn({ cluster: key, refused: refused.message }, "spec refused by policy");
+      }
       if (actions.length > 0) this.o.logger.info({ cluster: key, actions: actions.length }, "reconciled");
     } catch (err) {
       this.o.logger.warn({ cluster: key, err: String(err) }, "reconcile failed; retrying");

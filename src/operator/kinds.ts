@@ -7,11 +7,18 @@ export interface KindInfo {
   apiVersion: string;
   kind: string;
   plural: string;
+  /**
+   * The operator only creates these (POST; "already exists" is success) and never reads, lists,
+   * patches or deletes them, so its RBAC needs just `create`: Secrets, whose `get`/`list` would
+   * read every credential in scope (RBAC's resourceNames cannot limit `create` or `list`, and
+   * label selectors limit nothing). Owner references still let the garbage collector delete them.
+   */
+  createOnly?: boolean;
 }
 
 export const OWNED_KINDS: readonly KindInfo[] = [
   { apiVersion: "v1", kind: "ConfigMap", plural: "configmaps" },
-  { apiVersion: "v1", kind: "Secret", plural: "secrets" },
+  { apiVersion: "v1", kind: "Secret", plural: "secrets", createOnly: true },
   { apiVersion: "v1", kind: "Service", plural: "services" },
   { apiVersion: "apps/v1", kind: "StatefulSet", plural: "statefulsets" },
   { apiVersion: "apps/v1", kind: "Deployment", plural: "deployments" },
@@ -35,3 +42,6 @@ export function namespacedPath(k: KindInfo, namespace: string, name?: string): s
 
 export const kindKey = (apiVersion: string, kind: string, name: string): string =>
   `${apiVersion}/${kind}/${name}`;
+
+export const isCreateOnly = (apiVersion: string, kind: string): boolean =>
+  OWNED_KINDS.some((k) => k.createOnly === true && k.apiVersion === apiVersion && k.kind === kind);

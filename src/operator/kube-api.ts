@@ -12,7 +12,7 @@ import {
   Watch,
 } from "@kubernetes/client-node";
 import { CRD_GROUP, CRD_PLURAL, CRD_VERSION } from "../deploy/crd.ts";
-import { OWNED_KINDS } from "./kinds.ts";
+import { isCreateOnly, OWNED_KINDS } from "./kinds.ts";
 import {
   type ClusterStatus,
   FIELD_MANAGER,
@@ -90,6 +90,7 @@ export class KubeClusterApi implements ClusterApi {
     const selector = `app.kubernetes.io/instance=${instance},app.kubernetes.io/managed-by=infera`;
     const out: ObjectLike[] = [];
     for (const k of OWNED_KINDS) {
+      if (k.createOnly) continue; // not listable with create-only RBAC: see `created`
       try {
         const list = await this.objects.list(
           k.apiVersion,
@@ -110,13 +111,35 @@ export class KubeClusterApi implements ClusterApi {
         throw err;
       }
     }
+    for (const [key, o] of this.created)
+      if (key.startsWith(`${namespace}/`) && o.metadata.labels?.["app.kubernetes.io/instance"] === instance)
+        out.push(o);
     return out;
   }
+
+  /** Create-only objects (Secrets) known to exist: created by this process or found existing (409). */
+  private readonly created = new Map<string, ObjectLike>();
 
   /** Kinds skipped because the cluster does not serve them (optional add-ons), for logs and tests. */
   readonly skipped = new Set<string>();
 
   async apply(obj: ObjectLike): Promise<void> {
+    if (isCreateOnly(obj.apiVersion, obj.kind)) {
+      try {
+        await this.objects.create(obj as never, undefined, undefined, FIELD_MANAGER);
+      } catch (err) {
+        // Written once (a generated credential is never rotated under running pods).
+        if (statusCode(err) !== 409) throw err;
+      }
+      // It exists now: listOwned reports it from here on (it cannot list Secrets).
+      const { name, namespace = "default", labels, ownerReferences } = obj.metadata;
+      this.created.set(`${namespace}/${obj.apiVersion}/${obj.kind}/${name}`, {
+        apiVersion: obj.apiVersion,
+        kind: obj.kind,
+        metadata: { name, namespace, labels, ownerReferences },
+      });
+      return;
+    }
     try {
       await this.objects.patch(
         obj as never,

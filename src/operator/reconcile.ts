@@ -9,10 +9,11 @@
  */
 import { createHash } from "node:crypto";
 import { CRD_GROUP, CRD_KIND, CRD_VERSION } from "../deploy/crd.ts";
+import { type ClusterPolicy, policyIssues } from "../deploy/policy.ts";
 import { MANAGED_BY, names, poolName, workerObjectName } from "../deploy/render/context.ts";
 import { plain, renderCluster } from "../deploy/render/index.ts";
 import { type ClusterSpec, ClusterSpecError, parseClusterSpec } from "../deploy/spec.ts";
-import { kindKey } from "./kinds.ts";
+import { isCreateOnly, kindKey } from "./kinds.ts";
 
 export const HASH_ANNOTATION = "infera.dev/applied-hash";
 export const FIELD_MANAGER = "infera-operator";
@@ -99,6 +100,8 @@ export interface ReconcileOptions {
   random?: () => string;
   /** `apiVersion/kind` the cluster does not serve (e.g. no Prometheus Operator): not desired. */
   unserved?: ReadonlySet<string>;
+  /** The installer's allowlists (host paths, images); a spec outside them is refused, not applied. */
+  policy?: ClusterPolicy;
 }
 
 export function reconcile(
@@ -120,6 +123,23 @@ export function reconcile(
       conditions: [
         cond("SpecValid", "False", "InvalidSpec", message),
         cond("Ready", "False", "InvalidSpec", "the spec does not validate; nothing was changed"),
+      ],
+    });
+  }
+  const refused = opts.policy ? policyIssues(spec, opts.policy) : [];
+  if (refused.length > 0) {
+    // A confused deputy no more: the reason for each refusal is in status, nothing is changed.
+    const message = refused.map((i) => `${i.path}: ${i.message}`).join("\n");
+    return statusAction(cr, opts.now, {
+      observedGeneration: generation,
+      conditions: [
+        cond("SpecValid", "False", "PolicyRefused", message),
+        cond(
+          "Ready",
+          "False",
+          "PolicyRefused",
+          "the spec asks for what the operator does not allow; nothing was changed",
+        ),
       ],
     });
   }
@@ -165,6 +185,9 @@ export function reconcile(
   }
   for (const [key, o] of live) {
     if (keep.has(key) || o.metadata.labels?.["app.kubernetes.io/managed-by"] !== MANAGED_BY) continue;
+    // Create-only kinds (Secrets) are never deleted here: the operator has no such right; the
+    // garbage collector removes them with the cluster (owner reference).
+    if (isCreateOnly(o.apiVersion, o.kind)) continue;
     actions.push({
       type: "delete",
       apiVersion: o.apiVersion,

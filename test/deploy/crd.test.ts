@@ -149,33 +149,54 @@ test("deploy k8s -f writes one file per object to a directory; a bad spec exits 
   );
 });
 
-test("deploy/operator.yaml validates and its ClusterRole covers every kind the operator owns", async () => {
-  const { parseAllDocuments } = await import("yaml");
-  const { OWNED_KINDS } = await import("../../src/operator/kinds.ts");
-  const models = {
-    Namespace: (await import("kubernetes-models/v1")).Namespace,
-    ServiceAccount: (await import("kubernetes-models/v1")).ServiceAccount,
-    ClusterRole: (await import("kubernetes-models/rbac.authorization.k8s.io/v1")).ClusterRole,
-    ClusterRoleBinding: (await import("kubernetes-models/rbac.authorization.k8s.io/v1")).ClusterRoleBinding,
-    Deployment: (await import("kubernetes-models/apps/v1")).Deployment,
-  };
-  const docs = parseAllDocuments(readFileSync("deploy/operator.yaml", "utf8")).map(
-    (d) =>
-      d.toJS() as {
-        kind: keyof typeof models;
-        rules?: { apiGroups: string[]; resources: string[]; verbs: string[] }[];
-      },
-  );
-  for (const d of docs) new models[d.kind](d as never).validate();
-  const rules = docs.find((d) => d.kind === "ClusterRole")!.rules!;
-  for (const k of OWNED_KINDS) {
-    const group = k.apiVersion.includes("/") ? k.apiVersion.split("/")[0]! : "";
-    const r = rules.find((x) => x.apiGroups.includes(group) && x.resources.includes(k.plural));
-    assert.ok(r, `${k.kind}: no rule`);
-    for (const v of ["list", "patch", "delete"]) assert.ok(r.verbs.includes(v), `${k.kind}: ${v}`);
-  }
-  assert.ok(rules.some((x) => x.resources.includes("inferaclusters/status") && x.verbs.includes("patch")));
-});
+for (const [file, roleKind] of [
+  ["deploy/operator.yaml", "ClusterRole"],
+  ["deploy/operator-namespaced.yaml", "Role"],
+] as const)
+  test(`${file} validates, its ${roleKind} covers every kind the operator owns, Secrets create-only`, async () => {
+    const { parseAllDocuments } = await import("yaml");
+    const { OWNED_KINDS } = await import("../../src/operator/kinds.ts");
+    const models = {
+      Namespace: (await import("kubernetes-models/v1")).Namespace,
+      ServiceAccount: (await import("kubernetes-models/v1")).ServiceAccount,
+      ClusterRole: (await import("kubernetes-models/rbac.authorization.k8s.io/v1")).ClusterRole,
+      ClusterRoleBinding: (await import("kubernetes-models/rbac.authorization.k8s.io/v1")).ClusterRoleBinding,
+      Role: (await import("kubernetes-models/rbac.authorization.k8s.io/v1")).Role,
+      RoleBinding: (await import("kubernetes-models/rbac.authorization.k8s.io/v1")).RoleBinding,
+      Deployment: (await import("kubernetes-models/apps/v1")).Deployment,
+    };
+    const docs = parseAllDocuments(readFileSync(file, "utf8")).map(
+      (d) =>
+        d.toJS() as {
+          kind: keyof typeof models;
+          rules?: { apiGroups: string[]; resources: string[]; verbs: string[] }[];
+        },
+    );
+    for (const d of docs) new models[d.kind](d as never).validate();
+    assert.equal(
+      docs.some((d) => d.kind === (roleKind === "Role" ? "ClusterRole" : "Role")),
+      false,
+      "one kind of role",
+    );
+    const rules = docs.find((d) => d.kind === roleKind)!.rules!;
+    for (const k of OWNED_KINDS) {
+      const group = k.apiVersion.includes("/") ? k.apiVersion.split("/")[0]! : "";
+      const rs = rules.filter((x) => x.apiGroups.includes(group) && x.resources.includes(k.plural));
+      assert.ok(rs.length > 0, `${k.kind}: no rule`);
+      const verbs = rs.flatMap((r) => r.verbs);
+      // Secrets: create only: no get/list/watch can read a credential (issue #30 item 2).
+      if (k.createOnly) assert.deepEqual(verbs, ["create"], `${k.kind}`);
+      else for (const v of ["list", "patch", "delete"]) assert.ok(verbs.includes(v), `${k.kind}: ${v}`);
+    }
+    assert.ok(!rules.some((x) => x.resources.includes("*") || x.verbs.includes("*")), "no wildcards");
+    // The operator's own pod passes Pod Security "restricted".
+    const { violations } = await import("./psa.ts");
+    const dep = docs.find((d) => d.kind === "Deployment") as unknown as {
+      spec: { template: { spec: object } };
+    };
+    assert.deepEqual(violations(dep.spec.template.spec, "restricted"), []);
+    assert.ok(rules.some((x) => x.resources.includes("inferaclusters/status") && x.verbs.includes("patch")));
+  });
 
 test("the example specs quoted in docs/deploy-kubernetes.md are the files the tests render", () => {
   const md = readFileSync("docs/deploy-kubernetes.md", "utf8");

@@ -19,9 +19,47 @@ export interface ContainerLike {
   env?: { name: string; value?: string }[];
 }
 
-/** `$(NAME)` → the value the kubelet would substitute (downward-API values given by the test). */
+/**
+ * The kubelet's expansion of one command/args word: `$(NAME)` → the variable's value (left as
+ * written when unknown), `$$` → `$`, an unclosed `$(` and any other `$x` kept. A port of
+ * kubernetes/kubernetes third_party/forked/golang/expansion/expand.go (Expand and
+ * tryReadVariableName) @ fde22c3f9aacfd260225a9741de123a41157b7c0.
+ */
+export function kubeExpand(input: string, vars: Record<string, string>): string {
+  let out = "";
+  let i = 0;
+  while (i < input.length) {
+    const c = input[i]!;
+    if (c !== "$" || i + 1 >= input.length) {
+      out += c;
+      i++;
+      continue;
+    }
+    const next = input[i + 1]!;
+    if (next === "$") {
+      out += "$";
+      i += 2;
+    } else if (next === "(") {
+      const close = input.indexOf(")", i + 2);
+      if (close < 0) {
+        out += "$(";
+        i += 2;
+      } else {
+        const name = input.slice(i + 2, close);
+        out += vars[name] ?? `$(${name})`;
+        i = close + 1;
+      }
+    } else {
+      out += `$${next}`;
+      i += 2;
+    }
+  }
+  return out;
+}
+
+/** Every word expanded as the kubelet does (downward-API values given by the test). */
 export function expand(words: readonly string[], vars: Record<string, string>): string[] {
-  return words.map((w) => w.replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, n: string) => vars[n] ?? m));
+  return words.map((w) => kubeExpand(w, vars));
 }
 
 export async function engineDryRuns(

@@ -201,12 +201,12 @@ test("external etcd: TLS files and credentials reach the server and every launch
   ]);
   assert.equal(cfg.discovery.options.caFile, "/etc/infera-etcd-tls/ca.crt");
   const server = o.find((x) => x.kind === "Deployment")!.spec.template.spec.containers[0];
-  assert.deepEqual(server.command.slice(4), [
-    "--etcd-user",
-    "$(INFERA_ETCD_USER)",
-    "--etcd-password",
-    "$(INFERA_ETCD_PASSWORD)",
-  ]);
+  // Credentials reach the server through its env (INFERA_ETCD_USER/PASSWORD), not argv.
+  assert.deepEqual(server.command.slice(4), []);
+  assert.equal(
+    server.env.find((e: Obj) => e.name === "INFERA_ETCD_PASSWORD").valueFrom.secretKeyRef.name,
+    "etcd-infera-user",
+  );
   const ws = workers(o);
   for (const sts of ws) {
     const c = engineContainer(sts);
@@ -273,9 +273,12 @@ test("NetworkPolicies: only server and workers reach workers; only workers reach
   assert.deepEqual(peers(pol("kvd-kvd-from-workers")).sort(), ["prometheus-ns", "worker"]);
   const kvdRule = pol("kvd-kvd-from-workers").spec.ingress[0];
   assert.deepEqual(kvdRule.ports, [{ port: 7070, protocol: "TCP" }]);
-  // No policy admits everyone (an empty `from`).
+  // No policy admits everyone (no or an empty `from`) but the server's API port.
   for (const p of o.filter((x) => x.kind === "NetworkPolicy"))
-    for (const r of p.spec.ingress) assert.ok(r.from.length > 0, p.metadata.name);
+    for (const r of p.spec.ingress ?? []) {
+      if (p.metadata.name === "kvd-server-api" && r.ports?.[0]?.port === "http") continue;
+      assert.ok(r.from?.length > 0, p.metadata.name);
+    }
 });
 
 test("kvd: DaemonSet with the socket hostPath shared with workers; workers get INFERA_KVD_SOCKET", () => {

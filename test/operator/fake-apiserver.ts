@@ -37,6 +37,12 @@ export class FakeApiServer {
   url = "";
   /** Kinds answered 404 (e.g. no Prometheus Operator installed). */
   readonly missingGroups = new Set<string>();
+  /**
+   * RBAC of the caller, when set: `allowed(verb, plural)` as the RBAC authorizer decides it for
+   * the operator's ServiceAccount (a test builds it from deploy/operator.yaml's rules). A denied
+   * request gets the API server's 403.
+   */
+  allowed?: (verb: string, plural: string) => boolean;
 
   async start(): Promise<void> {
     this.server = createServer((req, res) => {
@@ -176,6 +182,40 @@ export class FakeApiServer {
       string | undefined,
     ];
     const key = `${plural}/${ns}/${name}`;
+    const verb =
+      req.method === "GET"
+        ? name === undefined
+          ? query.watch === "true"
+            ? "watch"
+            : "list"
+          : "get"
+        : req.method === "POST"
+          ? "create"
+          : req.method === "PATCH"
+            ? "patch"
+            : req.method === "DELETE"
+              ? "delete"
+              : "";
+    const res403 = () =>
+      this.send(res, 403, status(403, `${plural} is forbidden: cannot ${verb} resource "${plural}"`));
+    if (this.allowed && !this.allowed(verb, sub ? `${plural}/${sub}` : plural)) return res403();
+    // Server-side apply of an object that does not exist yet also needs `create`.
+    if (this.allowed && verb === "patch" && !sub && !this.store.has(key) && !this.allowed("create", plural))
+      return res403();
+    if (req.method === "POST" && name === undefined) {
+      const k2 = `${plural}/${ns}/${body?.metadata?.name}`;
+      if (this.store.has(k2))
+        return this.send(res, 409, {
+          ...status(409, `${plural} "${body?.metadata?.name}" already exists`),
+          reason: "AlreadyExists",
+        });
+      const next = {
+        ...body,
+        metadata: { ...body?.metadata, namespace: ns, uid: randomUUID(), resourceVersion: String(++this.rv) },
+      };
+      this.store.set(k2, next);
+      return this.send(res, 201, next);
+    }
     if (req.method === "GET" && name === undefined) {
       const sel = (query.labelSelector ?? "")
         .split(",")

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { after, before, test } from "node:test";
 import { KubeConfig } from "@kubernetes/client-node";
-import { parse } from "yaml";
+import { parse, parseAllDocuments } from "yaml";
 import { Controller } from "../../src/operator/controller.ts";
 import { KubeClusterApi } from "../../src/operator/kube-api.ts";
 import { HASH_ANNOTATION } from "../../src/operator/reconcile.ts";
@@ -17,6 +17,20 @@ import { FakeApiServer } from "./fake-apiserver.ts";
 
 // biome-ignore lint/suspicious/noExplicitAny: the test edits nested specs
 type Obj = Record<string, any>;
+
+/** `allowed(verb, resource)` from the rules of the Role/ClusterRole in an install manifest. */
+export function rbacFrom(
+  file: string,
+  kind: "Role" | "ClusterRole",
+): (verb: string, plural: string) => boolean {
+  const role = parseAllDocuments(readFileSync(file, "utf8"))
+    .map((d) => d.toJS() as Obj)
+    .find((d) => d.kind === kind)!;
+  return (verb, plural) =>
+    role.rules.some(
+      (r: Obj) => (r.resources.includes(plural) || r.resources.includes("*")) && r.verbs.includes(verb),
+    );
+}
 
 const api = new FakeApiServer();
 let controller: Controller;
@@ -34,6 +48,8 @@ before(async () => {
   await api.start();
   // No Prometheus Operator in this "cluster": its kinds are 404 (skipped, the rest converges).
   api.missingGroups.add("monitoring.coreos.com/v1");
+  // The operator's RBAC as deploy/operator.yaml grants it: a request outside it is a 403.
+  api.allowed = rbacFrom("deploy/operator.yaml", "ClusterRole");
   const kc = new KubeConfig();
   kc.loadFromOptions({
     clusters: [{ name: "fake", server: api.url, skipTLSVerify: true }],
@@ -152,4 +168,14 @@ test("an invalid spec is reported in status and changes nothing", async () => {
     api.requests.filter((r) => r.method === "PATCH" && !r.path.endsWith("/status")).length,
     writes,
   );
+});
+
+test("under deploy/operator.yaml's RBAC the operator only ever POSTs Secrets (never reads one)", async () => {
+  const onSecrets = api.requests.filter((r) => /\/secrets(\/|$)/.test(r.path));
+  assert.ok(onSecrets.length > 0, "the generated Secrets were created");
+  assert.deepEqual([...new Set(onSecrets.map((r) => r.method))], ["POST"]);
+  // And a read would have been refused: the role has no get/list on secrets.
+  const allowed = rbacFrom("deploy/operator.yaml", "ClusterRole");
+  assert.equal(allowed("get", "secrets") || allowed("list", "secrets") || allowed("watch", "secrets"), false);
+  assert.equal(allowed("create", "secrets"), true);
 });

@@ -238,3 +238,72 @@ test("status counts ready workers per pool and the server", () => {
     /server 0\/2, qwen\/prefill 0\/1, qwen\/decode 1\/2/,
   );
 });
+
+// Issue #30 item 2: the operator as a confused deputy. A tenant's InferaCluster asking for the
+// host's root or an image of its choice is refused in status, and nothing is applied.
+const strict = { allowedHostPaths: [], allowedImages: [], ownImage: "ghcr.io/infera/infera:0.1.0" };
+
+test("policy: host / and a tenant's images are refused with a reason per key; nothing is applied", () => {
+  const c = cr("kvd.yaml");
+  const spec = c.spec as Obj;
+  spec.image = "evil.example/tenant/infera:1";
+  spec.models[0].engine.image = "evil.example/tenant/vllm:1";
+  spec.models[0].modelCacheHostPath = "/";
+  // `/` itself is refused by the spec's shape before any policy.
+  let actions = reconcile(c, [], { now, policy: strict });
+  assert.deepEqual(kinds(actions), ["status"]);
+  let valid = (actions[0] as { status: Obj }).status.conditions.find((x: Obj) => x.type === "SpecValid");
+  assert.equal(valid.reason, "InvalidSpec");
+  assert.match(valid.message, /spec\.models\[0\]\.modelCacheHostPath: must not be \//);
+  // A canonical path outside the allowlist, and images outside it: PolicyRefused, each named.
+  spec.models[0].modelCacheHostPath = "/etc";
+  actions = reconcile(c, [], { now, policy: { ...strict, allowedHostPaths: ["/models"] } });
+  assert.deepEqual(kinds(actions), ["status"]);
+  const st = (actions[0] as { status: Obj }).status;
+  valid = st.conditions.find((x: Obj) => x.type === "SpecValid");
+  assert.equal(valid.status, "False");
+  assert.equal(valid.reason, "PolicyRefused");
+  for (const key of [
+    "spec.image: image 'evil.example/tenant/infera:1'",
+    "spec.models[0].engine.image: image 'evil.example/tenant/vllm:1'",
+    "spec.models[0].modelCacheHostPath: host path '/etc'",
+    "spec.kvd.disk.hostPath: host path '/mnt/nvme/infera-kvd'",
+    "spec.kvd.enabled: host path '/run/infera'",
+  ])
+    assert.ok(valid.message.includes(key), `${key} in ${valid.message}`);
+  assert.equal(st.conditions.find((x: Obj) => x.type === "Ready").status, "False");
+});
+
+test("policy: allowed prefixes, digests and host paths let the example through; a prefix is not a name prefix", () => {
+  const c = cr("kvd.yaml");
+  const policy = {
+    ...strict,
+    allowedHostPaths: ["/models", "/mnt/nvme/", "/run/infera"],
+    allowedImages: ["rocm/vllm:"],
+  };
+  const actions = reconcile(c, [], { now, policy });
+  assert.ok(kinds(actions).includes("apply DaemonSet/kvd-kvd"), kinds(actions).join(" "));
+  // `/models` admits /models and below, not /models-other; `rocm/vllm:` not `rocm/vllm-evil`.
+  (c.spec as Obj).models[0].modelCacheHostPath = "/models-other";
+  (c.spec as Obj).models[0].engine.image = "rocm/vllm-evil:latest";
+  const refused = reconcile(c, [], { now, policy });
+  const msg = (refused[0] as { status: Obj }).status.conditions[0].message as string;
+  assert.match(msg, /modelCacheHostPath: host path '\/models-other' refused/);
+  assert.match(msg, /engine\.image: image 'rocm\/vllm-evil:latest' refused/);
+  // A digest entry admits any name pinned to it, and only that digest.
+  const digest = `sha256:${"a".repeat(64)}`;
+  (c.spec as Obj).models[0].modelCacheHostPath = "/models";
+  (c.spec as Obj).models[0].engine.image = `registry.example/vllm@${digest}`;
+  const pinned = reconcile(c, [], { now, policy: { ...policy, allowedImages: [digest] } });
+  assert.ok(kinds(pinned).some((k) => k.startsWith("apply")));
+});
+
+test("policy: with an empty image list only the operator's defaults run (etcd, NATS, its own image)", () => {
+  const c = cr("mixed.yaml");
+  delete (c.spec as Obj).models[0].modelCacheHostPath;
+  const actions = reconcile(c, [], { now, policy: strict });
+  const msg = (actions.at(-1) as { status: Obj }).status.conditions[0].message as string;
+  // Only the engine image (no default exists for it) is refused.
+  assert.equal(msg.split("\n").length, 1, msg);
+  assert.match(msg, /^spec\.models\[0\]\.engine\.image: .*only its default images/);
+});

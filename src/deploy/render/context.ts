@@ -3,6 +3,8 @@
  * the pods it selects, or a NetworkPolicy and the pods it guards, come from one place.
  */
 import type { IConfigMap } from "kubernetes-models/v1/ConfigMap";
+import type { IPodSecurityContext } from "kubernetes-models/v1/PodSecurityContext";
+import type { ISecurityContext } from "kubernetes-models/v1/SecurityContext";
 import type { IVolume } from "kubernetes-models/v1/Volume";
 import type { ClusterSpec, ModelSpec, PoolSpec } from "../spec.ts";
 
@@ -80,6 +82,7 @@ export const names = {
   server: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-server`,
   serverConfig: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-server-config`,
   kvd: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-kvd`,
+  kvdToken: (ctx: RenderContext) => ctx.spec.kvd.tokenSecret ?? `${ctx.name}-kvd-token`,
   dashboard: (ctx: Pick<RenderContext, "name">) => `${ctx.name}-grafana-dashboard`,
   etcdTls: (ctx: RenderContext) => ctx.spec.tls.etcdSecret ?? `${ctx.name}-etcd-tls`,
   natsTls: (ctx: RenderContext) => ctx.spec.tls.natsSecret ?? `${ctx.name}-nats-tls`,
@@ -185,3 +188,55 @@ export const usesMoriioProxy = (m: ModelSpec): boolean =>
   m.engine.kind === "vllm" && m.connector === "moriio" && m.pools.some((p) => p.role !== "mixed");
 
 export const gpusOf = (p: PoolSpec): number => p.gpus ?? (p.tp ?? 1) * (p.dp ?? 1);
+
+/**
+ * Makes a spec value literal in a container's command/args. The kubelet expands `$(NAME)` there
+ * from the container's env and reduces `$$` to `$` (kubernetes/kubernetes
+ * third_party/forked/golang/expansion/expand.go @ fde22c3f9aacfd260225a9741de123a41157b7c0:
+ * tryReadVariableName returns one `$` for `$$`; the EnvVar API doc: "$$(VAR_NAME) will produce
+ * the string literal $(VAR_NAME)"). Doubling every `$` keeps any value literal, so a served model
+ * name of `$(INFERA_NATS_PASSWORD)` can never pull the password into argv.
+ */
+export const kubeLiteral = (v: string): string => v.replaceAll("$", "$$$$");
+
+/** A `$(NAME)` reference the kubelet is meant to expand (downward API / env), never escaped. */
+export interface EnvRef {
+  ref: string;
+}
+export const envRef = (name: string): EnvRef => ({ ref: name });
+
+/** command/args words: spec values made literal, env references left for the kubelet. */
+export const commandWords = (words: readonly (string | EnvRef)[]): string[] =>
+  words.map((w) => (typeof w === "string" ? kubeLiteral(w) : `$(${w.ref})`));
+
+/** The uid/gid of the infera image (deploy/Containerfile `USER 10001:10001`). */
+export const IMAGE_UID = 10001;
+
+/**
+ * Pod-level settings of the Pod Security "restricted" profile (runAsNonRoot, a non-zero user,
+ * seccomp RuntimeDefault); fsGroup makes Secret/emptyDir volumes readable by that group.
+ */
+export function restrictedPod(
+  uid: number,
+  extra: Omit<IPodSecurityContext, "seccompProfile"> = {},
+): IPodSecurityContext {
+  return {
+    runAsNonRoot: true,
+    runAsUser: uid,
+    runAsGroup: uid,
+    fsGroup: uid,
+    seccompProfile: { type: "RuntimeDefault" as const },
+    ...extra,
+  };
+}
+
+/** Container-level settings of the "restricted" profile: no privilege escalation, every capability dropped. */
+export function restrictedContainer(readOnlyRootFilesystem = true, add: string[] = []): ISecurityContext {
+  return {
+    allowPrivilegeEscalation: false,
+    ...(readOnlyRootFilesystem ? { readOnlyRootFilesystem: true } : {}),
+    runAsNonRoot: true,
+    capabilities: { drop: ["ALL"], ...(add.length > 0 ? { add } : {}) },
+    seccompProfile: { type: "RuntimeDefault" as const },
+  };
+}

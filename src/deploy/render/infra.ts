@@ -13,6 +13,8 @@ import {
   natsTlsOn,
   natsUrl,
   type RenderContext,
+  restrictedContainer,
+  restrictedPod,
 } from "./context.ts";
 
 /** etcd's own TLS files (spec.tls): the etcd Secret, mounted in the etcd pods. */
@@ -78,7 +80,8 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
       template: {
         metadata: { labels },
         spec: {
-          securityContext: { runAsNonRoot: true, runAsUser: 1000, fsGroup: 1000 },
+          // Pod Security "restricted": etcd needs no privilege (data on its PVC, fsGroup-owned).
+          securityContext: restrictedPod(1000),
           containers: [
             {
               name: "etcd",
@@ -108,6 +111,7 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
                 periodSeconds: 10,
                 failureThreshold: 6,
               },
+              securityContext: restrictedContainer(),
               volumeMounts: [
                 { name: "data", mountPath: "/var/lib/etcd" },
                 ...(tls ? [{ name: "tls", mountPath: ETCD_SERVER_TLS_DIR, readOnly: true }] : []),
@@ -201,7 +205,7 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
         template: {
           metadata: { labels },
           spec: {
-            securityContext: { runAsNonRoot: true, runAsUser: 1000 },
+            securityContext: restrictedPod(1000),
             containers: [
               {
                 name: "nats",
@@ -221,6 +225,7 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
                 ],
                 readinessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 5 },
                 livenessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 10 },
+                securityContext: restrictedContainer(),
                 volumeMounts: [
                   { name: "config", mountPath: "/etc/nats" },
                   ...(tls ? [{ name: "tls", mountPath: NATS_SERVER_TLS_DIR, readOnly: true }] : []),

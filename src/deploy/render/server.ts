@@ -17,11 +17,14 @@ import {
   etcdClientAccess,
   etcdEndpoints,
   IMAGE_BIN,
+  IMAGE_UID,
   MORIIO_PROXY_PORT,
   meta,
   names,
   natsClientTlsFiles,
   type RenderContext,
+  restrictedContainer,
+  restrictedPod,
   SERVER_PORT,
   usesMoriioProxy,
 } from "./context.ts";
@@ -71,11 +74,10 @@ export function serverObjects(ctx: RenderContext) {
     volumeMounts.push(t.mount);
     volumes.push(t.volume);
   }
+  // etcd credentials reach the server as INFERA_ETCD_USER / INFERA_ETCD_PASSWORD (its env layer
+  // maps them to discovery.options, src/config/env-table.ts), never as argv: argv is readable by
+  // every process on the node (/proc/<pid>/cmdline).
   env.push(...etcdClientAccess(ctx).env);
-  // The server takes etcd credentials as flags only; the kubelet expands them from the env.
-  const etcdAuthArgs = ctx.spec.etcd.credentialsSecret
-    ? ["--etcd-user", "$(INFERA_ETCD_USER)", "--etcd-password", "$(INFERA_ETCD_PASSWORD)"]
-    : [];
   const configText = stringify(serverConfigFile(ctx));
   const out = [];
   out.push(
@@ -109,13 +111,13 @@ export function serverObjects(ctx: RenderContext) {
             },
           },
           spec: {
-            securityContext: { runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001 },
+            securityContext: restrictedPod(IMAGE_UID),
             terminationGracePeriodSeconds: 60,
             containers: [
               {
                 name: "server",
                 image: ctx.spec.image,
-                command: [IMAGE_BIN, "server", "--config", "/etc/infera/server.yaml", ...etcdAuthArgs],
+                command: [IMAGE_BIN, "server", "--config", "/etc/infera/server.yaml"],
                 env,
                 ports,
                 readinessProbe: { httpGet: { path: "/ready", port: "http" }, periodSeconds: 5 },
@@ -133,7 +135,7 @@ export function serverObjects(ctx: RenderContext) {
                   requests: { cpu: s.resources?.cpu ?? "2", memory: s.resources?.memory ?? "2Gi" },
                   limits: { memory: s.resources?.memory ?? "2Gi" },
                 },
-                securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
+                securityContext: restrictedContainer(),
                 volumeMounts,
               },
               ...(moriio ? [moriioSinkContainer(ctx)] : []),
@@ -207,6 +209,6 @@ function moriioSinkContainer(ctx: RenderContext) {
     command: ["node", "-e", MORIIO_SINK_JS, String(MORIIO_PROXY_PORT)],
     ports: [{ name: "moriio-proxy", containerPort: MORIIO_PROXY_PORT }],
     resources: { requests: { cpu: "10m", memory: "64Mi" }, limits: { memory: "128Mi" } },
-    securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
+    securityContext: restrictedContainer(),
   };
 }

@@ -12,10 +12,14 @@ import type { IVolume } from "kubernetes-models/v1/Volume";
 import type { ModelSpec, PoolSpec } from "../spec.ts";
 import {
   clientTlsMounts,
+  commandWords,
   ENGINE_PORT,
+  type EnvRef,
+  envRef,
   etcdClientAccess,
   etcdEndpoints,
   gpusOf,
+  IMAGE_UID,
   KVD_SOCKET_DIR,
   LAUNCHER_BIN,
   LAUNCHER_DIR,
@@ -24,21 +28,34 @@ import {
   names,
   natsClientTlsFiles,
   type RenderContext,
+  restrictedContainer,
+  restrictedPod,
   usesMoriioProxy,
   workerLabels,
   workerObjectName,
 } from "./context.ts";
 import { natsClientEnv } from "./infra.ts";
 
+/** The engine's HOME (an emptyDir): caches of vLLM/SGLang/Hugging Face land here. */
+const ENGINE_HOME = "/home/infera";
+
 /** The container's command: the launcher and its flags (`infera engine --help`). */
 export function engineCommand(ctx: RenderContext, m: ModelSpec, p: PoolSpec): string[] {
-  const argv = [LAUNCHER_BIN, "engine", m.engine.kind, "--model", m.model];
+  const argv: (string | EnvRef)[] = [LAUNCHER_BIN, "engine", m.engine.kind, "--model", m.model];
   const add = (flag: string, v: string | number | undefined) => {
     if (v !== undefined) argv.push(flag, String(v));
   };
   add("--served-model-name", m.servedModelName);
-  // $(VAR) is expanded by the kubelet from the container's env (downward API below).
-  argv.push("--port", String(ENGINE_PORT), "--advertise-host", "$(POD_IP)", "--worker-id", "$(POD_NAME)");
+  // $(VAR) is expanded by the kubelet from the container's env (downward API below); every
+  // other word is made literal (kubeLiteral), spec values included.
+  argv.push(
+    "--port",
+    String(ENGINE_PORT),
+    "--advertise-host",
+    envRef("POD_IP"),
+    "--worker-id",
+    envRef("POD_NAME"),
+  );
   argv.push("--role", p.role);
   if (p.role !== "mixed") add("--connector", m.connector);
   add("--tp", p.tp);
@@ -74,7 +91,7 @@ export function engineCommand(ctx: RenderContext, m: ModelSpec, p: PoolSpec): st
   // Stop the engine well within the pod's grace period.
   argv.push("--stop-timeout", "60");
   if (p.engineArgs.length > 0) argv.push("--", ...p.engineArgs);
-  return argv;
+  return commandWords(argv);
 }
 
 export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (StatefulSet | Service)[] {
@@ -95,13 +112,17 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
     ...natsClientEnv(ctx),
     ...etcdClientAccess(ctx).env,
   ];
+  // A writable HOME for the engine (caches), as it runs as a uid the image may not know.
+  env.push({ name: "HOME", value: ENGINE_HOME });
   const volumeMounts: { name: string; mountPath: string; readOnly?: boolean }[] = [
     { name: "infera-bin", mountPath: LAUNCHER_DIR, readOnly: true },
+    { name: "home", mountPath: ENGINE_HOME },
     // ROCm/RCCL and the engines' IPC use /dev/shm well past the 64 MiB default.
     { name: "dshm", mountPath: "/dev/shm" },
   ];
   const volumes: IVolume[] = [
     { name: "infera-bin", emptyDir: {} },
+    { name: "home", emptyDir: {} },
     { name: "dshm", emptyDir: { medium: "Memory" } },
   ];
   for (const t of clientTlsMounts(ctx)) {
@@ -112,6 +133,13 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
     volumeMounts.push({ name: "models", mountPath: m.modelCacheHostPath, readOnly: true });
     volumes.push({ name: "models", hostPath: { path: m.modelCacheHostPath, type: "Directory" } });
   }
+  if (m.modelCacheClaim) {
+    volumeMounts.push({ name: "models", mountPath: m.modelCacheClaim.mountPath, readOnly: true });
+    volumes.push({
+      name: "models",
+      persistentVolumeClaim: { claimName: m.modelCacheClaim.name, readOnly: true },
+    });
+  }
   if (ctx.spec.kvd.enabled) {
     env.push({ name: "INFERA_KVD_SOCKET", value: `${KVD_SOCKET_DIR}/kvd.sock` });
     volumeMounts.push({ name: "kvd", mountPath: KVD_SOCKET_DIR });
@@ -120,6 +148,23 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
   const annotations: Record<string, string> = {};
   if (rdmaPool && rdma.mode === "attachment") annotations["k8s.v1.cni.cncf.io/networks"] = rdma.networks!;
   const hostNetwork = rdmaPool && rdma.mode === "hostNetwork";
+  // kvd's socket is 0660, group IMAGE_UID (kvd.ts --socket-group): engines join that group.
+  const groups = [IMAGE_UID, ...(m.engine.supplementalGroups ?? [])];
+  // Pod Security "restricted" for every pool but RDMA ones. Those add IPC_LOCK (ibv_reg_mr pins
+  // the KV cache beyond RLIMIT_MEMLOCK), which Kubernetes grants only to a root process: an added
+  // capability reaches a non-root process only through ambient capabilities, which the CRI
+  // does not set (kubernetes/enhancements#2757, open). They run as the image's user with every
+  // other capability dropped; docs/deploy-kubernetes.md "Security" lists each pod's level.
+  const podSecurity = rdmaPool
+    ? { seccompProfile: { type: "RuntimeDefault" as const }, supplementalGroups: groups }
+    : restrictedPod(IMAGE_UID, { supplementalGroups: groups });
+  const engineSecurity = rdmaPool
+    ? {
+        allowPrivilegeEscalation: false,
+        capabilities: { drop: ["ALL"], add: ["IPC_LOCK"] },
+        seccompProfile: { type: "RuntimeDefault" as const },
+      }
+    : restrictedContainer(false);
   const svc = new Service({
     metadata: meta(ctx, "worker", name, { "infera.dev/model": m.name, "infera.dev/pool": p.name ?? p.role }),
     spec: {
@@ -143,6 +188,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
           ...(hostNetwork ? { hostNetwork: true, dnsPolicy: "ClusterFirstWithHostNet" } : {}),
           ...(p.nodeSelector ? { nodeSelector: p.nodeSelector } : {}),
           terminationGracePeriodSeconds: 90,
+          securityContext: podSecurity,
           initContainers: [
             {
               name: "infera-launcher",
@@ -152,7 +198,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
               // emptyDir is root's) and exits 1, so the pod never starts; -R keeps the modes.
               command: ["cp", "-R", `${LAUNCHER_DIR}/.`, "/shared/"],
               volumeMounts: [{ name: "infera-bin", mountPath: "/shared" }],
-              securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true },
+              securityContext: { ...restrictedContainer(), runAsUser: IMAGE_UID, runAsGroup: IMAGE_UID },
             },
           ],
           containers: [
@@ -179,8 +225,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
                 failureThreshold: 4,
               },
               resources: { limits, requests },
-              // RDMA needs locked memory and the RDMA devices.
-              ...(rdmaPool ? { securityContext: { capabilities: { add: ["IPC_LOCK"] } } } : {}),
+              securityContext: engineSecurity,
               volumeMounts,
             },
           ],
