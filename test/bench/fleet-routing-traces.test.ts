@@ -188,3 +188,76 @@ describe("traffic generators", () => {
     assert.equal(w.length, all.filter((l) => l.timestamp >= 10_000 && l.timestamp < 20_000).length);
   });
 });
+
+describe("run.ts --trace end to end (2 engines, real servers)", () => {
+  it("replays a Mooncake trace and an OpenAI one per policy and replica count, with the report", async () => {
+    const { spawnSync } = await import("node:child_process");
+    const { mkdtempSync, readFileSync, rmSync, writeFileSync } = await import("node:fs");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const { fileURLToPath } = await import("node:url");
+    const dir = mkdtempSync(join(tmpdir(), "fleet-trace-e2e-"));
+    try {
+      const mooncake = join(dir, "chat.jsonl");
+      // Three turns of one conversation: each re-sends the last one (shared ids → shared text),
+      // 3 model s apart, so each turn's blocks have reached the index before the next.
+      writeFileSync(
+        mooncake,
+        [
+          { timestamp: 0, input_length: 700, output_length: 4, hash_ids: [1, 2] },
+          { timestamp: 3000, input_length: 900, output_length: 4, hash_ids: [1, 2] },
+          { timestamp: 6000, input_length: 1100, output_length: 4, hash_ids: [1, 2, 3] },
+        ]
+          .map((l) => JSON.stringify(l))
+          .join("\n"),
+      );
+      const openai = join(dir, "openai.jsonl");
+      const sys = { role: "system", content: text("policy", 300) };
+      writeFileSync(
+        openai,
+        [0, 200, 400]
+          .map((t, i) =>
+            JSON.stringify({
+              timestamp_ms: t,
+              max_tokens: 3,
+              messages: [sys, { role: "user", content: `q${i}` }],
+            }),
+          )
+          .join("\n"),
+      );
+      const run = fileURLToPath(new URL("../../bench/fleet-routing/run.ts", import.meta.url));
+      const r = spawnSync(
+        process.execPath,
+        [
+          run,
+          ...["--trace", `${mooncake},${openai}`, "--workers", "2", "--speed", "10", "--time-scale", "1"],
+          ...["--policies", "kv-aware", "--replicas", "1,2", "--drain-s", "20", "--out", dir],
+        ],
+        { encoding: "utf8", timeout: 240_000 },
+      );
+      assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
+      assert.match(
+        r.stdout,
+        /### chat\.jsonl: load [\d.]+× capacity, 2 workers; ideal reuse [\d.]+%, fleet-wide LRU/,
+      );
+      assert.match(r.stdout, /\| kv-aware × 2 \| [\d.]+% \| [\d.]+% \| [\d.]+% \|/);
+      const res = JSON.parse(readFileSync(join(dir, "trace-results.json"), "utf8")) as {
+        cases: Array<{ name: string; stats: { idealReuse: number } }>;
+        runs: Array<{ case: string; policy: string; replicas: number; fig: { ok: number; hitRate: number } }>;
+      };
+      assert.equal(res.runs.length, 2 * 2);
+      for (const x of res.runs) assert.equal(x.fig.ok, 3, `${x.case} ${x.policy}×${x.replicas}`);
+      // The conversation's later turns re-send the first: more than half of its tokens reusable.
+      const chat = res.cases.find((c) => c.name === "chat.jsonl");
+      assert.ok((chat?.stats.idealReuse ?? 0) > 0.5, JSON.stringify(chat));
+      const kv = res.runs.find((x) => x.case === "chat.jsonl" && x.policy === "kv-aware" && x.replicas === 1);
+      assert.ok((kv?.fig.hitRate ?? 0) > 0.4, JSON.stringify(kv?.fig));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+function text(seed: string, n: number): string {
+  return Array.from({ length: n }, (_, i) => `${seed}${i % 7}`).join(" ");
+}
