@@ -200,13 +200,14 @@ describe("run.ts --trace end to end (2 engines, real servers)", () => {
     try {
       const mooncake = join(dir, "chat.jsonl");
       // Three turns of one conversation: each re-sends the last one (shared ids → shared text),
-      // 3 model s apart, so each turn's blocks have reached the index before the next.
+      // 4 s apart at --speed 1 (a 1k-token prefill takes ~0.1 s), so each turn's blocks have
+      // reached the index before the next even on a busy box.
       writeFileSync(
         mooncake,
         [
           { timestamp: 0, input_length: 700, output_length: 4, hash_ids: [1, 2] },
-          { timestamp: 3000, input_length: 900, output_length: 4, hash_ids: [1, 2] },
-          { timestamp: 6000, input_length: 1100, output_length: 4, hash_ids: [1, 2, 3] },
+          { timestamp: 4000, input_length: 900, output_length: 4, hash_ids: [1, 2] },
+          { timestamp: 8000, input_length: 1100, output_length: 4, hash_ids: [1, 2, 3] },
         ]
           .map((l) => JSON.stringify(l))
           .join("\n"),
@@ -230,7 +231,7 @@ describe("run.ts --trace end to end (2 engines, real servers)", () => {
         process.execPath,
         [
           run,
-          ...["--trace", `${mooncake},${openai}`, "--workers", "2", "--speed", "10", "--time-scale", "1"],
+          ...["--trace", `${mooncake},${openai}`, "--workers", "2", "--speed", "1", "--time-scale", "1"],
           ...["--policies", "kv-aware", "--replicas", "1,2", "--drain-s", "20", "--out", dir],
         ],
         { encoding: "utf8", timeout: 240_000 },
@@ -261,3 +262,62 @@ describe("run.ts --trace end to end (2 engines, real servers)", () => {
 function text(seed: string, n: number): string {
   return Array.from({ length: n }, (_, i) => `${seed}${i % 7}`).join(" ");
 }
+
+describe("generate.ts and goals.ts from the command line", () => {
+  it("goals.ts --help prints its usage and starts nothing", async () => {
+    const { spawnSync } = await import("node:child_process");
+    const { fileURLToPath } = await import("node:url");
+    const goals = fileURLToPath(new URL("../../bench/fleet-routing/goals.ts", import.meta.url));
+    const out = spawnSync(process.execPath, [goals, "--help"], { encoding: "utf8", timeout: 60_000 });
+    assert.equal(out.status, 0, out.stderr);
+    assert.match(out.stdout, /^Issue #28's routing goals in one command/);
+    assert.match(out.stdout, /\n {2}node bench\/fleet-routing\/goals\.ts \[--quick\]/);
+    assert.doesNotMatch(out.stderr, /\[goals/);
+  });
+
+  it("generate.ts writes the seeded trace and prints its sanity summary", async () => {
+    const { spawnSync } = await import("node:child_process");
+    const { mkdtempSync, readFileSync, rmSync } = await import("node:fs");
+    const { tmpdir } = await import("node:os");
+    const { join } = await import("node:path");
+    const { fileURLToPath } = await import("node:url");
+    const gen = fileURLToPath(new URL("../../bench/fleet-routing/generate.ts", import.meta.url));
+    const dir = mkdtempSync(join(tmpdir(), "fleet-gen-"));
+    try {
+      const file = join(dir, "t.jsonl");
+      const args = [
+        gen,
+        "--kind",
+        "agent",
+        "--seed",
+        "3",
+        "--sessions",
+        "20",
+        "--duration-s",
+        "10",
+        "--out",
+        file,
+      ];
+      const out = spawnSync(process.execPath, args, { encoding: "utf8", timeout: 60_000 });
+      assert.equal(out.status, 0, out.stderr);
+      const lines = readFileSync(file, "utf8").trim().split("\n");
+      assert.match(
+        out.stdout,
+        new RegExp(
+          `${lines.length} requests in 20 sessions over \\d+ s; mean prompt \\d+ tokens, mean output \\d+; ideal reuse [\\d.]+%`,
+        ),
+      );
+      const again = spawnSync(process.execPath, args, { encoding: "utf8", timeout: 60_000 });
+      assert.equal(again.stdout, out.stdout);
+      assert.deepEqual(Object.keys(JSON.parse(lines[0])).sort(), [
+        "group",
+        "hash_ids",
+        "input_length",
+        "output_length",
+        "timestamp",
+      ]);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
