@@ -11,6 +11,15 @@
  *     [--other-replicas 1]
  *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--big-policies round-robin,kv-aware]
  *     [--hot-rate 24] [--hot-policies kv-aware,kv+queue] [--profile F] [--out DIR]
+ *   node bench/fleet-routing/run.ts --trace FILE[,FILE] [--workers 8] [--replicas 1,4]
+ *     [--policies round-robin,approx-prefix,kv-aware] [--load 0.7 | --time-scale F] [--speed 0.25]
+ *     [--kv-blocks N | --kv-fraction X] [--limit N] [--max-output N] [--drain-s 30] [--out DIR] [--dry]
+ *
+ * --trace replays Mooncake-format or OpenAI-format JSONL traces instead of the llm-d shape
+ * (./trace-run.ts): the trace's ideal reuse, a fleet-wide LRU's, and each policy's hit rate as a
+ * fraction of both, TTFT, goodput, preemptions; trace-results.json. --load L replays the trace at
+ * L × the fleet's prefill capacity. Generators of such traces: ./generate.ts; the issue #28 goal
+ * runner: ./goals.ts.
  *
  * The full llm-d shape: --tenants 150. Rates are per model second for 8 workers and scale with
  * the worker count (the first count runs --rates, the others --big-rates). Each policy × replica
@@ -480,4 +489,5 @@ function writeJson(runs: RunRecord[], hot: HotRecord[], g: Goal[] | null): void 
   );
 }
 
-await main();
+if (has("trace")) await (await import("./trace-run.ts")).traceMain(args);
+else await main();

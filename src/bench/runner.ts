@@ -23,6 +23,11 @@ export interface BenchOptions {
   seed?: number;
   /** Poisson arrivals at this many requests/s. Unset or Infinity: all at once (traces: their timestamps). */
   rate?: number;
+  /**
+   * Replays a trace's arrivals this many times faster, keeping its own gaps (2 halves every gap
+   * between timestamps). Default 1. Applies to `arrivalMs` only (not to Poisson --rate arrivals).
+   */
+  timeScale?: number;
   /** Maximum requests in flight (closed loop when no rate is given). Unset: unlimited. */
   concurrency?: number;
   /** Default true: streamed requests give TTFT and inter-token latency. */
@@ -50,6 +55,7 @@ export function arrivalSchedule(
   reqs: readonly BenchRequest[],
   rate: number | undefined,
   seed: number,
+  timeScale = 1,
 ): number[] {
   const rng = new Prng(seed).fork("arrivals");
   const poisson = rate !== undefined && Number.isFinite(rate);
@@ -59,7 +65,7 @@ export function arrivalSchedule(
       t += rng.exponential(rate) * 1000;
       return t;
     }
-    return r.arrivalMs ?? 0;
+    return (r.arrivalMs ?? 0) / timeScale;
   });
 }
 
@@ -101,6 +107,8 @@ function workloadRecord(w: BenchOptions["workload"]): BenchConfigRecord["workloa
 export async function runBench(opts: BenchOptions): Promise<BenchResult> {
   const seed = opts.seed ?? 0;
   if (opts.rate !== undefined && !(opts.rate > 0)) throw new BadRequestError("rate must be > 0");
+  if (opts.timeScale !== undefined && !(opts.timeScale > 0 && Number.isFinite(opts.timeScale)))
+    throw new BadRequestError("timeScale must be a finite number > 0");
   if (opts.concurrency !== undefined && !(Number.isInteger(opts.concurrency) && opts.concurrency > 0)) {
     throw new BadRequestError("concurrency must be a positive integer");
   }
@@ -109,7 +117,7 @@ export async function runBench(opts: BenchOptions): Promise<BenchResult> {
   const reqs = given
     ? given.slice(0, n).map((r, i) => ({ ...r, index: i, maxTokens: opts.maxTokens ?? r.maxTokens }))
     : buildWorkload(opts.workload as WorkloadSpec, n, seed, opts.maxTokens);
-  const schedule = arrivalSchedule(reqs, opts.rate, seed);
+  const schedule = arrivalSchedule(reqs, opts.rate, seed, opts.timeScale);
   const timeoutMs = opts.timeoutMs ?? 60_000;
   const dispatcher = new Agent({ keepAliveTimeout: 10_000, connections: null });
   const cfg: ClientConfig = {
@@ -213,6 +221,7 @@ export async function runBench(opts: BenchOptions): Promise<BenchResult> {
       seed,
       rate: opts.rate !== undefined && Number.isFinite(opts.rate) ? opts.rate : null,
       concurrency: opts.concurrency ?? null,
+      time_scale: opts.timeScale ?? 1,
       stream: cfg.stream,
       max_tokens: opts.maxTokens ?? null,
       timeout_ms: timeoutMs,

@@ -20,6 +20,8 @@ export interface BenchConfigRecord {
   rate: number | null;
   /** Maximum requests in flight; null = unlimited. */
   concurrency: number | null;
+  /** Trace arrivals replayed this many times faster (gaps ÷ time_scale); 1 = as recorded. */
+  time_scale: number;
   stream: boolean;
   max_tokens: number | null;
   timeout_ms: number;

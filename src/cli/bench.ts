@@ -6,6 +6,7 @@ interface BenchCliOptions {
   model?: string;
   workload: string;
   rate?: string;
+  timeScale?: string;
   concurrency?: string;
   requests: string;
   seed: string;
@@ -60,6 +61,14 @@ function range(name: string, v: string | undefined): [number, number] | undefine
   const hi = m[2] !== undefined ? Number(m[2]) : lo;
   if (hi < lo) throw new CliError(`--${name}: MAX < MIN`);
   return [lo, hi];
+}
+
+/** --time-scale F: a finite number > 0 (F = 2 replays the trace twice as fast). */
+function timeScale(v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  const f = Number(v);
+  if (!(Number.isFinite(f) && f > 0)) throw new CliError(`--time-scale: expected a number > 0, got "${v}"`);
+  return f;
 }
 
 async function runCompare(files: string[]): Promise<void> {
@@ -120,6 +129,7 @@ async function runCli(o: BenchCliOptions): Promise<void> {
     requests: num("requests", o.requests, { int: true, min: 1 }),
     seed: num("seed", o.seed, { int: true }),
     rate: num("rate", o.rate),
+    timeScale: timeScale(o.timeScale),
     concurrency: num("concurrency", o.concurrency, { int: true, min: 1 }),
     stream: o.stream,
     maxTokens: num("max-tokens", o.maxTokens, { int: true, min: 1 }),
@@ -163,6 +173,10 @@ export function registerBench(program: Command): void {
     .option("--model <name>", "model name sent in each request")
     .option("--workload <name>", "synthetic | multi-turn | doc-qa | FILE.jsonl (a trace)", "synthetic")
     .option("--rate <r>", "Poisson arrivals at R requests/s ('inf': all at once)")
+    .option(
+      "--time-scale <f>",
+      "replay a trace's arrivals F times faster, keeping its own gaps (2 halves every gap)",
+    )
     .option("--concurrency <c>", "at most C requests in flight (closed loop without --rate)")
     .option("--requests <n>", "number of requests", "100")
     .option("--seed <s>", "seed of the workload and the arrival times", "0")

@@ -92,6 +92,7 @@ describe("JSON schema, table, plot and compare", () => {
         "seed",
         "slo",
         "stream",
+        "time_scale",
         "timeout_ms",
         "url",
         "label",
