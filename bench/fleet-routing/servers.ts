@@ -147,6 +147,17 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [HOT_NAME]: () => HOT_YAML,
 };
 
+/**
+ * A preset with policy options, for runs that vary one knob: `kv-aware:ceilingRatio=0+hotRatio=1.5`
+ * → `--policy kv-aware --policy-option ceilingRatio=0 --policy-option hotRatio=1.5`.
+ */
+function presetWithOptions(policy: string): string[] {
+  const [name, opts] = policy.split(":", 2);
+  const args = ["--policy", name];
+  for (const kv of opts ? opts.split("+").filter(Boolean) : []) args.push("--policy-option", kv);
+  return args;
+}
+
 /** Writes the workers file the servers discover the engines from. */
 export function writeWorkersFile(dir: string, engines: readonly Engine[], blockSize: number): string {
   const file = join(dir, `workers-${engines.length}.json`);
@@ -188,7 +199,7 @@ async function startServer(
   speed: number,
 ): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
-  let policyArgs = ["--policy", policy];
+  let policyArgs = presetWithOptions(policy);
   const composed = COMPOSED_PROFILES[policy];
   if (composed) {
     const file = join(dir, `${policy.replace(/[^a-z0-9-]/gi, "_")}.yaml`);

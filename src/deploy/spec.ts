@@ -132,7 +132,7 @@ const secretRef = z.object({ name: dns1123, key: z.string().min(1) }).strict();
 const serverSchema = z
   .object({
     replicas: z.number().int().min(1).max(1000).default(2),
-    policy: z.enum(["round-robin", "kv-aware", "approx-prefix"]).default("kv-aware"),
+    policy: z.enum(["round-robin", "kv-aware", "kv-aware-classic", "approx-prefix"]).default("kv-aware"),
     router: z.enum(["auto", "mixed", "disagg"]).default("auto"),
     autoscaling: z
       .object({

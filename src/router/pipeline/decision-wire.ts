@@ -24,6 +24,12 @@ export interface CandidateExplanation<Total = number> {
   cachedBlocks: number | null;
   /** The prompt's full blocks at this candidate's block size; null with no overlap source. */
   promptBlocks: number | null;
+  /**
+   * Of `cachedBlocks`, the blocks credited by the pending bridge beyond what the index holds
+   * (prompts routed there whose blocks the engine's events have not confirmed yet); null when
+   * the profile has no bridge.
+   */
+  bridgeBlocks: number | null;
 }
 
 /** One decision, explained: per candidate, each scorer's weighted value and the total. */

@@ -26,12 +26,17 @@ class Slot {
   /** cached[pos], promptBlocks[pos] for pos < all.length, when `hasOverlap`. */
   cachedBuf = new Int32Array(16);
   promptBuf = new Int32Array(16);
+  bridgeBuf = new Int32Array(16);
   hasOverlap = false;
+  hasBridge = false;
   get cached(): Int32Array | null {
     return this.hasOverlap ? this.cachedBuf : null;
   }
   get promptBlocks(): Int32Array | null {
     return this.hasOverlap ? this.promptBuf : null;
+  }
+  get bridged(): Int32Array | null {
+    return this.hasBridge ? this.bridgeBuf : null;
   }
 }
 
@@ -54,6 +59,8 @@ export interface DecisionRecord {
    */
   cached: Int32Array | null;
   promptBlocks: Int32Array | null;
+  /** Of `cached`, the blocks the pending bridge credited, per position; null without a bridge. */
+  bridged: Int32Array | null;
 }
 
 export class DecisionLog {
@@ -102,14 +109,18 @@ export class DecisionLog {
       if (s.cachedBuf.length < n) {
         s.cachedBuf = new Int32Array(Math.max(n, s.cachedBuf.length * 2));
         s.promptBuf = new Int32Array(s.cachedBuf.length);
+        s.bridgeBuf = new Int32Array(s.cachedBuf.length);
       }
       // Computed once per step by the overlap source and cached in the context: no index walk.
       const o = overlap.overlaps();
+      const b = overlap.bridged();
+      s.hasBridge = b !== null;
       for (let i = 0; i < n; i++) {
         s.cachedBuf[i] = o[i];
         s.promptBuf[i] = overlap.promptBlocks(i);
+        if (b) s.bridgeBuf[i] = b[i];
       }
-    }
+    } else s.hasBridge = false;
   }
 
   /** Oldest first; `model` filters, `limit` keeps the newest. */
@@ -138,6 +149,7 @@ export function explain(s: DecisionRecord & { at?: number }): DecisionExplanatio
       const k = row.get(pos);
       const cachedBlocks = s.cached ? s.cached[pos] : null;
       const promptBlocks = s.promptBlocks ? s.promptBlocks[pos] : null;
+      const bridgeBlocks = s.bridged ? s.bridged[pos] : null;
       if (k === undefined)
         return {
           worker: w.record.id,
@@ -146,12 +158,13 @@ export function explain(s: DecisionRecord & { at?: number }): DecisionExplanatio
           total: Number.NaN,
           cachedBlocks,
           promptBlocks,
+          bridgeBlocks,
         };
       const scores: Record<string, number> = {};
       s.scorerNames.forEach((name, si) => {
         scores[name] = s.values ? s.values[si * n + k] : 0;
       });
-      return { worker: w.record.id, scores, total: s.totals[k], cachedBlocks, promptBlocks };
+      return { worker: w.record.id, scores, total: s.totals[k], cachedBlocks, promptBlocks, bridgeBlocks };
     }),
     winner: s.all[s.winner].record.id,
     reason: s.reason,
