@@ -9,8 +9,9 @@
  *     [--rates 8,16,24,32,40] [--big-rates 8,24,40] [--step-s 6] [--drain-s 15] [--warm-rate 8]
  *     [--speed 0.5] [--big-speed 0.25] [--kv-replicas 1,2,4] [--approx-replicas 1,4]
  *     [--other-replicas 1]
- *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--big-policies round-robin,kv-aware]
- *     [--hot-rate 24] [--hot-policies kv-aware,kv+queue] [--profile F] [--out DIR]
+ *     [--policies round-robin,approx-prefix,kv-aware,kv-aware-classic,kv+queue]
+ *     [--big-policies round-robin,kv-aware] [--hot-rate 24] [--hot-policies kv-aware,kv-aware-classic,kv+queue]
+ *     [--profile F] [--out DIR]
  *
  * The full llm-d shape: --tenants 150. Rates are per model second for 8 workers and scale with
  * the worker count (the first count runs --rates, the others --big-rates). Each policy × replica
@@ -74,7 +75,9 @@ const STEP_S = num("step-s", 6);
 const DRAIN_S = num("drain-s", quick ? 10 : 15);
 const POLICIES = list(
   "policies",
-  quick ? "round-robin,approx-prefix,kv-aware" : `round-robin,approx-prefix,kv-aware,${COMPOSED_NAME}`,
+  quick
+    ? "round-robin,approx-prefix,kv-aware"
+    : `round-robin,approx-prefix,kv-aware,kv-aware-classic,${COMPOSED_NAME}`,
 );
 const KV_REPLICAS = list("kv-replicas", quick ? "1,4" : "1,2,4").map(Number);
 /** Replica counts for the other policies. */
@@ -86,7 +89,7 @@ const BIG_POLICIES = list("big-policies", "round-robin,kv-aware");
 const HOT_RATE = num("hot-rate", 24);
 /** Warm-up before the stages: one request per tenant at this rate (per model second). */
 const WARM_RATE = num("warm-rate", 8);
-const HOT_POLICIES = list("hot-policies", quick ? "kv-aware" : `kv-aware,${COMPOSED_NAME}`);
+const HOT_POLICIES = list("hot-policies", quick ? "kv-aware" : `kv-aware,kv-aware-classic,${COMPOSED_NAME}`);
 const SEED = num("seed", 19);
 const SLO: Slo = { ttftMs: num("slo-ttft-ms", 2000), itlMs: num("slo-itl-ms", 50) };
 const READY_TIMEOUT_MS = num("ready-timeout", 90) * 1000;
