@@ -6,6 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import { WorkerClaim } from "../../../src/router/dispatch.ts";
@@ -172,4 +173,35 @@ test("kv-prefix bridgePending keeps a queued tenant together until its blocks ar
       assert.equal(s3.overlapBlocks, 0);
     }
   }
+});
+
+test("kv-prefix: the index's removal events reach the bridge: a preempted (still pending) prompt keeps its credit, a prefilled one loses it", () => {
+  const index = new KvIndex();
+  const ws = [makeWorker({ id: "a" }), makeWorker({ id: "b" })];
+  for (const w of ws) index.addWorker(w.record.id, 16);
+  const sched = buildScheduling({
+    policy: "kv-aware",
+    policyOptions: { bridgeGraceMs: 60_000, hotRatio: 0, ceilingRatio: 0 },
+  }).create({ model: "m", logger, kvIndex: index });
+  const r1 = request(`${doc} Question one?`);
+  const s1 = sched.select(r1, ws);
+  const claim = new WorkerClaim(s1.worker, {}, r1.promptTokens().length);
+  sched.onRouted?.(r1, s1.worker, claim);
+  const home = s1.worker.record.id;
+  const other = ws.find((w) => w !== s1.worker)!.record.id;
+  const cachedOnHome = () => {
+    const sel = sched.select(request(`${doc} Question ${nextId}?`), ws);
+    return sel.worker.record.id === home ? (sel.overlapBlocks ?? 0) : 0;
+  };
+  assert.ok(cachedOnHome() > 20, "pending: credited");
+  // The engine preempts r1 and drops its blocks (vLLM frees a preempted request's blocks and
+  // reports their removal); r1 is still queued there and will prefill again: the credit stays.
+  index.apply(home, { type: "AllBlocksCleared", medium: "GPU" } as KvEvent);
+  index.apply(other, { type: "AllBlocksCleared", medium: "GPU" } as KvEvent);
+  assert.ok(cachedOnHome() > 20, "preempted, still pending: credited");
+  // Its prefill done (first byte), then an eviction before the index showed the prompt: gone.
+  claim.firstByte();
+  assert.ok(cachedOnHome() > 20, "prefilled, within the grace: credited");
+  index.apply(home, { type: "AllBlocksCleared", medium: "GPU" } as KvEvent);
+  assert.equal(cachedOnHome(), 0, "evicted after its prefill: the bridge does not override the index");
 });
