@@ -55,6 +55,8 @@ export class WorkerClaim implements RouteLifecycle {
   /** The prompt's prefill is known done (watchers told). */
   private prefillDone = false;
   private watchers: ClaimWatcher[] | null = null;
+  /** `json()` is reading the answer: the body's close waits for it (see `holdWhile`). */
+  private holding = false;
 
   /** Claims `worker` at once: `inFlight`, `routed` (where kept) and `prefillTokens` pending prefill. */
   constructor(worker: WorkerState, health: HealthReporter, prefillTokens = 0) {
@@ -97,13 +99,38 @@ export class WorkerClaim implements RouteLifecycle {
 
   /** The caller gave up (client abort): the claim ends as cancelled. */
   cancel(): void {
-    if (!this.released) this.cancelled = true;
+    this.noteCancel();
+    this.holding = false;
     this.release();
+  }
+
+  /** The caller is giving up: whatever ends the claim next ends it as cancelled. */
+  noteCancel(): void {
+    if (!this.released) this.cancelled = true;
+  }
+
+  /**
+   * Runs `read` (the answer's `json()`) with the claim held: the body's close, which comes before
+   * the parse resolves, does not end it; a parsed answer below 400 is a done prefill; then the
+   * claim ends. (A relay body that closed before `json()` was called has already ended the
+   * claim, its watchers told `dropped`; no router reads a wrapped answer that way.)
+   */
+  async holdWhile<T>(read: () => Promise<T>): Promise<T> {
+    this.holding = true;
+    try {
+      const v = await read();
+      this.holding = false;
+      this.firstByte();
+      return v;
+    } finally {
+      this.holding = false;
+      this.release();
+    }
   }
 
   /** Ends the claim (idempotent): the worker's counts drop by what it added. */
   release(): void {
-    if (this.released) return;
+    if (this.released || this.holding) return;
     this.released = true;
     this.endPending();
     this.worker.inFlight--;
@@ -224,17 +251,12 @@ class ClaimedAnswer implements UpstreamResponse {
   }
 
   json(): Promise<unknown> {
-    const claim = this.claim;
-    return this.up
-      .json()
-      .then((v) => {
-        claim.firstByte();
-        return v;
-      })
-      .finally(claim.releaser());
+    return this.claim.holdWhile(() => this.up.json());
   }
 
   abort(): void {
+    // Marked first: aborting the body closes it, and its close ends the claim.
+    this.claim.noteCancel();
     this.up.abort();
     this.onAbort?.();
     this.claim.cancel();
