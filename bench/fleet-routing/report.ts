@@ -155,6 +155,7 @@ const COLORS: Record<string, string> = {
   "round-robin": "#d62728",
   "approx-prefix": "#ff7f0e",
   "kv-aware": "#1f77b4",
+  "kv-aware-classic": "#9467bd",
   "kv+queue": "#2ca02c",
 };
 const DASH = ["#1f77b4", "#9467bd", "#17becf", "#8c564b"];

@@ -9,10 +9,11 @@
  *     [--rates 8,16,24,32,40] [--big-rates 8,24,40] [--step-s 6] [--drain-s 15] [--warm-rate 8]
  *     [--speed 0.5] [--big-speed 0.25] [--kv-replicas 1,2,4] [--approx-replicas 1,4]
  *     [--other-replicas 1]
- *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--big-policies round-robin,kv-aware]
- *     [--hot-rate 24] [--hot-policies kv-aware,kv+queue] [--profile F] [--out DIR]
+ *     [--policies round-robin,approx-prefix,kv-aware,kv-aware-classic,kv+queue]
+ *     [--big-policies round-robin,kv-aware] [--hot-rate 24] [--hot-policies kv-aware,kv-aware-classic,kv+queue]
+ *     [--profile F] [--out DIR]
  *   node bench/fleet-routing/run.ts --trace FILE[,FILE] [--workers 8] [--replicas 1,4]
- *     [--policies round-robin,approx-prefix,kv-aware] [--load 0.7 | --time-scale F] [--speed 0.25]
+ *     [--policies round-robin,approx-prefix,kv-aware,kv-aware-classic] [--load 0.7 | --time-scale F] [--speed 0.25]
  *     [--kv-blocks N | --kv-fraction X] [--limit N] [--max-output N] [--drain-s 30] [--out DIR] [--dry]
  *
  * --trace replays Mooncake-format or OpenAI-format JSONL traces instead of the llm-d shape
@@ -83,7 +84,9 @@ const STEP_S = num("step-s", 6);
 const DRAIN_S = num("drain-s", quick ? 10 : 15);
 const POLICIES = list(
   "policies",
-  quick ? "round-robin,approx-prefix,kv-aware" : `round-robin,approx-prefix,kv-aware,${COMPOSED_NAME}`,
+  quick
+    ? "round-robin,approx-prefix,kv-aware"
+    : `round-robin,approx-prefix,kv-aware,kv-aware-classic,${COMPOSED_NAME}`,
 );
 const KV_REPLICAS = list("kv-replicas", quick ? "1,4" : "1,2,4").map(Number);
 /** Replica counts for the other policies. */
@@ -95,7 +98,7 @@ const BIG_POLICIES = list("big-policies", "round-robin,kv-aware");
 const HOT_RATE = num("hot-rate", 24);
 /** Warm-up before the stages: one request per tenant at this rate (per model second). */
 const WARM_RATE = num("warm-rate", 8);
-const HOT_POLICIES = list("hot-policies", quick ? "kv-aware" : `kv-aware,${COMPOSED_NAME}`);
+const HOT_POLICIES = list("hot-policies", quick ? "kv-aware" : `kv-aware,kv-aware-classic,${COMPOSED_NAME}`);
 const SEED = num("seed", 19);
 const SLO: Slo = { ttftMs: num("slo-ttft-ms", 2000), itlMs: num("slo-itl-ms", 50) };
 const READY_TIMEOUT_MS = num("ready-timeout", 90) * 1000;

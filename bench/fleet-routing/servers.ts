@@ -17,14 +17,16 @@ const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 export const MODEL = "sim-model";
 
 /**
- * The composed profile this benchmark adds to the three presets: kv-aware's scorers with the
- * engine's own waiting queue weighted 4× more (16 per waiting request instead of 4), so a
+ * The composed profiles this benchmark adds to the presets (`round-robin`, `approx-prefix`,
+ * `kv-aware`, `kv-aware-classic`; a preset with options is written `kv-aware:ceilingRatio=0`).
+ * They replace the mixed step of `kv-aware-classic` (the former kv-aware preset). The first:
+ * kv-aware-classic's scorers with the engine's own waiting queue weighted 4× more (16 per waiting request instead of 4), so a
  * worker that has started to queue loses its affinity sooner, in the way llm-d's precise
  * profile weighs its queue scorer against the prefix scorer. Config-file syntax:
  * src/router/pipeline/README.md ("Composing a profile").
  */
 export const COMPOSED_NAME = "kv+queue";
-const COMPOSED_YAML = `policy: kv-aware
+const COMPOSED_YAML = `policy: kv-aware-classic
 profiles:
   mixed:
     filters:
@@ -46,7 +48,7 @@ profiles:
  * worker by prefix score while every other request keeps its locality.
  */
 export const SPREAD_NAME = "kv+spread";
-const SPREAD_YAML = `policy: kv-aware
+const SPREAD_YAML = `policy: kv-aware-classic
 profiles:
   mixed:
     filters:
@@ -72,7 +74,7 @@ profiles:
  */
 export const RECENT_NAME = "kv+recent";
 const RECENT_MODEL_S = 10;
-const RECENT_YAML = (speed: number) => `policy: kv-aware
+const RECENT_YAML = (speed: number) => `policy: kv-aware-classic
 profiles:
   mixed:
     filters:
@@ -96,7 +98,7 @@ profiles:
  * there to avoid. No time window, so nothing depends on --speed.
  */
 export const PENDING_NAME = "kv+pending";
-const PENDING_YAML = `policy: kv-aware
+const PENDING_YAML = `policy: kv-aware-classic
 profiles:
   mixed:
     filters:
@@ -118,7 +120,7 @@ profiles:
  * tenant spills onto more workers (each caching it) while the other tenants keep theirs.
  */
 export const HOT_NAME = "kv+hot";
-const HOT_YAML = `policy: kv-aware
+const HOT_YAML = `policy: kv-aware-classic
 profiles:
   mixed:
     filters:
@@ -146,6 +148,17 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [`${PENDING_NAME}-noguard`]: () => PENDING_YAML.replace(/ {4}filters:\n.*\n.*\n/, ""),
   [HOT_NAME]: () => HOT_YAML,
 };
+
+/**
+ * A preset with policy options, for runs that vary one knob: `kv-aware:ceilingRatio=0+hotRatio=1.5`
+ * → `--policy kv-aware --policy-option ceilingRatio=0 --policy-option hotRatio=1.5`.
+ */
+function presetWithOptions(policy: string): string[] {
+  const [name, opts] = policy.split(":", 2);
+  const args = ["--policy", name];
+  for (const kv of opts ? opts.split("+").filter(Boolean) : []) args.push("--policy-option", kv);
+  return args;
+}
 
 /** Writes the workers file the servers discover the engines from. */
 export function writeWorkersFile(dir: string, engines: readonly Engine[], blockSize: number): string {
@@ -188,7 +201,7 @@ async function startServer(
   speed: number,
 ): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
-  let policyArgs = ["--policy", policy];
+  let policyArgs = presetWithOptions(policy);
   const composed = COMPOSED_PROFILES[policy];
   if (composed) {
     const file = join(dir, `${policy.replace(/[^a-z0-9-]/gi, "_")}.yaml`);

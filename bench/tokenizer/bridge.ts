@@ -32,9 +32,9 @@ console.log("head chars   path ms   add ms   match ms (one candidate)   nodes");
 const text = words(new Prng(9), 220_000); // ≈ 1.1 M characters
 for (const cap of [APPROX_TEXT_CAP, 208 * 1024, 1024 * 1024]) {
   const tree = new ApproxPrefixTree({ chunkChars: 64, maxChars: cap });
-  const pending = new PendingPrefixes(1000);
+  const pending = new PendingPrefixes({ graceMs: 1000 });
   // Other prompts pending on the worker (distinct texts, so the map holds HELD × nodes keys).
-  for (let i = 0; i < HELD; i++) pending.add("w", tree.path(`${i} ${text}`), 40_000);
+  for (let i = 0; i < HELD; i++) pending.add("w", tree.path(`${i} ${text}`));
   const tPath: number[] = [];
   const tAdd: number[] = [];
   const tMatch: number[] = [];
@@ -46,10 +46,10 @@ for (const cap of [APPROX_TEXT_CAP, 208 * 1024, 1024 * 1024]) {
     tPath.push(performance.now() - t0);
     nodes = path.length;
     t0 = performance.now();
-    pending.match("w", path, Number.POSITIVE_INFINITY);
+    pending.match("w", path);
     tMatch.push(performance.now() - t0);
     t0 = performance.now();
-    pending.add("w", path, 40_000);
+    pending.add("w", path);
     tAdd.push(performance.now() - t0);
   }
   console.log(

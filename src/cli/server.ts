@@ -249,15 +249,21 @@ export function registerServer(program: Command): void {
     .option("--etcd-ca <file>", "CA certificate (PEM) for TLS to etcd")
     .option("--etcd-cert <file>", "client certificate (PEM) for mutual TLS to etcd")
     .option("--etcd-key <file>", "client key (PEM) for mutual TLS to etcd")
-    .option("--policy <name>", "routing policy: round-robin | kv-aware | approx-prefix (default round-robin)")
+    .option(
+      "--policy <name>",
+      "routing policy: round-robin | kv-aware | kv-aware-classic | approx-prefix (default round-robin)",
+    )
     .option("--policy-option <key=value>", "policy option (repeatable), e.g. overlapWeight=1", collect)
-    .option("--kv-overlap-weight <w>", "kv-aware: weight of prompt blocks not cached on a worker (default 1)")
+    .option(
+      "--kv-overlap-weight <w>",
+      "kv-aware: weight of prompt blocks not cached on a worker (default 2; kv-aware-classic 1)",
+    )
     .option("--kv-temperature <t>", "kv-aware: softmax temperature; 0 = deterministic argmin (default 0)")
     .option(
       "--kv-balance-abs <n>",
-      "kv-aware/approx-prefix: imbalance when max-min load exceeds n (default 16)",
+      "kv-aware-classic/approx-prefix: imbalance when max-min load exceeds n (default 16)",
     )
-    .option("--kv-balance-rel <r>", "kv-aware/approx-prefix: ... and max > min × r (default 1.5)")
+    .option("--kv-balance-rel <r>", "kv-aware-classic/approx-prefix: ... and max > min × r (default 1.5)")
     .option("--router <mode>", "auto | mixed | disagg (default auto)")
     .option("--api-key <key>", "accepted API key (repeatable; env INFERA_API_KEYS, comma-separated)", collect)
     .option("--max-body-size <bytes>", "largest request body accepted, e.g. 4MiB (default 4MiB)")

@@ -19,7 +19,11 @@ export function registerUp(program: Command): void {
     .description("start a local cluster: infera server + N simulated workers, in-memory discovery")
     .option("--workers <n>", "number of sim workers (engines of one infera-sim --fleet process)", "2")
     .option("--model <name>", "model name the workers serve", "sim-model")
-    .option("--policy <name>", "routing policy (round-robin | kv-aware)", "round-robin")
+    .option(
+      "--policy <name>",
+      "routing policy (round-robin | kv-aware | kv-aware-classic | approx-prefix)",
+      "round-robin",
+    )
     .option("--port <port>", "server port", "8000")
     .option("--host <host>", "server address", "127.0.0.1")
     .option("--speed <x>", "sim time runs X times faster than the modelled GPU")

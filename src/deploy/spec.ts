@@ -178,7 +178,7 @@ const secretRef = z
 const serverSchema = z
   .object({
     replicas: z.number().int().min(1).max(1000).default(2),
-    policy: z.enum(["round-robin", "kv-aware", "approx-prefix"]).default("kv-aware"),
+    policy: z.enum(["round-robin", "kv-aware", "kv-aware-classic", "approx-prefix"]).default("kv-aware"),
     router: z.enum(["auto", "mixed", "disagg"]).default("auto"),
     autoscaling: z
       .object({

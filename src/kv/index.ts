@@ -115,6 +115,8 @@ export class KvIndex implements PrefixIndex {
   private readonly lanes = new Uint32Array(2);
   private readonly defaultMax: number;
   private readonly margin: number;
+  /** Listeners of `onRemoval` (the pending bridges, one per model). */
+  private readonly removalListeners = new Set<(workerId: string) => void>();
   /** Told of blocks dropped at a rank's cap (the ingest hangs its metric here). */
   onCapped?: (workerId: string, blocks: number) => void;
   /** Told of every decision of an overlap-aware step (a profile with `kv-prefix`); the server hangs its metrics here. */
@@ -148,6 +150,16 @@ export class KvIndex implements PrefixIndex {
     this.workers.set(id, w);
     this.version++;
     if (expectedBlocks > 0) this.rankOf(w, 0, expectedBlocks);
+  }
+
+  /** Calls `fn` whenever blocks of a worker are dropped; returns the unsubscribe. */
+  onRemoval(fn: (workerId: string) => void): () => void {
+    this.removalListeners.add(fn);
+    return () => this.removalListeners.delete(fn);
+  }
+
+  private removed(workerId: string): void {
+    for (const fn of this.removalListeners) fn(workerId);
   }
 
   hasWorker(id: string): boolean {
@@ -213,6 +225,7 @@ export class KvIndex implements PrefixIndex {
     this.sync.delete(id);
     this.unsynced.delete(id);
     this.version++;
+    this.removed(id);
   }
 
   /** Empties a worker, or only one of its ranks (AllBlocksCleared, a restart, an unfillable gap). */
@@ -231,6 +244,7 @@ export class KvIndex implements PrefixIndex {
     w.rankIds = [...w.ranks.keys()];
     w.rankList = [...w.ranks.values()];
     this.version++;
+    this.removed(id);
   }
 
   blockSizeOf(id: string): number | undefined {
@@ -332,14 +346,16 @@ export class KvIndex implements PrefixIndex {
           return;
         }
         this.removeHashes(r, ev.blockHashes);
+        this.removed(workerId);
         return;
       }
       case "BlockTransferred": {
         // Only a move out of GPU memory changes what a GPU prefix hit can use; a move in carries
         // no token ids, so the router cannot hash it.
-        if (isGpu(ev.fromMedium) && ev.toMedium !== null && !isGpu(ev.toMedium))
+        if (isGpu(ev.fromMedium) && ev.toMedium !== null && !isGpu(ev.toMedium)) {
           this.removeHashes(r, ev.blockHashes);
-        else c.ignored++;
+          this.removed(workerId);
+        } else c.ignored++;
         return;
       }
       case "AllBlocksCleared":
@@ -349,6 +365,7 @@ export class KvIndex implements PrefixIndex {
         }
         this.emptyRank(r);
         c.cleared++;
+        this.removed(workerId);
         return;
     }
   }

@@ -59,6 +59,12 @@ export interface PrefixIndex {
     loraName?: string | null,
     bestRank?: Int32Array,
   ): Int32Array;
+  /**
+   * Calls `fn` with a worker's id whenever the index drops blocks of that worker (BlockRemoved,
+   * a move out of GPU memory, AllBlocksCleared, a reset or removal); returns the unsubscribe.
+   * The pending bridge listens, so that an eviction is never overridden by its credit.
+   */
+  onRemoval?(fn: (workerId: string) => void): () => void;
   /** Told of every decision of an overlap-aware step (a profile with `kv-prefix`); the server hangs its metrics here. */
   decisionObserver?: (reason: string, overlapBlocks: number, promptBlocks: number) => void;
 }

@@ -7,6 +7,9 @@
  * `fail` / `succeed` for what only the router can judge), and wraps the answer (`wrap`) so
  * the claim ends with the answer however that ends: body end, failure or destroy, `json()`,
  * `abort()`. The prompt's tokens leave `pendingPrefillTokens` at the answer's first byte.
+ * Watchers (`watch`, the policy's pending bridge) hear once how the prompt's prefill ended:
+ * `prefilled` at the first byte of an answer below 400 (or a whole answer read by `json()`),
+ * else `dropped` when the claim ends: `cancelled` if the caller aborted, `failed` otherwise.
  *
  * The MixedRouter's attempts and the DisaggRouter's prefill and decode halves are claims; the
  * routers keep only their own decisions (which worker, when to retry, what a failure means).
@@ -25,7 +28,7 @@ import {
   type SendOptions,
   type UpstreamResponse,
 } from "../transport/types.ts";
-import type { WorkerState } from "./types.ts";
+import type { ClaimWatcher, RouteLifecycle, WorkerState } from "./types.ts";
 
 /** Where a claim reports what its worker did: the circuit breaker's inputs. Both optional. */
 export interface HealthReporter {
@@ -37,7 +40,7 @@ export interface HealthReporter {
  * One request's claim on a worker. `releaser`, the closure that close listeners and promise
  * callbacks take, is made on first use only (the streamed-chunks path never needs one).
  */
-export class WorkerClaim {
+export class WorkerClaim implements RouteLifecycle {
   readonly worker: WorkerState;
   private readonly health: HealthReporter;
   private readonly prefillTokens;
@@ -46,6 +49,14 @@ export class WorkerClaim {
   /** A failure was reported for this claim: it counts once against the worker. */
   private judged = false;
   private releaseFn: (() => void) | null = null;
+  /** The answer's status once `send` has one (0 before). */
+  private status = 0;
+  private cancelled = false;
+  /** The prompt's prefill is known done (watchers told). */
+  private prefillDone = false;
+  private watchers: ClaimWatcher[] | null = null;
+  /** `json()` is reading the answer: the body's close waits for it (see `holdWhile`). */
+  private holding = false;
 
   /** Claims `worker` at once: `inFlight`, `routed` (where kept) and `prefillTokens` pending prefill. */
   constructor(worker: WorkerState, health: HealthReporter, prefillTokens = 0) {
@@ -63,25 +74,76 @@ export class WorkerClaim {
     return this.released;
   }
 
-  /** True while the prompt's tokens still count as pending prefill on the worker. */
+  /** True while the first byte is still awaited (pending prefill counted, or watchers to tell). */
   get isPrefillPending(): boolean {
-    return this.prefillPending;
+    return this.prefillPending || (this.watchers !== null && !this.prefillDone);
+  }
+
+  /** Tells `w` how the prompt's prefill ends (at once when it already has). */
+  watch(w: ClaimWatcher): void {
+    if (this.prefillDone) w.prefilled();
+    else if (this.released) w.dropped(this.cancelled ? "cancelled" : "failed");
+    else if (this.watchers === null) this.watchers = [w];
+    else this.watchers.push(w);
   }
 
   /** The worker produced its first byte: its prefill is done (idempotent). */
   firstByte(): void {
-    if (this.prefillPending) {
-      this.prefillPending = false;
-      this.worker.pendingPrefillTokens -= this.prefillTokens;
+    this.endPending();
+    if (this.prefillDone || this.released || this.status >= 400) return;
+    this.prefillDone = true;
+    const ws = this.watchers;
+    this.watchers = null;
+    if (ws) for (const w of ws) w.prefilled();
+  }
+
+  /** The caller gave up (client abort): the claim ends as cancelled. */
+  cancel(): void {
+    this.noteCancel();
+    this.holding = false;
+    this.release();
+  }
+
+  /** The caller is giving up: whatever ends the claim next ends it as cancelled. */
+  noteCancel(): void {
+    if (!this.released) this.cancelled = true;
+  }
+
+  /**
+   * Runs `read` (the answer's `json()`) with the claim held: the body's close, which comes before
+   * the parse resolves, does not end it; a parsed answer below 400 is a done prefill; then the
+   * claim ends. (A relay body that closed before `json()` was called has already ended the
+   * claim, its watchers told `dropped`; no router reads a wrapped answer that way.)
+   */
+  async holdWhile<T>(read: () => Promise<T>): Promise<T> {
+    this.holding = true;
+    try {
+      const v = await read();
+      this.holding = false;
+      this.firstByte();
+      return v;
+    } finally {
+      this.holding = false;
+      this.release();
     }
   }
 
   /** Ends the claim (idempotent): the worker's counts drop by what it added. */
   release(): void {
-    if (this.released) return;
+    if (this.released || this.holding) return;
     this.released = true;
-    this.firstByte();
+    this.endPending();
     this.worker.inFlight--;
+    const ws = this.watchers;
+    this.watchers = null;
+    if (ws && !this.prefillDone) for (const w of ws) w.dropped(this.cancelled ? "cancelled" : "failed");
+  }
+
+  private endPending(): void {
+    if (this.prefillPending) {
+      this.prefillPending = false;
+      this.worker.pendingPrefillTokens -= this.prefillTokens;
+    }
   }
 
   /** `release`, bound once, for close listeners and promise callbacks. */
@@ -106,6 +168,7 @@ export class WorkerClaim {
     try {
       up = await exec.send(this.worker, endpoint, body, opts);
     } catch (err) {
+      if (opts.signal.aborted) this.cancelled = true;
       this.release();
       if (!opts.signal.aborted) {
         const kind = connectionKindOf(err);
@@ -113,6 +176,7 @@ export class WorkerClaim {
       }
       throw err;
     }
+    this.status = up.status;
     if (up.status >= 500) this.report("5xx");
     return up;
   }
@@ -187,13 +251,15 @@ class ClaimedAnswer implements UpstreamResponse {
   }
 
   json(): Promise<unknown> {
-    return this.up.json().finally(this.claim.releaser());
+    return this.claim.holdWhile(() => this.up.json());
   }
 
   abort(): void {
+    // Marked first: aborting the body closes it, and its close ends the claim.
+    this.claim.noteCancel();
     this.up.abort();
     this.onAbort?.();
-    this.claim.release();
+    this.claim.cancel();
   }
 }
 

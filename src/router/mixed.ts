@@ -63,7 +63,8 @@ export class MixedRouter implements ModelRouter {
       const w = sel.worker as LiveWorker;
       o.observer?.onDecision?.(o.model, o.policy.name, "mixed", sel);
       const claim = new WorkerClaim(w, o.workers, o.trackPrefill ? req.promptTokens().length : 0);
-      o.policy.onRouted?.(req, w);
+      // The claim reports how the prompt's prefill ends (the pending bridge listens).
+      o.policy.onRouted?.(req, w, claim);
       let up: UpstreamResponse;
       // vLLM runs a request on the DP rank its OpenAI server reads from `X-data-parallel-rank`
       // (vllm/entrypoints/openai/serving_engine.py _get_data_parallel_rank); the policy pins the

@@ -88,12 +88,31 @@ export interface Selection {
   seconds?: number;
 }
 
+/**
+ * What a policy may hear of a routed request's course on its worker (the pending bridge listens):
+ * exactly one of the two, once.
+ */
+export interface ClaimWatcher {
+  /** The worker finished the prompt's prefill: first byte of a successful answer (or the whole of it). */
+  prefilled(): void;
+  /** The request ended before that: `failed` (connection, error status, broken stream) or `cancelled` (the client went away). */
+  dropped(reason: "failed" | "cancelled"): void;
+}
+
+/** A routed request's hold on its worker, as the router hands it to the policy (a `WorkerClaim`). */
+export interface RouteLifecycle {
+  watch(w: ClaimWatcher): void;
+}
+
 export interface RoutingPolicy {
   readonly name: string;
   /** Picks one worker from a non-empty list of available candidates. */
   select(req: RoutingRequest, candidates: readonly WorkerState[]): Selection;
-  /** Told after a request was sent to a worker (approx-prefix learns from this). */
-  onRouted?(req: RoutingRequest, worker: WorkerState): void;
+  /**
+   * Told after a request was sent to a worker (approx-prefix learns from this); `route`, when the
+   * router has one, reports how the request's prefill there ends.
+   */
+  onRouted?(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void;
   onWorkerRemoved?(workerId: string): void;
 }
 

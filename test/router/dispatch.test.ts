@@ -199,6 +199,105 @@ describe("a claimed answer over HTTP", () => {
   });
 });
 
+describe("a claim's watchers (the pending bridge): prefilled or dropped, once", () => {
+  beforeEach(() => {
+    route = (_req, res) => res.end("{}");
+  });
+
+  const watcher = () => {
+    const log: string[] = [];
+    return { log, prefilled: () => log.push("prefilled"), dropped: (r: string) => log.push(`dropped:${r}`) };
+  };
+
+  it("the first byte of a 200 answer: prefilled (with or without pending tokens counted)", async () => {
+    for (const tokens of [5, 0]) {
+      let go!: () => void;
+      route = twoEvents(new Promise<void>((r) => (go = r)));
+      const claim = new WorkerClaim(live(), {}, tokens);
+      const w = watcher();
+      claim.watch(w);
+      const up = claim.wrap(await claim.send(exec, "chat", { model: "m" }, { signal: signal() }));
+      assert.deepEqual(w.log, [], "headers are not a prefill");
+      await pump(up.body, null, (c) => {
+        go();
+        return c.length > 0;
+      });
+      assert.deepEqual(w.log, ["prefilled"], `tokens ${tokens}`);
+    }
+  });
+
+  it("a 5xx answer (its error body included) and a broken-off body before any byte: dropped as failed", async () => {
+    route = (_req, res) => {
+      res.writeHead(500, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: { message: "boom" } }));
+    };
+    const c1 = new WorkerClaim(live(), {}, 5);
+    const w1 = watcher();
+    c1.watch(w1);
+    const up1 = c1.wrap(await c1.send(exec, "chat", { model: "m" }, { signal: signal() }));
+    await pump(up1.body, null, () => true);
+    assert.deepEqual(w1.log, ["dropped:failed"]);
+
+    route = (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.flushHeaders();
+      setTimeout(() => res.socket?.destroy(), 20);
+    };
+    const c2 = new WorkerClaim(live(), {}, 5);
+    const w2 = watcher();
+    c2.watch(w2);
+    const up2 = c2.wrap(await c2.send(exec, "chat", { model: "m" }, { signal: signal() }));
+    await assert.rejects(pump(up2.body, null, () => true));
+    assert.deepEqual(w2.log, ["dropped:failed"]);
+  });
+
+  it("the client going away: dropped as cancelled (abort of the answer, or of the send)", async () => {
+    route = (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.flushHeaders();
+    };
+    const c1 = new WorkerClaim(live(), {}, 5);
+    const w1 = watcher();
+    c1.watch(w1);
+    const up = c1.wrap(await c1.send(exec, "chat", { model: "m" }, { signal: signal() }));
+    up.abort();
+    up.abort();
+    assert.deepEqual(w1.log, ["dropped:cancelled"]);
+
+    route = () => {}; // never answers
+    const ctl = new AbortController();
+    const c2 = new WorkerClaim(live(), {}, 5);
+    const w2 = watcher();
+    c2.watch(w2);
+    const sent = c2.send(exec, "chat", { model: "m" }, { signal: ctl.signal });
+    ctl.abort();
+    await assert.rejects(sent);
+    assert.deepEqual(w2.log, ["dropped:cancelled"]);
+  });
+
+  it("json() of a 200 answer: prefilled; a watcher added after the end hears the outcome at once", async () => {
+    // The body comes after the headers (as a whole answer after its generation): json() reads it.
+    route = (_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.flushHeaders();
+      setTimeout(() => res.end(JSON.stringify({ ok: 1 })), 30);
+    };
+    const claim = new WorkerClaim(live(), {}, 0);
+    const w = watcher();
+    claim.watch(w);
+    const up = claim.wrap(await claim.send(exec, "chat", { model: "m" }, { signal: signal() }));
+    await up.json();
+    const late = watcher();
+    claim.watch(late);
+    assert.deepEqual([w.log, late.log], [["prefilled"], ["prefilled"]]);
+    const gone = new WorkerClaim(live(), {}, 0);
+    gone.release();
+    const w3 = watcher();
+    gone.watch(w3);
+    assert.deepEqual(w3.log, ["dropped:failed"]);
+  });
+});
+
 /** An executor answering with a given body (bodies other transports or test doubles give). */
 function bodyExecutor(body: () => AsyncIterable<Uint8Array>): RequestExecutor {
   return {

@@ -252,18 +252,37 @@ describe("dashboard in headless Chromium", { timeout: 180_000 }, () => {
       const shown = await page.$$eval(`[data-explain="${rid}"] tr[data-candidate]`, (rows) =>
         rows.map((x) => [x.getAttribute("data-candidate"), x.querySelector("td.overlap")?.textContent]),
       );
+      // The pending bridge's part of it per candidate (issue #28 item 6): kv-aware has a bridge,
+      // so every candidate shows a number, the one the decision recorded.
+      assert.ok(heads.includes("of which pending bridge (blocks)"), String(heads));
+      const bridgeShown = await page.$$eval(`[data-explain="${rid}"] tr[data-candidate]`, (rows) =>
+        rows.map((x) => x.querySelector("td.bridge-blocks")?.textContent),
+      );
       const st = (await (
         await fetch(`${url}/dashboard/state`, { headers: { authorization: `Bearer ${KEY}` } })
       ).json()) as {
         decisions: Array<{
           requestId: string;
-          candidates: Array<{ worker: string; cachedBlocks: number | null; promptBlocks: number | null }>;
+          candidates: Array<{
+            worker: string;
+            cachedBlocks: number | null;
+            promptBlocks: number | null;
+            bridgeBlocks: number | null;
+          }>;
         }>;
       };
       const rec = st.decisions.find((x) => x.requestId === rid)!;
       assert.deepEqual(
         shown,
         rec.candidates.map((c) => [c.worker, `${c.cachedBlocks} / ${c.promptBlocks}`]),
+      );
+      assert.deepEqual(
+        bridgeShown,
+        rec.candidates.map((c) => String(c.bridgeBlocks)),
+      );
+      assert.ok(
+        rec.candidates.every((c) => typeof c.bridgeBlocks === "number" && c.bridgeBlocks <= c.cachedBlocks!),
+        JSON.stringify(rec.candidates),
       );
       assert.ok(
         rec.candidates.every((c) => c.promptBlocks! > 0),

@@ -50,6 +50,7 @@ interface Snapshot {
       total: number | null;
       cachedBlocks: number | null;
       promptBlocks: number | null;
+      bridgeBlocks: number | null;
     }>;
   }>;
 }
@@ -283,8 +284,10 @@ describe("GET /dashboard/state", () => {
       assert.equal(c.cachedBlocks, now[at], `${c.worker}: the index's overlap`);
       if (c.worker === d.winner) assert.ok(c.cachedBlocks! > 0, JSON.stringify(c));
       else assert.equal(c.cachedBlocks, 0, JSON.stringify(c));
-      // kv-aware's kv-prefix cost is the uncached rest (weight 1).
-      assert.equal(c.scores["kv-prefix"], c.promptBlocks! - c.cachedBlocks!);
+      // kv-aware's kv-prefix cost is the uncached rest (weight 2).
+      assert.equal(c.scores["kv-prefix"], 2 * (c.promptBlocks! - c.cachedBlocks!));
+      // The first request's prefill is done and the index holds it: the bridge adds nothing.
+      assert.equal(c.bridgeBlocks, 0, JSON.stringify(c));
     }
     // GET /debug/decisions carries the same numbers.
     const dbg = (await (

@@ -245,8 +245,17 @@ function explanation(d: Decision): HTMLElement {
     const cached = c.cachedBlocks ?? null;
     const prompt = c.promptBlocks ?? null;
     const known = cached !== null && prompt !== null;
+    // Of those, the blocks the pending bridge credited (prompts routed there that the engine's
+    // events have not confirmed yet); "—" when the profile has no bridge.
+    const bridge = c.bridgeBlocks ?? null;
     const bar = h("span", { class: "bar" });
-    if (known && prompt > 0) bar.style.width = `${Math.round((Math.min(cached, prompt) / prompt) * 120)}px`;
+    const bridgeBar = h("span", { class: "bar bridge" });
+    if (known && prompt > 0) {
+      const b = Math.min(bridge ?? 0, cached);
+      const px = (n: number) => `${Math.round((Math.min(n, prompt) / prompt) * 120)}px`;
+      bar.style.width = px(cached - b);
+      bridgeBar.style.width = px(b);
+    }
     return h(
       "tr",
       { "data-candidate": c.worker, class: c.worker === d.winner ? "winner" : c.filtered ? "filtered" : "" },
@@ -262,6 +271,12 @@ function explanation(d: Decision): HTMLElement {
         },
         known ? `${cached} / ${prompt}` : "—",
         bar,
+        bridgeBar,
+      ),
+      h(
+        "td",
+        { class: "bridge-blocks", "data-bridge": bridge === null ? "" : String(bridge) },
+        bridge === null ? "—" : String(bridge),
       ),
     );
   });
@@ -277,7 +292,13 @@ function explanation(d: Decision): HTMLElement {
     ),
     table(
       "explain-table",
-      ["candidate", ...scorers, "total (lower wins)", "prompt cached (blocks / prompt blocks)"],
+      [
+        "candidate",
+        ...scorers,
+        "total (lower wins)",
+        "prompt cached (blocks / prompt blocks)",
+        "of which pending bridge (blocks)",
+      ],
       rows,
     ),
   );

@@ -88,7 +88,6 @@ export class DisaggRouter implements ModelRouter {
       const pair = choosePair(req, ctx.prefillWorkers(), ctx.decodeWorkers(), ctx.policy, excluded);
       if (!pair) break;
       const p = pair.prefill.worker;
-      ctx.policy.onRouted?.(req, p);
       ctx.logger.debug(
         {
           requestId: req.requestId,
@@ -102,6 +101,8 @@ export class DisaggRouter implements ModelRouter {
       // Claimed before any await, so concurrent requests see each other's choices.
       const pClaim = new WorkerClaim(p, ctx, this.prefillTokens(req));
       const dClaim = new WorkerClaim(pair.decode, ctx);
+      // P's claim reports how its prefill ends (the pending bridge listens).
+      ctx.policy.onRouted?.(req, p, pClaim);
       try {
         return proto.mode === "serial"
           ? await this.serial(req, exec, signal, proto, pClaim, dClaim)
@@ -218,6 +219,8 @@ export class DisaggRouter implements ModelRouter {
         throw new PrefillFailure(p, new UpstreamError("prefill answer carries no kv_transfer_params"));
       }
       params = kvp as Record<string, unknown>;
+      // P answered after its prefill: the prompt's blocks are computed there.
+      pClaim.firstByte();
       pClaim.succeed();
     } finally {
       pClaim.release();
@@ -313,6 +316,7 @@ export class DisaggRouter implements ModelRouter {
       throw new PrefillFailure(p, new UpstreamError(msg, pUp.status));
     }
     pClaim.succeed();
+    pClaim.firstByte();
     // P's claim (and its prompt's pending prefill) ends with its half.
     void drain(pUp).finally(pClaim.releaser());
     try {

@@ -31,6 +31,12 @@ export interface CandidateExplanation<Total = number> {
    * not track the worker. Absent when the profile has no overlap source or no index.
    */
   indexSync?: "syncing" | "synced" | "unknown" | null;
+  /**
+   * Of `cachedBlocks`, the blocks credited by the pending bridge beyond what the index holds
+   * (prompts routed there whose blocks the engine's events have not confirmed yet); null when
+   * the profile has no bridge.
+   */
+  bridgeBlocks: number | null;
 }
 
 /** One decision, explained: per candidate, each scorer's weighted value and the total. */

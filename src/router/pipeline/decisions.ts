@@ -27,15 +27,20 @@ class Slot {
   /** cached[pos], promptBlocks[pos] for pos < all.length, when `hasOverlap`. */
   cachedBuf = new Int32Array(16);
   promptBuf = new Int32Array(16);
+  bridgeBuf = new Int32Array(16);
   hasOverlap = false;
   /** syncBuf[pos]: the candidate's index sync (SYNC_CODES), when `hasSync`. */
   syncBuf = new Uint8Array(16);
   hasSync = false;
+  hasBridge = false;
   get cached(): Int32Array | null {
     return this.hasOverlap ? this.cachedBuf : null;
   }
   get promptBlocks(): Int32Array | null {
     return this.hasOverlap ? this.promptBuf : null;
+  }
+  get bridged(): Int32Array | null {
+    return this.hasBridge ? this.bridgeBuf : null;
   }
 }
 
@@ -58,6 +63,8 @@ export interface DecisionRecord {
    */
   cached: Int32Array | null;
   promptBlocks: Int32Array | null;
+  /** Of `cached`, the blocks the pending bridge credited, per position; null without a bridge. */
+  bridged: Int32Array | null;
 }
 
 /** IndexSync as a byte per candidate (0: the index does not track the worker). */
@@ -114,14 +121,18 @@ export class DecisionLog {
       if (s.cachedBuf.length < n) {
         s.cachedBuf = new Int32Array(Math.max(n, s.cachedBuf.length * 2));
         s.promptBuf = new Int32Array(s.cachedBuf.length);
+        s.bridgeBuf = new Int32Array(s.cachedBuf.length);
       }
       // Computed once per step by the overlap source and cached in the context: no index walk.
       const o = overlap.overlaps();
+      const b = overlap.bridged();
+      s.hasBridge = b !== null;
       for (let i = 0; i < n; i++) {
         s.cachedBuf[i] = o[i];
         s.promptBuf[i] = overlap.promptBlocks(i);
+        if (b) s.bridgeBuf[i] = b[i];
       }
-    }
+    } else s.hasBridge = false;
     const syncOf = this.syncOf;
     s.hasSync = overlap !== null && syncOf !== undefined;
     if (s.hasSync && syncOf) {
@@ -160,6 +171,7 @@ export function explain(
       const cachedBlocks = s.cached ? s.cached[pos] : null;
       const promptBlocks = s.promptBlocks ? s.promptBlocks[pos] : null;
       const sync = s.hasSync && s.syncBuf ? { indexSync: SYNC_CODES[s.syncBuf[pos]] ?? null } : {};
+      const bridgeBlocks = s.bridged ? s.bridged[pos] : null;
       if (k === undefined)
         return {
           worker: w.record.id,
@@ -168,13 +180,22 @@ export function explain(
           total: Number.NaN,
           cachedBlocks,
           promptBlocks,
+          bridgeBlocks,
           ...sync,
         };
       const scores: Record<string, number> = {};
       s.scorerNames.forEach((name, si) => {
         scores[name] = s.values ? s.values[si * n + k] : 0;
       });
-      return { worker: w.record.id, scores, total: s.totals[k], cachedBlocks, promptBlocks, ...sync };
+      return {
+        worker: w.record.id,
+        scores,
+        total: s.totals[k],
+        cachedBlocks,
+        promptBlocks,
+        bridgeBlocks,
+        ...sync,
+      };
     }),
     winner: s.all[s.winner].record.id,
     reason: s.reason,

@@ -1,13 +1,15 @@
 /**
- * Presets: today's policy names as step profiles. `round-robin`, `kv-aware` and `approx-prefix`
+ * Presets: policy names as step profiles. `round-robin`, `kv-aware-classic` and `approx-prefix`
  * reproduce the former policies' choices exactly (test/router/pipeline/presets-exact.test.ts
- * drives them against frozen copies of the old code). The policy options (`--policy-option`,
- * `--kv-*` flags, `policyOptions` in the config) map to plugin params here; an option no preset
- * and no other part of the server knows is refused.
+ * drives them against frozen copies of the old code). `kv-aware`, the default, is the profile
+ * the fleet-routing runs chose (src/router/pipeline/README.md, "The kv-aware preset"): no
+ * imbalance guard, the pending bridge on, hot-prefix spreading and a saturation valve. The
+ * policy options (`--policy-option`, `--kv-*` flags, `policyOptions` in the config) map to
+ * plugin params here; an option no preset and no other part of the server knows is refused.
  *
  * Decode (the D of a PD pair) in every preset: least-load, as before.
  */
-import type { ProfileSet, ProfileSpec } from "./types.ts";
+import type { PluginRef, ProfileSet, ProfileSpec } from "./types.ts";
 import { numOption } from "./util.ts";
 
 type Options = Readonly<Record<string, unknown>>;
@@ -26,6 +28,12 @@ export const PRESET_OPTIONS = [
   "maxNodesPerWorker",
   "recentRoutingMs",
   "cacheThreshold",
+  "bridgeGraceMs",
+  "bridgeTtlMs",
+  "hotRatio",
+  "hotWindow",
+  "ceilingRatio",
+  "ceilingSlack",
 ] as const;
 
 /**
@@ -55,7 +63,8 @@ function guard(o: Options, prefer: "overlap" | "none") {
   };
 }
 
-function kvAware(o: Options): ProfileSpec {
+/** The former kv-aware policy, choice for choice (`kv-aware-classic`). */
+function kvAwareClassic(o: Options): ProfileSpec {
   return {
     filters: [guard(o, "overlap")],
     // Order matters: totals add up left to right, as the former cost formula did.
@@ -67,6 +76,63 @@ function kvAware(o: Options): ProfileSpec {
           chunkChars: numOption(o, "chunkChars", 64),
           maxNodesPerWorker: numOption(o, "maxNodesPerWorker", 100_000),
           recentRoutingMs: numOption(o, "recentRoutingMs", 0),
+        },
+      },
+      { name: "prefill-backlog", weight: numOption(o, "prefillWeight", 1) },
+      { name: "active-decode", weight: numOption(o, "decodeWeight", 0.5) },
+      { name: "engine-queue", weight: numOption(o, "waitingWeight", 4) },
+      { name: "cache-pressure", weight: numOption(o, "pressureWeight", 0.1) },
+    ],
+    picker: { name: "argmin", params: { temperature: numOption(o, "temperature", 0) } },
+  };
+}
+
+/** The saturation valve's defaults (README, "The kv-aware preset": the runs that chose them). */
+const DEFAULT_CEILING_RATIO = 3;
+const DEFAULT_CEILING_SLACK = 16;
+
+/**
+ * The default `kv-aware`: kv-aware-classic's scorers without SGLang's imbalance guard (which
+ * under a burst sends requests to the least-loaded worker whatever its cache: fleet-routing
+ * Run C), with
+ * - the pending bridge (`kv-prefix` `bridgePending`): a routed prompt counts as cached on its
+ *   worker from routing until the engine's KV events confirm it, or the request fails or is
+ *   cancelled (../pending-prefixes.ts); the prefix weighted 2 so that a follower charged its
+ *   tenant's queued prompt (prefill-backlog) does not tie with a cold prefill elsewhere;
+ * - `hot-spread`: a prefix carrying more than 1/N of recent decisions is replicated onto more
+ *   workers before anything queues (`hotRatio`, 0 = off);
+ * - a saturation valve, `load-ceiling`: a worker loaded above `ceilingRatio` × the mean +
+ *   `ceilingSlack` requests leaves the choice, so its prefix stops attracting requests that would
+ *   wait longer there than a cold prefill takes elsewhere (`ceilingRatio` 0 = off).
+ * Weights and thresholds: the runs in the pipeline README.
+ */
+function kvAware(o: Options): ProfileSpec {
+  const filters: PluginRef[] = [];
+  const hotRatio = numOption(o, "hotRatio", 1.25);
+  if (hotRatio > 0)
+    filters.push({
+      name: "hot-spread",
+      params: { ratio: hotRatio, window: numOption(o, "hotWindow", 256) },
+    });
+  const ceilingRatio = numOption(o, "ceilingRatio", DEFAULT_CEILING_RATIO);
+  if (ceilingRatio > 0)
+    filters.push({
+      name: "load-ceiling",
+      params: { ratio: ceilingRatio, slack: numOption(o, "ceilingSlack", DEFAULT_CEILING_SLACK) },
+    });
+  return {
+    filters,
+    scorers: [
+      {
+        name: "kv-prefix",
+        weight: numOption(o, "overlapWeight", 2),
+        params: {
+          chunkChars: numOption(o, "chunkChars", 64),
+          maxNodesPerWorker: numOption(o, "maxNodesPerWorker", 100_000),
+          recentRoutingMs: numOption(o, "recentRoutingMs", 0),
+          bridgePending: true,
+          bridgeGraceMs: numOption(o, "bridgeGraceMs", 1000),
+          bridgeTtlMs: numOption(o, "bridgeTtlMs", 120_000),
         },
       },
       { name: "prefill-backlog", weight: numOption(o, "prefillWeight", 1) },
@@ -101,6 +167,7 @@ const ROUND_ROBIN: ProfileSpec = { scorers: [], picker: { name: "round-robin" } 
 export const presets: Readonly<Record<string, (o: Options) => ProfileSet>> = {
   "round-robin": () => ({ mixed: ROUND_ROBIN, prefill: ROUND_ROBIN, decode: LEAST_LOAD }),
   "kv-aware": (o) => ({ mixed: kvAware(o), prefill: kvAware(o), decode: LEAST_LOAD }),
+  "kv-aware-classic": (o) => ({ mixed: kvAwareClassic(o), prefill: kvAwareClassic(o), decode: LEAST_LOAD }),
   "approx-prefix": (o) => ({ mixed: approxPrefix(o), prefill: approxPrefix(o), decode: LEAST_LOAD }),
 };
 

@@ -7,12 +7,13 @@
  */
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
-import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
+import type { RouteLifecycle, RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
 import { type DecisionLog, type DecisionRecord, explain } from "./decisions.ts";
 import { filters as filterDefs, pickers as pickerDefs, scorers as scorerDefs } from "./registry.ts";
 import type {
   Filter,
   ModelScope,
+  OverlapResult,
   OverlapSource,
   Picker,
   ProfileSet,
@@ -68,7 +69,7 @@ function zeros(n: number): Float64Array {
   return zeroRows[n];
 }
 
-const EMPTY_OVERLAPS = { overlaps: new Int32Array(0), ranks: new Int32Array(0) };
+const EMPTY_OVERLAPS: OverlapResult = { overlaps: new Int32Array(0), ranks: new Int32Array(0) };
 
 class Ctx implements StepContext {
   readonly req: RoutingRequest;
@@ -79,7 +80,7 @@ class Ctx implements StepContext {
   private readonly heldOf: ((id: string) => number) | undefined;
   reason?: string;
   winner = -1;
-  private ov: { overlaps: Int32Array; ranks: Int32Array } | null = null;
+  private ov: OverlapResult | null = null;
   private bs: Int32Array | null = null;
   private ld: Float64Array | null = null;
 
@@ -115,6 +116,10 @@ class Ctx implements StepContext {
 
   ranks(): Int32Array {
     return this.computeOverlaps().ranks;
+  }
+
+  bridged(): Int32Array | null {
+    return this.computeOverlaps().bridged ?? null;
   }
 
   blockSize(pos: number): number {
@@ -239,6 +244,7 @@ export class StepPolicy implements RoutingPolicy {
         winner: ctx.winner,
         reason: ctx.reason,
         cached: this.source ? ctx.overlaps() : null,
+        bridged: this.source ? ctx.bridged() : null,
         promptBlocks: this.source ? Int32Array.from(all, (_, i) => ctx.promptBlocks(i)) : null,
       };
       this.scope.logger.debug({ decision: explain(r) }, "scheduling decision");
@@ -267,11 +273,11 @@ export class StepPolicy implements RoutingPolicy {
       : { worker, overlapBlocks: overlap, reason, dpRank, seconds };
   }
 
-  onRouted(req: RoutingRequest, worker: WorkerState): void {
+  onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void {
     const ctx = this.last?.req.requestId === req.requestId ? this.last : null;
     for (const f of this.filters) f.onRouted?.(req, worker);
     for (const s of this.scorers) s.onRouted?.(req, worker, ctx);
-    this.source?.onRouted?.(req, worker);
+    this.source?.onRouted?.(req, worker, route);
     this.picker.onRouted?.(req, worker);
     this.last = null;
   }
@@ -359,10 +365,10 @@ export class Scheduler implements RoutingPolicy {
     return sel;
   }
 
-  onRouted(req: RoutingRequest, worker: WorkerState): void {
+  onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void {
     const p = this.lastRouted?.requestId === req.requestId ? this.lastRouted.step : this.steps.mixed;
     this.lastRouted = null;
-    p.onRouted(req, worker);
+    p.onRouted(req, worker, route);
   }
 
   onWorkerRemoved(id: string): void {

@@ -12,7 +12,7 @@
  */
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
-import type { RoutingRequest, WorkerState } from "../types.ts";
+import type { RouteLifecycle, RoutingRequest, WorkerState } from "../types.ts";
 import type { Step } from "./decision-wire.ts";
 
 /** What a plugin reads; the server starts the matching machinery from the union of them. */
@@ -51,12 +51,25 @@ export interface OverlapSource {
    * Cached prefix blocks of the prompt per candidate of `ctx.all` (fallback estimates
    * included), and the best DP rank per candidate (-1 when none).
    */
-  overlaps(ctx: StepContext): { overlaps: Int32Array; ranks: Int32Array };
+  overlaps(ctx: StepContext): OverlapResult;
   /** Blocks the worker holds (events) or is believed to hold (its cache pressure). */
   held(id: string): number;
-  /** Told after a step of this profile routed a request (fallback trees learn here). */
-  onRouted?(req: RoutingRequest, worker: WorkerState): void;
+  /**
+   * Told after a step of this profile routed a request (fallback trees learn here); `route`
+   * reports how its prefill there ends (the pending bridge).
+   */
+  onRouted?(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void;
   onWorkerRemoved?(id: string): void;
+}
+
+export interface OverlapResult {
+  overlaps: Int32Array;
+  ranks: Int32Array;
+  /**
+   * Per candidate, the blocks the pending bridge credited beyond what the index (or the
+   * fallback tree) holds; absent when the source has no bridge.
+   */
+  bridged?: Int32Array;
 }
 
 /** One request in one step: the inputs, lazily computed shared signals, the decision so far. */
@@ -70,6 +83,8 @@ export interface StepContext {
   overlaps(): Int32Array;
   /** The best DP rank per position of `all` (-1 when none or unknown). */
   ranks(): Int32Array;
+  /** Blocks of `overlaps()` credited by the pending bridge per position; null without a bridge. */
+  bridged(): Int32Array | null;
   /** Full prompt blocks for the candidate at a position (its block size). */
   promptBlocks(pos: number): number;
   /** The candidate's block size (index, else record, else 16). */

@@ -12,9 +12,13 @@ import type { WorkerState } from "../../../src/router/types.ts";
 const workers = (n: number) =>
   Array.from({ length: n }, (_, i) => ({ record: { id: `w${i}` } }) as unknown as WorkerState);
 
-/** Only what the ring reads from a step: its overlaps and prompt blocks. */
-function ctxOf(overlaps: Int32Array, promptBlocks: (pos: number) => number): StepContext {
-  return { overlaps: () => overlaps, promptBlocks } as unknown as StepContext;
+/** Only what the ring reads from a step: its overlaps, prompt blocks and bridged blocks. */
+function ctxOf(
+  overlaps: Int32Array,
+  promptBlocks: (pos: number) => number,
+  bridged: Int32Array | null = null,
+): StepContext {
+  return { overlaps: () => overlaps, promptBlocks, bridged: () => bridged } as unknown as StepContext;
 }
 
 test("records each candidate's cached and prompt blocks, copied, grown, and null without a source", () => {
@@ -79,5 +83,44 @@ test("records each candidate's cached and prompt blocks, copied, grown, and null
       [null, null],
       [null, null],
     ],
+  );
+});
+
+test("records each candidate's pending-bridge blocks (bridgeBlocks), null without a bridge", () => {
+  const log = new DecisionLog(1);
+  const all = workers(3);
+  const bridged = new Int32Array([0, 5, 0]);
+  const rec = (b: Int32Array | null) =>
+    log.record(
+      "r",
+      "m",
+      "mixed",
+      all,
+      [0, 1, 2],
+      [],
+      null,
+      new Float64Array(3),
+      1,
+      "overlap",
+      ctxOf(new Int32Array([2, 7, 0]), () => 9, b),
+    );
+  rec(bridged);
+  bridged[1] = 0; // a source reusing its buffer: the ring keeps its own copy
+  let [d] = log.list();
+  assert.deepEqual(
+    d!.candidates.map((c) => [c.worker, c.cachedBlocks, c.bridgeBlocks]),
+    [
+      ["w0", 2, 0],
+      ["w1", 7, 5],
+      ["w2", 0, 0],
+    ],
+  );
+  const json = JSON.parse(JSON.stringify(d)) as { candidates: Array<{ bridgeBlocks: number | null }> };
+  assert.equal(json.candidates[1]!.bridgeBlocks, 5, "in the JSON /debug/decisions serves");
+  rec(null);
+  [d] = log.list();
+  assert.deepEqual(
+    d!.candidates.map((c) => c.bridgeBlocks),
+    [null, null, null],
   );
 });

@@ -54,6 +54,7 @@ function ctx(
     all,
     overlaps: () => Int32Array.from(o.overlaps ?? all.map(() => 0)),
     ranks: () => new Int32Array(all.length).fill(-1),
+    bridged: () => null,
     blockSize: (i) => all[i].record.blockSize,
     promptBlocks: (i) => Math.floor(r.promptTokens().length / all[i].record.blockSize),
     held: (i) => o.held?.[i] ?? 0,

@@ -1,6 +1,7 @@
 /**
  * The presets choose exactly what the former policies chose: the frozen pre-pipeline code
- * (./legacy, commit a5c2372) and the preset Schedulers run side by side, live, on seeded
+ * (./legacy, commit a5c2372) and the preset Schedulers run side by side (the former kv-aware is
+ * the `kv-aware-classic` preset since `kv-aware` became the bridged default), live, on seeded
  * sequences of requests, KV events, load and pending changes, worker removals, imbalance spikes
  * and temperature > 0, and every choice (worker, reason, overlap, DP rank, PD pair) must match.
  */
@@ -21,7 +22,7 @@ const logger = createLogger("test");
 logger.level = "silent";
 
 const legacy: Record<string, PolicyFactory> = {
-  "kv-aware": legacyKv,
+  "kv-aware-classic": legacyKv,
   "approx-prefix": legacyApprox,
   "round-robin": legacyRr,
 };
@@ -47,7 +48,7 @@ const PD: WorkerSpec[] = [
 
 function compare(policy: string, options: Record<string, unknown>, sc: Scenario, pd = false) {
   const index = new KvIndex();
-  const kvIndex = policy === "kv-aware" ? index : undefined;
+  const kvIndex = policy === "kv-aware-classic" ? index : undefined;
   const old = legacy[policy]!({ logger, options, kvIndex });
   const neu = buildScheduling({ policy, policyOptions: options }).create({ model: "m", logger, kvIndex });
   const [a, b] = record(
@@ -66,9 +67,13 @@ function compare(policy: string, options: Record<string, unknown>, sc: Scenario,
 
 const reasons = (rs: { reason: string }[]) => new Set(rs.map((r) => r.reason));
 
-test("kv-aware preset = the former kv-aware policy (defaults, imbalance spikes, salts, DP ranks)", () => {
+test("kv-aware-classic preset = the former kv-aware policy (defaults, imbalance spikes, salts, DP ranks)", () => {
   for (const seed of [1, 2, 3]) {
-    const rs = compare("kv-aware", {}, { seed, steps: 1500, workers: MIXED, imbalance: 0.3, salts: true });
+    const rs = compare(
+      "kv-aware-classic",
+      {},
+      { seed, steps: 1500, workers: MIXED, imbalance: 0.3, salts: true },
+    );
     // The sequence exercised every branch.
     assert.deepEqual([...reasons(rs)].sort(), ["load", "load-balance", "overlap"]);
     assert.ok(
@@ -78,7 +83,7 @@ test("kv-aware preset = the former kv-aware policy (defaults, imbalance spikes, 
   }
 });
 
-test("kv-aware preset with temperature > 0, other weights, low guard thresholds and recentRoutingMs", () => {
+test("kv-aware-classic preset with temperature > 0, other weights, low guard thresholds and recentRoutingMs", () => {
   const opts = [
     { temperature: 0.7 },
     { temperature: 0.2, overlapWeight: 0.3, prefillWeight: 1.7, decodeWeight: 0.25, waitingWeight: 3 },
@@ -86,7 +91,7 @@ test("kv-aware preset with temperature > 0, other weights, low guard thresholds 
     { recentRoutingMs: 600_000, maxNodesPerWorker: 50, temperature: "0.4" },
   ];
   for (const [k, o] of opts.entries())
-    compare("kv-aware", o, { seed: 10 + k, steps: 1200, workers: MIXED, imbalance: 0.2 });
+    compare("kv-aware-classic", o, { seed: 10 + k, steps: 1200, workers: MIXED, imbalance: 0.2 });
 });
 
 test("approx-prefix preset = the former approx-prefix policy", () => {
@@ -101,7 +106,7 @@ test("round-robin preset = the former round-robin policy", () => {
 });
 
 test("PD: the prefill step shares the model's state with the mixed step; decode stays least-load", () => {
-  for (const policy of ["kv-aware", "approx-prefix", "round-robin"]) {
+  for (const policy of ["kv-aware-classic", "approx-prefix", "round-robin"]) {
     const rs = compare(policy, {}, { seed: 40, steps: 1500, workers: PD, imbalance: 0.2 }, true);
     assert.ok(rs.some((r) => r.kind === "pair") && rs.some((r) => r.kind === "select"));
   }

@@ -71,8 +71,8 @@ const doc = Array.from(
   (_, i) => `Paragraph ${i} of the handbook explains topic ${i * 7}.`,
 ).join(" ");
 
-function kvPolicy(index: KvIndex, options: Record<string, unknown> = {}): KvAwarePolicy {
-  return policies["kv-aware"]!({ logger, options, kvIndex: index }) as KvAwarePolicy;
+function kvPolicy(index: KvIndex, options: Record<string, unknown> = {}, preset = "kv-aware"): KvAwarePolicy {
+  return policies[preset]!({ logger, options, kvIndex: index }) as KvAwarePolicy;
 }
 
 test("kv-aware sends a request to the worker holding its prefix, and not after BlockRemoved", () => {
@@ -118,12 +118,12 @@ test("cache salts isolate tenants", () => {
   assert.equal(p.select(request(doc), ws).overlapBlocks, 0);
 });
 
-test("load terms and the imbalance guard beat cache locality on a hot worker", () => {
+test("kv-aware-classic: load terms and the imbalance guard beat cache locality on a hot worker", () => {
   const index = new KvIndex();
   const ws = [worker("a"), worker("b")];
   for (const w of ws) index.addWorker(w.record.id, BS);
   index.apply("b", storedFor(tok.encode(doc), 1));
-  const p = kvPolicy(index, { balanceAbsThreshold: 8, balanceRelThreshold: 1.5 });
+  const p = kvPolicy(index, { balanceAbsThreshold: 8, balanceRelThreshold: 1.5 }, "kv-aware-classic");
   ws[1].inFlight = 8;
   assert.equal(p.select(request(doc), ws).worker.record.id, "b"); // 8 − 0 > 8 is false: overlap wins
   ws[1].inFlight = 9;
@@ -131,7 +131,7 @@ test("load terms and the imbalance guard beat cache locality on a hot worker", (
   assert.equal(sel.worker.record.id, "a");
   assert.equal(sel.reason, "load-balance");
   // Without the guard, a big enough prefill backlog also moves the request.
-  const q = kvPolicy(index, { balanceAbsThreshold: 1e9 });
+  const q = kvPolicy(index, { balanceAbsThreshold: 1e9 }, "kv-aware-classic");
   ws[1].inFlight = 1;
   ws[1].pendingPrefillTokens = 64 * 1024;
   assert.equal(q.select(request(doc), ws).worker.record.id, "a");
@@ -213,12 +213,12 @@ test("approximate tree evicts least recently used nodes per worker, keeping shar
   assert.deepEqual([...t.match("aaaaffffgggg", ["w"])], [0]);
 });
 
-test("kv-aware counts what it routed in the last recentRoutingMs as cached (events trail routing)", async () => {
+test("kv-aware-classic counts what it routed in the last recentRoutingMs as cached (events trail routing)", async () => {
   const index = new KvIndex();
   const ws = [worker("a"), worker("b"), worker("c")];
   for (const w of ws) index.addWorker(w.record.id, BS);
   index.apply("a", storedFor(tok.encode("unrelated text ".repeat(50)), 1)); // a holds more blocks
-  const p = kvPolicy(index, { recentRoutingMs: 150 });
+  const p = kvPolicy(index, { recentRoutingMs: 150 }, "kv-aware-classic");
   const r1 = request(`${doc} first`);
   const s1 = p.select(r1, ws);
   assert.equal(s1.worker.record.id, "b", "a new prefix goes to an emptiest cache");

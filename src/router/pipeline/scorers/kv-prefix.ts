@@ -9,19 +9,22 @@
  *   what this server routed to it (chunkChars, maxNodesPerWorker);
  * - with `recentRoutingMs` > 0, for that long after routing a prompt it also counts as cached on
  *   the chosen worker (the max of both), bridging the events' lag behind routing;
- * - with `bridgePending`, a routed prompt counts as cached on its worker while it waits for its
- *   prefill there, plus `bridgeGraceMs` (../pending-prefixes.ts): the same bridge, as long as
- *   the lag lasts rather than a fixed time.
+ * - with `bridgePending` (on in the `kv-aware` preset), a routed prompt counts as cached on its
+ *   worker from routing until the engine's KV events confirm its blocks there, or its request
+ *   fails or is cancelled before its prefill is done, or `bridgeGraceMs` after that prefill
+ *   without confirmation, or `bridgeTtlMs` at most (../pending-prefixes.ts): the same bridge, as
+ *   long as the lag lasts rather than a fixed time. The router's dispatch claim drives it.
  * - LoRA: a request whose `model` the events named as an adapter is hashed with it (vLLM puts the
  *   adapter name first in a block's extra keys).
  * The trees are shared by every step of the model with the same params (one state per model).
  */
 import { z } from "zod";
 import { ApproxPrefixTree, BRIDGE_TEXT_CAP } from "../../../kv/approx-tree.ts";
-import type { RoutingRequest, WorkerState } from "../../types.ts";
-import { PendingPrefixes } from "../pending-prefixes.ts";
+import type { PrefixIndex } from "../../../kv/prefix-index.ts";
+import type { RouteLifecycle, RoutingRequest, WorkerState } from "../../types.ts";
+import { type BridgeProbe, PendingPrefixes } from "../pending-prefixes.ts";
 import { defineScorer } from "../plugin.ts";
-import type { ModelScope, OverlapSource, StepContext } from "../types.ts";
+import type { ModelScope, OverlapResult, OverlapSource, StepContext } from "../types.ts";
 
 const params = z
   .object({
@@ -30,11 +33,12 @@ const params = z
     recentRoutingMs: z.number().nonnegative().default(0),
     bridgePending: z.boolean().default(false),
     bridgeGraceMs: z.number().nonnegative().default(1000),
+    bridgeTtlMs: z.number().positive().default(300_000),
   })
   .strict();
 
 function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
-  const key = `kv-prefix:${p.chunkChars}:${p.maxNodesPerWorker}:${p.recentRoutingMs}:${p.bridgePending}:${p.bridgeGraceMs}`;
+  const key = `kv-prefix:${p.chunkChars}:${p.maxNodesPerWorker}:${p.recentRoutingMs}:${p.bridgePending}:${p.bridgeGraceMs}:${p.bridgeTtlMs}`;
   return scope.shared(key, () => {
     const index = scope.kvIndex;
     const tree = new ApproxPrefixTree({ chunkChars: p.chunkChars, maxNodesPerWorker: p.maxNodesPerWorker });
@@ -46,13 +50,17 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
             maxAgeMs: p.recentRoutingMs,
           })
         : null;
-    const pending = p.bridgePending ? new PendingPrefixes(p.bridgeGraceMs) : null;
+    const pending = p.bridgePending
+      ? new PendingPrefixes({ graceMs: p.bridgeGraceMs, ttlMs: p.bridgeTtlMs })
+      : null;
+    // An eviction the events report ends the bridge's prefilled entries on that worker.
+    if (pending && index?.onRemoval) index.onRemoval((id) => pending.evicted(id));
     // The bridge keys a prompt by more of its head than the fallback tree walks (issue #28 item 4).
     const bridge = pending
       ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxChars: BRIDGE_TEXT_CAP })
       : null;
     const src: OverlapSource = {
-      overlaps(ctx: StepContext) {
+      overlaps(ctx: StepContext): OverlapResult {
         const { req, all } = ctx;
         const n = all.length;
         const ids = all.map((c) => c.record.id);
@@ -68,6 +76,7 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
         const fresh = recent ? recent.match(text, ids) : null;
         const path = bridge ? bridge.path(text) : null;
         let approx: Int32Array | null = null;
+        const bridged = pending ? new Int32Array(n) : undefined;
         for (let i = 0; i < n; i++) {
           const blocks = ctx.promptBlocks(i);
           const toBlocks = (chars: number) =>
@@ -78,18 +87,29 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
             overlaps[i] = toBlocks(approx[i]);
           }
           if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
-          if (pending && path) {
-            const nodes = pending.match(ids[i], path, all[i].pendingPrefillTokens);
-            if (nodes > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(nodes * p.chunkChars));
+          if (pending && path && bridged) {
+            const nodes = pending.match(ids[i], path);
+            const b = nodes > 0 ? toBlocks(nodes * p.chunkChars) : 0;
+            if (b > overlaps[i]) {
+              bridged[i] = b - overlaps[i];
+              overlaps[i] = b;
+            }
           }
         }
-        return { overlaps, ranks };
+        return { overlaps, ranks, bridged };
       },
       held: (id) => (index?.hasWorker(id) ? index.blockCount(id) : tree.size(id)),
-      onRouted(req: RoutingRequest, worker: WorkerState) {
+      onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle) {
         recent?.insert(req.promptText(), worker.record.id);
-        if (pending && bridge)
-          pending.add(worker.record.id, bridge.path(req.promptText()), req.promptTokens().length);
+        if (pending && bridge) {
+          const entry = pending.add(worker.record.id, bridge.path(req.promptText()), {
+            probe: index ? probeOf(index, req, worker.record.id) : null,
+          });
+          // Without a claim (a caller that sends nothing through one) nobody would end the
+          // entry: it lives only its grace, or until the events confirm it.
+          if (route) route.watch(entry);
+          else entry.prefilled();
+        }
         // The long-lived fallback tree is only needed for workers that publish no KV events.
         if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
       },
@@ -101,6 +121,18 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
     };
     return src;
   });
+}
+
+/** What the index holds of `req`'s prompt on `id` now, against its full blocks (the bridge's confirmation). */
+function probeOf(index: PrefixIndex, req: RoutingRequest, id: string): BridgeProbe {
+  const tokens = req.promptTokens();
+  const salt = req.cacheSalt;
+  const lora = index.isLora(req.model) ? req.model : null;
+  const ids = [id];
+  return () => {
+    const bs = index.blockSizeOf(id) ?? 16;
+    return { held: index.overlaps(tokens, ids, salt, lora)[0], full: Math.floor(tokens.length / bs) };
+  };
 }
 
 export default defineScorer("kv-prefix", {
