@@ -29,6 +29,7 @@ import {
   workerObjectName,
 } from "./context.ts";
 import { natsClientEnv } from "./infra.ts";
+import { engineNatsUser } from "./nats-auth.ts";
 
 /** The container's command: the launcher and its flags (`infera engine --help`). */
 export function engineCommand(ctx: RenderContext, m: ModelSpec, p: PoolSpec): string[] {
@@ -92,7 +93,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
   const env: { name: string; value?: string; valueFrom?: object }[] = [
     { name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
     { name: "POD_IP", valueFrom: { fieldRef: { fieldPath: "status.podIP" } } },
-    ...natsClientEnv(ctx),
+    ...natsClientEnv(ctx, engineNatsUser(m, p)),
     ...etcdClientAccess(ctx).env,
   ];
   const volumeMounts: { name: string; mountPath: string; readOnly?: boolean }[] = [

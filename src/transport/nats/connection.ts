@@ -87,9 +87,10 @@ function anonymousGauge(registry: Registry): Gauge {
 
 /**
  * Warns (once per logger) and sets the gauge when the connection is unauthenticated: no
- * credential given, or the broker's INFO says it does not require auth (nats-server
- * server/server.go sets `AuthRequired` only when some auth is configured:
- * nats-io/nats-server @ 2a6dbb7, Server.setInfoHostPort / configureAuthorization).
+ * credential given, or the broker's INFO says it does not require auth (nats-server sets
+ * `AuthRequired` only when users, nkeys, a user/token or a callout are configured:
+ * nats-io/nats-server server/auth.go @ 1787eee035cf0253c201fa0f05afad92b6f296dc,
+ * Server.configureAuthorization).
  */
 export function checkNatsAuth(
   opts: NatsConnectOptions,
