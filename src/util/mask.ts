@@ -19,14 +19,30 @@ export function maskUrlUserinfo(text: string | undefined): string | undefined {
   });
 }
 
-/** Masks every string inside a value (arrays, plain objects), for configs and records. */
-export function maskUrlsDeep<T>(v: T): T {
+/**
+ * Masks every string inside a value (arrays, plain objects), for configs, records and log
+ * fields. Returns the value itself when nothing needed masking (no copy on the common path).
+ */
+export function maskUrlsDeep<T>(v: T, depth = 0): T {
   if (typeof v === "string") return maskUrlUserinfo(v) as T;
-  if (Array.isArray(v)) return v.map((x) => maskUrlsDeep(x)) as T;
-  if (v !== null && typeof v === "object" && Object.getPrototypeOf(v) === Object.prototype) {
-    const out: Record<string, unknown> = {};
-    for (const [k, x] of Object.entries(v)) out[k] = maskUrlsDeep(x);
-    return out as T;
+  if (depth > 8 || v === null || typeof v !== "object") return v;
+  if (Array.isArray(v)) {
+    let out: unknown[] | undefined;
+    v.forEach((x, i) => {
+      const m = maskUrlsDeep(x, depth + 1);
+      if (m === x) return;
+      out ??= [...v];
+      out[i] = m;
+    });
+    return (out ?? v) as T;
   }
-  return v;
+  if (Object.getPrototypeOf(v) !== Object.prototype) return v;
+  let out: Record<string, unknown> | undefined;
+  for (const [k, x] of Object.entries(v)) {
+    const m = maskUrlsDeep(x, depth + 1);
+    if (m === x) continue;
+    out ??= { ...(v as Record<string, unknown>) };
+    out[k] = m;
+  }
+  return (out ?? v) as T;
 }
