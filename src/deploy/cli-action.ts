@@ -2,12 +2,29 @@
 import { mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { parse } from "yaml";
+import { tlsEnabled } from "./render/context.ts";
 import { type KubeObject, type RenderOptions, renderCluster, toYaml } from "./render/index.ts";
-import { parseClusterDocument } from "./spec.ts";
+import { type ClusterSpec, parseClusterDocument } from "./spec.ts";
 
 export function renderFile(path: string, opts: RenderOptions = {}): KubeObject[] {
   const doc = parseClusterDocument(parse(readFileSync(path, "utf8")));
+  const warning = plaintextWarning(doc.spec);
+  if (warning) process.stderr.write(`warning: ${warning}\n`);
   return renderCluster(doc, opts);
+}
+
+/**
+ * TLS is on by default; a spec that turns it off for an in-cluster etcd or NATS gets this
+ * warning: credentials and prompts then cross the pod network in the clear.
+ */
+export function plaintextWarning(spec: ClusterSpec): string | undefined {
+  if (tlsEnabled(spec)) return undefined;
+  const planes = [...(spec.etcd.external ? [] : ["etcd"]), ...(spec.planes.kind === "nats" ? ["NATS"] : [])];
+  if (planes.length === 0) return undefined;
+  return (
+    `tls.enabled is false: the in-cluster ${planes.join(" and ")} will carry credentials, ` +
+    "prompts and answers in plaintext on the pod network (remove it to get TLS, the default)"
+  );
 }
 
 const isDir = (p: string): boolean => {

@@ -197,7 +197,11 @@ export const clusterSpecSchema = z
      */
     tls: z
       .object({
-        enabled: z.boolean().default(false),
+        /**
+         * Default: on (issue #30: TLS on by default). Plaintext only with an explicit `false`,
+         * which `infera deploy k8s` warns about; on, the certificate Secrets below must exist.
+         */
+        enabled: z.boolean().optional(),
         /** etcd's serving and peer certificate (SANs `*.<name>-etcd.<ns>.svc`, `<name>-etcd.<ns>.svc`); default `<name>-etcd-tls`. */
         etcdSecret: dns1123.optional(),
         /** NATS' serving and route certificate (SANs `<name>-nats.<ns>.svc`, `*.<name>-nats-cluster.<ns>.svc`); default `<name>-nats-tls`. */
@@ -230,14 +234,14 @@ export const clusterSpecSchema = z
           "etcd TLS/credentials are for etcd.external (the in-cluster etcd is reached only through NetworkPolicy)",
       });
     }
-    if ((s.tls.etcdSecret || s.tls.natsSecret || s.tls.clientSecret) && !s.tls.enabled) {
+    if ((s.tls.etcdSecret || s.tls.natsSecret || s.tls.clientSecret) && s.tls.enabled === false) {
       ctx.addIssue({
         code: "custom",
         path: ["tls", "enabled"],
         message: "TLS secrets are named but tls.enabled is false",
       });
     }
-    if (s.tls.enabled && s.etcd.external && s.planes.kind !== "nats") {
+    if (s.tls.enabled === true && s.etcd.external && s.planes.kind !== "nats") {
       ctx.addIssue({
         code: "custom",
         path: ["tls", "enabled"],

@@ -14,6 +14,7 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { parse } from "yaml";
+import { plaintextWarning } from "../../src/deploy/cli-action.ts";
 import { plain, renderCluster } from "../../src/deploy/render/index.ts";
 import { parseClusterDocument } from "../../src/deploy/spec.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
@@ -224,4 +225,28 @@ test("an engine identity cannot publish another worker's KV subject; a forged re
     [["epoch", 1]],
   );
   await ingest.close();
+});
+
+test("TLS is on by default; plaintext only when asked for, with a warning", () => {
+  const base = parse(readFileSync("deploy/examples/mixed.yaml", "utf8")) as Obj;
+  delete base.spec.tls;
+  const doc = parseClusterDocument(base);
+  const out: Obj[] = renderCluster(doc, { secrets: "generate" }).map(plain);
+  const env = (out.find((o) => o.kind === "Deployment")!.spec.template.spec.containers[0].env as Obj[]).find(
+    (e) => e.name === "INFERA_NATS_URL",
+  );
+  assert.match(env?.value, /^tls:\/\//);
+  const conf = out.find((o) => o.metadata.name === "mixed-nats-config")!.data["nats.conf"] as string;
+  assert.match(conf, /verify: true/);
+  assert.equal(plaintextWarning(doc.spec), undefined);
+  // Explicitly off: plaintext, and `infera deploy k8s` says so.
+  base.spec.tls = { enabled: false };
+  const off = parseClusterDocument(base);
+  assert.match(plaintextWarning(off.spec) ?? "", /etcd and NATS .* plaintext/);
+  const offObjs: Obj[] = renderCluster(off).map(plain);
+  const offDep = offObjs.find((o) => o.kind === "Deployment")!;
+  const offEnv = (offDep.spec.template.spec.containers[0].env as Obj[]).find(
+    (e) => e.name === "INFERA_NATS_URL",
+  );
+  assert.match(offEnv?.value, /^nats:\/\//);
 });
