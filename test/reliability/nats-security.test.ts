@@ -102,6 +102,7 @@ test("forged KV batches on an unauthenticated NATS: none applied, all counted, a
   await waitUntil(
     () => ingest.index.blockCount("a", 0) === 28 && ingest.index.blockCount("b", 0) === 10,
     5000,
+    "both workers indexed",
   );
   spy.unsubscribe();
   // Republish all of A's batches on B's subject, from seq 0, as captured (headers and all).
