@@ -143,8 +143,12 @@ export class NatsKvSubscriber {
     this.accept(msg);
   }
 
-  /** Applies one message in order; a gap starts a recovery (the message waits in pending). */
-  private accept(msg: Uint8Array): void {
+  /**
+   * Applies one message in order; a gap starts a recovery (the message waits in pending).
+   * `queued`: it arrived live during a replay, which may have delivered it already, so a seq
+   * from before is a duplicate, not a restart claim.
+   */
+  private accept(msg: Uint8Array, queued = false): void {
     const seq = readKvSeq(msg);
     if (seq === undefined || seq < 0) return;
     const exp = this.expected;
@@ -157,7 +161,7 @@ export class NatsKvSubscriber {
       // from 0. A genuine restart comes with a new relay epoch announced in a new record, which
       // reopens this feed from scratch (kv-ingest.ts keys feeds by epoch); a bare seq 0 on a
       // running feed proves nothing (anyone who can publish here can send it), so it is refused.
-      if (seq === 0) this.refuse("restart", seq);
+      if (seq === 0 && !queued) this.refuse("restart", seq);
       else this.stats.duplicates++;
       return;
     }
@@ -231,7 +235,7 @@ export class NatsKvSubscriber {
     queued.sort((a, b) => readKvSeq(a)! - readKvSeq(b)!);
     for (const m of queued) {
       if (this.recovering) this.pending.push(m);
-      else this.accept(m);
+      else this.accept(m, true);
     }
   }
 
