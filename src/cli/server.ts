@@ -135,6 +135,7 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   "nats.tls.certFile": "--nats-tls-cert",
   "nats.tls.keyFile": "--nats-tls-key",
   "nats.reconnectWaitMs": "--nats-reconnect-wait-ms",
+  "nats.allowAnonymous": "--nats-allow-anonymous",
   "discovery.kind": "--discovery",
   "discovery.workers": "--worker",
   "discovery.workersFile": "--workers-file",
@@ -216,6 +217,7 @@ function natsFlags(f: ServerFlags): Record<string, unknown> | undefined {
     nkeySeedFile: f.natsNkeySeedFile,
     tls,
     reconnectWaitMs: optNum(f.natsReconnectWaitMs),
+    allowAnonymous: f.natsAllowAnonymous,
   };
   return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }

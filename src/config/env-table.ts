@@ -174,6 +174,13 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     },
   ),
   v(
+    "INFERA_NATS_ALLOW_ANONYMOUS",
+    "boolean",
+    "server, engine",
+    "Connect to a NATS that takes clients without auth, without the warning (`--nats-allow-anonymous`).",
+    { configKey: "nats.allowAnonymous" },
+  ),
+  v(
     "INFERA_NATS_RECONNECT_WAIT_MS",
     "integer",
     "server",

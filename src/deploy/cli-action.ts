@@ -3,8 +3,9 @@ import { mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { parse } from "yaml";
 import { type ClusterPolicy, policyIssues } from "./policy.ts";
+import { tlsEnabled } from "./render/context.ts";
 import { type KubeObject, type RenderOptions, renderCluster, toYaml } from "./render/index.ts";
-import { ClusterSpecError, parseClusterDocument } from "./spec.ts";
+import { type ClusterSpec, ClusterSpecError, parseClusterDocument } from "./spec.ts";
 
 /**
  * Renders a spec file. With `policy` (the CLI's --allowed-host-path / --allowed-image), the
@@ -16,7 +17,23 @@ export function renderFile(path: string, opts: RenderOptions = {}, policy?: Clus
     const issues = policyIssues(doc.spec, policy);
     if (issues.length > 0) throw new ClusterSpecError(issues);
   }
+  const warning = plaintextWarning(doc.spec);
+  if (warning) process.stderr.write(`warning: ${warning}\n`);
   return renderCluster(doc, opts);
+}
+
+/**
+ * TLS is on by default; a spec that turns it off for an in-cluster etcd or NATS gets this
+ * warning: credentials and prompts then cross the pod network in the clear.
+ */
+export function plaintextWarning(spec: ClusterSpec): string | undefined {
+  if (tlsEnabled(spec)) return undefined;
+  const planes = [...(spec.etcd.external ? [] : ["etcd"]), ...(spec.planes.kind === "nats" ? ["NATS"] : [])];
+  if (planes.length === 0) return undefined;
+  return (
+    `tls.enabled is false: the in-cluster ${planes.join(" and ")} will carry credentials, ` +
+    "prompts and answers in plaintext on the pod network (remove it to get TLS, the default)"
+  );
 }
 
 const isDir = (p: string): boolean => {

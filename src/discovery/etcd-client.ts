@@ -105,8 +105,36 @@ export function parseEndpoints(value: string | string[] | undefined): string[] {
   return out.filter((v) => v.length > 0);
 }
 
+/**
+ * Endpoints without userinfo, and the credentials one carried (`http://user:pass@host:2379`):
+ * gRPC would take the userinfo as part of the host name (and echo it in every error), so it is
+ * used as etcd auth instead, unless a user is given otherwise.
+ */
+export function splitEndpointCredentials(endpoints: readonly string[]): {
+  hosts: string[];
+  username?: string;
+  password?: string;
+} {
+  let username: string | undefined;
+  let password: string | undefined;
+  const hosts = endpoints.map((e) => {
+    const m = /^([a-z][a-z0-9+.-]*:\/\/)([^/@]*)@(.*)$/i.exec(e);
+    if (!m) return e;
+    const [user, pass] = m[2]!.split(/:(.*)/s, 2);
+    username ??= decodeURIComponent(user ?? "");
+    if (pass !== undefined) password ??= decodeURIComponent(pass);
+    return `${m[1]}${m[3]}`;
+  });
+  return { hosts, username, password };
+}
+
 export function createEtcdClient(opts: EtcdOptions): Etcd3 {
   if (opts.endpoints.length === 0) throw new BadRequestError("etcd: at least one endpoint is required");
+  const fromUrl = splitEndpointCredentials(opts.endpoints);
+  if (opts.username === undefined && fromUrl.username) {
+    opts = { ...opts, username: fromUrl.username, password: opts.password ?? fromUrl.password };
+  }
+  opts = { ...opts, endpoints: fromUrl.hosts };
   const useTls = opts.caFile !== undefined || opts.endpoints.some((e) => e.startsWith("https://"));
   const options: IOptions = {
     hosts: opts.endpoints,

@@ -100,6 +100,10 @@ export const workerRecordSchema = z
     kvBlocks: count.optional(),
     startedAt: text,
     natsSubject: text.optional(),
+    natsKvEpoch: z
+      .string()
+      .regex(/^[0-9a-f]{8,64}$/)
+      .optional(),
     labels: z.record(z.string().max(64 * 1024)).optional(),
   })
   .superRefine((r, ctx) => {

@@ -74,6 +74,13 @@ export interface WorkerRecord {
   startedAt: string;
   /** NATS subject the worker's agent answers requests on, when the request plane is NATS. */
   natsSubject?: string;
+  /**
+   * The KV relay's instance id (hex) when KV events go over NATS: every batch it publishes
+   * carries it (header `Infera-Kv-Epoch`). A server applies only batches stamped with the
+   * epoch the record announces, and treats a sequence restart as genuine only when a new
+   * record announces a new epoch (src/transport/nats/kv-subscriber.ts).
+   */
+  natsKvEpoch?: string;
   /** Free-form labels (zone, gpu, version). */
   labels?: Record<string, string>;
 }

@@ -9,6 +9,7 @@ export class KvIngestMetrics {
   readonly resets: Counter<"reason">;
   readonly sequence: Counter<"kind">;
   readonly capped: Counter<"worker">;
+  readonly refused: Counter<"worker" | "reason">;
   readonly workers: Gauge;
 
   constructor(registry: Registry) {
@@ -57,6 +58,14 @@ export class KvIngestMetrics {
       name: "infera_kv_index_dropped_blocks_total",
       help: "Stored blocks not indexed because the worker rank was at its cap (kvBlocks + margin)",
       labelNames: ["worker"],
+      registers,
+    });
+    this.refused = new Counter({
+      name: "infera_kv_refused_batches_total",
+      help:
+        "KV event batches refused, not applied, by reason: epoch (not stamped with the relay epoch " +
+        "the worker's record announces) or restart (a sequence restart no new record announced)",
+      labelNames: ["worker", "reason"],
       registers,
     });
     this.workers = new Gauge({

@@ -16,6 +16,7 @@ import { DecisionLog } from "../router/pipeline/decisions.ts";
 import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
+import { maskUrlsDeep } from "../util/mask.ts";
 import { ApiKeyAuth } from "./auth.ts";
 import type { BodyParserPool } from "./body-parser-pool.ts";
 import { builtinExtensions } from "./builtin-extensions.ts";
@@ -452,7 +453,8 @@ function workerList(workers: WorkerSet, router: AutoRouter) {
   return {
     object: "list",
     data: workers.list().map((w) => ({
-      ...w.record,
+      // A record's URL may carry userinfo (a static file, an etcd record): never echo it.
+      ...maskUrlsDeep(w.record),
       state: {
         available: w.available,
         breaker: w.breaker,

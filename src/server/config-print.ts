@@ -1,8 +1,10 @@
 /**
  * `infera server --print-config`: the merged, validated config as YAML, with secrets (API keys,
- * passwords, tokens, nkey seeds) shown as "***" so the output can be pasted into an issue.
+ * passwords, tokens, nkey seeds, and the password in any URL's userinfo) shown as "***" so the
+ * output can be pasted into an issue.
  */
 import { stringify } from "yaml";
+import { maskUrlUserinfo } from "../util/mask.ts";
 import type { ServerConfig } from "./config.ts";
 
 /** Keys whose values are secrets wherever they appear (nats, discovery.options, profiles...). */
@@ -11,6 +13,8 @@ const SECRET_KEY = /(password|token|secret|apikeys?|nkeyseed)$/i;
 function redact(v: unknown, key = ""): unknown {
   if (v === undefined || v === null) return v;
   if (SECRET_KEY.test(key)) return Array.isArray(v) ? v.map(() => "***") : "***";
+  // Credentials inside URLs (`nats://user:pass@…`, etcd endpoints, worker URLs) under any key.
+  if (typeof v === "string") return maskUrlUserinfo(v);
   if (Array.isArray(v)) return v.map((x) => redact(x));
   if (typeof v === "object") {
     const out: Record<string, unknown> = {};

@@ -129,6 +129,7 @@ export const natsSchema = z
     maxReconnectAttempts: num("NATS reconnect attempts", { int: true, min: -1 }),
     connectTimeoutMs: ms("NATS connect timeout"),
     reconnectWaitMs: ms("NATS reconnect wait"),
+    allowAnonymous: bool("connect to NATS without auth, without the warning"),
   })
   .partial()
   .strict();

@@ -294,18 +294,21 @@ test("kvd: DaemonSet with the socket hostPath shared with workers; workers get I
   assert.equal(objs("mixed.yaml").filter((x) => x.kind === "DaemonSet").length, 0);
 });
 
-test("NATS planes: StatefulSet with auth from a Secret; server and workers get the credentials", () => {
+test("NATS planes: StatefulSet with one user per role from a Secret; each pod gets its own", () => {
   const o = objs("mixed.yaml");
   const conf = o.find((x) => x.metadata.name === "mixed-nats-config")!.data["nats.conf"] as string;
-  assert.match(conf, /authorization \{\n {2}user: \$NATS_USER\n {2}password: \$NATS_PASSWORD/);
+  assert.match(conf, /user: "server"\n {6}password: \$NATS_PW_SERVER\n/);
+  assert.match(conf, /user: "engine-llama-mixed"\n {6}password: \$NATS_PW_ENGINE_LLAMA_MIXED\n/);
   const secret = o.find((x) => x.kind === "Secret" && x.metadata.name === "mixed-nats-credentials")!;
-  assert.ok(secret.stringData.password.length >= 32);
+  assert.deepEqual(Object.keys(secret.stringData).sort(), ["engine-llama-mixed", "server"]);
+  for (const v of Object.values(secret.stringData) as string[]) assert.ok(v.length >= 32);
   for (const w of [...workers(o), o.find((x) => x.kind === "Deployment")!]) {
     const env = w.spec.template.spec.containers[0].env as Obj[];
-    assert.equal(
-      env.find((e) => e.name === "INFERA_NATS_PASSWORD")?.valueFrom.secretKeyRef.name,
-      secret.metadata.name,
-    );
+    const user = env.find((e) => e.name === "INFERA_NATS_USER")?.value;
+    assert.deepEqual(env.find((e) => e.name === "INFERA_NATS_PASSWORD")?.valueFrom.secretKeyRef, {
+      name: secret.metadata.name,
+      key: user,
+    });
   }
   // Direct planes: no NATS at all.
   assert.equal(objs("atom-dp.yaml").filter((x) => x.metadata.name.includes("nats")).length, 0);

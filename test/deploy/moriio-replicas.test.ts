@@ -26,8 +26,9 @@ import { stopChild } from "../../src/util/child-process.ts";
 import { type EtcdHandle, startEtcd } from "../helpers/etcd.ts";
 import { spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
-import { type NatsServerHandle, startNats } from "../helpers/nats.ts";
+import { authorizationBlock, type NatsServerHandle, startNats } from "../helpers/nats.ts";
 import { freePort } from "../helpers/ports.ts";
+import { containerEnv } from "../helpers/rendered.ts";
 import { waitFor200, waitUntil } from "../helpers/wait.ts";
 
 // biome-ignore lint/suspicious/noExplicitAny: the test walks nested manifests
@@ -56,31 +57,20 @@ after(async () => {
 const dump = () => procs.map((p) => p.output()).join("\n---\n");
 
 test("2p2d-moriio as rendered: two servers each serve PD completions, vLLM's heartbeats reach the sidecar", async () => {
-  const { user, password } = find("Secret", "moriio-nats-credentials").stringData as {
-    user: string;
-    password: string;
-  };
   etcd = await startEtcd();
-  nats = await startNats({ user, password });
+  // The rendered users and permissions, each pod with its own identity (nats-auth.ts).
+  nats = await startNats({
+    authorization: authorizationBlock(find("ConfigMap", "moriio-nats-config").data["nats.conf"]),
+    env: containerEnv(find("StatefulSet", "moriio-nats").spec.template.spec.containers[0], objs),
+  });
   const sinkPort = await freePort();
   const rewrite = (s: string) =>
     s
       .replaceAll("http://moriio-etcd.infera.svc:2379", etcd!.endpoint)
       .replaceAll("moriio-nats.infera.svc:4222", `127.0.0.1:${nats!.port}`)
       .replaceAll("moriio-server-moriio.infera.svc:36367", `127.0.0.1:${sinkPort}`);
-  const secretEnv: Record<string, string> = {
-    INFERA_NATS_USER: user,
-    INFERA_NATS_PASSWORD: password,
-  };
-  const envOf = (c: Obj, vars: Record<string, string> = {}): Record<string, string> => {
-    const out: Record<string, string> = {};
-    for (const e of c.env ?? []) {
-      if (e.value !== undefined) out[e.name] = rewrite(e.value);
-      else if (secretEnv[e.name] !== undefined) out[e.name] = secretEnv[e.name]!;
-      else if (vars[e.name] !== undefined) out[e.name] = vars[e.name]!;
-    }
-    return out;
-  };
+  const envOf = (c: Obj, vars: Record<string, string> = {}): Record<string, string> =>
+    containerEnv(c, objs, { rewrite, vars });
   const logged = (p: { proc: ChildProcess; output: () => string }) => {
     procs.push(p);
     return p;

@@ -33,12 +33,14 @@ import { parseClusterDocument } from "../../src/deploy/spec.ts";
 import { createEtcdClient, etcdOptionsFromFlags } from "../../src/discovery/etcd-client.ts";
 import { natsConnectFromCli } from "../../src/transport/nats/cli-options.ts";
 import { connectNats } from "../../src/transport/nats/connection.ts";
+import { kvSubject } from "../../src/transport/nats/subjects.ts";
 import { stopChild } from "../../src/util/child-process.ts";
 import { makeTlsFiles } from "../helpers/etcd.ts";
 import { spawnInfera } from "../helpers/infera.ts";
 import { engineListenArgs } from "../helpers/launcher.ts";
 import { NATS_SERVER_BIN } from "../helpers/nats.ts";
 import { freePort } from "../helpers/ports.ts";
+import { containerEnv } from "../helpers/rendered.ts";
 import { waitFor200 } from "../helpers/wait.ts";
 
 // biome-ignore lint/suspicious/noExplicitAny: the test walks nested manifests
@@ -66,8 +68,6 @@ const secretDirs = {
   nats: join(dir, "nats-tls"),
   client: join(dir, "client-tls"),
 };
-const natsSecret = () =>
-  find("Secret", "mixed-nats-credentials").stringData as { user: string; password: string };
 
 /** Cluster names, ports and mount paths → this machine's. */
 function rewrite(s: string): string {
@@ -178,8 +178,9 @@ test("nats-server runs the ConfigMap's nats.conf with TLS and demands client cer
   assert.match(conf, /verify: true/);
   const file = join(dir, "nats.conf");
   writeFileSync(file, conf);
-  const { user, password } = natsSecret();
-  spawnLogged(NATS_SERVER_BIN, ["-c", file], { NATS_USER: user, NATS_PASSWORD: password });
+  // The NATS container's env: every user's password from the generated Secret.
+  const natsContainer = find("StatefulSet", "mixed-nats").spec.template.spec.containers[0];
+  spawnLogged(NATS_SERVER_BIN, ["-c", file], containerEnv(natsContainer, objs));
   await waitFor200(`http://127.0.0.1:${ports.monitor}/healthz`, {
     timeoutMs: 20_000,
     what: "nats /healthz",
@@ -187,23 +188,25 @@ test("nats-server runs the ConfigMap's nats.conf with TLS and demands client cer
   });
 
   const w = find("StatefulSet", "mixed-llama-mixed").spec.template.spec.containers[0];
-  const env = Object.fromEntries(
-    (w.env as Obj[]).filter((e) => e.value).map((e) => [e.name, rewrite(e.value)]),
-  );
+  // The pool's own NATS identity, as the pod gets it.
+  const env = containerEnv(w, objs, { rewrite });
   assert.match(env.INFERA_NATS_URL!, /^tls:\/\//);
   const argv = (w.command as string[]).map(rewrite);
   const flag = (name: string) => argv[argv.indexOf(name) + 1];
   const opts = natsConnectFromCli({
     natsUrl: env.INFERA_NATS_URL,
-    natsUser: user,
-    natsPassword: password,
+    natsUser: env.INFERA_NATS_USER,
+    natsPassword: env.INFERA_NATS_PASSWORD,
     natsTlsCa: flag("--nats-tls-ca"),
     natsTlsCert: flag("--nats-tls-cert"),
     natsTlsKey: flag("--nats-tls-key"),
   })!;
   const nc = await connectNats({ ...opts, maxReconnectAttempts: 0 });
-  const sub = nc.subscribe("tls.echo", { max: 1 });
-  nc.publish("tls.echo", "hello");
+  // The engine identity may publish its own pod's KV subject and subscribe to its replay.
+  const own = kvSubject("/models/Llama-3.1-8B-Instruct", "mixed-llama-mixed-0");
+  const sub = nc.subscribe(`${own}.replay`, { max: 1 });
+  await nc.flush();
+  nc.publish(`${own}.replay`, "hello");
   for await (const m of sub) assert.equal(m.string(), "hello");
   await nc.close();
 
@@ -224,22 +227,13 @@ let serverUp = false;
 test("the rendered server and worker run over both: the server discovers the worker over etcd TLS", {
   skip,
 }, async () => {
-  const { user, password } = natsSecret();
   const apiKey = apiKeyOf();
-  const secretEnv: Record<string, string> = {
-    INFERA_NATS_USER: user,
-    INFERA_NATS_PASSWORD: password,
-    INFERA_API_KEYS: apiKey,
-  };
-  const envOf = (c: Obj, vars: Record<string, string> = {}): Record<string, string> => {
-    const out: Record<string, string> = {};
-    for (const e of c.env as Obj[]) {
-      if (e.value !== undefined) out[e.name] = rewrite(e.value);
-      else if (secretEnv[e.name] !== undefined) out[e.name] = secretEnv[e.name]!;
-      else if (vars[e.name] !== undefined) out[e.name] = vars[e.name]!;
-    }
-    return out;
-  };
+  // Each pod's env as the kubelet fills it: its own NATS identity from the generated Secret,
+  // the API keys (a Secret the user makes) given here.
+  const envOf = (c: Obj, vars: Record<string, string> = {}): Record<string, string> => ({
+    ...containerEnv(c, objs, { rewrite, vars }),
+    ...((c.env as Obj[]).some((e) => e.name === "INFERA_API_KEYS") ? { INFERA_API_KEYS: apiKey } : {}),
+  });
 
   // The server: the Deployment's command with the ConfigMap's config file.
   const sc = find("Deployment", "mixed-server").spec.template.spec.containers[0];

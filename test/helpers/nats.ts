@@ -21,6 +21,13 @@ export interface StartNatsOptions {
   tls?: boolean;
   /** With tls: also require client certificates signed by that CA (mutual TLS). */
   tlsVerify?: boolean;
+  /**
+   * A whole `authorization { ... }` block (e.g. taken from a rendered nats.conf), instead of
+   * token/user/nkey; its `$VAR`s come from `env`.
+   */
+  authorization?: string;
+  /** Environment of the nats-server process (the rendered NATS container's env). */
+  env?: Record<string, string>;
 }
 
 export interface TlsFiles {
@@ -116,7 +123,8 @@ function makeTls(dir: string): TlsFiles {
 
 function configText(port: number, o: StartNatsOptions, tls: TlsFiles | undefined): string {
   const lines = [`listen: "127.0.0.1:${port}"`, "max_payload: 1048576"];
-  if (o.token) lines.push(`authorization { token: ${JSON.stringify(o.token)} }`);
+  if (o.authorization) lines.push(o.authorization);
+  else if (o.token) lines.push(`authorization { token: ${JSON.stringify(o.token)} }`);
   else if (o.user) {
     lines.push(
       `authorization { user: ${JSON.stringify(o.user)}, password: ${JSON.stringify(o.password ?? "")} }`,
@@ -165,6 +173,14 @@ function waitExit(child: ChildProcess): Promise<void> {
   return new Promise((resolve) => child.once("exit", () => resolve()));
 }
 
+/** The `authorization { ... }` block of a nats.conf (up to its closing brace at column 0). */
+export function authorizationBlock(conf: string): string {
+  const start = conf.indexOf("authorization {");
+  if (start < 0) throw new Error("no authorization block");
+  const end = conf.indexOf("\n}", start);
+  return conf.slice(start, end + 2);
+}
+
 export async function startNats(o: StartNatsOptions = {}): Promise<NatsServerHandle> {
   const dir = mkdtempSync(join(tmpdir(), "infera-nats-"));
   let port = await freePort();
@@ -174,7 +190,10 @@ export async function startNats(o: StartNatsOptions = {}): Promise<NatsServerHan
   let child: ChildProcess | undefined;
 
   const launch = async () => {
-    const c = spawn(NATS_SERVER_BIN, ["-c", conf], { stdio: ["ignore", "ignore", "pipe"] });
+    const c = spawn(NATS_SERVER_BIN, ["-c", conf], {
+      stdio: ["ignore", "ignore", "pipe"],
+      ...(o.env ? { env: { ...process.env, ...o.env } } : {}),
+    });
     child = c;
     // Keep draining stderr so the pipe never fills and blocks the server.
     c.stderr?.on("data", () => {});

@@ -110,15 +110,24 @@ test("unchanged spec and ready objects → no-op (no apply, no delete, no status
   assert.deepEqual(reconcile(c, k.list(), { now: later }), []);
 });
 
-test("scale change → exactly the pool's StatefulSet is applied with the new replica count", () => {
+test("scale change → the pool's StatefulSet with the new replica count, and NATS with the pool's new subjects", () => {
   const { c, k } = converge("1p1d.yaml");
   (c.spec as Obj).models[0].pools[1].replicas = 3;
   c.metadata.generation = 2;
   const actions = reconcile(c, k.list(), { now: later });
-  assert.deepEqual(kinds(actions), ["apply StatefulSet/pd-dsr1-decode", "status"]);
-  const sts = (actions[0] as { object: Obj }).object;
+  // The pool's NATS user lists each pod's subjects (src/deploy/render/nats-auth.ts): the config
+  // changes, and its hash on the NATS pod template rolls nats-server onto it.
+  assert.deepEqual(kinds(actions), [
+    "apply ConfigMap/pd-nats-config",
+    "apply StatefulSet/pd-nats",
+    "apply StatefulSet/pd-dsr1-decode",
+    "status",
+  ]);
+  const conf = (actions[0] as { object: Obj }).object.data["nats.conf"] as string;
+  assert.match(conf, /pd-dsr1-decode-2/);
+  const sts = (actions[2] as { object: Obj }).object;
   assert.equal(sts.spec.replicas, 3);
-  const st = (actions[1] as { status: Obj }).status;
+  const st = (actions[3] as { status: Obj }).status;
   assert.equal(st.observedGeneration, 2);
   assert.equal(st.conditions.find((x: Obj) => x.type === "Ready").status, "False");
   // The Ready transition time moves; SpecValid's (still True) is kept.

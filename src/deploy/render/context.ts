@@ -89,11 +89,13 @@ export const names = {
   clientTls: (ctx: RenderContext) => ctx.spec.tls.clientSecret ?? `${ctx.name}-client-tls`,
 };
 
+/** spec.tls.enabled, on unless explicitly false. */
+export const tlsEnabled = (spec: Pick<RenderContext["spec"], "tls">): boolean => spec.tls.enabled !== false;
 /** The in-cluster etcd serves TLS (spec.tls on, etcd not external). */
-export const etcdTlsOn = (ctx: RenderContext): boolean => ctx.spec.tls.enabled && !ctx.spec.etcd.external;
+export const etcdTlsOn = (ctx: RenderContext): boolean => tlsEnabled(ctx.spec) && !ctx.spec.etcd.external;
 /** The in-cluster NATS serves TLS. */
 export const natsTlsOn = (ctx: RenderContext): boolean =>
-  ctx.spec.tls.enabled && ctx.spec.planes.kind === "nats";
+  tlsEnabled(ctx.spec) && ctx.spec.planes.kind === "nats";
 
 export function etcdEndpoints(ctx: RenderContext): string[] {
   const e = ctx.spec.etcd;

@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 /** The control planes: etcd (discovery registry) and NATS (request and event planes). */
 import { StatefulSet } from "kubernetes-models/apps/v1";
 import { ConfigMap, Secret, Service } from "kubernetes-models/v1";
@@ -16,6 +17,13 @@ import {
   restrictedContainer,
   restrictedPod,
 } from "./context.ts";
+import {
+  natsAuthorizationBlock,
+  natsClientIdentityEnv,
+  natsCredentials,
+  natsServerEnv,
+  ROUTE_AUTH_LINE,
+} from "./nats-auth.ts";
 
 /** etcd's own TLS files (spec.tls): the etcd Secret, mounted in the etcd pods. */
 const ETCD_SERVER_TLS_DIR = "/etc/etcd/tls";
@@ -26,6 +34,8 @@ const ETCD_METRICS_PORT = 2381;
  * cannot create a mount point inside it.
  */
 const NATS_SERVER_TLS_DIR = "/etc/nats-tls";
+
+const sha256 = (text: string): string => createHash("sha256").update(text).digest("hex");
 
 /** A single- or multi-member etcd StatefulSet behind a headless Service (stable peer names). */
 export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
@@ -133,8 +143,9 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
 }
 
 /**
- * NATS with user/password auth. The config file names environment variables (NATS config
- * syntax `$VAR`), filled from the credentials Secret, so no secret lands in a ConfigMap.
+ * NATS with one user per role and subject permissions (nats-auth.ts). The config file names
+ * environment variables (NATS config syntax `$VAR`), filled from the credentials Secret, so no
+ * secret lands in a ConfigMap.
  */
 export function natsObjects(ctx: RenderContext): (StatefulSet | Service | ConfigMap | Secret)[] {
   const p = ctx.spec.planes;
@@ -159,17 +170,14 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
   const conf = [
     `port: ${NATS_PORT}`,
     `http_port: ${NATS_MONITOR_PORT}`,
-    "authorization {",
-    "  user: $NATS_USER",
-    "  password: $NATS_PASSWORD",
-    "}",
+    ...natsAuthorizationBlock(ctx),
     ...(tls ? tlsBlock("", true) : []),
     ...(p.natsReplicas > 1
       ? [
           "cluster {",
           `  name: ${name}`,
           "  port: 6222",
-          "  authorization { user: $NATS_USER, password: $NATS_PASSWORD }",
+          ROUTE_AUTH_LINE,
           ...(tls ? tlsBlock("  ", true) : []),
           "  routes: [",
           tls ? routes.replaceAll("nats://", "tls://") : routes,
@@ -203,7 +211,10 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
         podManagementPolicy: "Parallel",
         selector: { matchLabels: labels },
         template: {
-          metadata: { labels },
+          // The users' subject lists follow the pools' replicas; nats-server reads its config at
+          // start, so a changed config rolls the NATS pods (clients reconnect, see
+          // test/reliability/nats-restart.test.ts).
+          metadata: { labels, annotations: { "infera.dev/nats-config-sha256": sha256(conf).slice(0, 16) } },
           spec: {
             securityContext: restrictedPod(1000),
             containers: [
@@ -211,13 +222,7 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
                 name: "nats",
                 image: p.natsImage,
                 args: ["--config", "/etc/nats/nats.conf"],
-                env: [
-                  { name: "NATS_USER", valueFrom: { secretKeyRef: { name: secretName, key: "user" } } },
-                  {
-                    name: "NATS_PASSWORD",
-                    valueFrom: { secretKeyRef: { name: secretName, key: "password" } },
-                  },
-                ],
+                env: natsServerEnv(ctx),
                 ports: [
                   { name: "client", containerPort: NATS_PORT },
                   { name: "cluster", containerPort: 6222 },
@@ -246,20 +251,22 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
       new Secret({
         metadata: meta(ctx, "nats", secretName),
         type: "Opaque",
-        stringData: { user: "infera", password: ctx.random() },
+        // One key per NATS user (server, engine-<model>-<pool>, route), its password.
+        stringData: natsCredentials(ctx),
       }),
     );
   }
   return out;
 }
 
-/** The env entries a NATS client (server, launcher) reads its credentials from. */
-export function natsClientEnv(ctx: RenderContext): { name: string; value?: string; valueFrom?: object }[] {
+/**
+ * The env entries a NATS client reads its URL and identity from: `user` is the server's or its
+ * pool's NATS user (nats-auth.ts), and the pod gets that user's password only.
+ */
+export function natsClientEnv(
+  ctx: RenderContext,
+  user: string,
+): { name: string; value?: string; valueFrom?: object }[] {
   if (ctx.spec.planes.kind !== "nats") return [];
-  const secretName = names.natsSecret(ctx);
-  return [
-    { name: "INFERA_NATS_URL", value: natsUrl(ctx) },
-    { name: "INFERA_NATS_USER", valueFrom: { secretKeyRef: { name: secretName, key: "user" } } },
-    { name: "INFERA_NATS_PASSWORD", valueFrom: { secretKeyRef: { name: secretName, key: "password" } } },
-  ];
+  return [{ name: "INFERA_NATS_URL", value: natsUrl(ctx) }, ...natsClientIdentityEnv(ctx, user)];
 }

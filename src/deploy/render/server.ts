@@ -30,6 +30,7 @@ import {
 } from "./context.ts";
 import { natsClientEnv } from "./infra.ts";
 import { MORIIO_SINK_JS } from "./moriio-sink.ts";
+import { SERVER_NATS_USER } from "./nats-auth.ts";
 
 /** The server's `--config` file: keys of ServerConfig (src/server/config.ts). */
 export function serverConfigFile(ctx: RenderContext): Record<string, unknown> {
@@ -60,7 +61,9 @@ export function serverObjects(ctx: RenderContext) {
   const name = names.server(ctx);
   const labels = componentLabels(ctx, "server");
   const moriio = ctx.spec.models.some(usesMoriioProxy);
-  const env: { name: string; value?: string; valueFrom?: object }[] = [...natsClientEnv(ctx)];
+  const env: { name: string; value?: string; valueFrom?: object }[] = [
+    ...natsClientEnv(ctx, SERVER_NATS_USER),
+  ];
   if (ctx.spec.auth.apiKeys) {
     env.push({
       name: "INFERA_API_KEYS",

@@ -35,6 +35,7 @@ import {
   workerObjectName,
 } from "./context.ts";
 import { natsClientEnv } from "./infra.ts";
+import { engineNatsUser } from "./nats-auth.ts";
 
 /** The engine's HOME (an emptyDir): caches of vLLM/SGLang/Hugging Face land here. */
 const ENGINE_HOME = "/home/infera";
@@ -109,7 +110,7 @@ export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (S
   const env: { name: string; value?: string; valueFrom?: object }[] = [
     { name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
     { name: "POD_IP", valueFrom: { fieldRef: { fieldPath: "status.podIP" } } },
-    ...natsClientEnv(ctx),
+    ...natsClientEnv(ctx, engineNatsUser(m, p)),
     ...etcdClientAccess(ctx).env,
   ];
   // A writable HOME for the engine (caches), as it runs as a uid the image may not know.

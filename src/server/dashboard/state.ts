@@ -4,12 +4,14 @@
  * WorkerSet (breaker, in-flight, scraped engine load), the KV index per model, the decision ring
  * and ServerMetrics' counters (through TrafficWindow). The request path is not touched.
  */
+
 import type { Counter, Registry } from "prom-client";
 import type { KvSyncReport, PrefixIndex } from "../../kv/prefix-index.ts";
 import type { AutoRouter } from "../../router/auto.ts";
 import type { DecisionLog } from "../../router/pipeline/decisions.ts";
 import type { DecisionExplanation } from "../../router/pipeline/types.ts";
 import type { LiveWorker, WorkerSet } from "../../router/worker-set.ts";
+import { maskUrlUserinfo } from "../../util/mask.ts";
 import type { ServerMetrics } from "../metrics.ts";
 import { TrafficWindow } from "./window.ts";
 import type {
@@ -97,7 +99,7 @@ function workerView(w: LiveWorker, index: PrefixIndex | undefined, draining: boo
         : "healthy";
   return {
     id: w.id,
-    url: w.record.url,
+    url: maskUrlUserinfo(w.record.url),
     role: w.record.role,
     engine: w.record.engine,
     connector: w.record.connector?.kind ?? "none",

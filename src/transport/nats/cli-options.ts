@@ -20,6 +20,8 @@ export interface NatsCliValues {
   natsTlsCa?: string;
   natsTlsCert?: string;
   natsTlsKey?: string;
+  /** `--nats-allow-anonymous`: no warning when NATS takes clients without auth. */
+  natsAllowAnonymous?: boolean;
   /** `--nats-reconnect-wait-ms` (server only), as given. */
   natsReconnectWaitMs?: string;
 }
@@ -77,6 +79,12 @@ export function addNatsOptions(
         "INFERA_NATS_NKEY_SEED_FILE",
       ),
     )
+    .addOption(
+      new Option(
+        "--nats-allow-anonymous",
+        "connecting to a NATS that takes clients without auth is intended (silences the warning)",
+      ).env("INFERA_NATS_ALLOW_ANONYMOUS"),
+    )
     .addOption(new Option("--nats-tls-ca <path>", "CA bundle (PEM) for the NATS server's certificate"))
     .addOption(new Option("--nats-tls-cert <path>", "client certificate (PEM) for NATS mutual TLS"))
     .addOption(new Option("--nats-tls-key <path>", "client key (PEM) for NATS mutual TLS"));
@@ -105,6 +113,7 @@ export function natsConnectFromCli(v: NatsCliValues, name?: string): NatsConnect
     nkeySeedFile: v.natsNkeySeedFile,
     tls,
     name,
+    allowAnonymous: v.natsAllowAnonymous,
     reconnectWaitMs:
       v.natsReconnectWaitMs === undefined || v.natsReconnectWaitMs === ""
         ? undefined

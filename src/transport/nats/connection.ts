@@ -11,7 +11,9 @@ import {
   type NodeConnectionOptions,
   nkeyAuthenticator,
 } from "@nats-io/transport-node";
+import { Gauge, type Registry } from "prom-client";
 import { createLogger, type Logger } from "../../util/log.ts";
+import { maskUrlUserinfo } from "../../util/mask.ts";
 
 export interface NatsTlsOptions {
   /** CA bundle (PEM file) that signed the server's certificate. */
@@ -49,7 +51,68 @@ export interface NatsConnectOptions {
    * once). `--nats-reconnect-wait-ms` / INFERA_NATS_RECONNECT_WAIT_MS.
    */
   reconnectWaitMs?: number;
+  /**
+   * A broker that takes clients without auth is intended (a laptop, a test): no warning.
+   * `--nats-allow-anonymous` / INFERA_NATS_ALLOW_ANONYMOUS.
+   */
+  allowAnonymous?: boolean;
+  /** Where `infera_nats_anonymous` is set (the service's registry). */
+  registry?: Registry;
   logger?: Logger;
+}
+
+/** The options carry some credential (token, user, nkey, or userinfo in a URL). */
+export function hasNatsCredentials(opts: NatsConnectOptions): boolean {
+  if (opts.token || opts.user || opts.nkeySeed || opts.nkeySeedFile) return true;
+  return opts.url.split(",").some((u) => /^[a-z]+:\/\/[^/@]+@/i.test(u.trim()));
+}
+
+const anonymousGauges = new WeakMap<Registry, Gauge>();
+const warnedLoggers = new WeakSet<Logger>();
+
+function anonymousGauge(registry: Registry): Gauge {
+  let g = anonymousGauges.get(registry);
+  if (!g) {
+    g = new Gauge({
+      name: "infera_nats_anonymous",
+      help:
+        "1 when this process connected to NATS without auth or to a broker that takes clients " +
+        "without auth: anyone on the network can read prompts and forge answers and KV events",
+      registers: [registry],
+    });
+    anonymousGauges.set(registry, g);
+  }
+  return g;
+}
+
+/**
+ * Warns (once per logger) and sets the gauge when the connection is unauthenticated: no
+ * credential given, or the broker's INFO says it does not require auth (nats-server sets
+ * `AuthRequired` only when users, nkeys, a user/token or a callout are configured:
+ * nats-io/nats-server server/auth.go @ 1787eee035cf0253c201fa0f05afad92b6f296dc,
+ * Server.configureAuthorization).
+ */
+export function checkNatsAuth(
+  opts: NatsConnectOptions,
+  authRequired: boolean | undefined,
+  log: Logger,
+): boolean {
+  const anonymous = !hasNatsCredentials(opts) || authRequired !== true;
+  if (opts.registry) anonymousGauge(opts.registry).set(anonymous ? 1 : 0);
+  if (anonymous && !opts.allowAnonymous && !warnedLoggers.has(log)) {
+    warnedLoggers.add(log);
+    log.warn(
+      {
+        url: maskUrlUserinfo(opts.url),
+        credentials: hasNatsCredentials(opts),
+        brokerRequiresAuth: authRequired === true,
+      },
+      "NATS connection without authentication: anyone who reaches this broker can read prompts, " +
+        "answer requests and forge KV events. Configure NATS users (docs/deploy-kubernetes.md, " +
+        "NATS identities), or pass --nats-allow-anonymous if this is intended",
+    );
+  }
+  return anonymous;
 }
 
 /** Builds the transport-node options; split out so tests can check what is passed through. */
@@ -103,10 +166,11 @@ export function buildConnectionOptions(opts: NatsConnectOptions): NodeConnection
 export async function connectNats(opts: NatsConnectOptions): Promise<NatsConnection> {
   const log = opts.logger ?? createLogger("nats");
   const nc = await connect(buildConnectionOptions(opts));
+  checkNatsAuth(opts, nc.info?.auth_required, log);
   void (async () => {
     for await (const s of nc.status()) {
-      if (s.type === "disconnect") log.warn({ server: s.server }, "nats disconnected");
-      else if (s.type === "reconnect") log.info({ server: s.server }, "nats reconnected");
+      if (s.type === "disconnect") log.warn({ server: maskUrlUserinfo(s.server) }, "nats disconnected");
+      else if (s.type === "reconnect") log.info({ server: maskUrlUserinfo(s.server) }, "nats reconnected");
       else if (s.type === "error") log.warn({ err: s.error.message }, "nats error");
     }
   })().catch(() => {});

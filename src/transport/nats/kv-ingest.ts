@@ -76,7 +76,7 @@ export class NatsKvIngest {
         rec.kvEvents
           ? `${rankSubjects(rec)
               .map((r) => r.subject)
-              .join(",")}|${rec.blockSize}|${rec.kvBlocks ?? ""}`
+              .join(",")}|${rec.blockSize}|${rec.kvBlocks ?? ""}|${rec.natsKvEpoch ?? ""}`
           : null,
       open: (rec) => this.open(rec),
       close: async (feed) => {
@@ -144,6 +144,7 @@ export class NatsKvIngest {
       const sub = new NatsKvSubscriber({
         nc: this.opts.nc,
         subject,
+        epoch: rec.natsKvEpoch,
         replayTimeoutMs: this.opts.replayTimeoutMs,
         logger: this.logger,
         sink: {
@@ -157,6 +158,7 @@ export class NatsKvIngest {
             metrics.batches.inc({ worker: workerId });
             for (const ev of batch.events) metrics.events.inc({ type: ev.type });
           },
+          onRefused: (reason) => metrics.refused.inc({ worker: workerId, reason }),
           onReset: (reason) => {
             index.clearWorker(workerId, dpRank);
             metrics.resets.inc({ reason: reason.includes("restart") ? "restart" : "gap" });

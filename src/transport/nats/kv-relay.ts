@@ -14,7 +14,13 @@
  * started for the worker relays its lowest rank itself and starts one sibling relay per other
  * rank, each on `kvRankSubject(subject, rank)`.
  */
-import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import {
+  headers,
+  type Msg,
+  type MsgHdrs,
+  type NatsConnection,
+  type Subscription,
+} from "@nats-io/transport-node";
 import { Dealer, Subscriber } from "zeromq";
 import type { KvEventsInfo } from "../../discovery/types.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
@@ -23,7 +29,9 @@ import {
   decodeReplayRequest,
   encodeKvMessage,
   encodeReplayEnd,
+  KV_EPOCH_HEADER,
   kvRankSubject,
+  newKvEpoch,
   readKvSeq,
   SEQ_BYTES,
   seqFrame,
@@ -44,7 +52,19 @@ export interface KvRelayOptions {
   replayPage?: number;
   /** How long to wait for the engine's replay socket (default 2000 ms). */
   engineReplayTimeoutMs?: number;
+  /**
+   * The worker's relay epoch, shared by every DP rank's relay (default: a fresh one). Every
+   * batch carries it; the registrar puts it in the record (`natsKvEpoch`).
+   */
+  epoch?: KvEpoch;
+  /** Called after the engine's sequence went back (it restarted) and a new epoch began. */
+  onEpochChange?: (epoch: string) => void;
   logger?: Logger;
+}
+
+/** One worker's epoch, shared by the relays of its ranks. */
+export interface KvEpoch {
+  value: string;
 }
 
 export interface KvRelayStats {
@@ -74,8 +94,13 @@ export class NatsKvRelay {
   /** Options of the sibling relays, one per other rank. */
   private readonly rankOpts: KvRelayOptions[] = [];
   private readonly o: KvRelayOptions;
+  private readonly epochRef: KvEpoch;
+  private hdrs: MsgHdrs;
 
-  constructor(o: KvRelayOptions) {
+  constructor(opts: KvRelayOptions) {
+    this.epochRef = opts.epoch ?? { value: newKvEpoch() };
+    const o: KvRelayOptions = { ...opts, epoch: this.epochRef };
+    this.hdrs = epochHeaders(this.epochRef.value);
     const base = o.subject ?? kvSubject(o.model, o.workerId);
     const ranks = [...(o.events.ranks ?? [])].sort((a, b) => a.dpRank - b.dpRank);
     if (ranks.length > 0) {
@@ -106,6 +131,11 @@ export class NatsKvRelay {
     // Starting at 0 makes the first live batch pull whatever the engine published before the
     // agent subscribed (ZMQ subscribers miss those), so servers can replay full history.
     this.expected = 0;
+  }
+
+  /** The epoch stamped on every batch (the record's `natsKvEpoch`). */
+  get epoch(): string {
+    return this.epochRef.value;
   }
 
   /** Next sequence number the relay will publish. */
@@ -170,8 +200,27 @@ export class NatsKvRelay {
       this.stats.malformed++;
       return;
     }
+    if (seq < this.expected && seq === 0) this.newEpoch();
     if (seq > this.expected) await this.recoverFromEngine(this.expected, seq);
     this.emit(seq, frames[1], frames[2]);
+  }
+
+  /**
+   * The engine started its sequence again (it restarted under this agent): what servers hold
+   * for this worker is stale. A new epoch, announced in the record by `onEpochChange`, is what
+   * makes servers drop it; until then they refuse the new epoch's batches (never a reset from
+   * an unannounced source).
+   */
+  private newEpoch(): void {
+    this.epochRef.value = newKvEpoch();
+    this.ring.clear();
+    this.log.warn({ epoch: this.epochRef.value }, "engine kv sequence restarted; new relay epoch");
+    this.o.onEpochChange?.(this.epochRef.value);
+  }
+
+  private headersNow(): MsgHdrs {
+    if (this.hdrs.get(KV_EPOCH_HEADER) !== this.epochRef.value) this.hdrs = epochHeaders(this.epochRef.value);
+    return this.hdrs;
   }
 
   private emit(seq: number, seqBytes: Uint8Array, payload: Uint8Array): void {
@@ -180,7 +229,7 @@ export class NatsKvRelay {
     this.expected = seq + 1;
     this.stats.relayed++;
     try {
-      this.o.nc.publish(this.subject, msg);
+      this.o.nc.publish(this.subject, msg, { headers: this.headersNow() });
     } catch (err) {
       // Closed connection: the ring still has it for replay once servers ask.
       this.log.warn({ err: String(err) }, "kv relay publish failed");
@@ -235,12 +284,19 @@ export class NatsKvRelay {
     const max = req.max > 0 ? req.max : (this.o.replayPage ?? 1000);
     this.stats.replaysServed++;
     try {
-      this.ring.forEachFrom(req.start, max, (_seq, m) => this.o.nc.publish(reply, m));
-      this.o.nc.publish(reply, encodeReplayEnd(this.ring.oldest, this.expected));
+      const h = this.headersNow();
+      this.ring.forEachFrom(req.start, max, (_seq, m) => this.o.nc.publish(reply, m, { headers: h }));
+      this.o.nc.publish(reply, encodeReplayEnd(this.ring.oldest, this.expected), { headers: h });
     } catch (err) {
       this.log.warn({ err: String(err) }, "kv replay answer failed");
     }
   }
+}
+
+function epochHeaders(epoch: string): MsgHdrs {
+  const h = headers();
+  h.set(KV_EPOCH_HEADER, epoch);
+  return h;
 }
 
 export async function startKvRelay(o: KvRelayOptions): Promise<NatsKvRelay> {

@@ -6,9 +6,9 @@
  * same contract as the ZMQ replay path. On start it replays the agent's buffer, so a new server
  * replica builds its index from history, not only from what arrives after it.
  */
-import { createInbox, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { createInbox, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { createLogger, type Logger } from "../../util/log.ts";
-import { decodeReplayEnd, encodeReplayRequest, kvPayload, readKvSeq } from "./kv-wire.ts";
+import { decodeReplayEnd, encodeReplayRequest, KV_EPOCH_HEADER, kvPayload, readKvSeq } from "./kv-wire.ts";
 import { kvReplaySubject } from "./subjects.ts";
 
 export interface KvBatchSink {
@@ -21,7 +21,14 @@ export interface KvBatchSink {
    * buffer no longer reaches back to seq 0): what the sink holds is partial, not "empty".
    */
   onUnknown?(reason: string): void;
+  /** A batch was refused, not applied: `epoch` (not the record's) or `restart` (unannounced). */
+  onRefused?(reason: KvRefusal): void;
 }
+
+export type KvRefusal = "epoch" | "restart";
+
+/** At most one refusal warning per subscriber this often; the rest are counted in the log line. */
+const REFUSAL_LOG_MS = 10_000;
 
 export interface KvSubscriberOptions {
   nc: NatsConnection;
@@ -30,6 +37,12 @@ export interface KvSubscriberOptions {
   sink: KvBatchSink;
   /** Replay the agent's buffer on start (default true). */
   replayOnStart?: boolean;
+  /**
+   * The epoch the worker's record announces (`natsKvEpoch`): only batches stamped with it are
+   * applied. Absent (an agent from before epochs): batches are not checked, but a sequence
+   * restart is still refused.
+   */
+  epoch?: string;
   /** Batches asked per replay page (default 1000). */
   replayPage?: number;
   /** How long a replay page may go without a message (default 2000 ms): a stall timeout. */
@@ -43,11 +56,22 @@ export interface KvSubscriberStats {
   gaps: number;
   resets: number;
   duplicates: number;
+  /** Batches refused: another epoch than the record's, or a restart no record announced. */
+  refused: number;
 }
 
 export class NatsKvSubscriber {
   private readonly o: KvSubscriberOptions;
-  readonly stats: KvSubscriberStats = { delivered: 0, replayed: 0, gaps: 0, resets: 0, duplicates: 0 };
+  readonly stats: KvSubscriberStats = {
+    delivered: 0,
+    replayed: 0,
+    gaps: 0,
+    resets: 0,
+    duplicates: 0,
+    refused: 0,
+  };
+  private lastRefusalLog = 0;
+  private refusalsUnlogged = 0;
   private live?: Subscription;
   /** Next seq to deliver; null until the first batch or replay fixes it. */
   private expected: number | null = null;
@@ -68,7 +92,7 @@ export class NatsKvSubscriber {
   async start(): Promise<void> {
     this.live = this.o.nc.subscribe(this.o.subject, {
       callback: (err, msg) => {
-        if (!err) this.onLive(msg.data);
+        if (!err && this.epochOk(msg)) this.onLive(msg.data);
       },
     });
     await this.o.nc.flush();
@@ -85,6 +109,36 @@ export class NatsKvSubscriber {
     return this.expected;
   }
 
+  /** The batch carries the record's epoch (or the record announces none). */
+  private epochOk(msg: Msg): boolean {
+    const want = this.o.epoch;
+    if (want === undefined) return true;
+    if (msg.headers?.get(KV_EPOCH_HEADER) === want) return true;
+    this.refuse("epoch", readKvSeq(msg.data));
+    return false;
+  }
+
+  /** Counts a refused batch and warns, at most once per REFUSAL_LOG_MS. */
+  private refuse(reason: KvRefusal, seq: number | undefined): void {
+    this.stats.refused++;
+    try {
+      this.o.sink.onRefused?.(reason);
+    } catch {}
+    const now = Date.now();
+    if (now - this.lastRefusalLog < REFUSAL_LOG_MS) {
+      this.refusalsUnlogged++;
+      return;
+    }
+    this.log.warn(
+      { reason, seq, expected: this.expected, suppressed: this.refusalsUnlogged },
+      reason === "epoch"
+        ? "kv batch refused: not stamped with the epoch the worker's record announces"
+        : "kv batch refused: sequence restart that no new worker record announced",
+    );
+    this.lastRefusalLog = now;
+    this.refusalsUnlogged = 0;
+  }
+
   private onLive(msg: Uint8Array): void {
     if (this.closed) return;
     if (this.recovering) {
@@ -94,8 +148,12 @@ export class NatsKvSubscriber {
     this.accept(msg);
   }
 
-  /** Applies one message in order; a gap starts a recovery (the message waits in pending). */
-  private accept(msg: Uint8Array): void {
+  /**
+   * Applies one message in order; a gap starts a recovery (the message waits in pending).
+   * `queued`: it arrived live during a replay, which may have delivered it already, so a seq
+   * from before is a duplicate, not a restart claim.
+   */
+  private accept(msg: Uint8Array, queued = false): void {
     const seq = readKvSeq(msg);
     if (seq === undefined || seq < 0) return;
     const exp = this.expected;
@@ -104,11 +162,12 @@ export class NatsKvSubscriber {
       return;
     }
     if (seq < exp) {
-      // A seq from before: either a duplicate (replay overlap) or the engine restarted from 0.
-      if (seq === 0) {
-        this.reset("engine sequence restarted");
-        this.deliver(seq, msg);
-      } else this.stats.duplicates++;
+      // A seq from before: a duplicate (replay overlap), or a claim that the engine restarted
+      // from 0. A genuine restart comes with a new relay epoch announced in a new record, which
+      // reopens this feed from scratch (kv-ingest.ts keys feeds by epoch); a bare seq 0 on a
+      // running feed proves nothing (anyone who can publish here can send it), so it is refused.
+      if (seq === 0 && !queued) this.refuse("restart", seq);
+      else this.stats.duplicates++;
       return;
     }
     this.stats.gaps++;
@@ -192,7 +251,7 @@ export class NatsKvSubscriber {
     queued.sort((a, b) => readKvSeq(a)! - readKvSeq(b)!);
     for (const m of queued) {
       if (this.recovering) this.pending.push(m);
-      else this.accept(m);
+      else this.accept(m, true);
     }
   }
 
@@ -219,6 +278,7 @@ export class NatsKvSubscriber {
             resolve(null);
             return;
           }
+          if (!this.epochOk(msg)) return;
           const end = decodeReplayEnd(msg.data);
           if (end) {
             clearTimeout(timer);

@@ -11,8 +11,21 @@
  * buffered seq][next seq the agent will publish] (both 8-byte BE; -1 when unknown). A start
  * below "oldest" means the history in between is gone: the subscriber resets that worker.
  */
+import { randomBytes } from "node:crypto";
 
 export const SEQ_BYTES = 8;
+
+/**
+ * NATS header naming the relay instance (epoch) that published a live or replayed batch. The
+ * worker's record announces the same value (`natsKvEpoch`); a server drops batches stamped with
+ * any other, and takes a sequence restart as genuine only with a new record and a new epoch.
+ */
+export const KV_EPOCH_HEADER = "Infera-Kv-Epoch";
+
+/** A fresh relay epoch: 16 random hex digits. */
+export function newKvEpoch(): string {
+  return randomBytes(8).toString("hex");
+}
 
 /**
  * The subject a data-parallel rank's events go to when the worker lists its ranks

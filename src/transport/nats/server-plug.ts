@@ -21,7 +21,12 @@ import { NatsKvIngest } from "./kv-ingest.ts";
 function natsOptions(ctx: ServerComponentContext, role: string): NatsConnectOptions {
   const cfg = ctx.config as { nats?: NatsConnectOptions };
   if (!cfg.nats?.url) throw new Error("the NATS planes need --nats-url (or INFERA_NATS_URL)");
-  return { ...cfg.nats, name: cfg.nats.name ?? `infera-server-${role}-${process.pid}`, logger: ctx.logger };
+  return {
+    ...cfg.nats,
+    name: cfg.nats.name ?? `infera-server-${role}-${process.pid}`,
+    logger: ctx.logger,
+    registry: ctx.registry,
+  };
 }
 
 /**

@@ -27,6 +27,8 @@ export class NatsWorkerRegistrar implements DiscoveryRegistrar {
   agent?: NatsRequestAgent;
   relay?: NatsKvRelay;
   private starting?: Promise<void>;
+  /** The record last registered, so an epoch change can announce itself. */
+  private last?: WorkerRecord;
 
   constructor(inner: DiscoveryRegistrar | null, o: NatsWorkerOptions) {
     this.inner = inner;
@@ -54,6 +56,14 @@ export class NatsWorkerRegistrar implements DiscoveryRegistrar {
         workerId: rec.id,
         events: rec.kvEvents,
         logger: logger.child({ plane: "nats-kv" }),
+        // The engine restarted under this agent: announce the new epoch, which is what makes
+        // servers drop the worker's old blocks (a bare seq 0 on the subject is refused).
+        onEpochChange: () => {
+          if (this.last)
+            this.register(this.last).catch((err: Error) =>
+              logger.warn({ err: err.message }, "re-registering with a new kv epoch failed"),
+            );
+        },
       });
       logger.info({ subject: this.relay.subject }, "nats kv relay ready");
     }
@@ -66,7 +76,10 @@ export class NatsWorkerRegistrar implements DiscoveryRegistrar {
       this.starting = undefined;
     });
     await this.starting;
-    const rec = this.agent ? { ...record, natsSubject: this.agent.subject } : record;
+    this.last = record;
+    const rec: WorkerRecord = { ...record };
+    if (this.agent) rec.natsSubject = this.agent.subject;
+    if (this.relay) rec.natsKvEpoch = this.relay.epoch;
     await this.inner?.register(rec);
   }
 

@@ -1,8 +1,11 @@
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { Writable } from "node:stream";
 import { after, test } from "node:test";
 import { nkeys } from "@nats-io/transport-node";
+import { type Logger, pino } from "pino";
+import { Registry } from "prom-client";
 import { connectNats } from "../../../src/transport/nats/connection.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 
@@ -69,4 +72,56 @@ test("mutual TLS: a client certificate from the CA gets in, none is refused", as
   });
   assert.equal(await roundTrip(nc), "ping");
   await assert.rejects(connectNats({ url: s.url, tls: { caFile: t.caFile }, maxReconnectAttempts: 0 }));
+});
+
+/** A pino logger whose lines land in `lines` (JSON objects). */
+function captureLogger(): { logger: Logger; lines: Record<string, unknown>[] } {
+  const lines: Record<string, unknown>[] = [];
+  const dest = new Writable({
+    write(chunk, _enc, cb) {
+      for (const l of String(chunk).split("\n")) if (l.trim()) lines.push(JSON.parse(l));
+      cb();
+    },
+  });
+  return { logger: pino({ level: "warn" }, dest), lines };
+}
+
+async function anonymousGauge(registry: Registry): Promise<number | undefined> {
+  const m = await registry.getSingleMetric("infera_nats_anonymous")?.get();
+  return m?.values[0]?.value;
+}
+
+// Issue #30 item 1: an unauthenticated client read every prompt on infera.req.> and nothing
+// was logged. A broker that takes clients without auth now gets one loud warning per logger
+// and infera_nats_anonymous = 1, unless --nats-allow-anonymous says it is intended.
+test("a broker without auth: one warning per logger, the gauge at 1; --nats-allow-anonymous silences it", async () => {
+  const s = await startNats();
+  servers.push(s);
+  const { logger, lines } = captureLogger();
+  const registry = new Registry();
+  const a = await connectNats({ url: s.url, logger, registry });
+  const b = await connectNats({ url: s.url, logger, registry });
+  const warned = lines.filter((l) => String(l.msg).includes("without authentication"));
+  assert.equal(warned.length, 1, "warned once");
+  assert.equal(await anonymousGauge(registry), 1);
+  await a.close();
+  await b.close();
+
+  const quiet = captureLogger();
+  const r2 = new Registry();
+  const c = await connectNats({ url: s.url, logger: quiet.logger, registry: r2, allowAnonymous: true });
+  assert.equal(quiet.lines.length, 0);
+  assert.equal(await anonymousGauge(r2), 1, "the gauge still says what is true");
+  await c.close();
+});
+
+test("credentials the broker requires: no warning, the gauge at 0", async () => {
+  const s = await startNats({ user: "u", password: "pw" });
+  servers.push(s);
+  const { logger, lines } = captureLogger();
+  const registry = new Registry();
+  const nc = await connectNats({ url: s.url, user: "u", password: "pw", logger, registry });
+  assert.equal(lines.length, 0);
+  assert.equal(await anonymousGauge(registry), 0);
+  await nc.close();
 });
