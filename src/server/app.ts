@@ -234,7 +234,7 @@ export async function startServer(
                 res.writeHead(200, { "content-type": metrics.registry.contentType });
                 res.end(text);
               },
-              (err) => sendError(res, err),
+              (err) => sendError(res, err, undefined, logger),
             );
             return;
           case "/v1/models":
@@ -260,7 +260,7 @@ export async function startServer(
       throw new NotFoundError(`No route for ${echoInput(method ?? "")} ${echoInput(path)}.`, "not_found");
     } catch (err) {
       req.resume();
-      sendError(res, err);
+      sendError(res, err, undefined, logger);
     }
   };
 

@@ -1,6 +1,7 @@
 /** Small HTTP helpers for the node:http server: bounded body reading and OpenAI-shaped errors. */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { InferaError, PayloadTooLargeError, toInferaError } from "../protocol/errors.ts";
+import type { Logger } from "../util/log.ts";
 import { POOL_FROM, releaseBodyBuffer, takeBodyBuffer } from "./body-buffers.ts";
 
 export class BodyAbortedError extends Error {}
@@ -153,8 +154,9 @@ export function sendJson(
 }
 
 /** Answers with an OpenAI-shaped error, or just closes the stream if headers are already out. */
-export function sendError(res: ServerResponse, err: unknown, requestId?: string): void {
+export function sendError(res: ServerResponse, err: unknown, requestId?: string, log?: Logger): void {
   const e = err instanceof InferaError ? err : toInferaError(err);
+  if (log && e.status >= 500) logServerError(log, e, err, requestId, res.headersSent);
   if (res.headersSent) {
     res.destroy();
     return;
@@ -163,4 +165,32 @@ export function sendError(res: ServerResponse, err: unknown, requestId?: string)
   if (requestId) headers["x-request-id"] = requestId;
   if (e.status === 413) headers.connection = "close";
   sendJson(res, e.status, e.toJSON(), headers);
+}
+
+/**
+ * Every 5xx the server answers is logged with its cause (issue #30 item 5: a worker URL that
+ * undici refused made every request a 500 and, having a `code`, was never logged). A 500 is
+ * our fault: `error`; a 502/503/504 says a worker or the fleet failed: `warn`.
+ */
+function logServerError(
+  log: Logger,
+  e: InferaError,
+  cause: unknown,
+  requestId: string | undefined,
+  headersSent: boolean,
+): void {
+  const c = cause as { code?: unknown; message?: unknown; cause?: unknown } | null;
+  const fields = {
+    status: e.status,
+    code: e.code,
+    requestId,
+    // The error itself (pino's err serializer: type, message, stack, code) and what it wraps.
+    err: cause,
+    causeCode: typeof c?.code === "string" ? c.code : undefined,
+    innerCause: c?.cause,
+    afterHeaders: headersSent || undefined,
+  };
+  const msg = `answered ${e.status}: ${e.message}`;
+  if (e.status === 500) log.error(fields, msg);
+  else log.warn(fields, msg);
 }

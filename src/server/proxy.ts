@@ -141,12 +141,10 @@ export async function handleCompletion(
       return;
     }
     const status = (err as { status?: number }).status ?? 500;
-    if (status >= 500 && !(err as { code?: string }).code)
-      ctx.logger.error({ err, requestId }, "request failed");
     // Label only models the fleet knows, so arbitrary client strings cannot grow the series.
     const known = model !== "" && ctx.router.knows(model);
     ctx.metrics.countRequest(known ? model : "", endpointLabel, status);
-    sendError(res, err, requestId);
+    sendError(res, err, requestId, ctx.logger);
     // A refused upload may still be arriving; drop it rather than parse it.
     if (status === 413) req.resume();
   } finally {
