@@ -76,6 +76,7 @@ interface ServerFlags extends NatsCliValues {
   maxResponseBuffer?: string;
   metricsPublic?: boolean;
   drainTimeout?: string;
+  modelGoneRetry?: string;
   tokenizer?: string;
   scrapeInterval?: string;
   maxRetries?: string;
@@ -114,6 +115,7 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   requestTimeoutMs: "--request-timeout",
   maxResponseBufferBytes: "--max-response-buffer",
   drainTimeoutS: "--drain-timeout",
+  modelGoneRetryS: "--model-gone-retry",
   metricsPublic: "--metrics-public",
   "upstream.headersTimeoutMs": "--upstream-headers-timeout",
   "upstream.bodyTimeoutMs": "--upstream-body-timeout",
@@ -170,6 +172,7 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     requestTimeoutMs: optNum(f.requestTimeout),
     maxResponseBufferBytes: optSize("--max-response-buffer", f.maxResponseBuffer),
     drainTimeoutS: optNum(f.drainTimeout),
+    modelGoneRetryS: optNum(f.modelGoneRetry),
     metricsPublic: f.metricsPublic,
     upstream: {
       headersTimeoutMs: optNum(f.upstreamHeadersTimeout),
@@ -276,6 +279,11 @@ export function registerServer(program: Command): void {
       "--drain-timeout <seconds>",
       "on SIGTERM: stop accepting, answer /ready 503, and let requests in flight finish for up to " +
         "this long before exiting (default 30; env INFERA_DRAIN_TIMEOUT_S)",
+    )
+    .option(
+      "--model-gone-retry <seconds>",
+      "a model whose workers all left discovery within this long is answered 503 with Retry-After " +
+        "(SDKs retry), not 404 model_not_found (default 300; 0 = off; env INFERA_MODEL_GONE_RETRY_S)",
     )
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")

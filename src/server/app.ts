@@ -26,7 +26,7 @@ import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtension
 import { sendError, sendJson } from "./http-util.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
-import { handleCompletion, type ProxyContext } from "./proxy.ts";
+import { DrainCutError, handleCompletion, type ProxyContext } from "./proxy.ts";
 
 export interface StartServerOptions {
   /** Use this watcher instead of building one from `config.discovery` (caller owns it). */
@@ -140,6 +140,7 @@ export async function startServer(
     mode: config.router,
     disaggFactory: ext.disaggRouterFactory,
     maxRetries: config.maxRetries,
+    modelGoneRetryMs: config.modelGoneRetryS * 1000,
     logger,
     kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
     observer: metrics,
@@ -164,7 +165,10 @@ export async function startServer(
     preparePrompt: needs.has("promptTokens") || needs.has("approxTree") || config.router !== "mixed",
     logger,
     bodyParser: opts.bodyParser,
+    inFlight: new Set(),
   };
+  /** Responses not yet finished: a drain tells their keep-alive connections to close. */
+  const openResponses = new Set<ServerResponse>();
 
   let draining = false;
   const active: ActiveCount = { n: 0 };
@@ -190,6 +194,13 @@ export async function startServer(
   const handle = (req: IncomingMessage, res: ServerResponse): void => {
     req.on("error", () => {});
     res.on("error", () => {});
+    // While draining, every answer closes its connection after it (keep-alive clients reconnect
+    // to another replica); before, a response in flight at SIGTERM is told so by the drain.
+    if (draining) res.setHeader("connection", "close");
+    else {
+      openResponses.add(res);
+      res.once("close", () => openResponses.delete(res));
+    }
     const url = req.url ?? "/";
     const q = url.indexOf("?");
     const path = q < 0 ? url : url.slice(0, q);
@@ -308,12 +319,24 @@ export async function startServer(
       logger.info({ graceMs, active: active.n }, "draining: not accepting, waiting for requests in flight");
       // Stops the listener and closes idle keep-alive connections (Node >= 19).
       httpServer.close();
+      // A keep-alive connection with a request in flight gets its answer, then is closed:
+      // `connection: close` on answers not started, an end after those already streaming.
+      for (const res of openResponses) {
+        if (!res.headersSent) res.setHeader("connection", "close");
+        else res.once("finish", () => res.socket?.end());
+      }
     }
     const deadline = Date.now() + graceMs;
     while (active.n > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     const left = active.n;
-    if (left > 0) logger.warn({ left, graceMs }, "drain: grace period over; closing with requests in flight");
-    else logger.info("drain: all requests finished");
+    if (left > 0) {
+      logger.warn({ left, graceMs }, "drain: grace period over; cutting the requests in flight");
+      // Each stream ends with an error event and [DONE], each unanswered request with a 503,
+      // rather than a reset; a moment is left for those last writes before the sockets close.
+      for (const a of pctx.inFlight ?? []) a.abort(new DrainCutError());
+      const cutBy = Date.now() + 2000;
+      while (active.n > 0 && Date.now() < cutBy) await new Promise((r) => setTimeout(r, 20));
+    } else logger.info("drain: all requests finished");
     await close();
     return left;
   };

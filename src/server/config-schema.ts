@@ -207,6 +207,7 @@ export const serverConfigLayerSchema = z
     maxResponseBufferBytes: posInt("max response buffer"),
     requestTimeoutMs: ms("request timeout"),
     drainTimeoutS: num("drain timeout, seconds", { min: 0 }),
+    modelGoneRetryS: num("model-gone retry window, seconds", { min: 0 }),
     // workers
     upstream: upstreamSchema,
     breaker: breakerSchema,

@@ -57,6 +57,11 @@ export interface ServerConfig {
   maxResponseBufferBytes: number;
   /** On SIGTERM: how long requests in flight may finish before the process exits. */
   drainTimeoutS: number;
+  /**
+   * A model whose workers all left discovery within this many seconds is answered 503
+   * `no_worker_available` with Retry-After (SDKs retry it), not 404 `model_not_found`. 0 = off.
+   */
+  modelGoneRetryS: number;
   /** Serve /metrics without an API key even when keys are set (it lists every worker's address). */
   metricsPublic: boolean;
   /** Model directory with tokenizer.json (+ chat template); the built-in BPE when absent. */
@@ -104,6 +109,7 @@ export const defaultServerConfig: ServerConfig = {
   requestTimeoutMs: 60_000,
   maxResponseBufferBytes: 16 * 1024 * 1024,
   drainTimeoutS: 30,
+  modelGoneRetryS: 300,
   metricsPublic: false,
   scrapeIntervalMs: 2000,
   maxRetries: 2,
