@@ -194,6 +194,8 @@ export async function startServer(
   const handle = (req: IncomingMessage, res: ServerResponse): void => {
     req.on("error", () => {});
     res.on("error", () => {});
+    // Browsers must take every answer as the content type it declares (issue #30 item 9).
+    res.setHeader("x-content-type-options", "nosniff");
     // While draining, every answer closes its connection after it (keep-alive clients reconnect
     // to another replica); before, a response in flight at SIGTERM is told so by the drain.
     if (draining) res.setHeader("connection", "close");
@@ -397,7 +399,7 @@ function clientErrorResponse(code: string | undefined): string {
     status === 408 ? "The request was not received in time." : `Malformed HTTP request (${safeCode}).`;
   const body = JSON.stringify(new InferaError(status, message, { code: err }).toJSON());
   return (
-    `HTTP/1.1 ${status} ${reason}\r\nconnection: close\r\ncontent-type: application/json\r\n` +
+    `HTTP/1.1 ${status} ${reason}\r\nconnection: close\r\ncontent-type: application/json\r\nx-content-type-options: nosniff\r\n` +
     `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
   );
 }
