@@ -163,8 +163,42 @@ export function sendError(res: ServerResponse, err: unknown, requestId?: string,
   }
   const headers: Record<string, string> = { ...e.headers };
   if (requestId) headers["x-request-id"] = requestId;
-  if (e.status === 413) headers.connection = "close";
   sendJson(res, e.status, e.toJSON(), headers);
+}
+
+/** What is read and thrown away of a refused (413) upload, at most, and for how long. */
+export const DISCARD_REFUSED_BYTES = 64 * 1024 * 1024;
+export const DISCARD_REFUSED_MS = 10_000;
+
+/**
+ * After a 413, reads and discards the rest of the upload, so a client still sending (Node's
+ * fetch, the OpenAI SDK) reads the answer instead of failing with EPIPE when the socket closes
+ * under it, and then retrying the whole body (issue #30 item 11). Bounded: past
+ * DISCARD_REFUSED_BYTES or DISCARD_REFUSED_MS the connection is destroyed. Returns false when
+ * the declared length is already past the bound: the answer should say `connection: close`.
+ */
+export function discardRefusedBody(req: IncomingMessage): boolean {
+  if (req.complete) return true;
+  const declared = Number(req.headers["content-length"]);
+  if (declared > DISCARD_REFUSED_BYTES) {
+    req.resume();
+    return false;
+  }
+  let n = 0;
+  const cut = () => {
+    clearTimeout(timer);
+    req.socket.destroy();
+  };
+  const timer = setTimeout(cut, DISCARD_REFUSED_MS);
+  timer.unref();
+  req.on("data", (c: Buffer) => {
+    n += c.length;
+    if (n > DISCARD_REFUSED_BYTES) cut();
+  });
+  req.once("end", () => clearTimeout(timer));
+  req.once("close", () => clearTimeout(timer));
+  req.resume();
+  return true;
 }
 
 /**

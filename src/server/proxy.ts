@@ -27,7 +27,7 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
-import { BodyAbortedError, readBody, releaseBody, sendError } from "./http-util.ts";
+import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
@@ -161,9 +161,10 @@ export async function handleCompletion(
     // Label only models the fleet knows, so arbitrary client strings cannot grow the series.
     const known = model !== "" && ctx.router.knows(model);
     ctx.metrics.countRequest(known ? model : "", endpointLabel, status);
+    // A refused upload may still be arriving: read and drop it (bounded) so the client reads
+    // this answer; only one past the bound gets `connection: close`.
+    if (status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
     sendError(res, err, requestId, ctx.logger);
-    // A refused upload may still be arriving; drop it rather than parse it.
-    if (status === 413) req.resume();
   } finally {
     if (ac) ctx.inFlight?.delete(ac);
     // A large body's buffer serves the next one once nothing can read it. undici writes a
