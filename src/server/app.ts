@@ -325,7 +325,11 @@ export async function startServer(
       // `connection: close` on answers not started, an end after those already streaming.
       for (const res of openResponses) {
         if (!res.headersSent) res.setHeader("connection", "close");
-        else res.once("finish", () => res.socket?.end());
+        else {
+          // Taken now: by the time 'finish' listeners run, Node has detached it from `res`.
+          const sock = res.socket;
+          res.once("finish", () => sock?.end());
+        }
       }
     }
     const deadline = Date.now() + graceMs;
