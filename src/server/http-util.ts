@@ -218,8 +218,10 @@ function logServerError(
     status: e.status,
     code: e.code,
     requestId,
-    // The error itself (pino's err serializer: type, message, stack, code) and what it wraps.
-    err: cause,
+    // The error itself and what it wraps: with its stack when unexpected (pino's err
+    // serializer); an expected InferaError (no worker, upstream failure) without it, as a
+    // burst of them must not cost a stack serialisation each.
+    err: cause instanceof InferaError ? { type: cause.constructor.name, message: cause.message } : cause,
     causeCode: typeof c?.code === "string" ? c.code : undefined,
     innerCause: c?.cause,
     afterHeaders: headersSent || undefined,
