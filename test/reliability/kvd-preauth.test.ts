@@ -48,7 +48,7 @@ test("kvd: large pre-auth HELLOs and 2,000 idle connections under a 256-fd limit
     const c = await KvdClient.connect({
       socketPath: kvd.socket,
       namespace: "engine",
-      handshakeTimeoutMs: 3000,
+      handshakeTimeoutMs: 10_000,
     });
     engineOk = !!c.arena && (await c.put([{ key: "k", data: Buffer.from("v") }]))[0] === true;
     c.close();
