@@ -16,6 +16,16 @@ interface KvdFlags {
   maxFrameBytes: string;
   tcpTokenFile?: string;
   maxQueuedBytes: string;
+  maxTcpConnections?: string;
+  maxTcpPerPeer: string;
+  authTimeoutMs: string;
+  preAuthFrameBytes: string;
+}
+
+function positiveInt(name: string, v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} expects a positive integer, got '${v}'`);
+  return n;
 }
 
 function parseHostPort(v: string): { host: string; port: number } {
@@ -62,6 +72,22 @@ export function registerKvd(program: Command): void {
       "per connection: requests read but unanswered plus replies unsent before the daemon stops reading it",
       "64MiB",
     )
+    .option(
+      "--max-tcp-connections <n>",
+      "TCP connections open at once; more are closed at accept (default: half the open-files limit, " +
+        "at most 1024; the other half is kept for Unix-socket engines)",
+    )
+    .option("--max-tcp-per-peer <n>", "TCP connections open at once from one address", "64")
+    .option(
+      "--auth-timeout-ms <ms>",
+      "a TCP connection whose HELLO is not accepted in time is closed",
+      "5000",
+    )
+    .option(
+      "--pre-auth-frame-bytes <size>",
+      "largest frame (meta + data) a TCP connection may send before its HELLO is accepted",
+      "4KiB",
+    )
     .action(async (f: KvdFlags, cmd: Command) => {
       const [{ startKvd }, { parseSize }, { createLogger }, { readFileSync }] = await Promise.all([
         import("../kvd/daemon.ts"),
@@ -86,6 +112,13 @@ export function registerKvd(program: Command): void {
           ephemeral: f.ephemeral,
           maxFrameBytes: parseSize(f.maxFrameBytes),
           maxQueuedBytes: parseSize(f.maxQueuedBytes),
+          maxTcpConnections:
+            f.maxTcpConnections !== undefined
+              ? positiveInt("--max-tcp-connections", f.maxTcpConnections)
+              : undefined,
+          maxTcpPerPeer: positiveInt("--max-tcp-per-peer", f.maxTcpPerPeer),
+          authTimeoutMs: positiveInt("--auth-timeout-ms", f.authTimeoutMs),
+          preAuthFrameBytes: parseSize(f.preAuthFrameBytes),
           tcpToken: f.tcpTokenFile
             ? readFileSync(f.tcpTokenFile, "utf8").trim()
             : envVar("INFERA_KVD_TCP_TOKEN"),

@@ -78,6 +78,7 @@ interface ServerFlags extends NatsCliValues {
   promptCacheTokens?: string;
   metricsPublic?: boolean;
   drainTimeout?: string;
+  modelGoneRetry?: string;
   tokenizer?: string;
   scrapeInterval?: string;
   maxRetries?: string;
@@ -118,6 +119,7 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   promptBudgetMs: "--prompt-budget",
   promptCacheTokens: "--prompt-cache-tokens",
   drainTimeoutS: "--drain-timeout",
+  modelGoneRetryS: "--model-gone-retry",
   metricsPublic: "--metrics-public",
   "upstream.headersTimeoutMs": "--upstream-headers-timeout",
   "upstream.bodyTimeoutMs": "--upstream-body-timeout",
@@ -177,6 +179,7 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     promptBudgetMs: optNum(f.promptBudget),
     promptCacheTokens: optNum(f.promptCacheTokens),
     drainTimeoutS: optNum(f.drainTimeout),
+    modelGoneRetryS: optNum(f.modelGoneRetry),
     metricsPublic: f.metricsPublic,
     upstream: {
       headersTimeoutMs: optNum(f.upstreamHeadersTimeout),
@@ -298,6 +301,11 @@ export function registerServer(program: Command): void {
       "--drain-timeout <seconds>",
       "on SIGTERM: stop accepting, answer /ready 503, and let requests in flight finish for up to " +
         "this long before exiting (default 30; env INFERA_DRAIN_TIMEOUT_S)",
+    )
+    .option(
+      "--model-gone-retry <seconds>",
+      "a model whose workers all left discovery within this long is answered 503 with Retry-After " +
+        "(SDKs retry), not 404 model_not_found (default 300; 0 = off; env INFERA_MODEL_GONE_RETRY_S)",
     )
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")

@@ -9,6 +9,8 @@ interface UpFlags {
   speed?: string;
   simArg?: string[];
   apiKey?: string[];
+  drainTimeout: string;
+  modelGoneRetry?: string;
 }
 
 const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
@@ -33,6 +35,15 @@ export function registerUp(program: Command): void {
       collect,
     )
     .option("--api-key <key>", "require this API key on the server (repeatable)", collect)
+    .option(
+      "--drain-timeout <seconds>",
+      "on SIGTERM: like infera server, stop accepting and let requests in flight finish for up to this long",
+      "30",
+    )
+    .option(
+      "--model-gone-retry <seconds>",
+      "while the workers restart, answer their model 503 + Retry-After for up to this long (default 300)",
+    )
     .action(async (f: UpFlags) => {
       const { runUp } = await import("../server/local-cluster.ts");
       await runUp({
@@ -44,6 +55,8 @@ export function registerUp(program: Command): void {
         speed: f.speed === undefined ? undefined : Number(f.speed),
         simArgs: f.simArg ?? [],
         apiKeys: f.apiKey ?? [],
+        drainTimeoutS: Number(f.drainTimeout),
+        modelGoneRetryS: f.modelGoneRetry === undefined ? undefined : Number(f.modelGoneRetry),
       });
     });
 }

@@ -113,6 +113,13 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "On SIGTERM, how long requests in flight may finish before exit (`--drain-timeout`).",
     { configKey: "drainTimeoutS" },
   ),
+  v(
+    "INFERA_MODEL_GONE_RETRY_S",
+    "number",
+    "server",
+    "A model whose workers all left within this many seconds is answered 503 + Retry-After, not 404 (`--model-gone-retry`; 0 = off).",
+    { configKey: "modelGoneRetryS" },
+  ),
   v("INFERA_TOKENIZER", "path", "server", "Model directory with tokenizer.json (`--tokenizer`).", {
     configKey: "tokenizer",
   }),

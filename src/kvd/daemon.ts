@@ -6,6 +6,13 @@ import { envVar } from "../config/env-table.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { type AisStatus, probeAis } from "./ais.ts";
 import { type ArenaMapping, createArena } from "./arena.ts";
+import {
+  ConnGuard,
+  DEFAULT_AUTH_TIMEOUT_MS,
+  DEFAULT_MAX_TCP_PER_PEER,
+  DEFAULT_PRE_AUTH_FRAME_BYTES,
+  defaultMaxTcpConnections,
+} from "./conn-guard.ts";
 import { createKvdMetrics } from "./metrics.ts";
 import { serveConnection } from "./server.ts";
 import { newSocketReadStats } from "./socket-reader.ts";
@@ -106,6 +113,7 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
     ...store.stats(),
     clients,
     ais,
+    tcp: { connections: guard.tcp, refused: { ...guard.refused } },
     socket_reads: {
       direct_connections: reads.directConnections,
       data_event_connections: reads.dataEventConnections,
@@ -113,8 +121,18 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
       copied_bytes: reads.copiedBytes,
     },
   });
+  const guard = new ConnGuard(
+    {
+      maxTcpConnections: cfg.maxTcpConnections ?? defaultMaxTcpConnections(),
+      maxTcpPerPeer: cfg.maxTcpPerPeer ?? DEFAULT_MAX_TCP_PER_PEER,
+      authTimeoutMs: cfg.authTimeoutMs ?? DEFAULT_AUTH_TIMEOUT_MS,
+      preAuthFrameBytes: cfg.preAuthFrameBytes ?? DEFAULT_PRE_AUTH_FRAME_BYTES,
+    },
+    log,
+  );
   const ctx = {
     store,
+    guard,
     log,
     maxFrameBytes,
     stats,
@@ -160,6 +178,7 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
   let tcpPort: number | undefined;
   if (cfg.tcp) {
     const srv = net.createServer((s) => {
+      if (!guard.admit(s)) return;
       track(s);
       s.setNoDelay(true);
       serveConnection(s, ctx, "tcp");
@@ -171,7 +190,7 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
   let metricsServer: http.Server | undefined;
   let metricsPort: number | undefined;
   if (cfg.metricsPort !== undefined) {
-    const registry = createKvdMetrics(store, () => clients, ais);
+    const registry = createKvdMetrics(store, () => clients, ais, guard);
     metricsServer = http.createServer((req, res) => {
       if (req.url === "/metrics") {
         registry.metrics().then(
@@ -193,6 +212,7 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
       socket: cfg.socketPath,
       tcp: tcpPort,
       tcpAuth: cfg.tcp ? (tcpToken ? "token" : "none (loopback only)") : undefined,
+      tcpLimits: cfg.tcp ? guard.limits : undefined,
       metricsPort,
       ramBytes: cfg.ramBytes,
       disk: disk ? { dir: disk.dir, bytes: disk.capacity, chunks: disk.index.size } : null,

@@ -1,10 +1,16 @@
 /** Prometheus metrics for one daemon instance (own Registry, so tests can run several). */
 import { Counter, Gauge, Registry } from "prom-client";
 import type { AisStatus } from "./ais.ts";
+import { type ConnGuard, REFUSAL_REASONS } from "./conn-guard.ts";
 import type { TieredStore } from "./store.ts";
 import type { TierName } from "./types.ts";
 
-export function createKvdMetrics(store: TieredStore, clients: () => number, ais: AisStatus): Registry {
+export function createKvdMetrics(
+  store: TieredStore,
+  clients: () => number,
+  ais: AisStatus,
+  guard?: ConnGuard,
+): Registry {
   const registry = new Registry();
   const tiers = (): TierName[] => [
     "l2",
@@ -89,6 +95,24 @@ export function createKvdMetrics(store: TieredStore, clients: () => number, ais:
     registers: [registry],
     collect() {
       this.set(clients());
+    },
+  });
+  new Gauge({
+    name: "kvd_tcp_connections",
+    help: "TCP connections open (capped by --max-tcp-connections; Unix-socket clients are not counted)",
+    registers: [registry],
+    collect() {
+      this.set(guard?.tcp ?? 0);
+    },
+  });
+  new Counter({
+    name: "kvd_tcp_refused_total",
+    help: "TCP connections refused or closed before authentication, by reason",
+    labelNames: ["reason"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const r of REFUSAL_REASONS) this.inc({ reason: r }, guard?.refused[r] ?? 0);
     },
   });
   new Gauge({

@@ -154,6 +154,13 @@ export class FrameDecoder {
   private readonly sink?: DataSink;
   private head: Buffer = EMPTY;
   private cur: Partial_ | null = null;
+  /**
+   * A tighter bound on meta + data together, checked at the header like the others. The
+   * daemon sets it on a TCP connection until its HELLO is accepted, so an unauthenticated
+   * peer cannot make it allocate a large frame (the meta and data buffers are allocated as
+   * soon as the header declares them).
+   */
+  frameLimit?: number;
 
   constructor(maxData: number, expectResponses = false, sink?: DataSink) {
     this.maxData = maxData;
@@ -263,6 +270,13 @@ export class FrameDecoder {
         op,
         id,
         MAX_META_BYTES,
+      );
+    if (this.frameLimit !== undefined && metaLen + dataLen > this.frameLimit)
+      throw new FrameTooLargeError(
+        `a frame of ${metaLen + dataLen} bytes before authentication exceeds ${this.frameLimit}`,
+        op,
+        id,
+        this.frameLimit,
       );
     if (dataLen > this.maxData)
       throw new FrameTooLargeError(

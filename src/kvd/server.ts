@@ -9,6 +9,7 @@ import type net from "node:net";
 import { z } from "zod";
 import { BadRequestError, InferaError, toInferaError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
+import type { ConnGuard } from "./conn-guard.ts";
 import { type ConnState, commitSunkPut, handle, putSink, type Reply, releaseConn } from "./handlers.ts";
 import { sendWithFds } from "./native/fdpass.ts";
 import {
@@ -46,6 +47,12 @@ export interface ServeContext {
    * not everything it sends.
    */
   maxQueuedBytes: number;
+  /**
+   * TCP pre-auth limits and refusal accounting (conn-guard.ts): until its HELLO is accepted a
+   * TCP connection may send one frame of at most `preAuthFrameBytes` and must do so within
+   * `authTimeoutMs`. Unix-socket connections are exempt (their file mode guards them).
+   */
+  guard: ConnGuard;
 }
 
 /** Requests read but unanswered on one connection before it is paused (whatever their size). */
@@ -84,6 +91,22 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
   );
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
+  /** A TCP connection whose HELLO has not been accepted yet (see ServeContext.guard). */
+  let preAuth = transport === "tcp";
+  if (preAuth) decoder.frameLimit = ctx.guard.limits.preAuthFrameBytes;
+  const authTimer = preAuth
+    ? setTimeout(() => {
+        if (closed || !preAuth) return;
+        ctx.guard.refuse("auth_timeout", sock.remoteAddress);
+        close();
+      }, ctx.guard.limits.authTimeoutMs)
+    : undefined;
+  authTimer?.unref();
+  const endPreAuth = () => {
+    preAuth = false;
+    decoder.frameLimit = undefined;
+    clearTimeout(authTimer);
+  };
   ctx.onClientCount(1);
   // Copy-path GET answers leave in fewer partial writes (see SEND_BUFFER_BYTES).
   if (transport === "unix") widenSendBuffer(sock);
@@ -91,6 +114,7 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
   const close = (why?: string) => {
     if (closed) return;
     closed = true;
+    clearTimeout(authTimer);
     if (why) log.warn({ transport, why }, "kvd closed a connection after a malformed frame");
     sock.destroy();
     releaseConn(store, st);
@@ -105,6 +129,7 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     if (closed) return;
     send(parts);
     closed = true;
+    clearTimeout(authTimer);
     sock.end();
     setTimeout(() => sock.destroy(), 2000).unref();
     releaseConn(store, st);
@@ -156,10 +181,7 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     if (!m.success) throw new ProtocolError("invalid HELLO");
     if (!authed) {
       if (!tokenMatches(m.data.token, ctx.tcpToken!)) {
-        log.warn(
-          { transport, remote: sock.remoteAddress },
-          "kvd refused a TCP client: missing or wrong token",
-        );
+        ctx.guard.refuse("bad_token", sock.remoteAddress);
         return closeAfter(errorFrame(f, unauthenticated("kvd: missing or wrong token in HELLO")));
       }
       authed = true;
@@ -167,6 +189,7 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     if (m.data.namespace?.includes("\0"))
       throw new BadRequestError("namespace must not contain NUL", "namespace", "invalid_namespace");
     if (m.data.namespace) st.namespace = m.data.namespace;
+    endPreAuth();
     const wantFd = m.data.arena !== false && transport === "unix";
     const meta = {
       version: PROTOCOL_VERSION,
@@ -190,6 +213,8 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     try {
       if (f.op === Op.HELLO) return await hello(f);
       if (!authed) return closeAfter(errorFrame(f, unauthenticated("kvd: send HELLO with the token first")));
+      // Without a token there is nothing to authenticate: the first frame ends the pre-auth state.
+      if (preAuth) endPreAuth();
       reply =
         f.op === Op.STATS
           ? { meta: ctx.stats() }
@@ -272,8 +297,10 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
       max_frame_bytes: e.limit,
     });
     // After the answers to what came before it, so responses stay in request order.
+    const beforeAuth = preAuth;
     chain = chain.then(() => {
-      log.warn({ transport, why: e.message }, "kvd closed a connection after an oversized frame");
+      if (beforeAuth) ctx.guard.refuse("preauth_frame", sock.remoteAddress);
+      else log.warn({ transport, why: e.message }, "kvd closed a connection after an oversized frame");
       closeAfter(parts);
     });
   };

@@ -40,6 +40,17 @@ export interface KvdConfig {
    * replies not yet sent; past it the connection is not read until under half. Default 64 MiB.
    */
   maxQueuedBytes?: number;
+  /**
+   * TCP connections open at once (default: half the open-files limit, at most 1024; the rest
+   * is the reserve that keeps Unix-socket clients served). Over it a connection is closed at accept.
+   */
+  maxTcpConnections?: number;
+  /** TCP connections open at once from one peer address (default 64). */
+  maxTcpPerPeer?: number;
+  /** A TCP connection whose HELLO is not accepted within this is closed (ms, default 5000). */
+  authTimeoutMs?: number;
+  /** Largest frame (meta + data) a TCP connection may send before its HELLO is accepted (default 4096). */
+  preAuthFrameBytes?: number;
   /** How often expired chunks are swept (ms). */
   sweepMs?: number;
   /** Enable the AIS (hipFile GPU-direct) probe; default from INFERA_KVD_AIS. */

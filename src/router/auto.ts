@@ -8,7 +8,7 @@
  */
 
 import type { PrefixIndex } from "../kv/prefix-index.ts";
-import { InferaError, ModelNotFoundError } from "../protocol/errors.ts";
+import { InferaError, ModelNotFoundError, NoWorkerError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
 import { MixedRouter, type RouterObserver } from "./mixed.ts";
 import { mixedCandidates, PdOrMixedRouter } from "./pd-or-mixed.ts";
@@ -39,7 +39,18 @@ export interface AutoRouterOptions {
   /** The KV prefix index of a model, when the server ingests KV events (needs `kvIndex`). */
   kvIndexFor?: (model: string) => PrefixIndex | undefined;
   observer?: RouterObserver;
+  /**
+   * A model whose last worker left less than this long ago is answered 503 no_worker_available
+   * with Retry-After (clients retry; its workers are likely restarting) instead of 404
+   * model_not_found (SDKs never retry it). 0 or absent: off.
+   */
+  modelGoneRetryMs?: number;
 }
+
+/** Retry-After for a model whose workers are gone for now. */
+const GONE_RETRY_AFTER_S = 2;
+/** Bound on remembered vanished model names (discovery records name them, not clients). */
+const MAX_GONE = 10_000;
 
 interface Entry {
   generation: number;
@@ -53,6 +64,8 @@ export class AutoRouter {
   private readonly mode: RouterMode;
   private readonly unsubscribe: () => void;
   readonly scheduling: Scheduling;
+  /** Model names whose last worker left, and when. */
+  private readonly gone = new Map<string, number>();
 
   constructor(o: AutoRouterOptions) {
     this.o = o;
@@ -63,20 +76,39 @@ export class AutoRouter {
       throw new Error("--router disagg needs a DisaggRouter, and none is built into this server");
     }
     this.unsubscribe = o.workers.onChange((ev) => {
-      if (ev.type === "removed")
-        for (const p of this.modelPolicies.values()) p.onWorkerRemoved?.(ev.worker.id);
+      if (ev.type !== "removed") return;
+      for (const p of this.modelPolicies.values()) p.onWorkerRemoved?.(ev.worker.id);
+      if (!o.modelGoneRetryMs) return;
+      for (const name of ev.worker.record.servedModelNames)
+        if (!o.workers.group(name)) this.rememberGone(name);
     });
   }
 
   /** The router for a model; throws ModelNotFoundError when no live worker serves it. */
   routerFor(model: string): ModelRouter {
     const group = this.o.workers.group(model);
-    if (!group) throw new ModelNotFoundError(model);
+    if (!group) {
+      const at = this.gone.get(model);
+      if (at !== undefined && Date.now() - at <= (this.o.modelGoneRetryMs ?? 0))
+        throw new NoWorkerError(model, GONE_RETRY_AFTER_S);
+      throw new ModelNotFoundError(model);
+    }
     const e = this.entries.get(model);
     if (e && e.generation === group.generation) return e.router;
     const router = this.build(model);
     this.entries.set(model, { generation: group.generation, router });
     return router;
+  }
+
+  private rememberGone(name: string): void {
+    this.gone.delete(name);
+    this.gone.set(name, Date.now());
+    // Oldest first (Map order): drop what is past the window, and the oldest past the bound.
+    const window = this.o.modelGoneRetryMs ?? 0;
+    for (const [n, at] of this.gone) {
+      if (this.gone.size <= MAX_GONE && Date.now() - at <= window) break;
+      this.gone.delete(n);
+    }
   }
 
   /** Whether a live worker serves the model name. */

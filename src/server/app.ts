@@ -27,7 +27,7 @@ import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtension
 import { sendError, sendJson } from "./http-util.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
-import { handleCompletion, type ProxyContext } from "./proxy.ts";
+import { DrainCutError, handleCompletion, type ProxyContext } from "./proxy.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
 
@@ -155,6 +155,7 @@ export async function startServer(
     mode: config.router,
     disaggFactory: ext.disaggRouterFactory,
     maxRetries: config.maxRetries,
+    modelGoneRetryMs: config.modelGoneRetryS * 1000,
     logger,
     kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
     observer: metrics,
@@ -186,7 +187,10 @@ export async function startServer(
     promptLimits,
     logger,
     bodyParser: opts.bodyParser,
+    inFlight: new Set(),
   };
+  /** Responses not yet finished: a drain tells their keep-alive connections to close. */
+  const openResponses = new Set<ServerResponse>();
 
   let draining = false;
   const active: ActiveCount = { n: 0 };
@@ -213,6 +217,15 @@ export async function startServer(
   const handle = (req: IncomingMessage, res: ServerResponse): void => {
     req.on("error", () => {});
     res.on("error", () => {});
+    // Browsers must take every answer as the content type it declares (issue #30 item 9).
+    res.setHeader("x-content-type-options", "nosniff");
+    // While draining, every answer closes its connection after it (keep-alive clients reconnect
+    // to another replica); before, a response in flight at SIGTERM is told so by the drain.
+    if (draining) res.setHeader("connection", "close");
+    else {
+      openResponses.add(res);
+      res.once("close", () => openResponses.delete(res));
+    }
     const url = req.url ?? "/";
     const q = url.indexOf("?");
     const path = q < 0 ? url : url.slice(0, q);
@@ -265,7 +278,7 @@ export async function startServer(
                 res.writeHead(200, { "content-type": metrics.registry.contentType });
                 res.end(text);
               },
-              (err) => sendError(res, err),
+              (err) => sendError(res, err, undefined, logger),
             );
             return;
           case "/v1/models":
@@ -291,7 +304,7 @@ export async function startServer(
       throw new NotFoundError(`No route for ${echoInput(method ?? "")} ${echoInput(path)}.`, "not_found");
     } catch (err) {
       req.resume();
-      sendError(res, err);
+      sendError(res, err, undefined, logger);
     }
   };
 
@@ -339,12 +352,28 @@ export async function startServer(
       logger.info({ graceMs, active: active.n }, "draining: not accepting, waiting for requests in flight");
       // Stops the listener and closes idle keep-alive connections (Node >= 19).
       httpServer.close();
+      // A keep-alive connection with a request in flight gets its answer, then is closed:
+      // `connection: close` on answers not started, an end after those already streaming.
+      for (const res of openResponses) {
+        if (!res.headersSent) res.setHeader("connection", "close");
+        else {
+          // Taken now: by the time 'finish' listeners run, Node has detached it from `res`.
+          const sock = res.socket;
+          res.once("finish", () => sock?.end());
+        }
+      }
     }
     const deadline = Date.now() + graceMs;
     while (active.n > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     const left = active.n;
-    if (left > 0) logger.warn({ left, graceMs }, "drain: grace period over; closing with requests in flight");
-    else logger.info("drain: all requests finished");
+    if (left > 0) {
+      logger.warn({ left, graceMs }, "drain: grace period over; cutting the requests in flight");
+      // Each stream ends with an error event and [DONE], each unanswered request with a 503,
+      // rather than a reset; a moment is left for those last writes before the sockets close.
+      for (const a of pctx.inFlight ?? []) a.abort(new DrainCutError());
+      const cutBy = Date.now() + 2000;
+      while (active.n > 0 && Date.now() < cutBy) await new Promise((r) => setTimeout(r, 20));
+    } else logger.info("drain: all requests finished");
     await close();
     return left;
   };
@@ -405,7 +434,7 @@ function clientErrorResponse(code: string | undefined): string {
     status === 408 ? "The request was not received in time." : `Malformed HTTP request (${safeCode}).`;
   const body = JSON.stringify(new InferaError(status, message, { code: err }).toJSON());
   return (
-    `HTTP/1.1 ${status} ${reason}\r\nconnection: close\r\ncontent-type: application/json\r\n` +
+    `HTTP/1.1 ${status} ${reason}\r\nconnection: close\r\ncontent-type: application/json\r\nx-content-type-options: nosniff\r\n` +
     `content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
   );
 }

@@ -3,7 +3,7 @@
  * content nor the length of a configured key leaks through response timing. Keys are never
  * logged (the server logger redacts the authorization header).
  */
-import { createHash, timingSafeEqual } from "node:crypto";
+import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingHttpHeaders } from "node:http";
 import { AuthenticationError } from "../protocol/errors.ts";
 
@@ -11,6 +11,8 @@ const digest = (s: string): Buffer => createHash("sha256").update(s).digest();
 
 export class ApiKeyAuth {
   private readonly digests: Buffer[];
+  /** Signs dashboard sessions; per process, so a restart ends them. */
+  private readonly sessionSecret = randomBytes(32);
 
   constructor(keys: readonly string[]) {
     this.digests = keys.filter((k) => k.length > 0).map(digest);
@@ -18,6 +20,29 @@ export class ApiKeyAuth {
 
   get enabled(): boolean {
     return this.digests.length > 0;
+  }
+
+  /**
+   * A dashboard session value for a key that passed `check`: an HMAC of its digest under a
+   * per-process secret, so the cookie holding it is not the key itself.
+   */
+  sessionFor(key: string): string {
+    return this.sign(digest(key));
+  }
+
+  /** Whether `value` is a session value of a configured key (compared in constant time). */
+  checkSession(value: string): boolean {
+    const given = Buffer.from(value);
+    let ok = false;
+    for (const d of this.digests) {
+      const want = Buffer.from(this.sign(d));
+      ok = (want.length === given.length && timingSafeEqual(want, given)) || ok;
+    }
+    return ok;
+  }
+
+  private sign(d: Buffer): string {
+    return createHmac("sha256", this.sessionSecret).update(d).digest("base64url");
   }
 
   /** Throws AuthenticationError unless the request carries a configured key. */

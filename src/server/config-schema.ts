@@ -218,6 +218,7 @@ export const serverConfigLayerSchema = z
     drainTimeoutS: num("drain timeout, seconds", { min: 0 }),
     promptBudgetMs: ms("prompt tokenizing budget"),
     promptCacheTokens: num("prompt token cache size", { int: true, min: 0 }),
+    modelGoneRetryS: num("model-gone retry window, seconds", { min: 0 }),
     // workers
     upstream: upstreamSchema,
     breaker: breakerSchema,

@@ -64,6 +64,11 @@ export interface ServerConfig {
   promptBudgetMs: number;
   /** Token ids kept of recent prompts so a conversation's next turn tokenizes only its new text; 0 = off. */
   promptCacheTokens: number;
+  /**
+   * A model whose workers all left discovery within this many seconds is answered 503
+   * `no_worker_available` with Retry-After (SDKs retry it), not 404 `model_not_found`. 0 = off.
+   */
+  modelGoneRetryS: number;
   /** Serve /metrics without an API key even when keys are set (it lists every worker's address). */
   metricsPublic: boolean;
   /** Model directory with tokenizer.json (+ chat template); the built-in BPE when absent. */
@@ -113,6 +118,7 @@ export const defaultServerConfig: ServerConfig = {
   drainTimeoutS: 30,
   promptBudgetMs: 100,
   promptCacheTokens: 4 * 1024 * 1024,
+  modelGoneRetryS: 300,
   metricsPublic: false,
   scrapeIntervalMs: 2000,
   maxRetries: 2,

@@ -1,6 +1,7 @@
 /** Small HTTP helpers for the node:http server: bounded body reading and OpenAI-shaped errors. */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { InferaError, PayloadTooLargeError, toInferaError } from "../protocol/errors.ts";
+import type { Logger } from "../util/log.ts";
 import { POOL_FROM, releaseBodyBuffer, takeBodyBuffer } from "./body-buffers.ts";
 
 export class BodyAbortedError extends Error {}
@@ -153,14 +154,79 @@ export function sendJson(
 }
 
 /** Answers with an OpenAI-shaped error, or just closes the stream if headers are already out. */
-export function sendError(res: ServerResponse, err: unknown, requestId?: string): void {
+export function sendError(res: ServerResponse, err: unknown, requestId?: string, log?: Logger): void {
   const e = err instanceof InferaError ? err : toInferaError(err);
+  if (log && e.status >= 500) logServerError(log, e, err, requestId, res.headersSent);
   if (res.headersSent) {
     res.destroy();
     return;
   }
   const headers: Record<string, string> = { ...e.headers };
   if (requestId) headers["x-request-id"] = requestId;
-  if (e.status === 413) headers.connection = "close";
   sendJson(res, e.status, e.toJSON(), headers);
+}
+
+/** What is read and thrown away of a refused (413) upload, at most, and for how long. */
+export const DISCARD_REFUSED_BYTES = 64 * 1024 * 1024;
+export const DISCARD_REFUSED_MS = 10_000;
+
+/**
+ * After a 413, reads and discards the rest of the upload, so a client still sending (Node's
+ * fetch, the OpenAI SDK) reads the answer instead of failing with EPIPE when the socket closes
+ * under it, and then retrying the whole body (issue #30 item 11). Bounded: past
+ * DISCARD_REFUSED_BYTES or DISCARD_REFUSED_MS the connection is destroyed. Returns false when
+ * the declared length is already past the bound: the answer should say `connection: close`.
+ */
+export function discardRefusedBody(req: IncomingMessage): boolean {
+  if (req.complete) return true;
+  const declared = Number(req.headers["content-length"]);
+  if (declared > DISCARD_REFUSED_BYTES) {
+    req.resume();
+    return false;
+  }
+  let n = 0;
+  const cut = () => {
+    clearTimeout(timer);
+    req.socket.destroy();
+  };
+  const timer = setTimeout(cut, DISCARD_REFUSED_MS);
+  timer.unref();
+  req.on("data", (c: Buffer) => {
+    n += c.length;
+    if (n > DISCARD_REFUSED_BYTES) cut();
+  });
+  req.once("end", () => clearTimeout(timer));
+  req.once("close", () => clearTimeout(timer));
+  req.resume();
+  return true;
+}
+
+/**
+ * Every 5xx the server answers is logged with its cause (issue #30 item 5: a worker URL that
+ * undici refused made every request a 500 and, having a `code`, was never logged). A 500 is
+ * our fault: `error`; a 502/503/504 says a worker or the fleet failed: `warn`.
+ */
+function logServerError(
+  log: Logger,
+  e: InferaError,
+  cause: unknown,
+  requestId: string | undefined,
+  headersSent: boolean,
+): void {
+  const c = cause as { code?: unknown; message?: unknown; cause?: unknown } | null;
+  const fields = {
+    status: e.status,
+    code: e.code,
+    requestId,
+    // The error itself and what it wraps: with its stack when unexpected (pino's err
+    // serializer); an expected InferaError (no worker, upstream failure) without it, as a
+    // burst of them must not cost a stack serialisation each.
+    err: cause instanceof InferaError ? { type: cause.constructor.name, message: cause.message } : cause,
+    causeCode: typeof c?.code === "string" ? c.code : undefined,
+    innerCause: c?.cause,
+    afterHeaders: headersSent || undefined,
+  };
+  const msg = `answered ${e.status}: ${e.message}`;
+  if (e.status === 500) log.error(fields, msg);
+  else log.warn(fields, msg);
 }

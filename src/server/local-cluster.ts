@@ -3,8 +3,10 @@
  * ONE fleet child process (`bin/infera-sim.js --fleet N --fleet-manifest F serve …`, vLLM's
  * command line; src/engine/sim/fleet.ts). Each engine of the fleet is a worker of its own
  * (own URL, KV events, metrics), added to discovery once the fleet's manifest is written.
- * Ctrl-C / SIGTERM stops the fleet (TERM, then KILL after a grace period) and the server; an
- * exit handler kills the fleet if it is still alive, so nothing is orphaned.
+ * SIGTERM drains the server as `infera server` does (requests in flight finish within
+ * --drain-timeout), then stops the fleet (TERM, then KILL after a grace period); Ctrl-C stops
+ * at once. A fleet that dies is restarted with backoff (1 s doubling to 30 s), said on stderr.
+ * An exit handler kills the fleet if it is still alive, so nothing is orphaned.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -32,6 +34,10 @@ export interface UpOptions {
   out?: (line: string) => void;
   /** Install SIGINT/SIGTERM handlers and exit the process on stop (the CLI); tests pass false. */
   handleSignals?: boolean;
+  /** SIGTERM's grace period, seconds (as `infera server --drain-timeout`; default 30). */
+  drainTimeoutS?: number;
+  /** How long a model whose workers all left is answered 503 + Retry-After (`modelGoneRetryS`). */
+  modelGoneRetryS?: number;
 }
 
 /** One engine of the fleet: a worker of the cluster. */
@@ -49,8 +55,11 @@ export interface SimChild {
 
 export interface LocalCluster {
   server: InferaServer;
+  /** The engines of the current fleet (replaced when a dead fleet is restarted). */
   sims: SimChild[];
   stop(): Promise<void>;
+  /** Drains the server (like `infera server` on SIGTERM), then stops everything. */
+  drain(graceMs: number): Promise<void>;
 }
 
 const SIM_BIN = fileURLToPath(new URL("../../bin/infera-sim.js", import.meta.url));
@@ -120,6 +129,11 @@ async function waitManifest(
   throw new Error(`the sim fleet did not come up within ${timeoutMs} ms:\n${stderrTail()}`);
 }
 
+/** Restart backoff of a fleet that died: doubles from 1 s to 30 s, reset after a minute up. */
+const RESTART_FIRST_MS = 1000;
+const RESTART_MAX_MS = 30_000;
+const RESTART_RESET_AFTER_MS = 60_000;
+
 export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
   if (!Number.isInteger(o.workers) || o.workers < 1)
     throw new Error(`--workers must be ≥ 1, got ${o.workers}`);
@@ -130,6 +144,7 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
     policy: o.policy,
     apiKeys: [...o.apiKeys],
     discovery: { kind: "memory" },
+    ...(o.modelGoneRetryS !== undefined ? { modelGoneRetryS: o.modelGoneRetryS } : {}),
   });
   const memory = server.memory!;
   const sims: SimChild[] = [];
@@ -137,6 +152,9 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
   let proc: ChildProcess | null = null;
   let exited = false;
   let stopped: Promise<void> | null = null;
+  let restartTimer: NodeJS.Timeout | null = null;
+  let backoffMs = RESTART_FIRST_MS;
+  let restarts = 0;
   const onExit = () => {
     if (proc && !exited) proc.kill("SIGKILL");
   };
@@ -144,6 +162,7 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
 
   const stop = (): Promise<void> => {
     stopped ??= (async () => {
+      if (restartTimer) clearTimeout(restartTimer);
       for (const s of sims) if (s.record) memory.remove(s.record.id);
       if (proc && !exited) await stopChild(proc);
       rmSync(dir, { recursive: true, force: true });
@@ -153,22 +172,46 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
     return stopped;
   };
 
-  try {
-    progress(`infera up: server on ${server.url}; starting ${o.workers} sim worker(s) for '${o.model}'…`);
-    const file = join(dir, "fleet.json");
+  /** Spawns the fleet, waits for its manifest and adds its engines to discovery. */
+  const launch = async (): Promise<void> => {
+    const file = join(dir, `fleet-${restarts}.json`);
     const fleet = spawnFleet(o, file);
     const child = fleet.proc;
     proc = child;
+    exited = false;
+    const startedAt = Date.now();
     child.once("exit", (code, signal) => {
       exited = true;
       for (const s of sims) s.exited = true;
       if (stopped) return;
       const n = sims.filter((s) => s.record).length;
-      if (n === 0) return;
-      progress(`  sim fleet (pid ${child.pid}) exited (${signal ?? code}); its ${n} workers removed`);
       for (const s of sims) if (s.record) memory.remove(s.record.id);
+      if (n === 0) return; // died during start-up: launch() reports it
+      // A local cluster tool keeps its workers running: restart the fleet, with backoff.
+      if (Date.now() - startedAt > RESTART_RESET_AFTER_MS) backoffMs = RESTART_FIRST_MS;
+      const wait = backoffMs;
+      backoffMs = Math.min(RESTART_MAX_MS, backoffMs * 2);
+      progress(
+        `  sim fleet (pid ${child.pid}) exited (${signal ?? code}); its ${n} workers removed; restarting in ${wait} ms`,
+      );
+      restartTimer = setTimeout(() => {
+        restartTimer = null;
+        if (stopped) return;
+        restarts++;
+        launch().then(
+          () => progress(`  sim fleet restarted (restart ${restarts}, pid ${proc?.pid})`),
+          (err: Error) => {
+            // A fleet that died starting schedules the next try from its exit (the old
+            // workers still count there); one that hangs is killed to the same end.
+            progress(`  sim fleet restart failed: ${err.message.split("\n")[0]}`);
+            if (!stopped && proc && !exited) proc.kill("SIGKILL");
+          },
+        );
+      }, wait);
+      restartTimer.unref?.();
     });
     const manifest = await waitManifest(child, file, 60_000 + 500 * o.workers, fleet.stderrTail);
+    sims.length = 0;
     const every = o.workers <= 16 ? 1 : 16;
     for (const e of manifest.engines) {
       const kv = e.kvRanks[0];
@@ -207,11 +250,22 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
       if (ready % every === 0 || ready === o.workers)
         progress(`  worker ${ready}/${o.workers} ready: ${sim.url} (pid ${manifest.pid})`);
     }
+  };
+
+  try {
+    progress(`infera up: server on ${server.url}; starting ${o.workers} sim worker(s) for '${o.model}'…`);
+    await launch();
   } catch (err) {
     await stop();
     throw err;
   }
-  return { server, sims, stop };
+  /** SIGTERM: the server drains first (the workers still answer what is in flight), then all stops. */
+  const drain = async (graceMs: number): Promise<void> => {
+    if (restartTimer) clearTimeout(restartTimer);
+    await server.drain(graceMs);
+    await stop();
+  };
+  return { server, sims, stop, drain };
 }
 
 /** The CLI entry: start, print how to use it, stop cleanly on Ctrl-C / SIGTERM. */
@@ -238,11 +292,17 @@ export async function runUp(o: UpOptions): Promise<void> {
   out(`Dashboard: ${server.url}/dashboard${o.apiKeys.length > 0 ? "?key=<your key>" : ""}`);
   out("Press Ctrl-C to stop.");
   let stopping = false;
+  // Like `infera server`: SIGTERM drains (streams in flight finish within the grace period),
+  // SIGINT (Ctrl-C) stops at once; a second SIGINT exits.
   const onSignal = (sig: NodeJS.Signals) => {
-    if (stopping) return;
+    if (stopping) {
+      if (sig === "SIGINT") process.exit(1);
+      return;
+    }
     stopping = true;
-    process.stderr.write(`\ninfera up: ${sig}, stopping…\n`);
-    cluster.stop().then(
+    const drain = sig === "SIGTERM";
+    process.stderr.write(`\ninfera up: ${sig}, ${drain ? "draining" : "stopping"}…\n`);
+    (drain ? cluster.drain((o.drainTimeoutS ?? 30) * 1000) : cluster.stop()).then(
       () => process.exit(0),
       () => process.exit(1),
     );

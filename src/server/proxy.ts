@@ -27,7 +27,7 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
-import { BodyAbortedError, readBody, releaseBody, sendError } from "./http-util.ts";
+import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
@@ -52,6 +52,18 @@ export interface ProxyContext {
   logger: Logger;
   /** Where bodies past OFF_LOOP_BODY_BYTES are parsed (default: the process's shared pool). */
   bodyParser?: BodyParserPool;
+  /** The aborts of requests in flight: a drain whose grace period ran out cuts them (DrainCutError). */
+  inFlight?: Set<RequestAbort>;
+}
+
+/**
+ * The reason a drain's grace period gives when it cuts the requests still in flight: a stream
+ * ends with an error event and `[DONE]` (not a bare reset), an unanswered request gets a 503.
+ */
+export class DrainCutError extends Error {
+  constructor() {
+    super("drain grace period over");
+  }
 }
 
 const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
@@ -111,6 +123,7 @@ export async function handleCompletion(
     );
     const abort = new RequestAbort();
     ac = abort;
+    ctx.inFlight?.add(abort);
     res.once("close", () => {
       if (!res.writableFinished) abort.abort();
     });
@@ -138,21 +151,25 @@ export async function handleCompletion(
     ctx.metrics.countRequest(model, endpointLabel, up.status);
     ctx.metrics.observeE2e(model, endpointLabel, (performance.now() - started) / 1000);
   } catch (err) {
+    if (ac?.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
+      sendError(res, new DrainCutAnswer(), requestId, ctx.logger);
+      return;
+    }
     if (err instanceof BodyAbortedError || ac?.aborted || res.destroyed) {
       ctx.metrics.clientAborts.inc({ model });
       if (!res.destroyed) res.destroy();
       return;
     }
     const status = (err as { status?: number }).status ?? 500;
-    if (status >= 500 && !(err as { code?: string }).code)
-      ctx.logger.error({ err, requestId }, "request failed");
     // Label only models the fleet knows, so arbitrary client strings cannot grow the series.
     const known = model !== "" && ctx.router.knows(model);
     ctx.metrics.countRequest(known ? model : "", endpointLabel, status);
-    sendError(res, err, requestId);
-    // A refused upload may still be arriving; drop it rather than parse it.
-    if (status === 413) req.resume();
+    // A refused upload may still be arriving: read and drop it (bounded) so the client reads
+    // this answer; only one past the bound gets `connection: close`.
+    if (status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
+    sendError(res, err, requestId, ctx.logger);
   } finally {
+    if (ac) ctx.inFlight?.delete(ac);
     // A large body's buffer serves the next one once nothing can read it. undici writes a
     // Buffer body with one socket.write, which may still be sending from it after the call;
     // but an attempt that failed destroyed its connection (a connection error, an abort), and
@@ -227,6 +244,7 @@ async function relayStream(
     });
   } catch (err) {
     up.abort();
+    if (signal.reason instanceof DrainCutError) return endCut(res, filter);
     if (signal.aborted) throw err;
     if (!filter) {
       ctx.logger.warn({ requestId, err: (err as Error).message }, "upstream stream failed");
@@ -248,6 +266,7 @@ async function relayStream(
   }
   if (signal.aborted) {
     up.abort();
+    if (signal.reason instanceof DrainCutError) return endCut(res, filter);
     throw signal.reason;
   }
   const tail = filter?.flush();
@@ -258,6 +277,14 @@ async function relayStream(
   }
   if (tail && tail.length > 0) res.write(tail);
   res.end();
+  return filter?.usage ?? null;
+}
+
+/** A stream cut by the drain: what was whole is sent, then an error event and [DONE]. */
+function endCut(res: ServerResponse, filter: SseUsageFilter | null): Usage | null {
+  if (res.destroyed || res.writableEnded) return filter?.usage ?? null;
+  filter?.flush();
+  res.end(STREAM_DRAIN_CUT_EVENT);
   return filter?.usage ?? null;
 }
 
@@ -274,6 +301,18 @@ const STREAM_ERROR_EVENT = errorEvent(
     "upstream_stream_error",
   ),
 );
+
+class DrainCutAnswer extends UpstreamError {
+  constructor() {
+    super(
+      "This server shut down before the answer was complete (drain grace period over); retry.",
+      503,
+      "server_draining",
+    );
+  }
+}
+
+const STREAM_DRAIN_CUT_EVENT = errorEvent(new DrainCutAnswer());
 
 const STREAM_INVALID_EVENT = errorEvent(
   new UpstreamError(

@@ -9,6 +9,7 @@
 import { Pool } from "undici";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
 import type { AbortLike } from "../util/abort.ts";
+import { splitBaseUrl } from "./base-url.ts";
 import { type BodySource, PushBody } from "./push-body.ts";
 
 import {
@@ -40,22 +41,25 @@ export { setRawBody } from "./types.ts";
 
 export class HttpExecutor implements RequestExecutor {
   private readonly opts: HttpExecutorOptions;
-  private readonly pools = new Map<string, Pool>();
+  /** Per worker URL: its origin's pool and the path prefix its requests go under. */
+  private readonly pools = new Map<string, { pool: Pool; prefix: string }>();
 
   constructor(opts: HttpExecutorOptions = {}) {
     this.opts = opts;
   }
 
-  private pool(url: string): Pool {
+  private pool(url: string): { pool: Pool; prefix: string } {
     let p = this.pools.get(url);
     if (!p) {
-      p = new Pool(url, {
+      const base = splitBaseUrl(url);
+      const pool = new Pool(base.origin, {
         connections: this.opts.connections ?? 256,
         pipelining: 1,
         keepAliveTimeout: this.opts.keepAliveTimeoutMs ?? 4000,
         headersTimeout: this.opts.headersTimeoutMs ?? 600_000,
         bodyTimeout: this.opts.bodyTimeoutMs ?? 300_000,
       });
+      p = { pool, prefix: base.prefix };
       this.pools.set(url, p);
     }
     return p;
@@ -73,9 +77,10 @@ export class HttpExecutor implements RequestExecutor {
     return new Promise<UpstreamResponse>((resolve, reject) => {
       const handler = new UpstreamHandler(url, opts.signal, resolve, reject);
       if (handler.settled) return;
-      this.pool(url).dispatch(
+      const { pool, prefix } = this.pool(url);
+      pool.dispatch(
         {
-          path: PATHS[endpoint],
+          path: prefix + PATHS[endpoint],
           method: "POST",
           headers,
           body: rawBodyOf(body) ?? JSON.stringify(body),
@@ -97,13 +102,13 @@ export class HttpExecutor implements RequestExecutor {
     const p = this.pools.get(url);
     if (!p) return;
     this.pools.delete(url);
-    p.close().catch(() => {});
+    p.pool.close().catch(() => {});
   }
 
   async close(): Promise<void> {
     const pools = [...this.pools.values()];
     this.pools.clear();
-    await Promise.all(pools.map((p) => p.destroy().catch(() => {})));
+    await Promise.all(pools.map((p) => p.pool.destroy().catch(() => {})));
   }
 }
 

@@ -127,6 +127,65 @@ describe("dashboard in headless Chromium", { timeout: 180_000 }, () => {
     }
   });
 
+  // Issue #30 item 9: the page was framable, sent no nosniff, and `?key=` travelled in the
+  // Referer of 10 of its 12 sub-requests.
+  it("takes the key out of the URL; no sub-request carries it; the page cannot be framed", async () => {
+    const page = await browser.newPage();
+    const seen: Array<{ url: string; referer: string | undefined }> = [];
+    page.on("request", (r) => seen.push({ url: r.url(), referer: r.headers().referer }));
+    try {
+      const res = await page.goto(`${url}/dashboard?key=${KEY}&interval=300`);
+      assert.equal(res?.status(), 200);
+      const h = res!.headers();
+      assert.match(h["content-security-policy"] ?? "", /frame-ancestors 'none'/);
+      assert.equal(h["x-frame-options"], "DENY");
+      assert.equal(h["x-content-type-options"], "nosniff");
+      assert.equal(h["referrer-policy"], "no-referrer");
+      // The session that lets a reload poll without the key: an HMAC, not the key.
+      assert.match(
+        h["set-cookie"] ?? "",
+        /^infera_dashboard=[\w-]+; Path=\/dashboard; HttpOnly; SameSite=Strict$/,
+      );
+      assert.ok(!(h["set-cookie"] ?? "").includes(KEY));
+      await waitFor(
+        "a few polls",
+        async () => seen.filter((r) => r.url.includes("/dashboard/state")).length >= 3,
+      );
+      assert.ok(!page.url().includes(KEY), `the address still holds the key: ${page.url()}`);
+      assert.ok(page.url().includes("interval=300"), page.url());
+      const leaks = seen.slice(1).filter((r) => r.url.includes(KEY) || (r.referer ?? "").includes(KEY));
+      assert.deepEqual(leaks, [], `of ${seen.length} requests`);
+      // A reload (no key in the address any more) still works, for this tab.
+      await page.reload();
+      await waitFor("polls after reload", async () => (await text(page, "#status"))?.startsWith("policy"));
+    } finally {
+      await page.close();
+    }
+    // Every answer is nosniff; the dashboard's, errors included, are not framable either.
+    for (const [path, status] of [
+      ["/dashboard/app.js", 200],
+      ["/dashboard/app.css", 200],
+      ["/dashboard/state", 401],
+      ["/dashboard", 401],
+    ] as const) {
+      const r = await fetch(`${url}${path}`);
+      await r.arrayBuffer();
+      assert.equal(r.status, status, path);
+      assert.equal(r.headers.get("x-content-type-options"), "nosniff", path);
+      assert.equal(r.headers.get("x-frame-options"), "DENY", path);
+      assert.match(r.headers.get("content-security-policy") ?? "", /frame-ancestors 'none'/, path);
+      assert.equal(r.headers.get("referrer-policy"), "no-referrer", path);
+    }
+    const forged = await fetch(`${url}/dashboard/state`, { headers: { cookie: "infera_dashboard=forged" } });
+    assert.equal(forged.status, 401);
+    await forged.arrayBuffer();
+    for (const path of ["/v1/models", "/health", "/nope"]) {
+      const r = await fetch(`${url}${path}`);
+      await r.arrayBuffer();
+      assert.equal(r.headers.get("x-content-type-options"), "nosniff", path);
+    }
+  });
+
   it("renders the four workers, moves under load, and explains who served a request", async () => {
     const page = await browser.newPage();
     await page.setViewport({ width: 1500, height: 1100 });

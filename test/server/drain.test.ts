@@ -3,8 +3,13 @@
  * streams in flight finish within the grace period, and then it exits 0. Past the grace
  * period what is still running is cut and the server exits all the same. Real processes:
  * a slow sim, the server, the openai client.
+ *
+ * Issue #30 item 8: when the grace period runs out each cut stream ends with an error event
+ * and `data: [DONE]` (it was a bare reset), and a keep-alive connection with a request in
+ * flight at SIGTERM gets its answer, marked `connection: close`.
  */
 import assert from "node:assert/strict";
+import http from "node:http";
 import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
 import { serverArgs, spawnInfera } from "../helpers/infera.ts";
@@ -98,5 +103,83 @@ describe("infera server: SIGTERM drains", () => {
     const took = Date.now() - t0;
     assert.ok(took >= 900 && took < 10_000, `exited after the 1 s grace period (${took} ms)`);
     assert.match(s.output(), /grace period over/);
+  });
+
+  it("past the grace period each cut stream gets an error event and [DONE]", async (t) => {
+    const s = await server("1");
+    t.after(() => s.proc.kill("SIGKILL"));
+    const streams = await Promise.all(
+      [0, 1, 2].map(() =>
+        fetch(`${s.url}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({
+            model: sim.model,
+            prompt: "cut",
+            max_tokens: 400,
+            stream: true,
+            ignore_eos: true,
+          }),
+        }),
+      ),
+    );
+    const readers = streams.map(async (res) => {
+      assert.equal(res.status, 200);
+      let text = "";
+      try {
+        for await (const c of res.body!) text += Buffer.from(c).toString();
+      } catch (err) {
+        return { text, err: String(err) };
+      }
+      return { text, err: null };
+    });
+    await new Promise((r) => setTimeout(r, 300));
+    s.proc.kill("SIGTERM");
+    for (const r of await Promise.all(readers)) {
+      assert.equal(r.err, null, "the stream ended cleanly, not reset");
+      const events = r.text.split("\n\n").filter(Boolean);
+      assert.equal(events.at(-1), "data: [DONE]", r.text.slice(-300));
+      const last = JSON.parse(events.at(-2)!.replace(/^data: /, "")) as { error?: { code?: string } };
+      assert.equal(last.error?.code, "server_draining");
+    }
+    assert.equal(await s.exited, 0, s.output());
+  });
+
+  it("a keep-alive connection with a request in flight at SIGTERM gets its answer with connection: close", async (t) => {
+    const s = await server("30");
+    t.after(() => s.proc.kill("SIGKILL"));
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    t.after(() => agent.destroy());
+    const post = (max: number) =>
+      new Promise<{ status: number; connection: string | undefined; body: string }>((resolve, reject) => {
+        const req = http.request(
+          `${s.url}/v1/completions`,
+          { method: "POST", agent, headers: { "content-type": "application/json" } },
+          (res) => {
+            let body = "";
+            res.on("data", (d) => {
+              body += d;
+            });
+            res.on("end", () =>
+              resolve({ status: res.statusCode!, connection: res.headers.connection, body }),
+            );
+          },
+        );
+        req.on("error", reject);
+        req.end(JSON.stringify({ model: sim.model, prompt: "ka", max_tokens: max, ignore_eos: true }));
+      });
+    // A first answer opens the keep-alive connection, then a slow one is in flight at SIGTERM.
+    assert.equal((await post(1)).connection, "keep-alive");
+    const slow = post(20);
+    await new Promise((r) => setTimeout(r, 300));
+    s.proc.kill("SIGTERM");
+    const r = await slow;
+    assert.equal(r.status, 200, r.body);
+    assert.equal(
+      (JSON.parse(r.body) as { usage: { completion_tokens: number } }).usage.completion_tokens,
+      20,
+    );
+    assert.equal(r.connection, "close");
+    assert.equal(await s.exited, 0, s.output());
   });
 });

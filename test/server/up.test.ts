@@ -75,4 +75,105 @@ describe("infera up", () => {
     );
     await assert.rejects(fetch(`${url}/health`));
   });
+
+  /** `infera up` with `args`; resolves once it printed its banner. */
+  async function up(args: string[]) {
+    const port = await freePort();
+    const proc = spawn(process.execPath, [BIN, "up", "--port", String(port), ...args], {
+      env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let out = "";
+    let err = "";
+    proc.stdout!.on("data", (d) => {
+      out += d;
+    });
+    proc.stderr!.on("data", (d) => {
+      err += d;
+    });
+    const exited = new Promise<number | null>((r) => proc.once("exit", (code) => r(code)));
+    const deadline = Date.now() + 40_000;
+    while (!out.includes("Press Ctrl-C")) {
+      if (proc.exitCode !== null) assert.fail(`infera up exited early: ${err}`);
+      if (Date.now() > deadline) assert.fail(`infera up did not start: ${out}\n${err}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    return { proc, exited, url: `http://127.0.0.1:${port}`, stderr: () => err };
+  }
+
+  const chat = (url: string, body: Record<string, unknown>) =>
+    fetch(`${url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "sim-model", messages: [{ role: "user", content: "Hello!" }], ...body }),
+    });
+
+  // Issue #30 item 8: it stopped the fleet at once, and 6/6 streams ended in error events.
+  it("drains on SIGTERM like infera server: streams in flight finish, then exit 0", async (t) => {
+    const u = await up(["--workers", "2", "--speed", "0.2", "--drain-timeout", "30"]);
+    t.after(() => u.proc.kill("SIGKILL"));
+    const streams = await Promise.all(
+      Array.from({ length: 4 }, () => chat(u.url, { max_tokens: 30, stream: true, ignore_eos: true })),
+    );
+    const texts = streams.map(async (res) => {
+      let text = "";
+      for await (const c of res.body!) text += Buffer.from(c).toString();
+      return text;
+    });
+    await new Promise((r) => setTimeout(r, 300));
+    u.proc.kill("SIGTERM");
+    for (const text of await Promise.all(texts)) {
+      assert.ok(!text.includes('"error"'), text.slice(-300));
+      assert.ok(text.trimEnd().endsWith("data: [DONE]"), text.slice(-300));
+      assert.match(text, /"finish_reason":"length"/);
+    }
+    assert.equal(await u.exited, 0, u.stderr());
+    assert.match(u.stderr(), /SIGTERM, draining/);
+  });
+
+  // Issue #30 item 12: a dead fleet is restarted (with backoff, said on stderr), and meanwhile
+  // its model is answered 503 + Retry-After, not 404 model_not_found.
+  it("restarts a dead fleet; meanwhile the model is 503 with Retry-After", async (t) => {
+    const u = await up(["--workers", "2", "--speed", "100"]);
+    t.after(() => u.proc.kill("SIGKILL"));
+    const workers = (await (await fetch(`${u.url}/v1/workers`)).json()) as {
+      data: Array<{ labels: { pid: string } }>;
+    };
+    const pid = Number(workers.data[0]!.labels.pid);
+    process.kill(pid, "SIGKILL");
+    const deadline = Date.now() + 5000;
+    let gone: Response | null = null;
+    while (Date.now() < deadline) {
+      const r = await chat(u.url, { max_tokens: 2 });
+      if (r.status !== 200) {
+        gone = r;
+        break;
+      }
+      await r.arrayBuffer();
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.ok(gone, "the dead fleet's model was still answered 200");
+    assert.equal(gone.status, 503);
+    assert.ok(gone.headers.get("retry-after"));
+    assert.equal(((await gone.json()) as { error: { code: string } }).error.code, "no_worker_available");
+    // Restarted after its backoff: served again by a new fleet process.
+    const back = Date.now() + 30_000;
+    let ok = false;
+    while (!ok && Date.now() < back) {
+      const r = await chat(u.url, { max_tokens: 2 });
+      ok = r.status === 200;
+      await r.arrayBuffer();
+      if (!ok) await new Promise((r) => setTimeout(r, 200));
+    }
+    assert.ok(ok, `not served again: ${u.stderr()}`);
+    assert.match(u.stderr(), /exited \(SIGKILL\); its 2 workers removed; restarting in 1000 ms/);
+    assert.match(u.stderr(), /sim fleet restarted/);
+    const again = (await (await fetch(`${u.url}/v1/workers`)).json()) as {
+      data: Array<{ labels: { pid: string } }>;
+    };
+    assert.equal(again.data.length, 2);
+    assert.notEqual(Number(again.data[0]!.labels.pid), pid);
+    u.proc.kill("SIGINT");
+    assert.equal(await u.exited, 0);
+  });
 });

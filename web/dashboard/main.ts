@@ -20,7 +20,24 @@ import type {
 type Candidate = CandidateExplanation<number | null>;
 
 const params = new URLSearchParams(location.search);
-const key = params.get("key");
+/**
+ * The API key comes once in the address (`?key=`, a browser cannot send a header there); it
+ * is taken out of the URL at once (history.replaceState) so it is not in the history, a
+ * bookmark or a shared screenshot, and sent as an Authorization header. Polls after a reload
+ * are authenticated by the session cookie the server set with the page (HttpOnly,
+ * SameSite=Strict). The server also sends Referrer-Policy: no-referrer, so no sub-request
+ * carried the key in its Referer even before this ran.
+ */
+const key = takeKey();
+
+function takeKey(): string | null {
+  const fromUrl = params.get("key");
+  if (fromUrl === null) return null;
+  params.delete("key");
+  const rest = params.toString();
+  history.replaceState(history.state, "", `${location.pathname}${rest ? `?${rest}` : ""}${location.hash}`);
+  return fromUrl;
+}
 const intervalMs = Math.max(200, Number(params.get("interval")) || 1000);
 const app = document.getElementById("app")!;
 const statusEl = document.getElementById("status")!;

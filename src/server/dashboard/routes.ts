@@ -4,7 +4,8 @@
  *
  * Auth: with API keys set, the page and the state need a key, in `Authorization: Bearer` (or
  * x-api-key) like every other route, or as `?key=` on the page URL, since a browser address bar
- * cannot send a header; the page then sends it as a Bearer header on its polls. The bundle holds
+ * cannot send a header; the page then drops it from its address and sends it as a Bearer
+ * header on its polls, and a session cookie (checkAuth) covers a reload. The bundle holds
  * only code (no state), so it is public, as a page's script tag cannot send the header either.
  *
  * The bundle: dist/dashboard/ when `npm run build` made it (and it is newer than web/dashboard/);
@@ -72,6 +73,7 @@ const PAGE = `<!doctype html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
 <title>Infera dashboard</title>
 <link rel="stylesheet" href="/dashboard/app.css">
 </head>
@@ -83,18 +85,55 @@ const PAGE = `<!doctype html>
 </html>
 `;
 
+const SECURITY_HEADERS: ReadonlyArray<[string, string]> = [
+  ["content-security-policy", "frame-ancestors 'none'"],
+  ["x-frame-options", "DENY"],
+  ["referrer-policy", "no-referrer"],
+];
+
 export interface DashboardRouteContext {
   auth: ApiKeyAuth;
   state: DashboardState;
 }
 
-/** A `?key=` on the URL counts as a Bearer key (the page's address bar). */
-function checkAuth(auth: ApiKeyAuth, req: IncomingMessage, params: URLSearchParams): void {
+const SESSION_COOKIE = "infera_dashboard";
+
+function sessionCookie(req: IncomingMessage): string | undefined {
+  for (const part of (req.headers.cookie ?? "").split(";")) {
+    const i = part.indexOf("=");
+    if (i > 0 && part.slice(0, i).trim() === SESSION_COOKIE) return part.slice(i + 1).trim();
+  }
+  return undefined;
+}
+
+/**
+ * A header key as on every route; else `?key=` on the page's address (a browser cannot send a
+ * header there), which also sets a session cookie (`HttpOnly; SameSite=Strict`, an HMAC, not
+ * the key) so the page can drop the key from its URL and still poll and reload; else that cookie.
+ */
+function checkAuth(
+  auth: ApiKeyAuth,
+  req: IncomingMessage,
+  params: URLSearchParams,
+  res?: ServerResponse,
+): void {
   if (!auth.enabled) return;
+  if (req.headers.authorization !== undefined || req.headers["x-api-key"] !== undefined) {
+    auth.check(req.headers);
+    return;
+  }
   const key = params.get("key");
-  if (key && req.headers.authorization === undefined && req.headers["x-api-key"] === undefined)
+  if (key) {
     auth.check({ authorization: `Bearer ${key}` });
-  else auth.check(req.headers);
+    res?.setHeader(
+      "set-cookie",
+      `${SESSION_COOKIE}=${auth.sessionFor(key)}; Path=/dashboard; HttpOnly; SameSite=Strict`,
+    );
+    return;
+  }
+  const session = sessionCookie(req);
+  if (session !== undefined && auth.checkSession(session)) return;
+  auth.check(req.headers);
 }
 
 /** Answers a GET/HEAD under /dashboard; false when `path` is not one of its routes. */
@@ -106,15 +145,19 @@ export function handleDashboard(
   res: ServerResponse,
 ): boolean {
   if (!DASHBOARD_PATHS.includes(path)) return false;
+  // On every dashboard answer, errors included (issue #30 item 9): not framable (clickjacking),
+  // and the page's `?key=` never leaves in a Referer. nosniff is set on every answer by app.ts.
+  for (const [h, v] of SECURITY_HEADERS) res.setHeader(h, v);
   const params = new URLSearchParams(query);
   switch (path) {
     case "/dashboard":
-      checkAuth(ctx.auth, req, params);
+      checkAuth(ctx.auth, req, params, res);
       res.writeHead(200, {
         "content-type": "text/html; charset=utf-8",
         "cache-control": "no-store",
         // Everything comes from this server; nothing may be loaded from elsewhere.
-        "content-security-policy": "default-src 'self'; style-src 'self' 'unsafe-inline'",
+        "content-security-policy":
+          "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
       });
       res.end(PAGE);
       return true;

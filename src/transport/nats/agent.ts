@@ -16,6 +16,7 @@ import {
 } from "@nats-io/transport-node";
 import { Pool } from "undici";
 import { createLogger, type Logger } from "../../util/log.ts";
+import { splitBaseUrl } from "../base-url.ts";
 import { connectionFailureKind } from "../types.ts";
 import {
   CTL_ABORT,
@@ -102,6 +103,7 @@ export class NatsRequestAgent {
   private ctlSub?: Subscription;
   private sweeper?: NodeJS.Timeout;
   private readonly sweepMs: number;
+  private readonly pathPrefix: string;
   /** Requests handled since start (for tests and metrics). */
   handled = 0;
 
@@ -109,7 +111,10 @@ export class NatsRequestAgent {
     this.nc = opts.nc;
     this.subject = opts.subject ?? requestSubject(opts.model, opts.workerId);
     this.controlSubject = controlSubject(this.subject);
-    this.pool = new Pool(opts.engineUrl, {
+    // Pool takes an origin only; an engine URL with a path keeps it as a prefix (base-url.ts).
+    const base = splitBaseUrl(opts.engineUrl);
+    this.pathPrefix = base.prefix;
+    this.pool = new Pool(base.origin, {
       connections: opts.maxEngineConnections ?? 1024,
       keepAliveTimeout: 30_000,
       // The agent's own idle checks end silent streams; undici must not cut long prefills.
@@ -216,7 +221,7 @@ export class NatsRequestAgent {
     body: Uint8Array,
   ): Promise<void> {
     if (st.done) return;
-    const path = endpoint === "completion" ? "/v1/completions" : "/v1/chat/completions";
+    const path = this.pathPrefix + (endpoint === "completion" ? "/v1/completions" : "/v1/chat/completions");
     let res: Awaited<ReturnType<Pool["request"]>>;
     try {
       res = await this.pool.request({ path, method: "POST", headers, body, signal: st.ac.signal });

@@ -44,12 +44,15 @@ let engineUrl = "";
 let agent: NatsRequestAgent;
 /** Bodies the engine received, in order. */
 const received: Buffer[] = [];
+/** The request paths the engine saw, in order. */
+const paths: string[] = [];
 
 before(async () => {
   nats = await startNats();
   nc = await connectNats({ url: nats.url });
   engine = http.createServer((req, res) => {
     const chunks: Buffer[] = [];
+    paths.push(req.url ?? "");
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
       const body = Buffer.concat(chunks);
@@ -103,6 +106,41 @@ test("mixed mode: the client's bytes reach the engine over NATS byte for byte", 
     assert.equal(received[0]!.toString(), COMPLETION_TEXT);
   } finally {
     await server.close();
+  }
+});
+
+// Issue #30 item 5: undici's Pool takes an origin only; an engine URL with a path (an engine
+// behind a path-rewriting gateway) threw UND_ERR_INVALID_ARG at the agent's start.
+test("an agent whose engine URL has a path sends under that path", async () => {
+  const prefixed = await startRequestAgent({
+    nc,
+    engineUrl: `${engineUrl}/team-a/m/`,
+    model: "m",
+    workerId: "w-prefix",
+  });
+  const rec = mixedRecord({
+    id: "w-prefix",
+    model: "m",
+    url: "http://127.0.0.1:9",
+    natsSubject: prefixed.subject,
+  });
+  const server: InferaServer = await startServer(
+    { port: 0, scrapeIntervalMs: 0, nats: { url: nats.url } },
+    { discovery: new MemoryDiscovery([rec]) },
+  );
+  try {
+    paths.length = 0;
+    const r = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: COMPLETION_TEXT,
+    });
+    assert.equal(r.status, 200, await r.clone().text());
+    await r.arrayBuffer();
+    assert.deepEqual(paths, ["/team-a/m/v1/completions"]);
+  } finally {
+    await server.close();
+    await prefixed.close();
   }
 });
 

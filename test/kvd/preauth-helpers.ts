@@ -1,0 +1,146 @@
+/**
+ * A real `infera kvd` process with a TCP token, and the attack shapes of issue #30 item 4
+ * (large pre-auth HELLO frames, idle unauthenticated connections): shared by
+ * test/kvd/conn-guard.test.ts and test/reliability/kvd-preauth.test.ts.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import net from "node:net";
+import { join } from "node:path";
+import { encodeFrame, type Frame, FrameDecoder, Op } from "../../src/kvd/protocol.ts";
+import { freePort } from "../helpers/ports.ts";
+import { MiB, waitExit } from "./helpers.ts";
+
+export { MiB };
+
+export const TOKEN = "preauth-test-token";
+
+export interface Kvd {
+  child: ChildProcess;
+  socket: string;
+  tcpPort: number;
+  metricsPort: number;
+}
+
+/** `infera kvd` as a child process (optionally under an open-files limit), TCP with a token. */
+export async function startKvdProcess(dir: string, extra: string[], nofile?: number): Promise<Kvd> {
+  const socket = join(dir, "kvd.sock");
+  const tokenFile = join(dir, "token");
+  writeFileSync(tokenFile, TOKEN, { mode: 0o600 });
+  const tcpPort = await freePort();
+  const metricsPort = await freePort();
+  const args = [
+    join(import.meta.dirname, "../../bin/infera.js"),
+    "kvd",
+    "--socket",
+    socket,
+    "--tcp",
+    `127.0.0.1:${tcpPort}`,
+    "--tcp-token-file",
+    tokenFile,
+    "--metrics-port",
+    String(metricsPort),
+    "--ram-bytes",
+    "16MiB",
+    "--ephemeral",
+    ...extra,
+  ];
+  const [cmd, argv] = nofile
+    ? ["prlimit", [`--nofile=${nofile}:${nofile}`, "--", process.execPath, ...args]]
+    : [process.execPath, args];
+  const child = spawn(cmd as string, argv as string[], {
+    env: { ...process.env, INFERA_LOG_LEVEL: "silent" },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  const deadline = Date.now() + 15000;
+  while (!existsSync(socket) || !(await canConnect(tcpPort))) {
+    if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
+    if (Date.now() > deadline) throw new Error("kvd did not start in time");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return { child, socket, tcpPort, metricsPort };
+}
+
+function canConnect(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.connect(port, "127.0.0.1", () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.on("error", () => resolve(false));
+  });
+}
+
+export async function stopKvdProcess(k: Kvd | undefined): Promise<void> {
+  if (!k || k.child.exitCode !== null) return;
+  k.child.kill("SIGKILL");
+  await waitExit(k.child);
+}
+
+/** Peak resident set of a process (VmHWM), in bytes. */
+export function peakRss(pid: number): number {
+  const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return Number(m![1]) * 1024;
+}
+
+export async function refusedCount(port: number, reason: string): Promise<number> {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  const m = new RegExp(`^kvd_tcp_refused_total\\{reason="${reason}"\\} (\\d+)`, "m").exec(text);
+  return m ? Number(m[1]) : 0;
+}
+
+/**
+ * One unauthenticated connection that sends a HELLO declaring `dataBytes` of data and then
+ * streams them; resolves with the frames answered and whether the daemon closed it.
+ */
+export function bigHello(port: number, dataBytes: number): Promise<{ frames: Frame[]; closed: boolean }> {
+  return new Promise((resolve) => {
+    const s = net.connect(port, "127.0.0.1");
+    const dec = new FrameDecoder(64 * MiB, true);
+    const frames: Frame[] = [];
+    const t = setTimeout(() => {
+      s.destroy();
+      resolve({ frames, closed: false });
+    }, 20000);
+    // The header declares `dataBytes`; the data then follows in 1 MiB writes while the socket lasts.
+    const head = encodeFrame(Op.HELLO, 0, 1, { token: "wrong" }, Buffer.alloc(0))[0]!;
+    head.writeUInt32LE(dataBytes, 16);
+    s.on("connect", () => {
+      s.write(head);
+      const chunk = Buffer.alloc(MiB, 7);
+      let sent = 0;
+      const pump = () => {
+        while (sent < dataBytes && !s.destroyed) {
+          sent += chunk.length;
+          if (!s.write(chunk)) return void s.once("drain", pump);
+        }
+      };
+      pump();
+    });
+    s.on("data", (d: Buffer) => frames.push(...dec.push(d)));
+    s.on("error", () => {});
+    s.on("close", () => {
+      clearTimeout(t);
+      resolve({ frames, closed: true });
+    });
+  });
+}
+
+/** Opens `n` TCP connections that send nothing; resolves once each connected or failed. */
+export async function idleConnections(port: number, n: number): Promise<net.Socket[]> {
+  const socks: net.Socket[] = [];
+  await Promise.all(
+    Array.from(
+      { length: n },
+      () =>
+        new Promise<void>((resolve) => {
+          const s = net.connect(port, "127.0.0.1");
+          socks.push(s);
+          s.on("error", () => resolve());
+          s.on("connect", () => resolve());
+          s.on("close", () => resolve());
+        }),
+    ),
+  );
+  return socks;
+}
