@@ -17,13 +17,14 @@ import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { mixedRecord } from "../../helpers/records.ts";
 import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
-import { waitFor } from "../../kv/fake-publisher.ts";
+import { FakePublisher, waitFor } from "../../kv/fake-publisher.ts";
 
 const BS = 16;
 const logger = createLogger("test");
 logger.level = "silent";
 let sims: SimProcess[] = [];
 let broken: Server;
+let brokenEvents: FakePublisher;
 let server: InferaServer;
 
 const doc = Array.from(
@@ -41,9 +42,12 @@ before(async () => {
   sims = await Promise.all(
     ["a", "b"].map(() => startSim({ args: ["--block-size", String(BS), "--speed", "0.05"] })),
   );
-  // A worker of its own model that answers 500 after 400 ms. Its record names a KV-event
-  // endpoint nobody publishes on, so the index tracks it (holding nothing) and the bridge's
-  // credit shows as bridgeBlocks rather than through the fallback tree.
+  // A worker of its own model that answers 500 after 400 ms. Its KV events come from a publisher
+  // with an empty history (replay answers at once), so the index tracks it in sync, holding
+  // nothing, and the bridge's credit shows as bridgeBlocks rather than through the fallback tree
+  // (an endpoint nobody answers would leave it `unknown`, routed on that tree: src/kv/README.md).
+  brokenEvents = new FakePublisher();
+  await brokenEvents.start();
   broken = createServer((req, res) => {
     req.resume();
     req.on("end", () =>
@@ -64,7 +68,12 @@ before(async () => {
       model: "m-broken",
       url: `http://127.0.0.1:${port}`,
       maxModelLen: 32768,
-      kvEvents: { endpoint: "tcp://127.0.0.1:1", topic: "kv-events", framing: "seq" },
+      kvEvents: {
+        endpoint: brokenEvents.endpoint,
+        replayEndpoint: brokenEvents.replayEndpoint,
+        topic: brokenEvents.topic,
+        framing: "seq",
+      },
     }),
   ]);
   server = await startServer(
@@ -83,6 +92,7 @@ before(async () => {
 after(async () => {
   await server?.close();
   await new Promise((r) => broken?.close(r));
+  await brokenEvents?.close();
   await Promise.all(sims.map((s) => s.stop()));
 });
 

@@ -41,7 +41,7 @@ test("a queued 40 k-token prompt counts as cached whole on its worker", () => {
     policy: "kv-aware",
     profiles: {
       mixed: {
-        scorers: [{ name: "kv-prefix", weight: 1, params: { bridgePending: true, bridgeGraceMs: 0 } }],
+        scorers: [{ name: "kv-prefix", weight: 1, params: { bridgePending: true, bridgeGraceMs: 60_000 } }],
         picker: { name: "argmin" },
       },
     },
