@@ -11,6 +11,7 @@ import type { DiscoveryWatcher } from "../discovery/types.ts";
 import { loadTokenizer, type Tokenizer } from "../kv/tokenizer.ts";
 import { DrainingError, echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
 import { AutoRouter } from "../router/auto.ts";
+import type { PeerPlane } from "../router/peers/types.ts";
 import { buildScheduling, type Scheduling } from "../router/pipeline/build.ts";
 import { DecisionLog } from "../router/pipeline/decisions.ts";
 import { WorkerSet } from "../router/worker-set.ts";
@@ -54,6 +55,8 @@ export interface InferaServer {
   executor: ManagedExecutor;
   scraper: LoadScraper;
   kvIngest: KvIngest | null;
+  /** Routing state shared with peer replicas, when configured (src/router/peers). */
+  peers: PeerPlane | null;
   tokenizer: Tokenizer;
   /** The scheduling profiles and what they need (what this server started). */
   scheduling: Scheduling;
@@ -117,6 +120,8 @@ export async function startServer(
 
   // KV ingest only when a plugin of the used profiles reads the prefix index.
   const kvIngest = ext.kvIngestFactory && needs.has("kvIndex") ? await ext.kvIngestFactory(cctx) : null;
+  // Peers' routed prefixes, for the prefix scorers that read prompts.
+  const peers = ext.peerPlaneFactory && needs.has("approxTree") ? await ext.peerPlaneFactory(cctx) : null;
   let executor: ManagedExecutor;
   if (opts.executor) executor = opts.executor;
   else if (config.requestPlane === "http") executor = new HttpExecutor(config.upstream);
@@ -142,6 +147,7 @@ export async function startServer(
     maxRetries: config.maxRetries,
     logger,
     kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
+    peersFor: peers ? (m) => peers.forModel(m) : undefined,
     observer: metrics,
     scheduling,
     decisions,
@@ -328,6 +334,7 @@ export async function startServer(
       });
       router.close();
       await kvIngest?.close();
+      await peers?.close();
       await workers.close();
       await executor.close?.();
       if (ownsDiscovery) await discovery.close();
@@ -348,6 +355,7 @@ export async function startServer(
     executor,
     scraper,
     kvIngest,
+    peers,
     tokenizer,
     scheduling,
     decisions,

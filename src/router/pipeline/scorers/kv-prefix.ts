@@ -11,7 +11,8 @@
  *   the chosen worker (the max of both), bridging the events' lag behind routing;
  * - with `bridgePending`, a routed prompt counts as cached on its worker while it waits for its
  *   prefill there, plus `bridgeGraceMs` (../pending-prefixes.ts): the same bridge, as long as
- *   the lag lasts rather than a fixed time.
+ *   the lag lasts rather than a fixed time; with peer replicas (`scope.peers`, src/router/peers)
+ *   each routed prompt is announced to them and theirs count here the same way, for their TTL.
  * - LoRA: a request whose `model` the events named as an adapter is hashed with it (vLLM puts the
  *   adapter name first in a block's extra keys).
  * The trees are shared by every step of the model with the same params (one state per model).
@@ -75,7 +76,8 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
           }
           if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
           if (pending && path) {
-            const nodes = pending.match(ids[i], path, all[i].pendingPrefillTokens);
+            const local = pending.match(ids[i], path, all[i].pendingPrefillTokens);
+            const nodes = Math.max(local, scope.peers?.match(ids[i], path) ?? 0); // peer replicas' (src/router/peers)
             if (nodes > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(nodes * p.chunkChars));
           }
         }
@@ -84,7 +86,11 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
       held: (id) => (index?.hasWorker(id) ? index.blockCount(id) : tree.size(id)),
       onRouted(req: RoutingRequest, worker: WorkerState) {
         recent?.insert(req.promptText(), worker.record.id);
-        pending?.add(worker.record.id, tree.path(req.promptText()), req.promptTokens().length);
+        if (pending) {
+          const path = tree.path(req.promptText());
+          pending.add(worker.record.id, path, req.promptTokens().length);
+          scope.peers?.announce(worker.record.id, path, req.promptTokens().length); // peer replicas
+        }
         // The long-lived fallback tree is only needed for workers that publish no KV events.
         if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
       },
