@@ -10,7 +10,10 @@
  *     [--speed 0.5] [--big-speed 0.25] [--kv-replicas 1,2,4] [--approx-replicas 1,4]
  *     [--other-replicas 1]
  *     [--policies round-robin,approx-prefix,kv-aware,kv+queue] [--big-policies round-robin,kv-aware]
- *     [--hot-rate 24] [--hot-policies kv-aware,kv+queue] [--profile F] [--out DIR]
+ *     [--hot-rate 24] [--hot-policies kv-aware,kv+queue] [--profile F] [--out DIR] [--no-share]
+ *
+ * Several replicas share their routing state (the pending bridge's routed prefixes) over a ZMQ
+ * mesh among them (src/router/peers); --no-share turns that off, for comparison with Run F.
  *
  * The full llm-d shape: --tenants 150. Rates are per model second for 8 workers and scale with
  * the worker count (the first count runs --rates, the others --big-rates). Each policy × replica
@@ -51,6 +54,8 @@ const str = (name: string, def: string) => {
 const num = (name: string, def: number) => Number(str(name, String(def)));
 const list = (name: string, def: string) => str(name, def).split(",").filter(Boolean);
 const quick = has("quick");
+/** Replicas share routing state (src/router/peers) unless --no-share. */
+const SHARE = !has("no-share");
 
 const HERE = fileURLToPath(new URL(".", import.meta.url));
 const OUT = str("out", HERE);
@@ -335,6 +340,7 @@ async function main(): Promise<void> {
           dir,
           readyTimeoutMs: READY_TIMEOUT_MS,
           speed: speedFor(w),
+          share: SHARE,
         });
         const run: RunRecord = {
           workers: w,

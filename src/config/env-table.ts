@@ -181,10 +181,17 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     { configKey: "peers.bind" },
   ),
   v(
+    "INFERA_PEERS_ADVERTISE",
+    "string",
+    "server",
+    "The announce endpoint registered in etcd for peers to follow (default: the bound one).",
+    { configKey: "peers.advertise" },
+  ),
+  v(
     "INFERA_PEERS_ENABLED",
     "boolean",
     "server",
-    "Share routing state with peer replicas: false turns it off (also with NATS).",
+    "Share routing state with peer replicas: false turns it off (also with NATS); true starts the ZMQ mesh (peers found through etcd with etcd discovery).",
     { configKey: "peers.enabled" },
   ),
   v("INFERA_PEERS_SECRET", "string", "server", "Shared secret that signs replicas' announcements.", {

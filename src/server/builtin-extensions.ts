@@ -4,13 +4,13 @@
  */
 import { createServerKvIngest } from "../kv/server-ingest.ts";
 import { createDisaggRouter } from "../router/disagg/index.ts";
-import { createPeerPlane } from "../router/peers/server-plug.ts";
 import {
   createNatsExecutor,
   selectKvIngestFactory,
   selectPeerPlaneFactory,
 } from "../transport/nats/server-plug.ts";
 import type { ServerExtensions } from "./extension-api.ts";
+import { createPeerPlane } from "./peer-plane.ts";
 
 /** One line per built-in extension. */
 export const builtinExtensions: ServerExtensions = {

@@ -189,6 +189,11 @@ export const peersSchema = z
     enabled: bool("peer sharing"),
     /** This replica's PUB endpoint, e.g. tcp://127.0.0.1:7300 (loopback unless a secret is set). */
     bind: str("peer PUB endpoint"),
+    /**
+     * The endpoint peers found through etcd are told (default: the bound one, a wildcard host
+     * replaced by this host's name), e.g. tcp://10.0.0.5:7300 behind NAT or in a pod.
+     */
+    advertise: str("peer advertised endpoint"),
     /** Peers' PUB endpoints (`--peers tcp://host:port,...`); this replica's own is skipped. */
     connect: strList("peer endpoints"),
     /** Shared secret: every announcement is signed (HMAC-SHA256) and only signed ones count. */

@@ -29,12 +29,19 @@ export interface PeerMeshOptions {
   logger: Logger;
   replicaId?: string;
   now?: () => number;
+  /** Run at close, after the transport (e.g. leaving the etcd peer directory). */
+  onClose?: () => Promise<void>;
 }
 
 /** Models with a table at most (announcements name models; a flood of names is refused). */
 const MAX_MODELS = 256;
 /** Senders whose last sequence number is remembered (the oldest is forgotten first). */
 const MAX_SENDERS = 4096;
+
+/** A replica id unique across hosts and restarts (a restarted replica's sequence starts again). */
+export function newReplicaId(): string {
+  return `${hostname()}-${process.pid}-${randomBytes(4).toString("hex")}`;
+}
 
 export class PeerMesh implements PeerPlane {
   readonly replicaId: string;
@@ -53,7 +60,7 @@ export class PeerMesh implements PeerPlane {
   constructor(o: PeerMeshOptions) {
     this.o = o;
     this.now = o.now ?? Date.now;
-    this.replicaId = o.replicaId ?? `${hostname()}-${process.pid}-${randomBytes(4).toString("hex")}`;
+    this.replicaId = o.replicaId ?? newReplicaId();
     const reg = [o.registry];
     const counter = <L extends string>(name: string, help: string, labelNames: L[]) =>
       (o.registry.getSingleMetric(name) as Counter<L> | undefined) ??
@@ -182,6 +189,7 @@ export class PeerMesh implements PeerPlane {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    await this.o.onClose?.();
     await this.o.transport.close();
     await this.loop;
   }

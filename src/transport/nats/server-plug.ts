@@ -5,7 +5,6 @@
  * close(), so the server's lifecycle needs nothing NATS-specific.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
-import { peerSecret, startPeerMesh } from "../../router/peers/server-plug.ts";
 import type {
   ExecutorFactory,
   KvIngest,
@@ -14,6 +13,7 @@ import type {
   PeerPlaneFactory,
   ServerComponentContext,
 } from "../../server/extension-api.ts";
+import { peerSecret, startPeerMesh } from "../../server/peer-plane.ts";
 import { HttpExecutor } from "../http.ts";
 import { NatsRequestExecutor } from "./client.ts";
 import { connectNats, type NatsConnectOptions } from "./connection.ts";

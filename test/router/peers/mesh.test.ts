@@ -9,10 +9,10 @@ import { test } from "node:test";
 import { Registry } from "prom-client";
 import { ApproxPrefixTree } from "../../../src/kv/approx-tree.ts";
 import { PeerMesh } from "../../../src/router/peers/mesh.ts";
-import { isLoopbackEndpoint } from "../../../src/router/peers/server-plug.ts";
 import { digest, PeerTable } from "../../../src/router/peers/table.ts";
 import type { PeerTransport } from "../../../src/router/peers/types.ts";
 import { decodeAnnouncement, encodeAnnouncement } from "../../../src/router/peers/wire.ts";
+import { isLoopbackEndpoint } from "../../../src/server/peer-plane.ts";
 import { createLogger } from "../../../src/util/log.ts";
 
 const logger = createLogger("test");

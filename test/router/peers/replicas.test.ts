@@ -3,7 +3,7 @@
  * prompt makes replica B route the same prefix to the same worker before any KV event reports
  * it; a dead peer or a killed one only costs misses; an announcement past its TTL no longer
  * counts; a forged, unsigned or replayed one is refused and counted; and the same over a NATS
- * subject with a real nats-server.
+ * subject with a real nats-server, and with peers found through a real etcd.
  *
  * The engines are sims slowed 200× (`--speed 0.005`): a 2k-token prefill takes ~7 s of wall
  * time, so every decision below is made while the prompts are still queued or prefilling and
@@ -17,8 +17,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { Publisher, Subscriber } from "zeromq";
+import { EtcdRegistrar } from "../../../src/discovery/etcd-registrar.ts";
 import { encodeAnnouncement } from "../../../src/router/peers/wire.ts";
 import { stopChild } from "../../../src/util/child-process.ts";
+import { etcdctl, startEtcd } from "../../helpers/etcd.ts";
 import { serverArgs, spawnInfera } from "../../helpers/infera.ts";
 import { startNats } from "../../helpers/nats.ts";
 import { freePort } from "../../helpers/ports.ts";
@@ -46,7 +48,8 @@ const inflight = new AbortController();
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), "infera-peers-"));
-  for (let i = 0; i < 2; i++) sims.push(await startSim({ model: MODEL, args: ["--speed", "0.005"] }));
+  for (let i = 0; i < 2; i++)
+    sims.push(await startSim({ model: MODEL, args: ["--speed", "0.005"], timeoutMs: 60_000 }));
   workersFile = join(dir, "workers.json");
   writeFileSync(
     workersFile,
@@ -71,12 +74,17 @@ interface Replica {
   output(): string;
 }
 
-async function startReplica(args: string[], env: Record<string, string> = {}): Promise<Replica> {
+async function startReplica(
+  args: string[],
+  env: Record<string, string> = {},
+  discovery = ["--discovery", "static", "--workers-file", workersFile],
+): Promise<Replica> {
   const port = await freePort();
-  const { proc, output } = spawnInfera(
-    serverArgs(port, "--discovery", "static", "--workers-file", workersFile, "--config", configFile, ...args),
-    { logLevel: "warn", env, keepChars: 20_000 },
-  );
+  const { proc, output } = spawnInfera(serverArgs(port, ...discovery, "--config", configFile, ...args), {
+    logLevel: "warn",
+    env,
+    keepChars: 20_000,
+  });
   procs.push(proc);
   const url = `http://127.0.0.1:${port}`;
   await waitUntil(
@@ -89,7 +97,8 @@ async function startReplica(args: string[], env: Record<string, string> = {}): P
         return false;
       }
     },
-    30_000,
+    // Generous: the shared 2-core box runs other suites and benches at the same time.
+    90_000,
     "server ready",
     50,
   );
@@ -129,7 +138,7 @@ async function route(r: Replica, prompt: string): Promise<Decision> {
       d = await decisions(r);
       return d.length > before;
     },
-    10_000,
+    30_000,
     "a routing decision",
   );
   return d[before];
@@ -146,7 +155,7 @@ async function metric(r: Replica, name: string, labels: Record<string, string> =
 const waitReceived = (r: Replica, n: number) =>
   waitUntil(
     async () => (await metric(r, "infera_peer_announcements_received_total")) >= n,
-    10_000,
+    30_000,
     `${n} received`,
     25,
   );
@@ -155,6 +164,9 @@ const waitReceived = (r: Replica, n: number) =>
 const doc = (tenant: string) =>
   Array.from({ length: 220 }, (_, i) => `Tenant ${tenant} manual, section ${i}: item ${i * 7}.`).join(" ");
 
+/** The announcements' TTL in the first tests: long enough for B's decisions on a loaded box. */
+const TTL_MS = 8000;
+
 const endpoint = async () => `tcp://127.0.0.1:${await freePort()}`;
 
 let a: Replica;
@@ -162,7 +174,7 @@ let b: Replica;
 
 test("replica A's routed prefix makes replica B route it to the same worker before any KV event", async () => {
   const [eA, eB, dead] = await Promise.all([endpoint(), endpoint(), endpoint()]);
-  const env = { INFERA_PEERS_TTL_MS: "3000" };
+  const env = { INFERA_PEERS_TTL_MS: String(TTL_MS) };
   // B also lists a peer that never comes up: it only never hears from it.
   a = await startReplica(["--peers-bind", eA, "--peers", `${eA},${eB}`], env);
   b = await startReplica(["--peers-bind", eB, "--peers", `${eA},${eB},${dead}`], env);
@@ -197,7 +209,7 @@ test("an announcement past its TTL no longer counts", async () => {
   await waitReceived(b, sentBefore + 1);
   const fresh = await route(b, `${doc("three")} Question: what is item 49?`);
   assert.ok(cached(fresh, a3.winner) > 100, "within the TTL it counts");
-  await new Promise((r) => setTimeout(r, 3200));
+  await new Promise((r) => setTimeout(r, TTL_MS + 200));
   const late = await route(b, `${doc("three")} Question: what is item 56?`);
   // B's own bridge holds `fresh`'s prompt on its worker; A's announcement on the other is gone.
   const other = late.candidates.find((c) => c.worker !== fresh.winner)!;
@@ -253,7 +265,7 @@ test("with a secret: forged, unsigned and replayed announcements are refused and
     const until = async (reason: string, n: number) =>
       waitUntil(
         async () => (await metric(sb, "infera_peer_announcements_dropped_total", { reason })) >= n,
-        10_000,
+        30_000,
         `${n} dropped (${reason})`,
         25,
       );
@@ -328,5 +340,52 @@ test("over NATS: replicas share on infera.route.<model> with a real nats-server"
     for (const r of [na, nb]) await stopChild(r.proc);
   } finally {
     await nats.close();
+  }
+});
+
+test("with etcd discovery: replicas find each other's endpoints under <prefix>/peers/ and share", async () => {
+  const etcd = await startEtcd();
+  const regs: EtcdRegistrar[] = [];
+  try {
+    for (const [i, s] of sims.entries()) {
+      const reg = new EtcdRegistrar({ endpoints: [etcd.endpoint], leaseTtlSeconds: 5 });
+      regs.push(reg);
+      await reg.register(simWorkerRecord(s, { id: `w${i}`, model: MODEL, maxModelLen: 32_768 }));
+    }
+    const discovery = ["--discovery", "etcd", "--etcd", etcd.endpoint];
+    // No --peers list: only INFERA_PEERS_ENABLED, and each binds any free loopback port.
+    const env = { INFERA_PEERS_ENABLED: "true" };
+    // No drain on SIGTERM (its requests sit on the slowed sims): close, and revoke, at once.
+    const ea = await startReplica(["--drain-timeout", "0"], env, discovery);
+    const eb = await startReplica(["--drain-timeout", "0"], env, discovery);
+    await waitUntil(
+      () =>
+        etcdctl(etcd.endpoint, ["get", "--prefix", "--keys-only", "/infera/peers/"]).trim().split(/\s+/)
+          .length === 2,
+      30_000,
+      "two peer keys",
+    );
+    send(ea, "warm-up");
+    await waitReceived(eb, 1);
+    const e1 = await route(ea, `${doc("seven")} Question?`);
+    await waitReceived(eb, 2);
+    const e2 = await route(eb, `${doc("seven")} Another question?`);
+    assert.equal(e2.winner, e1.winner);
+    assert.ok(cached(e2, e1.winner) > 100);
+    // A graceful stop revokes the lease: its key goes at once.
+    await stopChild(ea.proc);
+    await waitUntil(
+      () =>
+        etcdctl(etcd.endpoint, ["get", "--prefix", "--keys-only", "/infera/peers/"])
+          .trim()
+          .split(/\s+/)
+          .filter(Boolean).length === 1,
+      30_000,
+      "the stopped replica's key gone",
+    );
+    await stopChild(eb.proc);
+  } finally {
+    for (const r of regs) await r.close().catch(() => {});
+    await etcd.dispose();
   }
 });

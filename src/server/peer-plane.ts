@@ -1,20 +1,24 @@
 /**
  * How `infera server` starts its peer plane (ServerExtensions.peerPlaneFactory): a ZMQ mesh when
- * `--peers`, `--peers-bind` or `peers.enabled` asks for one; none otherwise, or with
- * `peers.enabled: false`. With `--event-plane nats` the NATS plug
+ * `--peers`, `--peers-bind` or `peers.enabled` asks for one (with etcd discovery the peers are
+ * also found through etcd, src/discovery/etcd-peers.ts); none otherwise, or with `peers.enabled: false`. With `--event-plane nats` the NATS plug
  * (src/transport/nats/server-plug.ts) takes over and builds the same mesh on a subject.
  *
  * Security: announcements change routing, so they are taken only from rightful senders. The
  * ZMQ mesh binds loopback by default; binding or connecting beyond loopback requires the shared
  * secret (INFERA_PEERS_SECRET or `--peers-secret-file`, never argv), and with a secret every
- * frame is signed and checked (./wire.ts). On NATS the broker's subject permissions apply, and
+ * frame is signed and checked (src/router/peers/wire.ts). On NATS the broker's subject permissions apply, and
  * the secret, when set, is checked as well.
  */
 import { readFileSync } from "node:fs";
-import type { ServerComponentContext } from "../../server/extension-api.ts";
-import { PeerMesh } from "./mesh.ts";
-import type { PeerPlane, PeerTransport } from "./types.ts";
-import { ZmqPeerTransport } from "./zmq.ts";
+import { hostname } from "node:os";
+import { createEtcdClient, errText } from "../discovery/etcd-client.ts";
+import { EtcdPeers } from "../discovery/etcd-peers.ts";
+import { etcdOptionsFromConfig } from "../discovery/etcd-watcher.ts";
+import { newReplicaId, PeerMesh } from "../router/peers/mesh.ts";
+import type { PeerPlane, PeerTransport } from "../router/peers/types.ts";
+import { ZmqPeerTransport } from "../router/peers/zmq.ts";
+import type { ServerComponentContext } from "./extension-api.ts";
 
 export const PEER_DEFAULTS = {
   bind: "tcp://127.0.0.1:0",
@@ -56,6 +60,7 @@ export function startPeerMesh(
   ctx: ServerComponentContext,
   transport: PeerTransport,
   secret: Buffer | null,
+  extra: { replicaId?: string; onClose?: () => Promise<void> } = {},
 ): PeerMesh {
   const cfg = ctx.config.peers ?? {};
   const logger = ctx.logger.child({ component: "peers" });
@@ -68,6 +73,7 @@ export function startPeerMesh(
     maxEntries: PEER_DEFAULTS.maxEntries,
     registry: ctx.registry,
     logger,
+    ...extra,
   });
   mesh.start();
   logger.info(
@@ -99,5 +105,51 @@ export async function createPeerPlane(ctx: ServerComponentContext): Promise<Peer
     await t.close();
     throw new PeerConfigError(`cannot bind the peer endpoint ${bind}: ${(err as Error).message}`);
   }
-  return startPeerMesh(ctx, t, secret);
+  const replicaId = newReplicaId();
+  const etcd =
+    ctx.config.discovery.kind === "etcd" ? await followEtcdPeers(ctx, t, replicaId, cfg.advertise) : null;
+  return startPeerMesh(ctx, t, secret, { replicaId, onClose: etcd ? () => etcd() : undefined });
+}
+
+/** The endpoint peers are told: `advertise`, else the bound one with a wildcard host made this host's name. */
+export function advertisedEndpoint(bound: string, advertise: string | undefined): string {
+  if (advertise) return advertise;
+  return bound.replace(/^tcp:\/\/(0\.0\.0\.0|\*|\[::\])(?=:)/, `tcp://${hostname()}`);
+}
+
+/**
+ * With etcd discovery: registers this replica's endpoint under its own lease and follows the
+ * others (src/discovery/etcd-peers.ts). etcd out of reach leaves the static peers only (a miss, not an error).
+ * Returns the closer.
+ */
+async function followEtcdPeers(
+  ctx: ServerComponentContext,
+  t: ZmqPeerTransport,
+  replicaId: string,
+  advertise: string | undefined,
+): Promise<(() => Promise<void>) | null> {
+  const opts = etcdOptionsFromConfig(ctx.config.discovery);
+  const client = createEtcdClient(opts);
+  const logger = ctx.logger.child({ component: "peers" });
+  const dir = new EtcdPeers({
+    client,
+    prefix: opts.prefix,
+    replicaId,
+    endpoint: advertisedEndpoint(t.endpoint, advertise),
+    addPeer: (e) => t.addPeer(e),
+    removePeer: (e) => t.removePeer(e),
+    logger,
+  });
+  try {
+    await dir.start();
+  } catch (err) {
+    logger.warn({ err: errText(err) }, "peers: etcd unreachable; sharing only with static --peers");
+    await dir.close();
+    client.close();
+    return null;
+  }
+  return async () => {
+    await dir.close();
+    client.close();
+  };
 }
