@@ -11,7 +11,7 @@ import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
 import { Counter, Histogram, type Registry } from "prom-client";
 import type { Logger } from "../../util/log.ts";
-import { digest, PeerTable } from "./table.ts";
+import { digest, digestDense, PeerTable } from "./table.ts";
 import type { DropReason, PeerPlane, PeerRouting, PeerTransport } from "./types.ts";
 import { decodeAnnouncement, encodeAnnouncement } from "./wire.ts";
 
@@ -172,6 +172,7 @@ export class PeerMesh implements PeerPlane {
       t = new PeerTable({
         maxEntriesPerWorker: this.o.maxEntriesPerWorker,
         maxEntries: this.o.maxEntries,
+        denseNodes: digestDense(this.o.maxNodes),
         now: this.now,
       });
       this.tables.set(a.model, t);

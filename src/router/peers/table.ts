@@ -27,7 +27,18 @@ interface WorkerEntries {
 export interface PeerTableOptions {
   maxEntriesPerWorker: number;
   maxEntries: number;
+  /**
+   * Leading nodes every digest carries whole (`digestDense` of the replicas' cap): a miss among
+   * them ends a match at once (no entry can share more), so a worker no announcement matches
+   * costs one lookup. Default: none assumed (the whole path is scanned).
+   */
+  denseNodes?: number;
   now?: () => number;
+}
+
+/** Leading nodes a digest of at most `cap` nodes keeps whole. */
+export function digestDense(cap: number): number {
+  return Math.max(1, Math.floor(cap / 2));
 }
 
 /** The nodes an announcement carries for `path`: all when ≤ `cap`, else a prefix-preserving sample. */
@@ -35,7 +46,7 @@ export function digest(path: readonly number[], cap: number): Float64Array {
   const n = path.length;
   if (n <= cap) return Float64Array.from(path);
   const out = new Float64Array(cap);
-  const dense = Math.max(1, Math.floor(cap / 2));
+  const dense = digestDense(cap);
   for (let i = 0; i < dense; i++) out[i] = path[i];
   // The rest evenly from `dense` to the last node, the last one included.
   const rest = cap - dense;
@@ -90,8 +101,13 @@ export class PeerTable {
     if (!w) return 0;
     this.expire(w);
     if (w.nodes.size === 0) return 0;
+    const dense = this.o.denseNodes ?? 0;
     let last = -1;
-    for (let i = 0; i < path.length; i++) if (w.nodes.has(path[i])) last = i;
+    for (let i = 0; i < path.length; i++) {
+      if (w.nodes.has(path[i])) last = i;
+      // Every entry sharing more than i nodes would hold node i (a dense position).
+      else if (i < dense) return i;
+    }
     return last + 1;
   }
 

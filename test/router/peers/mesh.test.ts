@@ -9,7 +9,7 @@ import { test } from "node:test";
 import { Registry } from "prom-client";
 import { ApproxPrefixTree } from "../../../src/kv/approx-tree.ts";
 import { PeerMesh } from "../../../src/router/peers/mesh.ts";
-import { digest, PeerTable } from "../../../src/router/peers/table.ts";
+import { digest, digestDense, PeerTable } from "../../../src/router/peers/table.ts";
 import type { PeerTransport } from "../../../src/router/peers/types.ts";
 import { decodeAnnouncement, encodeAnnouncement } from "../../../src/router/peers/wire.ts";
 import { isLoopbackEndpoint } from "../../../src/server/peer-plane.ts";
@@ -28,7 +28,13 @@ test("digest: a capped sample still tells how far a prompt shares the announced 
   const d = digest(path, 64);
   assert.equal(d.length, 64);
   assert.equal(d[63], path[path.length - 1], "the last node is always kept");
-  const t = new PeerTable({ maxEntriesPerWorker: 10, maxEntries: 100, now: () => 0 });
+  // With the dense head declared, a miss there ends the match at once; the answers are the same.
+  const t = new PeerTable({
+    maxEntriesPerWorker: 10,
+    maxEntries: 100,
+    now: () => 0,
+    denseNodes: digestDense(64),
+  });
   t.add("w", d, 1000);
   assert.equal(t.match("w", path), path.length, "the whole prompt");
   // A prompt that shares the first 20 000 chars and then differs.
@@ -37,6 +43,8 @@ test("digest: a capped sample still tells how far a prompt shares the announced 
   const shared = Math.floor(20_000 / 64);
   assert.ok(m <= shared && m >= shared - Math.ceil((path.length - 32) / 31) - 1, `match ${m} vs ${shared}`);
   assert.equal(t.match("w", tree.path(words("unrelated", 100))), 0);
+  // Shares only the first 10 nodes (640 chars), inside the dense head: exactly 10.
+  assert.equal(t.match("w", tree.path(`${long.slice(0, 640)}#${words("y", 300)}`)), 10);
   assert.equal(t.match("v", path), 0, "another worker");
   assert.deepEqual(Array.from(digest([1, 2, 3], 8)), [1, 2, 3], "short paths go whole");
 });
