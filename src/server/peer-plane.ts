@@ -1,14 +1,16 @@
 /**
  * How `infera server` starts its peer plane (ServerExtensions.peerPlaneFactory): a ZMQ mesh when
  * `--peers`, `--peers-bind` or `peers.enabled` asks for one (with etcd discovery the peers are
- * also found through etcd, src/discovery/etcd-peers.ts); none otherwise, or with `peers.enabled: false`. With `--event-plane nats` the NATS plug
+ * also found through etcd, src/discovery/etcd-peers.ts); none otherwise, or with
+ * `peers.enabled: false`. With `--event-plane nats` the NATS plug
  * (src/transport/nats/server-plug.ts) takes over and builds the same mesh on a subject.
  *
  * Security: announcements change routing, so they are taken only from rightful senders. The
  * ZMQ mesh binds loopback by default; binding or connecting beyond loopback requires the shared
  * secret (INFERA_PEERS_SECRET or `--peers-secret-file`, never argv), and with a secret every
- * frame is signed and checked (src/router/peers/wire.ts). On NATS the broker's subject permissions apply, and
- * the secret, when set, is checked as well.
+ * frame is signed and checked (src/router/peers/wire.ts); a peer found through etcd beyond
+ * loopback is followed only with a secret too. On NATS the broker's subject permissions apply,
+ * and the secret, when set, is checked as well.
  */
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
@@ -107,7 +109,9 @@ export async function createPeerPlane(ctx: ServerComponentContext): Promise<Peer
   }
   const replicaId = newReplicaId();
   const etcd =
-    ctx.config.discovery.kind === "etcd" ? await followEtcdPeers(ctx, t, replicaId, cfg.advertise) : null;
+    ctx.config.discovery.kind === "etcd"
+      ? await followEtcdPeers(ctx, t, replicaId, cfg.advertise, secret)
+      : null;
   return startPeerMesh(ctx, t, secret, { replicaId, onClose: etcd ? () => etcd() : undefined });
 }
 
@@ -127,6 +131,7 @@ async function followEtcdPeers(
   t: ZmqPeerTransport,
   replicaId: string,
   advertise: string | undefined,
+  secret: Buffer | null,
 ): Promise<(() => Promise<void>) | null> {
   const opts = etcdOptionsFromConfig(ctx.config.discovery);
   const client = createEtcdClient(opts);
@@ -136,7 +141,11 @@ async function followEtcdPeers(
     prefix: opts.prefix,
     replicaId,
     endpoint: advertisedEndpoint(t.endpoint, advertise),
-    addPeer: (e) => t.addPeer(e),
+    addPeer: (e) => {
+      // Unsigned frames are trusted only over loopback.
+      if (secret || isLoopbackEndpoint(e)) t.addPeer(e);
+      else logger.warn({ endpoint: e }, "peers: not following a non-loopback peer without a shared secret");
+    },
     removePeer: (e) => t.removePeer(e),
     logger,
   });
