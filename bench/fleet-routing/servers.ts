@@ -184,8 +184,9 @@ export interface Replicas {
 /**
  * How long a peer's announcement counts, in model seconds: past the longest queue wait of a
  * burst (Run F's TTFT p99 was ~5 model s); the server's clock is wall time, hence / speed.
+ * FLEET_ROUTING_PEER_TTL_S overrides it (Run G's open question: a TTL near the bridge's life).
  */
-const PEER_TTL_MODEL_S = 15;
+const PEER_TTL_MODEL_S = Number(process.env.FLEET_ROUTING_PEER_TTL_S ?? 15);
 
 async function startServer(
   policy: string,
