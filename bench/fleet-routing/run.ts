@@ -11,7 +11,7 @@
  *     [--other-replicas 1]
  *     [--policies round-robin,approx-prefix,kv-aware,kv-aware-classic,kv+queue]
  *     [--big-policies round-robin,kv-aware] [--hot-rate 24] [--hot-policies kv-aware,kv-aware-classic,kv+queue]
- *     [--profile F] [--out DIR]
+ *     [--profile F] [--out DIR] [--no-share]
  *   node bench/fleet-routing/run.ts --trace FILE[,FILE] [--workers 8] [--replicas 1,4]
  *     [--policies round-robin,approx-prefix,kv-aware,kv-aware-classic] [--load 0.7 | --time-scale F] [--speed 0.25]
  *     [--kv-blocks N | --kv-fraction X] [--limit N] [--max-output N] [--drain-s 30] [--out DIR] [--dry]
@@ -21,6 +21,9 @@
  * fraction of both, TTFT, goodput, preemptions; trace-results.json. --load L replays the trace at
  * L × the fleet's prefill capacity. Generators of such traces: ./generate.ts; the issue #28 goal
  * runner: ./goals.ts.
+ *
+ * Several replicas share their routing state (the pending bridge's routed prefixes) over a ZMQ
+ * mesh among them (src/router/peers); --no-share turns that off, for comparison with Run F.
  *
  * The full llm-d shape: --tenants 150. Rates are per model second for 8 workers and scale with
  * the worker count (the first count runs --rates, the others --big-rates). Each policy × replica
@@ -61,6 +64,8 @@ const str = (name: string, def: string) => {
 const num = (name: string, def: number) => Number(str(name, String(def)));
 const list = (name: string, def: string) => str(name, def).split(",").filter(Boolean);
 const quick = has("quick");
+/** Replicas share routing state (src/router/peers) unless --no-share. */
+const SHARE = !has("no-share");
 
 const HERE = fileURLToPath(new URL(".", import.meta.url));
 const OUT = str("out", HERE);
@@ -347,6 +352,7 @@ async function main(): Promise<void> {
           dir,
           readyTimeoutMs: READY_TIMEOUT_MS,
           speed: speedFor(w),
+          share: SHARE,
         });
         const run: RunRecord = {
           workers: w,

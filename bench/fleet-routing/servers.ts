@@ -1,7 +1,9 @@
 /**
  * `infera server` replicas for one policy, spawned through the CLI with static discovery over a
  * workers file (records with `kvEvents`), behind the round-robin HTTP balancer of
- * bench/kv-routing, as a production deployment would have them.
+ * bench/kv-routing, as a production deployment would have them. Several replicas share their
+ * routing state (src/router/peers) over a loopback ZMQ mesh (`--peers`) unless `share` is off;
+ * only profiles with the pending bridge (`bridgePending`) announce anything.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
@@ -192,6 +194,13 @@ export interface Replicas {
   close(): Promise<void>;
 }
 
+/**
+ * How long a peer's announcement counts, in model seconds: past the longest queue wait of a
+ * burst (Run F's TTFT p99 was ~5 model s); the server's clock is wall time, hence / speed.
+ * FLEET_ROUTING_PEER_TTL_S overrides it (Run G's open question: a TTL near the bridge's life).
+ */
+const PEER_TTL_MODEL_S = Number(process.env.FLEET_ROUTING_PEER_TTL_S ?? 15);
+
 async function startServer(
   policy: string,
   workersFile: string,
@@ -199,6 +208,7 @@ async function startServer(
   dir: string,
   readyTimeoutMs: number,
   speed: number,
+  peerArgs: string[],
 ): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
   let policyArgs = presetWithOptions(policy);
@@ -220,10 +230,15 @@ async function startServer(
       ...policyArgs,
       "--scrape-interval",
       "250",
+      ...peerArgs,
     ],
     {
       cwd: ROOT,
-      env: { ...process.env, INFERA_LOG_LEVEL: process.env.FLEET_ROUTING_SERVER_LOG ?? "warn" },
+      env: {
+        ...process.env,
+        INFERA_LOG_LEVEL: process.env.FLEET_ROUTING_SERVER_LOG ?? "warn",
+        INFERA_PEERS_TTL_MS: String(Math.round((PEER_TTL_MODEL_S * 1000) / speed)),
+      },
       stdio: ["ignore", "pipe", "pipe"],
     },
   );
@@ -253,15 +268,31 @@ async function startServer(
   return { url, child };
 }
 
-/** `n` replicas of `policy` behind a round-robin balancer. */
+/**
+ * `n` replicas of `policy` behind a round-robin balancer; with `share` (the default) and n > 1
+ * they share routing state over a loopback ZMQ mesh, each binding one endpoint and following all.
+ */
 export async function startReplicas(
   policy: string,
   n: number,
-  o: { workersFile: string; workers: number; dir: string; readyTimeoutMs: number; speed: number },
+  o: {
+    workersFile: string;
+    workers: number;
+    dir: string;
+    readyTimeoutMs: number;
+    speed: number;
+    share?: boolean;
+  },
 ): Promise<Replicas> {
+  const mesh =
+    n > 1 && o.share !== false
+      ? await Promise.all(Array.from({ length: n }, async () => `tcp://127.0.0.1:${await freePort()}`))
+      : [];
+  const peerArgs = (i: number) =>
+    mesh.length > 0 ? ["--peers-bind", mesh[i], "--peers", mesh.join(",")] : [];
   const started = await Promise.allSettled(
-    Array.from({ length: n }, () =>
-      startServer(policy, o.workersFile, o.workers, o.dir, o.readyTimeoutMs, o.speed),
+    Array.from({ length: n }, (_, i) =>
+      startServer(policy, o.workersFile, o.workers, o.dir, o.readyTimeoutMs, o.speed, peerArgs(i)),
     ),
   );
   const servers = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
@@ -297,6 +328,13 @@ export async function decisionsOf(servers: Replicas["servers"]): Promise<string>
         /^infera_kv_(worker_resets|malformed_messages)_total(\{[^}]*\})? (\d+)/gm,
       ))
         if (m[3] !== "0") out.push(`${m[1]}=${m[3]}`);
+      // Shared routing state (src/router/peers): announcements sent, taken, dropped by reason.
+      for (const m of text.matchAll(
+        /^infera_peer_announcements_(sent|received|dropped)_total(\{[^}]*\})? (\d+)/gm,
+      )) {
+        const reason = m[2] ? /reason="([^"]*)"/.exec(m[2])?.[1] : undefined;
+        if (m[3] !== "0") out.push(`peer_${m[1]}${reason ? `_${reason}` : ""}=${m[3]}`);
+      }
       return out.join(" ");
     }),
   );

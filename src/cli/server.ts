@@ -83,6 +83,9 @@ interface ServerFlags extends NatsCliValues {
   scrapeInterval?: string;
   maxRetries?: string;
   requestPlane?: string;
+  peers?: string[];
+  peersBind?: string;
+  peersSecretFile?: string;
   printConfig?: boolean;
 }
 
@@ -127,6 +130,9 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   scrapeIntervalMs: "--scrape-interval",
   maxRetries: "--max-retries",
   requestPlane: "--request-plane",
+  "peers.connect": "--peers",
+  "peers.bind": "--peers-bind",
+  "peers.secretFile": "--peers-secret-file",
   eventPlane: "--event-plane",
   "nats.url": "--nats-url",
   "nats.token": "--nats-token",
@@ -190,6 +196,7 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     maxRetries: optNum(f.maxRetries),
     requestPlane: f.requestPlane,
     eventPlane: f.eventPlane,
+    peers: peerFlags(f),
     nats: natsFlags(f),
     discovery: {
       kind: f.discovery,
@@ -222,6 +229,13 @@ function natsFlags(f: ServerFlags): Record<string, unknown> | undefined {
     reconnectWaitMs: optNum(f.natsReconnectWaitMs),
     allowAnonymous: f.natsAllowAnonymous,
   };
+  return Object.values(o).some((v) => v !== undefined) ? o : undefined;
+}
+
+/** --peers / --peers-bind / --peers-secret-file; undefined when none given. */
+function peerFlags(f: ServerFlags): Record<string, unknown> | undefined {
+  const connect = f.peers?.flatMap((p) => p.split(",").map((s) => s.trim())).filter(Boolean);
+  const o = { connect, bind: f.peersBind, secretFile: f.peersSecretFile };
   return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }
 
@@ -311,6 +325,13 @@ export function registerServer(program: Command): void {
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
     .option("--request-plane <kind>", "http (default; nats with --nats-url) or another registered plane")
+    .option(
+      "--peers <endpoints>",
+      "peer replicas' announcement endpoints, tcp://host:port,... (repeatable): share routing state",
+      collect,
+    )
+    .option("--peers-bind <endpoint>", "this replica's announcement endpoint (default tcp://127.0.0.1:*)")
+    .option("--peers-secret-file <file>", "shared secret signing announcements (or INFERA_PEERS_SECRET)")
     .option("--print-config", "print the merged, validated config as YAML (secrets as ***) and exit")
     .action(async (given: ServerFlags, cmd: Command) => {
       const { resolveServerConfig } = await import("../server/config.ts");

@@ -307,11 +307,12 @@ export class EtcdWatcher implements DiscoveryWatcher {
  * comma list; default INFERA_ETCD or 127.0.0.1:2379), auth/TLS from `options`
  * (`username`, `password`, `caFile`, `certFile`, `keyFile`, `startTimeoutMs`, `startDegraded`).
  */
-export function createEtcdWatcherFromConfig(c: DiscoveryConfig, logger: Logger): EtcdWatcher {
+/** The etcd connection a server's discovery config names (also used by src/server/peer-plane.ts). */
+export function etcdOptionsFromConfig(c: DiscoveryConfig): EtcdOptions {
   const o = c.options ?? {};
   const str = (k: string) => (typeof o[k] === "string" ? (o[k] as string) : undefined);
   const endpoints = parseEndpoints([...(c.etcdEndpoints ?? [])]);
-  return new EtcdWatcher({
+  return {
     endpoints:
       endpoints.length > 0 ? endpoints : parseEndpoints(envVar("INFERA_ETCD") ?? "http://127.0.0.1:2379"),
     prefix: c.prefix,
@@ -320,6 +321,13 @@ export function createEtcdWatcherFromConfig(c: DiscoveryConfig, logger: Logger):
     caFile: str("caFile"),
     certFile: str("certFile"),
     keyFile: str("keyFile"),
+  };
+}
+
+export function createEtcdWatcherFromConfig(c: DiscoveryConfig, logger: Logger): EtcdWatcher {
+  const o = c.options ?? {};
+  return new EtcdWatcher({
+    ...etcdOptionsFromConfig(c),
     startTimeoutMs: typeof o.startTimeoutMs === "number" ? o.startTimeoutMs : undefined,
     // A server starts degraded rather than exiting while etcd is down (config `startDegraded: false` to fail fast).
     startDegraded: o.startDegraded !== false,

@@ -12,6 +12,7 @@ import { InferaError, ModelNotFoundError, NoWorkerError } from "../protocol/erro
 import type { Logger } from "../util/log.ts";
 import { MixedRouter, type RouterObserver } from "./mixed.ts";
 import { mixedCandidates, PdOrMixedRouter } from "./pd-or-mixed.ts";
+import type { PeerRouting } from "./peers/types.ts";
 import { buildScheduling, type Scheduling } from "./pipeline/build.ts";
 import type { DecisionLog } from "./pipeline/decisions.ts";
 import type { DisaggRouterFactory, DisaggSettings, ModelRouter, RoutingPolicy } from "./types.ts";
@@ -38,6 +39,8 @@ export interface AutoRouterOptions {
   decisions?: DecisionLog;
   /** The KV prefix index of a model, when the server ingests KV events (needs `kvIndex`). */
   kvIndexFor?: (model: string) => PrefixIndex | undefined;
+  /** Peer replicas' routed prefixes for a model (src/router/peers), when shared. */
+  peersFor?: (model: string) => PeerRouting | undefined;
   observer?: RouterObserver;
   /**
    * A model whose last worker left less than this long ago is answered 503 no_worker_available
@@ -136,6 +139,7 @@ export class AutoRouter {
         model,
         logger: this.o.logger.child({ model, policy: this.scheduling.policy }),
         kvIndex: this.o.kvIndexFor?.(model),
+        peers: this.o.peersFor?.(model),
         decisions: this.o.decisions,
       });
       this.modelPolicies.set(model, p);

@@ -11,6 +11,7 @@ import type { DiscoveryWatcher } from "../discovery/types.ts";
 import { loadTokenizer, type Tokenizer } from "../kv/tokenizer.ts";
 import { DrainingError, echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
 import { AutoRouter } from "../router/auto.ts";
+import type { PeerPlane } from "../router/peers/types.ts";
 import { buildScheduling, type Scheduling } from "../router/pipeline/build.ts";
 import { DecisionLog } from "../router/pipeline/decisions.ts";
 import { WorkerSet } from "../router/worker-set.ts";
@@ -64,6 +65,8 @@ export interface InferaServer {
   executor: ManagedExecutor;
   scraper: LoadScraper;
   kvIngest: KvIngest | null;
+  /** Routing state shared with peer replicas, when configured (src/router/peers). */
+  peers: PeerPlane | null;
   tokenizer: Tokenizer;
   /** The scheduling profiles and what they need (what this server started). */
   scheduling: Scheduling;
@@ -129,6 +132,8 @@ export async function startServer(
   const kvIngest = ext.kvIngestFactory && needs.has("kvIndex") ? await ext.kvIngestFactory(cctx) : null;
   const kvStartedAt = performance.now();
   const readyWaitKvSyncMs = config.ingest.readyWaitKvSyncMs ?? DEFAULT_READY_WAIT_KV_SYNC_MS;
+  // Peers' routed prefixes, for the prefix scorers that read prompts.
+  const peers = ext.peerPlaneFactory && needs.has("approxTree") ? await ext.peerPlaneFactory(cctx) : null;
   let executor: ManagedExecutor;
   if (opts.executor) executor = opts.executor;
   else if (config.requestPlane === "http") executor = new HttpExecutor(config.upstream);
@@ -158,6 +163,7 @@ export async function startServer(
     modelGoneRetryMs: config.modelGoneRetryS * 1000,
     logger,
     kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
+    peersFor: peers ? (m) => peers.forModel(m) : undefined,
     observer: metrics,
     scheduling,
     decisions,
@@ -388,6 +394,7 @@ export async function startServer(
       });
       router.close();
       await kvIngest?.close();
+      await peers?.close();
       await workers.close();
       await executor.close?.();
       if (ownsDiscovery) await discovery.close();
@@ -408,6 +415,7 @@ export async function startServer(
     executor,
     scraper,
     kvIngest,
+    peers,
     tokenizer,
     scheduling,
     decisions,

@@ -188,6 +188,35 @@ export const ingestSchema = z
   .partial()
   .strict();
 
+/**
+ * Routing state shared by server replicas (src/router/peers): with `--event-plane nats` on a
+ * NATS subject, otherwise on a ZMQ PUB/SUB mesh bound at `bind` and connected to `connect`.
+ */
+export const peersSchema = z
+  .object({
+    /** false: no sharing even with NATS; true: a ZMQ mesh even with no peer listed yet. */
+    enabled: bool("peer sharing"),
+    /** This replica's PUB endpoint, e.g. tcp://127.0.0.1:7300 (loopback unless a secret is set). */
+    bind: str("peer PUB endpoint"),
+    /**
+     * The endpoint peers found through etcd are told (default: the bound one, a wildcard host
+     * replaced by this host's name), e.g. tcp://10.0.0.5:7300 behind NAT or in a pod.
+     */
+    advertise: str("peer advertised endpoint"),
+    /** Peers' PUB endpoints (`--peers tcp://host:port,...`); this replica's own is skipped. */
+    connect: strList("peer endpoints"),
+    /** Shared secret: every announcement is signed (HMAC-SHA256) and only signed ones count. */
+    secret: str("peer secret"),
+    /** File holding the shared secret (keeps it out of argv and the config file). */
+    secretFile: str("peer secret file"),
+    /** How long a peer's announcement counts as pending on its worker. */
+    ttlMs: posInt("peer announcement TTL"),
+    /** Path nodes per announcement at most (a prefix-preserving digest of longer prompts). */
+    maxNodes: num("peer announcement nodes", { int: true, min: 2, max: 65_536 }),
+  })
+  .partial()
+  .strict();
+
 /** The preset's knobs; the policy (pipeline) checks their names and values. */
 export const policyOptionsSchema = z.record(
   z.string(),
@@ -234,6 +263,7 @@ export const serverConfigLayerSchema = z
     profiles: profilesConfigSchema,
     disagg: disaggSchema,
     ingest: ingestSchema,
+    peers: peersSchema,
   })
   .partial()
   .strict();
@@ -241,6 +271,7 @@ export const serverConfigLayerSchema = z
 export type ServerConfigLayer = z.infer<typeof serverConfigLayerSchema>;
 export type DisaggConfig = z.infer<typeof disaggSchema>;
 export type IngestConfig = z.infer<typeof ingestSchema>;
+export type PeersConfig = z.infer<typeof peersSchema>;
 
 /** Where a layer came from, for error messages: `--config x.yaml`, `env`, `flags`, `config`. */
 export interface LayerSource {

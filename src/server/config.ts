@@ -22,11 +22,18 @@ import {
   formatPath,
   type IngestConfig,
   type LayerSource,
+  type PeersConfig,
   parseLayer,
   serverConfigLayerSchema,
 } from "./config-schema.ts";
 
-export { ConfigError, type DisaggConfig, type IngestConfig, type LayerSource } from "./config-schema.ts";
+export {
+  ConfigError,
+  type DisaggConfig,
+  type IngestConfig,
+  type LayerSource,
+  type PeersConfig,
+} from "./config-schema.ts";
 
 export type PolicyOptionValue = number | string | boolean;
 
@@ -89,11 +96,16 @@ export interface ServerConfig {
   disagg: DisaggConfig;
   /** KV event ingestion. */
   ingest: IngestConfig;
+  /** Routing state shared by server replicas (src/router/peers). */
+  peers: PeersConfig;
 }
 
 /** One layer: every key optional, nested objects partial. */
 export type ServerConfigInput = Partial<
-  Omit<ServerConfig, "discovery" | "nats" | "breaker" | "upstream" | "disagg" | "ingest" | "policyOptions">
+  Omit<
+    ServerConfig,
+    "discovery" | "nats" | "breaker" | "upstream" | "disagg" | "ingest" | "peers" | "policyOptions"
+  >
 > & {
   discovery?: Partial<DiscoveryConfig>;
   nats?: Partial<NatsConnectOptions>;
@@ -101,6 +113,7 @@ export type ServerConfigInput = Partial<
   upstream?: HttpExecutorOptions;
   disagg?: DisaggConfig;
   ingest?: IngestConfig;
+  peers?: PeersConfig;
   policyOptions?: Readonly<Record<string, unknown>>;
 };
 
@@ -129,6 +142,7 @@ export const defaultServerConfig: ServerConfig = {
   requestPlane: "http",
   disagg: {},
   ingest: {},
+  peers: {},
 };
 
 export interface ConfigOptions {

@@ -9,6 +9,7 @@ import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import type { KvSyncReport, PrefixIndex } from "../kv/prefix-index.ts";
 import type { Tokenizer } from "../kv/tokenizer.ts";
+import type { PeerPlane } from "../router/peers/types.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { Logger } from "../util/log.ts";
@@ -44,11 +45,16 @@ export interface ManagedExecutor extends RequestExecutor {
 
 export type ExecutorFactory = (ctx: ServerComponentContext) => ManagedExecutor | Promise<ManagedExecutor>;
 
+/** Routing state shared with peer replicas (src/router/peers); null when not configured. */
+export type PeerPlaneFactory = (ctx: ServerComponentContext) => Promise<PeerPlane | null>;
+
 export interface ServerExtensions {
   /** Plugged into the AutoRouter: models with prefill and decode workers go disaggregated. */
   disaggRouterFactory?: DisaggRouterFactory;
   /** Created when a plugin of a configured profile needs `kvIndex` (the engines' KV events). */
   kvIngestFactory?: KvIngestFactory;
+  /** Started when a profile reads prompts (`approxTree`): replicas share routed prefixes. */
+  peerPlaneFactory?: PeerPlaneFactory;
   /** Extra request planes by `requestPlane` name (`http` is built in). */
   executors?: Record<string, ExecutorFactory>;
 }

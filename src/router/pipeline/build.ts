@@ -6,6 +6,7 @@
  */
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
+import type { PeerRouting } from "../peers/types.ts";
 import { issuePath, type ProfilesConfig, profilesConfigSchema } from "./config-schema.ts";
 import type { DecisionLog } from "./decisions.ts";
 import { checkOptionNames, presetNames, presets } from "./presets.ts";
@@ -33,7 +34,13 @@ export interface Scheduling {
   readonly needs: Needs;
   /** Count prompt tokens into the prefill backlog (the prompt is read anyway). */
   readonly trackPrefill: boolean;
-  create(o: { model: string; logger: Logger; kvIndex?: PrefixIndex; decisions?: DecisionLog }): Scheduler;
+  create(o: {
+    model: string;
+    logger: Logger;
+    kvIndex?: PrefixIndex;
+    peers?: PeerRouting;
+    decisions?: DecisionLog;
+  }): Scheduler;
 }
 
 const STEPS: readonly Step[] = ["mixed", "prefill", "decode"];

@@ -7,6 +7,7 @@
  */
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
+import type { PeerRouting } from "../peers/types.ts";
 import type { RouteLifecycle, RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
 import { type DecisionLog, type DecisionRecord, explain } from "./decisions.ts";
 import { filters as filterDefs, pickers as pickerDefs, scorers as scorerDefs } from "./registry.ts";
@@ -38,6 +39,8 @@ export interface SchedulerOptions {
   model: string;
   logger: Logger;
   kvIndex?: PrefixIndex;
+  /** Peer replicas' routed prefixes (ModelScope.peers). */
+  peers?: PeerRouting;
   profiles: ProfileSet;
   /** Where decisions are explained (the server's ring buffer). */
   decisions?: DecisionLog;
@@ -336,6 +339,7 @@ export class Scheduler implements RoutingPolicy {
       model: o.model,
       logger: o.logger,
       kvIndex: o.kvIndex,
+      peers: o.peers,
       shared<T>(key: string, make: () => T): T {
         let v = shared.get(key) as T | undefined;
         if (v === undefined) {

@@ -12,6 +12,7 @@
  */
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
+import type { PeerRouting } from "../peers/types.ts";
 import type { RouteLifecycle, RoutingRequest, WorkerState } from "../types.ts";
 import type { Step } from "./decision-wire.ts";
 
@@ -37,6 +38,8 @@ export interface ModelScope {
   readonly logger: Logger;
   /** The shared KV prefix index, when the server ingests KV events. */
   readonly kvIndex?: PrefixIndex;
+  /** Peer replicas' routed prefixes (src/router/peers), when the server shares routing state. */
+  readonly peers?: PeerRouting;
   /**
    * The object stored under `key`, made on first use. Plugins that must see the same state in
    * every step (the round-robin turn, the prefill ledger, an approximate tree) share it by key,

@@ -10,12 +10,15 @@ import type {
   KvIngest,
   KvIngestFactory,
   ManagedExecutor,
+  PeerPlaneFactory,
   ServerComponentContext,
 } from "../../server/extension-api.ts";
+import { peerSecret, startPeerMesh } from "../../server/peer-plane.ts";
 import { HttpExecutor } from "../http.ts";
 import { NatsRequestExecutor } from "./client.ts";
 import { connectNats, type NatsConnectOptions } from "./connection.ts";
 import { NatsKvIngest } from "./kv-ingest.ts";
+import { NatsPeerTransport } from "./peer-transport.ts";
 
 /** The NATS settings a server config carries (`nats` key, from --nats-* flags or INFERA_NATS_*). */
 function natsOptions(ctx: ServerComponentContext, role: string): NatsConnectOptions {
@@ -93,5 +96,19 @@ export function selectKvIngestFactory(zmq: KvIngestFactory | undefined): KvInges
     // No ZMQ ingest registered: no index, so kv-aware falls back to its approximate tree.
     if (!zmq) return { indexFor: () => undefined, close: async () => {} };
     return zmq(ctx);
+  };
+}
+
+/**
+ * Wraps the server's ZMQ peer-plane factory: with `--event-plane nats` replicas share routing
+ * state on `infera.route.<model>` (./peer-transport.ts) unless `peers.enabled` is false.
+ */
+export function selectPeerPlaneFactory(zmq: PeerPlaneFactory): PeerPlaneFactory {
+  return async (ctx) => {
+    const plane = (ctx.config as { eventPlane?: string }).eventPlane;
+    if (plane !== "nats" || ctx.config.peers?.enabled === false) return zmq(ctx);
+    const secret = peerSecret(ctx);
+    const nc = await connectNats(natsOptions(ctx, "peers"));
+    return startPeerMesh(ctx, new NatsPeerTransport(nc, true), secret);
   };
 }

@@ -35,3 +35,11 @@ export function kvSubject(model: string, workerId: string): string {
 export function kvReplaySubject(kvSubj: string): string {
   return `${kvSubj}.replay`;
 }
+
+/** Prefix of the subjects server replicas share routing announcements on (src/router/peers). */
+export const ROUTE_SUBJECT_PREFIX = "infera.route";
+
+/** Where replicas announce routing decisions for a model: `infera.route.<model>`. */
+export function routeSubject(model: string): string {
+  return `${ROUTE_SUBJECT_PREFIX}.${subjectToken(model)}`;
+}

@@ -14,6 +14,8 @@
  *   fails or is cancelled before its prefill is done, or `bridgeGraceMs` after that prefill
  *   without confirmation, or `bridgeTtlMs` at most (../pending-prefixes.ts): the same bridge, as
  *   long as the lag lasts rather than a fixed time. The router's dispatch claim drives it.
+ *   With peer replicas (`scope.peers`, src/router/peers) each routed prompt is announced to
+ *   them and theirs count here the same way, for their TTL.
  * - LoRA: a request whose `model` the events named as an adapter is hashed with it (vLLM puts the
  *   adapter name first in a block's extra keys).
  * The trees are shared by every step of the model with the same params (one state per model).
@@ -88,7 +90,7 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
           }
           if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
           if (pending && path && bridged) {
-            const nodes = pending.match(ids[i], path);
+            const nodes = Math.max(pending.match(ids[i], path), scope.peers?.match(ids[i], path) ?? 0); // peer replicas' (src/router/peers)
             const b = nodes > 0 ? toBlocks(nodes * p.chunkChars) : 0;
             if (b > overlaps[i]) {
               bridged[i] = b - overlaps[i];
@@ -102,13 +104,15 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
       onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle) {
         recent?.insert(req.promptText(), worker.record.id);
         if (pending && bridge) {
-          const entry = pending.add(worker.record.id, bridge.path(req.promptText()), {
+          const path = bridge.path(req.promptText());
+          const entry = pending.add(worker.record.id, path, {
             probe: index ? probeOf(index, req, worker.record.id) : null,
           });
           // Without a claim (a caller that sends nothing through one) nobody would end the
           // entry: it lives only its grace, or until the events confirm it.
           if (route) route.watch(entry);
           else entry.prefilled();
+          scope.peers?.announce(worker.record.id, path, req.promptTokens().length); // peer replicas
         }
         // The long-lived fallback tree is only needed for workers that publish no KV events.
         if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);

@@ -1,0 +1,44 @@
+/**
+ * Routing state shared by server replicas: the narrow interfaces the pipeline and the server
+ * see. A replica announces each prompt its pending bridge records (the worker, the prompt's
+ * approximate-tree path, its tokens) to its peers; each peer counts it as pending on that
+ * worker for the announcement's TTL, exactly like its own bridge (../pipeline/pending-prefixes.ts).
+ *
+ * Types only, so the pipeline (ModelScope.peers) imports no transport.
+ */
+
+/** One model's view of the shared state (ModelScope.peers). */
+export interface PeerRouting {
+  /** Tells the peers that `path` (its prompt of `tokens` tokens) was routed to `workerId`. */
+  announce(workerId: string, path: readonly number[], tokens: number): void;
+  /** Leading nodes of `path` that live peer announcements cover on `workerId` (0: none). */
+  match(workerId: string, path: readonly number[]): number;
+}
+
+/** What the server holds: one PeerRouting per model, and the plane's lifetime. */
+export interface PeerPlane {
+  /** The replica's id as its announcements carry it. */
+  readonly replicaId: string;
+  /** Where peers reach this replica (a ZMQ endpoint, a NATS subject). */
+  readonly endpoint: string;
+  forModel(model: string): PeerRouting;
+  close(): Promise<void>;
+}
+
+/**
+ * Moves opaque frames among replicas (nats.js style: a narrow interface). Loss-tolerant by
+ * contract: `publish` never throws and never waits; a frame that cannot go is dropped.
+ */
+export interface PeerTransport {
+  readonly kind: "zmq" | "nats";
+  /** Where peers reach this replica. */
+  readonly endpoint: string;
+  /** One frame about `model` (NATS puts it on the model's subject; ZMQ sends it to all). */
+  publish(model: string, frame: Uint8Array): void;
+  /** Frames from peers (possibly this replica's own: the caller filters by sender id). */
+  frames(): AsyncIterable<Uint8Array>;
+  close(): Promise<void>;
+}
+
+/** Why an announcement was not taken (the `reason` label of the dropped counter). */
+export type DropReason = "auth" | "malformed" | "stale" | "replay" | "full";

@@ -1,0 +1,77 @@
+/**
+ * The announcement's wire format: one frame, `[kind byte] msgpack([v, sender, seq, sentAt,
+ * model, worker, tokens, ttlMs, nodes])` and, when kind is SIGNED, a 32-byte HMAC-SHA256 of the
+ * msgpack bytes under the replicas' shared secret. `nodes` is the path digest (./table.ts) as
+ * little-endian float64s (the path's nodes are 52-bit integers, exact in a double): 8 bytes a
+ * node, so a capped digest of 256 nodes is ~2 KiB whatever the prompt's length.
+ */
+import { createHmac, timingSafeEqual } from "node:crypto";
+import { pack, unpack } from "msgpackr";
+
+const VERSION = 1;
+const UNSIGNED = 0x01;
+const SIGNED = 0x02;
+const MAC_BYTES = 32;
+
+export interface Announcement {
+  sender: string;
+  seq: number;
+  /** Sender's clock, ms since the epoch (the age on arrival is measured against it). */
+  sentAt: number;
+  model: string;
+  worker: string;
+  tokens: number;
+  ttlMs: number;
+  nodes: Float64Array;
+}
+
+export type Decoded = { ok: true; a: Announcement } | { ok: false; reason: "auth" | "malformed" };
+
+function mac(secret: Buffer, body: Uint8Array): Buffer {
+  return createHmac("sha256", secret).update(body).digest();
+}
+
+export function encodeAnnouncement(a: Announcement, secret: Buffer | null): Uint8Array {
+  const nodes = Buffer.from(a.nodes.buffer, a.nodes.byteOffset, a.nodes.byteLength);
+  const body = pack([VERSION, a.sender, a.seq, a.sentAt, a.model, a.worker, a.tokens, a.ttlMs, nodes]);
+  if (!secret) return Buffer.concat([Buffer.of(UNSIGNED), body]);
+  return Buffer.concat([Buffer.of(SIGNED), body, mac(secret, body)]);
+}
+
+const isStr = (v: unknown): v is string => typeof v === "string" && v.length > 0 && v.length <= 512;
+const isNum = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v) && v >= 0;
+
+/**
+ * With a secret, only a SIGNED frame whose MAC verifies is taken; without one (loopback only),
+ * only UNSIGNED frames (a signed one cannot be checked). Nothing a peer sends throws out.
+ */
+export function decodeAnnouncement(frame: Uint8Array, secret: Buffer | null): Decoded {
+  if (frame.length < 2) return { ok: false, reason: "malformed" };
+  const kind = frame[0];
+  let body: Uint8Array;
+  if (secret) {
+    if (kind !== SIGNED || frame.length < 1 + MAC_BYTES + 1) return { ok: false, reason: "auth" };
+    body = frame.subarray(1, frame.length - MAC_BYTES);
+    const got = frame.subarray(frame.length - MAC_BYTES);
+    if (!timingSafeEqual(mac(secret, body), got)) return { ok: false, reason: "auth" };
+  } else {
+    if (kind !== UNSIGNED) return { ok: false, reason: "auth" };
+    body = frame.subarray(1);
+  }
+  let v: unknown;
+  try {
+    v = unpack(body);
+  } catch {
+    return { ok: false, reason: "malformed" };
+  }
+  if (!Array.isArray(v) || v.length !== 9 || v[0] !== VERSION) return { ok: false, reason: "malformed" };
+  const [, sender, seq, sentAt, model, worker, tokens, ttlMs, raw] = v as unknown[];
+  if (!isStr(sender) || !isStr(model) || !isStr(worker)) return { ok: false, reason: "malformed" };
+  if (!isNum(seq) || !isNum(sentAt) || !isNum(tokens) || !isNum(ttlMs))
+    return { ok: false, reason: "malformed" };
+  if (!(raw instanceof Uint8Array) || raw.length % 8 !== 0) return { ok: false, reason: "malformed" };
+  // Copied: the frame's buffer may be unaligned for a Float64Array view.
+  const nodes = new Float64Array(raw.length / 8);
+  new Uint8Array(nodes.buffer).set(raw);
+  return { ok: true, a: { sender, seq, sentAt, model, worker, tokens, ttlMs, nodes } };
+}
