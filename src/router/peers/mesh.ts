@@ -56,6 +56,7 @@ export class PeerMesh implements PeerPlane {
   private readonly received: Counter<"transport">;
   private readonly dropped: Counter<"reason">;
   private readonly age: Histogram;
+  private readonly retracted: Counter<"direction">;
 
   constructor(o: PeerMeshOptions) {
     this.o = o;
@@ -77,6 +78,11 @@ export class PeerMesh implements PeerPlane {
       "infera_peer_announcements_dropped_total",
       "Peers' routing announcements not taken, by reason (auth, malformed, stale, replay, full)",
       ["reason"],
+    );
+    this.retracted = counter(
+      "infera_peer_retractions_total",
+      "Retractions of routing announcements: sent (this replica's bridge entry ended), applied (a peer's entry taken out before its TTL)",
+      ["direction"],
     );
     this.age =
       (o.registry.getSingleMetric("infera_peer_announcement_age_seconds") as Histogram | undefined) ??
@@ -109,6 +115,7 @@ export class PeerMesh implements PeerPlane {
   forModel(model: string): PeerRouting {
     return {
       announce: (workerId, path, tokens) => this.announce(model, workerId, path, tokens),
+      retract: (workerId, path) => this.announce(model, workerId, path, 0, true),
       match: (workerId, path) => this.tables.get(model)?.match(workerId, path) ?? 0,
     };
   }
@@ -118,7 +125,8 @@ export class PeerMesh implements PeerPlane {
     return this.tables.get(model);
   }
 
-  announce(model: string, worker: string, path: readonly number[], tokens: number): void {
+  /** Announces `path` routed to `worker`, or with `end` retracts that announcement. */
+  announce(model: string, worker: string, path: readonly number[], tokens: number, end = false): void {
     if (this.closed || path.length === 0) return;
     const frame = encodeAnnouncement(
       {
@@ -130,11 +138,13 @@ export class PeerMesh implements PeerPlane {
         tokens,
         ttlMs: this.o.ttlMs,
         nodes: digest(path, this.o.maxNodes),
+        ...(end ? { end: true } : {}),
       },
       this.o.secret,
     );
     this.o.transport.publish(model, frame);
-    this.sent.inc({ transport: this.o.transport.kind });
+    if (end) this.retracted.inc({ direction: "sent" });
+    else this.sent.inc({ transport: this.o.transport.kind });
   }
 
   /** Checks and files one frame from a peer. */
@@ -161,6 +171,11 @@ export class PeerMesh implements PeerPlane {
     const ttl = Math.min(a.ttlMs, this.o.ttlMs);
     if (ageMs >= ttl) {
       this.drop("stale");
+      return;
+    }
+    if (a.end) {
+      // A retraction: nothing to file, only an entry to take out (it may have expired already).
+      if (this.tables.get(a.model)?.retract(a.worker, a.nodes)) this.retracted.inc({ direction: "applied" });
       return;
     }
     let t = this.tables.get(a.model);

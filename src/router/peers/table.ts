@@ -9,7 +9,8 @@
  * within the spacing, from a bounded number of nodes whatever the prompt's length.
  *
  * Bounded: entries per worker (the oldest leaves first) and in all (a new one is then refused).
- * Entries leave when their TTL is over, checked in arrival order.
+ * Entries leave when their TTL is over, checked in arrival order, or when their sender retracts
+ * them (its own bridge entry ended: `retract`).
  */
 
 interface Entry {
@@ -93,6 +94,30 @@ export class PeerTable {
     this.total++;
     for (const k of nodes) w.nodes.set(k, (w.nodes.get(k) ?? 0) + 1);
     return dropped;
+  }
+
+  /**
+   * Takes out the oldest live entry on `workerId` with exactly these nodes (the sender's
+   * retraction of its announcement). Returns whether one was found.
+   */
+  retract(workerId: string, nodes: Float64Array): boolean {
+    const w = this.workers.get(workerId);
+    if (!w) return false;
+    const n = nodes.length;
+    if (n === 0) return false;
+    const i = w.entries.findIndex(
+      (e) => e.nodes.length === n && e.nodes[n - 1] === nodes[n - 1] && e.nodes[0] === nodes[0],
+    );
+    if (i < 0) return false;
+    const [e] = w.entries.splice(i, 1);
+    for (const k of e.nodes) {
+      const c = w.nodes.get(k)! - 1;
+      if (c === 0) w.nodes.delete(k);
+      else w.nodes.set(k, c);
+    }
+    this.total--;
+    if (w.entries.length === 0) this.workers.delete(workerId);
+    return true;
   }
 
   /** One past the furthest position of `path` that a live entry on `workerId` holds (0: none). */

@@ -11,6 +11,12 @@
 export interface PeerRouting {
   /** Tells the peers that `path` (its prompt of `tokens` tokens) was routed to `workerId`. */
   announce(workerId: string, path: readonly number[], tokens: number): void;
+  /**
+   * Tells the peers that this replica's entry for `path` on `workerId` ended (its blocks are
+   * confirmed by the events, or its request failed or was cancelled, or it expired): they stop
+   * counting it then rather than at the announcement's TTL.
+   */
+  retract(workerId: string, path: readonly number[]): void;
   /** Leading nodes of `path` that live peer announcements cover on `workerId` (0: none). */
   match(workerId: string, path: readonly number[]): number;
 }

@@ -1,9 +1,11 @@
 /**
  * The announcement's wire format: one frame, `[kind byte] msgpack([v, sender, seq, sentAt,
- * model, worker, tokens, ttlMs, nodes])` and, when kind is SIGNED, a 32-byte HMAC-SHA256 of the
+ * model, worker, tokens, ttlMs, nodes, end?])` and, when kind is SIGNED, a 32-byte HMAC-SHA256 of the
  * msgpack bytes under the replicas' shared secret. `nodes` is the path digest (./table.ts) as
  * little-endian float64s (the path's nodes are 52-bit integers, exact in a double): 8 bytes a
- * node, so a capped digest of 256 nodes is ~2 KiB whatever the prompt's length.
+ * node, so a capped digest of 256 nodes is ~2 KiB whatever the prompt's length. A trailing `1`
+ * (`end`) retracts an earlier announcement of the same worker and nodes: the sender's own bridge
+ * entry ended (confirmed by the events, failed, cancelled, evicted), so its peers stop counting it.
  */
 import { createHmac, timingSafeEqual } from "node:crypto";
 import { pack, unpack } from "msgpackr";
@@ -23,6 +25,8 @@ export interface Announcement {
   tokens: number;
   ttlMs: number;
   nodes: Float64Array;
+  /** This retracts the sender's announcement of the same worker and nodes. */
+  end?: boolean;
 }
 
 export type Decoded = { ok: true; a: Announcement } | { ok: false; reason: "auth" | "malformed" };
@@ -33,7 +37,8 @@ function mac(secret: Buffer, body: Uint8Array): Buffer {
 
 export function encodeAnnouncement(a: Announcement, secret: Buffer | null): Uint8Array {
   const nodes = Buffer.from(a.nodes.buffer, a.nodes.byteOffset, a.nodes.byteLength);
-  const body = pack([VERSION, a.sender, a.seq, a.sentAt, a.model, a.worker, a.tokens, a.ttlMs, nodes]);
+  const fields = [VERSION, a.sender, a.seq, a.sentAt, a.model, a.worker, a.tokens, a.ttlMs, nodes];
+  const body = pack(a.end ? [...fields, 1] : fields);
   if (!secret) return Buffer.concat([Buffer.of(UNSIGNED), body]);
   return Buffer.concat([Buffer.of(SIGNED), body, mac(secret, body)]);
 }
@@ -64,8 +69,10 @@ export function decodeAnnouncement(frame: Uint8Array, secret: Buffer | null): De
   } catch {
     return { ok: false, reason: "malformed" };
   }
-  if (!Array.isArray(v) || v.length !== 9 || v[0] !== VERSION) return { ok: false, reason: "malformed" };
-  const [, sender, seq, sentAt, model, worker, tokens, ttlMs, raw] = v as unknown[];
+  if (!Array.isArray(v) || (v.length !== 9 && v.length !== 10) || v[0] !== VERSION)
+    return { ok: false, reason: "malformed" };
+  const [, sender, seq, sentAt, model, worker, tokens, ttlMs, raw, end] = v as unknown[];
+  if (end !== undefined && end !== 1) return { ok: false, reason: "malformed" };
   if (!isStr(sender) || !isStr(model) || !isStr(worker)) return { ok: false, reason: "malformed" };
   if (!isNum(seq) || !isNum(sentAt) || !isNum(tokens) || !isNum(ttlMs))
     return { ok: false, reason: "malformed" };
@@ -73,5 +80,7 @@ export function decodeAnnouncement(frame: Uint8Array, secret: Buffer | null): De
   // Copied: the frame's buffer may be unaligned for a Float64Array view.
   const nodes = new Float64Array(raw.length / 8);
   new Uint8Array(nodes.buffer).set(raw);
-  return { ok: true, a: { sender, seq, sentAt, model, worker, tokens, ttlMs, nodes } };
+  const a: Announcement = { sender, seq, sentAt, model, worker, tokens, ttlMs, nodes };
+  if (end === 1) a.end = true;
+  return { ok: true, a };
 }

@@ -52,6 +52,11 @@ export interface PendingPrefixesOptions {
   ttlMs?: number;
   /** Entries kept per worker; the oldest leave first. Default 4,096. */
   maxEntriesPerWorker?: number;
+  /**
+   * Told when an entry leaves, for whatever reason (the peer plane retracts this replica's
+   * announcement of it then: src/router/peers).
+   */
+  onEnd?: (workerId: string, path: readonly number[]) => void;
   /** Least time between two probes of one entry. Default 20 ms. */
   probeEveryMs?: number;
   now?: () => number;
@@ -142,6 +147,7 @@ export class PendingPrefixes {
   private readonly ttlMs: number;
   private readonly cap: number;
   private readonly probeEveryMs: number;
+  private readonly onEnd: ((workerId: string, path: readonly number[]) => void) | undefined;
   readonly clock: () => number;
   readonly counters: BridgeCounters = {
     added: 0,
@@ -159,6 +165,7 @@ export class PendingPrefixes {
     this.ttlMs = o.ttlMs ?? 300_000;
     this.cap = Math.max(1, o.maxEntriesPerWorker ?? 4096);
     this.probeEveryMs = o.probeEveryMs ?? 20;
+    this.onEnd = o.onEnd;
     this.clock = o.now ?? Date.now;
   }
 
@@ -243,6 +250,7 @@ export class PendingPrefixes {
       else w.nodes.set(k, c);
     }
     if (w.entries.size === 0) this.workers.delete(e.worker);
+    this.onEnd?.(e.worker, e.path);
   }
 
   /** Ends entries that are confirmed, past their grace or past their TTL. */

@@ -261,3 +261,64 @@ test("isLoopbackEndpoint", () => {
   ])
     assert.ok(!isLoopbackEndpoint(e), e);
 });
+
+test("PeerMesh: a retraction takes the peer's entry out before its TTL; a forged one cannot", async () => {
+  const now = 10_000;
+  const bus = new Bus();
+  const mk = (id: string, secret: string) => {
+    const registry = new Registry();
+    const m = new PeerMesh({
+      transport: bus.transport(),
+      secret: Buffer.from(secret),
+      ttlMs: 60_000,
+      maxNodes: 16,
+      maxEntriesPerWorker: 4,
+      maxEntries: 8,
+      registry,
+      logger,
+      replicaId: id,
+      now: () => now,
+    });
+    bus.members.push(m);
+    return { m, registry };
+  };
+  const a = mk("a", "s");
+  const b = mk("b", "s");
+  const rogue = mk("rogue", "wrong");
+  const path = tree.path(words("retract", 200));
+  const other = tree.path(words("another", 200));
+  a.m.forModel("m").announce("w1", path, 500);
+  a.m.forModel("m").announce("w1", other, 500);
+  assert.equal(b.m.forModel("m").match("w1", path), path.length);
+  // Only a's own key can retract: the rogue's frame is refused (auth), the entry stays.
+  rogue.m.forModel("m").retract("w1", path);
+  assert.equal(b.m.forModel("m").match("w1", path), path.length);
+  a.m.forModel("m").retract("w1", path);
+  assert.equal(b.m.forModel("m").match("w1", path), 0, "retracted long before the 60 s TTL");
+  assert.equal(b.m.forModel("m").match("w1", other), other.length, "another prompt's entry stays");
+  assert.equal(b.m.table("m")?.size("w1"), 1);
+  assert.equal(await metric(a.registry, "infera_peer_retractions_total", { direction: "sent" }), 1);
+  assert.equal(await metric(b.registry, "infera_peer_retractions_total", { direction: "applied" }), 1);
+  // A retraction of what b never had (lost announcement) changes nothing.
+  a.m.forModel("m").retract("w2", path);
+  assert.equal(b.m.table("m")?.size(), 1);
+});
+
+test("the bridge retracts its announcement when its own entry ends (PendingPrefixes onEnd)", async () => {
+  const { PendingPrefixes } = await import("../../../src/router/pipeline/pending-prefixes.ts");
+  const ended: [string, readonly number[]][] = [];
+  let now = 0;
+  const pending = new PendingPrefixes({ graceMs: 100, onEnd: (w, p) => ended.push([w, p]), now: () => now });
+  const path = tree.path(words("ends", 50));
+  const failed = pending.add("w1", path);
+  const prefilled = pending.add("w2", path);
+  failed.dropped("failed");
+  assert.deepEqual(ended, [["w1", path]]);
+  prefilled.prefilled();
+  now = 200; // past the grace, unconfirmed
+  assert.equal(pending.match("w2", path), 0);
+  assert.deepEqual(
+    ended.map(([w]) => w),
+    ["w1", "w2"],
+  );
+});

@@ -15,7 +15,8 @@
  *   without confirmation, or `bridgeTtlMs` at most (../pending-prefixes.ts): the same bridge, as
  *   long as the lag lasts rather than a fixed time. The router's dispatch claim drives it.
  *   With peer replicas (`scope.peers`, src/router/peers) each routed prompt is announced to
- *   them and theirs count here the same way, for their TTL.
+ *   them and theirs count here the same way, until the sender retracts it (its own entry ended)
+ *   or their TTL.
  * - LoRA: a request whose `model` the events named as an adapter is hashed with it (vLLM puts the
  *   adapter name first in a block's extra keys).
  * The trees are shared by every step of the model with the same params (one state per model).
@@ -53,7 +54,12 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
           })
         : null;
     const pending = p.bridgePending
-      ? new PendingPrefixes({ graceMs: p.bridgeGraceMs, ttlMs: p.bridgeTtlMs })
+      ? new PendingPrefixes({
+          graceMs: p.bridgeGraceMs,
+          ttlMs: p.bridgeTtlMs,
+          // Peers count our announcement until we retract it: when our own entry ends.
+          onEnd: scope.peers ? (w, path) => scope.peers?.retract(w, path) : undefined,
+        })
       : null;
     // An eviction the events report ends the bridge's prefilled entries on that worker.
     if (pending && index?.onRemoval) index.onRemoval((id) => pending.evicted(id));
@@ -105,6 +111,8 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
         recent?.insert(req.promptText(), worker.record.id);
         if (pending && bridge) {
           const path = bridge.path(req.promptText());
+          // Announced before the entry exists, so a retraction (when it ends) always follows it.
+          scope.peers?.announce(worker.record.id, path, req.promptTokens().length); // peer replicas
           const entry = pending.add(worker.record.id, path, {
             probe: index ? probeOf(index, req, worker.record.id) : null,
           });
@@ -112,7 +120,6 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
           // entry: it lives only its grace, or until the events confirm it.
           if (route) route.watch(entry);
           else entry.prefilled();
-          scope.peers?.announce(worker.record.id, path, req.promptTokens().length); // peer replicas
         }
         // The long-lived fallback tree is only needed for workers that publish no KV events.
         if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
