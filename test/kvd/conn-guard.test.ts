@@ -16,6 +16,7 @@ import {
   MiB,
   peakRss,
   refusedCount,
+  settleOpen,
   startKvdProcess,
   stopKvdProcess,
   TOKEN,
@@ -113,15 +114,12 @@ describe("kvd: TCP caps keep a reserve for Unix-socket engines (issue #30 item 4
     } finally {
       c.close();
     }
-    // Half of 256 fds at most were TCP; the rest were closed at accept and counted.
-    // The daemon accepts (and closes) the backlog at its own pace on a busy box: wait for it.
-    // The daemon accepts (and closes) the backlog at its own pace on a busy box, and some
-    // connects may have been refused by a full listen backlog: wait until at most the cap is open.
-    const openNow = () => held.filter((s) => !s.destroyed && s.readyState === "open").length;
-    for (let i = 0; i < 200 && openNow() > 128; i++) await new Promise((r) => setTimeout(r, 100));
+    // Half of 256 fds at most were TCP; the rest were closed at accept and counted. The daemon
+    // accepts (and closes) the backlog at its own pace on a busy box, and SYN-cookie
+    // connections reach it only once they send a byte (settleOpen): wait, generously.
+    const open = await settleOpen(held, 128);
     const capped = await refusedCount(kvd.metricsPort, "total_cap");
     assert.ok(capped > 0, "connections over the cap were counted");
-    const open = openNow();
     assert.ok(open <= 128, `${open} TCP connections still open`);
   });
 
@@ -133,7 +131,11 @@ describe("kvd: TCP caps keep a reserve for Unix-socket engines (issue #30 item 4
       net.connect(kvd!.tcpPort, "127.0.0.1").on("error", () => {}),
     );
     held.push(...socks);
-    await new Promise((r) => setTimeout(r, 500));
+    // The daemon accepts at its own pace on a busy box: wait for the 3 refusals, then check.
+    const deadline = Date.now() + 30_000;
+    while ((await refusedCount(kvd.metricsPort, "peer_cap")) < 3 && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 100));
+    await settleOpen(socks, 5, 10_000);
     assert.equal(socks.filter((s) => !s.destroyed).length, 5);
     assert.equal(await refusedCount(kvd.metricsPort, "peer_cap"), 3);
   });

@@ -144,3 +144,23 @@ export async function idleConnections(port: number, n: number): Promise<net.Sock
   );
   return socks;
 }
+
+/**
+ * Waits until at most `max` of `socks` are still open on this (the client's) side, or `ms`
+ * pass; returns how many are. A burst of 2,000 connects overflows the daemon's SYN queue
+ * (backlog 511): the kernel answers with SYN cookies, and when the accept queue is full as the
+ * client's final ACK arrives, that ACK is dropped. The client then holds an established socket
+ * that the server side has no state for, and that the daemon was never handed (measured under
+ * load: TcpExtSyncookiesSent 173 = client-open 301 − the daemon's 128; the daemon's own
+ * established sockets 128, listen queue 0). Such a socket stays "open" until it sends
+ * something, so each still-open socket writes one byte (not a frame: it authenticates
+ * nothing): a cookie connection then completes and reaches the daemon, whose guard closes it
+ * (cap or auth timeout), or the kernel resets it. The byte is resent while the socket lasts.
+ */
+export async function settleOpen(socks: net.Socket[], max: number, ms = 60_000): Promise<number> {
+  const openNow = () => socks.filter((s) => !s.destroyed && s.readyState === "open");
+  for (const s of openNow()) s.write(Buffer.alloc(1));
+  const deadline = Date.now() + ms;
+  while (openNow().length > max && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+  return openNow().length;
+}
