@@ -131,26 +131,29 @@ async function metric(reg: Registry, name: string, labels: Record<string, string
   return sum;
 }
 
+/** A mesh member on `bus` (16-node digests, 4 entries a worker, 8 in all) with its own registry. */
+function member(bus: Bus, id: string, secret: string | null, ttlMs: number, now: () => number) {
+  const registry = new Registry();
+  const m = new PeerMesh({
+    transport: bus.transport(),
+    secret: secret === null ? null : Buffer.from(secret),
+    ttlMs,
+    maxNodes: 16,
+    maxEntriesPerWorker: 4,
+    maxEntries: 8,
+    registry,
+    logger,
+    replicaId: id,
+    now,
+  });
+  bus.members.push(m);
+  return { m, registry };
+}
+
 test("PeerMesh: a peer's announcement counts on its worker for its TTL; own, replayed, stale, forged are not taken", async () => {
   let now = 10_000;
   const bus = new Bus();
-  const mk = (id: string, secret: string | null, ttlMs = 1000) => {
-    const registry = new Registry();
-    const m = new PeerMesh({
-      transport: bus.transport(),
-      secret: secret === null ? null : Buffer.from(secret),
-      ttlMs,
-      maxNodes: 16,
-      maxEntriesPerWorker: 4,
-      maxEntries: 8,
-      registry,
-      logger,
-      replicaId: id,
-      now: () => now,
-    });
-    bus.members.push(m);
-    return { m, registry };
-  };
+  const mk = (id: string, secret: string | null, ttlMs = 1000) => member(bus, id, secret, ttlMs, () => now);
   const a = mk("a", "s");
   const b = mk("b", "s");
   const rogue = mk("rogue", "wrong");
@@ -263,25 +266,8 @@ test("isLoopbackEndpoint", () => {
 });
 
 test("PeerMesh: a retraction takes the peer's entry out before its TTL; a forged one cannot", async () => {
-  const now = 10_000;
   const bus = new Bus();
-  const mk = (id: string, secret: string) => {
-    const registry = new Registry();
-    const m = new PeerMesh({
-      transport: bus.transport(),
-      secret: Buffer.from(secret),
-      ttlMs: 60_000,
-      maxNodes: 16,
-      maxEntriesPerWorker: 4,
-      maxEntries: 8,
-      registry,
-      logger,
-      replicaId: id,
-      now: () => now,
-    });
-    bus.members.push(m);
-    return { m, registry };
-  };
+  const mk = (id: string, secret: string) => member(bus, id, secret, 60_000, () => 10_000);
   const a = mk("a", "s");
   const b = mk("b", "s");
   const rogue = mk("rogue", "wrong");
