@@ -92,7 +92,7 @@ function kvAwareClassic(o: Options): ProfileSpec {
 const DEFAULT_CEILING_RATIO = 3;
 const DEFAULT_CEILING_SLACK = 16;
 /** kv-prefix's weight grows by this × the fleet's saturation (scorers/kv-prefix.ts; README runs). */
-const DEFAULT_SATURATION_GAIN = 0.1;
+const DEFAULT_SATURATION_GAIN = 1;
 
 /**
  * The default `kv-aware`: kv-aware-classic's scorers without SGLang's imbalance guard (which
