@@ -34,6 +34,7 @@ export const PRESET_OPTIONS = [
   "hotWindow",
   "ceilingRatio",
   "ceilingSlack",
+  "saturationGain",
 ] as const;
 
 /**
@@ -90,6 +91,8 @@ function kvAwareClassic(o: Options): ProfileSpec {
 /** The saturation valve's defaults (README, "The kv-aware preset": the runs that chose them). */
 const DEFAULT_CEILING_RATIO = 3;
 const DEFAULT_CEILING_SLACK = 16;
+/** kv-prefix's weight grows by this × the fleet's saturation (scorers/kv-prefix.ts; README runs). */
+const DEFAULT_SATURATION_GAIN = 1;
 
 /**
  * The default `kv-aware`: kv-aware-classic's scorers without SGLang's imbalance guard (which
@@ -98,9 +101,12 @@ const DEFAULT_CEILING_SLACK = 16;
  * - the pending bridge (`kv-prefix` `bridgePending`): a routed prompt counts as cached on its
  *   worker from routing until the engine's KV events confirm it, or the request fails or is
  *   cancelled (../pending-prefixes.ts); the prefix weighted 2 so that a follower charged its
- *   tenant's queued prompt (prefill-backlog) does not tie with a cold prefill elsewhere;
+ *   tenant's queued prompt (prefill-backlog) does not tie with a cold prefill elsewhere, and
+ *   more once every candidate has a prefill queue (`saturationGain`: moving a request off its
+ *   cache then adds work that delays the queued requests, not just a copy);
  * - `hot-spread`: a prefix carrying more than 1/N of recent decisions is replicated onto more
- *   workers before anything queues (`hotRatio`, 0 = off);
+ *   workers before anything queues (`hotRatio`, 0 = off); a request is judged by the longest
+ *   head of its prompt routed before, so a preamble all traffic shares makes nobody hot;
  * - a saturation valve, `load-ceiling`: a worker loaded above `ceilingRatio` × the mean +
  *   `ceilingSlack` requests leaves the choice, so its prefix stops attracting requests that would
  *   wait longer there than a cold prefill takes elsewhere (`ceilingRatio` 0 = off).
@@ -133,6 +139,7 @@ function kvAware(o: Options): ProfileSpec {
           bridgePending: true,
           bridgeGraceMs: numOption(o, "bridgeGraceMs", 1000),
           bridgeTtlMs: numOption(o, "bridgeTtlMs", 120_000),
+          saturationGain: numOption(o, "saturationGain", DEFAULT_SATURATION_GAIN),
         },
       },
       { name: "prefill-backlog", weight: numOption(o, "prefillWeight", 1) },

@@ -58,3 +58,48 @@ test("hot-spread waits for a quarter window of history", () => {
   for (let i = 0; i < 40; i++) f.onRouted!(req(0, 100 + i), all[0]);
   assert.deepEqual(f.filter(ctxFor(req(0, 199), all), [0, 1]), [1]);
 });
+
+// Every prompt starts with the same platform preamble (longer than any fixed key), then a
+// tenant's system prompt, then the conversation's own history (bench/fleet-routing generate.ts,
+// chat traffic). A fixed 1,024-character key made every request hot and pushed conversations
+// off the worker holding their history.
+const preamble = "Platform preamble shared by every tenant. ".repeat(60);
+function chat(t: number, conv: number, turn: number): RoutingRequest {
+  let text = `${preamble}${tenant(t)}`;
+  for (let k = 0; k <= turn; k++)
+    text += `Conversation ${conv} turn ${k}: ${"words of this turn ".repeat(40)}`;
+  return {
+    requestId: `c${conv}-${turn}`,
+    model: "m",
+    endpoint: "completion",
+    body: {},
+    stream: false,
+    promptText: () => text,
+    promptTokens: () => [1, 2, 3],
+  };
+}
+
+test("hot-spread: a preamble shared by all traffic makes no request hot, a hot tenant behind it still is", () => {
+  const f = filters.get("hot-spread")!.build(scope, { window: 64, ratio: 1.25 });
+  const all = Array.from({ length: 4 }, (_, i) => makeWorker({ id: `w${i}` }));
+  const at = [0, 1, 2, 3];
+  // 32 conversations of 4 tenants, each conversation on one worker; w0 carries most turns.
+  for (let turn = 0; turn < 3; turn++)
+    for (let conv = 0; conv < 32; conv++)
+      f.onRouted!(chat(conv % 4, conv, turn), all[conv < 16 ? 0 : conv % 4]);
+  // w0's routed share is far above the mean, yet a conversation's next turn keeps its worker.
+  for (const conv of [0, 5, 17, 30])
+    assert.deepEqual(
+      f.filter(ctxFor(chat(conv % 4, conv, 3), all), at),
+      at,
+      `conversation ${conv} is not hot`,
+    );
+  // A tenant behind the same preamble that takes most of the traffic is hot and spills.
+  const hot = { ...req(9, 99), promptText: () => `${preamble}${tenant(9)} question 99` };
+  for (let i = 0; i < 48; i++)
+    f.onRouted!({ ...req(9, 200 + i), promptText: () => `${preamble}${tenant(9)} q ${i}` }, all[0]);
+  assert.deepEqual(f.filter(ctxFor(hot, all), at), [1, 2, 3], "the hot tenant avoids w0");
+  // A brand-new prompt that shares only the preamble (carried by all traffic) is judged by it.
+  const fresh = { ...req(0, 0), promptText: () => `${preamble}something never seen before` };
+  assert.deepEqual(f.filter(ctxFor(fresh, all), at), [1, 2, 3]);
+});

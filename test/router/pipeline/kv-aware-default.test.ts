@@ -160,3 +160,25 @@ test("hot-spread: a prefix carrying most of the traffic spills past its first wo
   }
   assert.ok(seen.size >= 2, `the hot prefix went to ${[...seen.keys()]}`);
 });
+
+test("saturation: once every candidate has a prefill queue the prefix outweighs a deeper backlog", () => {
+  const doc = docOf("tenant-s");
+  const r = () => request(`${doc} next turn`);
+  const P = Math.floor(r().promptTokens().length / BS);
+  // w1 holds the conversation; its backlog is 3 × P blocks deeper than the others' (more than
+  // the prefix weighted 2 saves: 2 × P).
+  const place = (others: number) => {
+    const { index, ws, sched } = setup("kv-aware");
+    index.apply("w1", stored(tok.encode(doc), 1));
+    for (const w of ws) w.pendingPrefillTokens = others;
+    ws[1]!.pendingPrefillTokens = others + 3 * P * BS;
+    return sched.select(r(), ws);
+  };
+  // Some worker idle: the work moved there delays nobody, the shorter wait wins.
+  assert.notEqual(place(0).worker.record.id, "w1");
+  // Every worker has ~20 prompts like this one to prefill: moving the conversation adds its
+  // history to a saturated fleet, so it stays with its cache.
+  const busy = place(20 * P * BS);
+  assert.equal(busy.worker.record.id, "w1");
+  assert.equal(busy.reason, "overlap");
+});

@@ -37,6 +37,7 @@ const params = z
     bridgePending: z.boolean().default(false),
     bridgeGraceMs: z.number().nonnegative().default(1000),
     bridgeTtlMs: z.number().positive().default(300_000),
+    saturationGain: z.number().nonnegative().default(0),
   })
   .strict();
 
@@ -146,6 +147,25 @@ function probeOf(index: PrefixIndex, req: RoutingRequest, id: string): BridgePro
   };
 }
 
+/**
+ * How saturated the candidates are, for `saturationGain`: the prefill backlog of the least
+ * backlogged candidate (prompt tokens not yet past their first token, this server's count) in
+ * prompts of this request's size. 0 when some candidate has nothing to prefill.
+ *
+ * Why the prefix weighs more with it: sending a request away from its cached prefix trades its
+ * own wait (prefill-backlog) for work the fleet must add (its uncached blocks). While a worker is
+ * idle that work costs nobody else; once every candidate has a queue, each extra block delays
+ * the requests queued behind it, roughly as many as the queues hold, so the added work counts
+ * (1 + gain × s) times (bench/fleet-routing goals, chat at 1.5×: README "The kv-aware preset").
+ */
+function saturation(ctx: StepContext, at: readonly number[]): number {
+  if (at.length === 0) return 0;
+  let least = Number.POSITIVE_INFINITY;
+  for (const i of at) least = Math.min(least, ctx.all[i].pendingPrefillTokens);
+  const prompt = ctx.promptBlocks(at[0]) * ctx.blockSize(at[0]);
+  return least > 0 ? least / Math.max(prompt, ctx.blockSize(at[0])) : 0;
+}
+
 export default defineScorer("kv-prefix", {
   doc: "uncached prompt blocks on the worker (KV index; approximate tree for workers without events)",
   params,
@@ -158,7 +178,8 @@ export default defineScorer("kv-prefix", {
       overlapSource,
       score(ctx, at, weight, out) {
         const o = ctx.overlaps();
-        for (let k = 0; k < at.length; k++) out[k] = weight * (ctx.promptBlocks(at[k]) - o[at[k]]);
+        const w = p.saturationGain > 0 ? weight * (1 + p.saturationGain * saturation(ctx, at)) : weight;
+        for (let k = 0; k < at.length; k++) out[k] = w * (ctx.promptBlocks(at[k]) - o[at[k]]);
       },
     };
   },
