@@ -130,24 +130,42 @@ test("the rendered NATS config: anonymous clients and an engine identity's reads
   const find = (kind: string, name: string) => objs.find((o) => o.kind === kind && o.metadata.name === name)!;
   const dir = mkdtempSync(join(tmpdir(), "infera-rel-nats-"));
   cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
-  const port = await freePort();
-  const monitor = await freePort();
-  const file = join(dir, "nats.conf");
-  writeFileSync(
-    file,
-    (find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string)
-      .replace("port: 4222", `listen: "127.0.0.1:${port}"`)
-      .replace("http_port: 8222", `http: "127.0.0.1:${monitor}"`),
-  );
-  const proc: ChildProcess = spawn(NATS_SERVER_BIN, ["-c", file], {
-    stdio: "ignore",
-    env: {
-      ...process.env,
-      ...containerEnv(find("StatefulSet", "mixed-nats").spec.template.spec.containers[0], objs),
-    },
-  });
-  cleanups.push(() => stopChild(proc, 5000));
-  await waitFor200(`http://127.0.0.1:${monitor}/healthz`, { timeoutMs: 20_000, what: "nats" });
+  // A port freePort() handed out can be taken by another test before nats-server binds it (the
+  // server then exits at once): start again on fresh ports rather than wait out the deadline.
+  let port = 0;
+  for (let attempt = 1; ; attempt++) {
+    port = await freePort();
+    const monitor = await freePort();
+    const file = join(dir, "nats.conf");
+    writeFileSync(
+      file,
+      (find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string)
+        .replace("port: 4222", `listen: "127.0.0.1:${port}"`)
+        .replace("http_port: 8222", `http: "127.0.0.1:${monitor}"`),
+    );
+    const proc: ChildProcess = spawn(NATS_SERVER_BIN, ["-c", file], {
+      stdio: "ignore",
+      env: {
+        ...process.env,
+        ...containerEnv(find("StatefulSet", "mixed-nats").spec.template.spec.containers[0], objs),
+      },
+    });
+    cleanups.push(() => stopChild(proc, 5000));
+    const exited = new Promise<never>((_, reject) =>
+      proc.once("exit", (code) => reject(new Error(`nats-server exited (${code}) on port ${port}`))),
+    );
+    try {
+      await Promise.race([
+        waitFor200(`http://127.0.0.1:${monitor}/healthz`, { timeoutMs: 20_000, what: "nats" }),
+        exited,
+      ]);
+      exited.catch(() => {});
+      break;
+    } catch (err) {
+      exited.catch(() => {});
+      if (attempt >= 3) throw err;
+    }
+  }
   const url = `nats://127.0.0.1:${port}`;
   let anonRefused = 0;
   for (let i = 0; i < 3; i++) {
