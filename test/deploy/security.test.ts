@@ -291,7 +291,14 @@ test("kvd: the rendered init step and command line start kvd as uid 10001; it li
     let err = "";
     before.stderr!.on("data", (b) => (err += b));
     before.stdout!.on("data", (b) => (err += b));
-    const code = await new Promise<number | null>((r) => before.on("exit", r));
+    const exited = new Promise<number | null>((r) => before.on("exit", r));
+    // kvd logs the EACCES and exits 1; once (in a fresh-clone CI run) a process that had logged
+    // it never exited (blocked in a futex), which hung the whole suite: a deadline kills it.
+    const code = await Promise.race([
+      exited,
+      new Promise<number | null>((r) => setTimeout(r, 15_000, -1).unref()),
+    ]);
+    if (code === -1) before.kill("SIGKILL");
     assert.notEqual(code, 0);
     assert.match(err, /EACCES|permission denied/i);
     // The init container's command, on the same directories (its mounts remapped).
