@@ -110,11 +110,7 @@ export class PeerTable {
     );
     if (i < 0) return false;
     const [e] = w.entries.splice(i, 1);
-    for (const k of e.nodes) {
-      const c = w.nodes.get(k)! - 1;
-      if (c === 0) w.nodes.delete(k);
-      else w.nodes.set(k, c);
-    }
+    this.unholdNodes(w, e);
     this.total--;
     if (w.entries.length === 0) this.workers.delete(workerId);
     return true;
@@ -164,14 +160,17 @@ export class PeerTable {
   }
 
   private removeFirst(w: WorkerEntries, n: number): void {
-    for (let i = 0; i < n; i++) {
-      for (const k of w.entries[i].nodes) {
-        const c = w.nodes.get(k)! - 1;
-        if (c === 0) w.nodes.delete(k);
-        else w.nodes.set(k, c);
-      }
-    }
+    for (let i = 0; i < n; i++) this.unholdNodes(w, w.entries[i]);
     w.entries.splice(0, n);
     this.total -= n;
+  }
+
+  /** Drops `e`'s hold on its nodes (a node no live entry holds leaves the map). */
+  private unholdNodes(w: WorkerEntries, e: Entry): void {
+    for (const k of e.nodes) {
+      const c = w.nodes.get(k)! - 1;
+      if (c === 0) w.nodes.delete(k);
+      else w.nodes.set(k, c);
+    }
   }
 }
