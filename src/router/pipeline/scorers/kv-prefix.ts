@@ -68,6 +68,17 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
     const bridge = pending
       ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxChars: BRIDGE_TEXT_CAP })
       : null;
+    // The step scores a prompt, then onRouted records it: one walk of its (up to 256 Ki
+    // character) head serves both.
+    let lastText: string | null = null;
+    let lastPath: number[] = [];
+    const bridgePath = (text: string): number[] => {
+      if (text !== lastText) {
+        lastPath = bridge ? bridge.path(text) : [];
+        lastText = text;
+      }
+      return lastPath;
+    };
     const src: OverlapSource = {
       overlaps(ctx: StepContext): OverlapResult {
         const { req, all } = ctx;
@@ -83,7 +94,7 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
         for (let i = 0; i < n; i++) if (overlaps[i] < 0) missing = true;
         const text = recent || pending || missing ? req.promptText() : "";
         const fresh = recent ? recent.match(text, ids) : null;
-        const path = bridge ? bridge.path(text) : null;
+        const path = bridge ? bridgePath(text) : null;
         let approx: Int32Array | null = null;
         const bridged = pending ? new Int32Array(n) : undefined;
         for (let i = 0; i < n; i++) {
@@ -111,7 +122,7 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
       onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle) {
         recent?.insert(req.promptText(), worker.record.id);
         if (pending && bridge) {
-          const path = bridge.path(req.promptText());
+          const path = bridgePath(req.promptText());
           // Announced before the entry exists, so a retraction (when it ends) always follows it.
           scope.peers?.announce(worker.record.id, path, req.promptTokens().length); // peer replicas
           const entry = pending.add(worker.record.id, path, {
