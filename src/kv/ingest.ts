@@ -11,7 +11,7 @@ import { createLogger, type Logger } from "../util/log.ts";
 import { KvIndex } from "./index.ts";
 import { KvIngestMetrics } from "./metrics.ts";
 import type { KvSyncReport } from "./prefix-index.ts";
-import { KvSubscriber } from "./subscriber.ts";
+import { KvSubscriber, type KvZmqReader } from "./subscriber.ts";
 import { rankSockets, WorkerFeeds } from "./worker-feeds.ts";
 
 export { rankSockets };
@@ -27,6 +27,8 @@ export interface KvIngestOptions {
   replayTimeoutMs?: number;
   /** Index cap per rank when a record has no `kvBlocks` (only when `index` is not given). */
   maxBlocksPerWorker?: number;
+  /** How SUB sockets are read (KvSubscriberOptions.reader; default native where it loads). */
+  zmqReader?: KvZmqReader;
 }
 
 function feedKey(rec: WorkerRecord): string | null {
@@ -125,6 +127,7 @@ export class KvIngest {
         logger: this.logger,
         metrics: this.metrics,
         replayTimeoutMs: this.opts.replayTimeoutMs,
+        reader: this.opts.zmqReader,
       });
       sub.start();
       this.logger.info({ worker: rec.id, rank: r.dpRank, endpoint: r.endpoint }, "kv events: subscribed");

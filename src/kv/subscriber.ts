@@ -30,6 +30,7 @@ import "../util/zmq-limits.ts";
 import type { KvEventsInfo } from "../discovery/types.ts";
 import type { Logger } from "../util/log.ts";
 import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "./events.ts";
+import { FdWatcher, loadNativeZmq, type NativeFrames, NativeSub } from "./feeds/zmq-native.ts";
 import type { KvIndex } from "./index.ts";
 import type { KvIngestMetrics } from "./metrics.ts";
 import type { IndexSync } from "./prefix-index.ts";
@@ -56,7 +57,15 @@ export interface KvSubscriberOptions {
   replayTimeoutMs?: number;
   /** Replay the engine's buffer from seq 0 at start (default true). */
   replayOnStart?: boolean;
+  /**
+   * How the SUB socket is read: `native` (libzmq's C API, many messages per wake-up;
+   * ./feeds/zmq-native.ts) when it loads, else `zeromq` (zeromq.js, one promise per message).
+   * Default `native`.
+   */
+  reader?: KvZmqReader;
 }
+
+export type KvZmqReader = "native" | "zeromq";
 
 export interface KvSubscriberStats {
   batches: number;
@@ -85,7 +94,14 @@ const REPLAYED_KEPT = 256;
 
 export class KvSubscriber {
   private readonly opts: KvSubscriberOptions;
-  private readonly sub = new Subscriber({ linger: 0 });
+  private sub: Subscriber | null = null;
+  /** The native reader's socket (null: zeromq.js' `sub` is used). */
+  private nsub: NativeSub | null = null;
+  private watcher: FdWatcher | null = null;
+  /** A slow path (replay, restart) is running: the native socket is not read meanwhile. */
+  private paused = false;
+  /** Reused copy of the last live payload (the native reader's frames are overwritten). */
+  private keepBuf = Buffer.alloc(0);
   private closed = false;
   private lastSeq = -1;
   /** Last seq received on the SUB socket itself (-1: none yet). */
@@ -138,6 +154,11 @@ export class KvSubscriber {
     return this.opts.dpRank ?? 0;
   }
 
+  /** How the SUB socket is read (known once started). */
+  get reader(): KvZmqReader {
+    return this.nsub ? "native" : "zeromq";
+  }
+
   /** The rank's sync state. */
   get sync(): IndexSync {
     return this.rs?.state ?? "syncing";
@@ -167,23 +188,36 @@ export class KvSubscriber {
     this.rs?.close();
     this.syncedResolve();
     try {
-      this.sub.close();
+      this.sub?.close();
     } catch {
       // already closed
+    }
+    if (this.nsub) {
+      this.watcher?.unwatch(this.nsub.fd);
+      this.watcher?.unwatch(this.nsub.monitorFd);
+      this.nsub.close();
     }
     await this.loop;
   }
 
   private async run(): Promise<void> {
     const { events } = this.opts;
-    // A dropped connection is how a restart looks from here when the new engine's first
-    // sequence numbers happen to continue ours; the next batch is checked against the replay.
-    this.sub.events.on("disconnect", () => {
-      this.reconnected = true;
-    });
-    this.sub.connect(events.endpoint);
-    if (events.topic) this.sub.subscribe(events.topic);
-    else this.sub.subscribe();
+    const z = this.opts.reader === "zeromq" ? null : loadNativeZmq();
+    if (z) {
+      this.nsub = new NativeSub(z, events.endpoint, events.topic ?? "");
+      this.watcher = FdWatcher.get(z);
+    } else {
+      const sub = new Subscriber({ linger: 0 });
+      this.sub = sub;
+      // A dropped connection is how a restart looks from here when the new engine's first
+      // sequence numbers happen to continue ours; the next batch is checked against the replay.
+      sub.events.on("disconnect", () => {
+        this.reconnected = true;
+      });
+      sub.connect(events.endpoint);
+      if (events.topic) sub.subscribe(events.topic);
+      else sub.subscribe();
+    }
     if (events.framing === "seq" && events.replayEndpoint && this.opts.replayOnStart !== false) {
       await this.replay(0);
       this.settle();
@@ -196,11 +230,16 @@ export class KvSubscriber {
       this.rs?.settle();
     }
     this.syncedResolve();
+    if (this.nsub) {
+      this.startNative(this.nsub);
+      return;
+    }
+    const sub = this.sub as Subscriber;
     this.workStart = performance.now();
     while (!this.closed) {
       let frames: Buffer[];
       try {
-        frames = await this.sub.receive();
+        frames = await sub.receive();
       } catch (err) {
         if (this.closed) return;
         throw err;
@@ -215,7 +254,67 @@ export class KvSubscriber {
     }
   }
 
-  private async handle(frames: Buffer[]): Promise<void> {
+  private startNative(nsub: NativeSub): void {
+    if (this.closed) return;
+    this.watcher?.watch(nsub.monitorFd, () => {
+      if (nsub.disconnected()) this.reconnected = true;
+    });
+    this.watcher?.watch(nsub.fd, this.drain);
+    this.drain();
+  }
+
+  /**
+   * Reads the native socket until it would block, handling each message synchronously; a
+   * message that needs a replay or a restart pauses reading (and watching) until that is done,
+   * as the zeromq.js loop awaits it. Yields after YIELD_AFTER_MS so /health stays responsive.
+   */
+  private readonly drain = (): void => {
+    const nsub = this.nsub;
+    if (!nsub || this.paused || this.closed) return;
+    const start = performance.now();
+    for (let n = 1; ; n++) {
+      const f = nsub.read();
+      if (!f) return;
+      const slow = this.handleNative(f);
+      if (slow) {
+        this.pause(nsub, slow);
+        return;
+      }
+      if ((n & 63) === 0 && performance.now() - start > YIELD_AFTER_MS) {
+        setImmediate(this.drain);
+        return;
+      }
+    }
+  };
+
+  private handleNative(f: NativeFrames): Promise<void> | undefined {
+    if (f.truncated) {
+      this.malformed("a frame over the native reader's cap");
+      return;
+    }
+    return this.handle(f.views.length === f.count ? f.views : [...f.views, new Uint8Array(0)]);
+  }
+
+  private pause(nsub: NativeSub, slow: Promise<void>): void {
+    this.paused = true;
+    // Unwatched while paused: the fd stays readable until the socket is read again.
+    this.watcher?.unwatch(nsub.fd);
+    void slow
+      .catch((err) => this.opts.logger.error({ err, worker: this.opts.workerId }, "kv subscriber: slow path"))
+      .finally(() => {
+        this.paused = false;
+        if (this.closed) return;
+        this.watcher?.watch(nsub.fd, this.drain);
+        this.drain();
+      });
+  }
+
+  /**
+   * One live message. Synchronous unless it needs a replay, a restart or the reconnect check:
+   * then a promise the caller awaits before reading on. The native reader's frames are views
+   * of reused buffers, so the slow paths take copies first.
+   */
+  private handle(frames: Uint8Array[]): Promise<void> | undefined {
     const { events, workerId } = this.opts;
     const msg = decodeMessage(frames, events.framing);
     if (isDecodeError(msg)) {
@@ -232,8 +331,7 @@ export class KvSubscriber {
     if (msg.epoch !== null) {
       if (this.epoch !== null && msg.epoch !== this.epoch) {
         this.epoch = msg.epoch;
-        await this.restart("epoch", msg.seq, frames);
-        return;
+        return this.restart("epoch", msg.seq, this.own(frames));
       }
       this.epoch = msg.epoch;
     }
@@ -242,9 +340,12 @@ export class KvSubscriber {
       this.reconnected = false;
       // ATOM numbers nothing, so any batch seen before the drop makes the check necessary.
       const seen = this.lastSeq >= 0 || (seq === null && this.stats.batches > 0);
-      if (seen && !(await this.sameEngine())) {
-        await this.restart("reconnect", seq, frames);
-        return;
+      if (seen) {
+        // Handled again once the engine is known to be the same (the flag is down by then).
+        const own = this.own(frames);
+        return this.sameEngine().then((same) =>
+          same ? this.handle(own) : this.restart("reconnect", seq, own),
+        );
       }
     }
     if (seq === null) {
@@ -257,14 +358,13 @@ export class KvSubscriber {
       if (seq === 0 && this.rs?.open && this.stats.batches === 0) this.clearHole();
       this.apply(msg.batch);
       this.setSeq(seq);
-      this.lastPayload = frames[2];
+      this.keep(frames[2]);
       return;
     }
     if (seq <= this.lastSeq) {
       if (seq <= lastLive) {
         // The live stream itself went backwards: a new publisher numbering from 0 again.
-        await this.restart("backward", seq, frames);
-        return;
+        return this.restart("backward", seq, this.own(frames));
       }
       // Delivered by the replay already: the same bytes are a duplicate, other bytes mean the
       // engine restarted after the replay answered (its first batches perhaps missed).
@@ -277,7 +377,7 @@ export class KvSubscriber {
         known !== undefined &&
         !Buffer.from(known.buffer, known.byteOffset, known.byteLength).equals(frames[2])
       )
-        await this.restart("restart", seq, frames);
+        return this.restart("restart", seq, this.own(frames));
       return;
     }
     this.replayed.clear();
@@ -288,19 +388,51 @@ export class KvSubscriber {
         "kv event gap",
       );
       this.opts.metrics?.sequence.inc({ kind: "gap" });
-      if (events.replayEndpoint) await this.replay(this.lastSeq + 1);
-      if (seq <= this.lastSeq) return;
-      if (seq > this.lastSeq + 1) {
-        // A jump the replay could not fill (no replay socket, or it failed): what the index
-        // holds may be long gone from the engine, and what it lacks cannot be had.
-        this.opts.metrics?.sequence.inc({ kind: "jump" });
-        this.reset("jump");
-        this.markHole();
+      if (events.replayEndpoint) {
+        const own = this.own(frames);
+        return this.replay(this.lastSeq + 1).then(() => {
+          const again = decodeMessage(own, events.framing);
+          if (!isDecodeError(again)) this.afterGap(seq, own, again.batch);
+        });
       }
+      this.afterGap(seq, frames, msg.batch);
+      return;
     }
     this.apply(msg.batch);
     this.setSeq(seq);
-    this.lastPayload = frames[2];
+    this.keep(frames[2]);
+  }
+
+  /** After a gap and its replay (if any): a jump still there resets the rank; then the batch. */
+  private afterGap(seq: number, frames: Uint8Array[], batch: EventBatch): void {
+    if (seq <= this.lastSeq) return;
+    if (seq > this.lastSeq + 1) {
+      // A jump the replay could not fill (no replay socket, or it failed): what the index
+      // holds may be long gone from the engine, and what it lacks cannot be had.
+      this.opts.metrics?.sequence.inc({ kind: "jump" });
+      this.reset("jump");
+      this.markHole();
+    }
+    this.apply(batch);
+    this.setSeq(seq);
+    this.keep(frames[2]);
+  }
+
+  /** Frames that outlive the next read: the native reader's are copied. */
+  private own(frames: Uint8Array[]): Uint8Array[] {
+    return this.nsub ? frames.map((f) => Buffer.from(f)) : frames;
+  }
+
+  /** Remembers the last live payload (for the check after a reconnect), copied when native. */
+  private keep(payload: Uint8Array): void {
+    if (!this.nsub) {
+      this.lastPayload = payload;
+      return;
+    }
+    if (this.keepBuf.length < payload.length)
+      this.keepBuf = Buffer.allocUnsafe(Math.max(payload.length, 2 * this.keepBuf.length, 256));
+    this.keepBuf.set(payload);
+    this.lastPayload = this.keepBuf.subarray(0, payload.length);
   }
 
   /**
@@ -331,7 +463,7 @@ export class KvSubscriber {
    * engine's replay buffer (which holds the batch that revealed the restart); without a replay
    * socket, start again from that batch.
    */
-  private async restart(kind: string, seq: number | null, frames: Buffer[]): Promise<void> {
+  private async restart(kind: string, seq: number | null, frames: Uint8Array[]): Promise<void> {
     this.stats.restarts++;
     this.opts.metrics?.sequence.inc({ kind });
     this.opts.logger.warn(
