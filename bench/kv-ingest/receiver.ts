@@ -7,6 +7,7 @@
  *
  *   node [--cpu-prof] bench/kv-ingest/receiver.ts <endpoint> <n> <src> <reader>
  */
+import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 
@@ -14,7 +15,10 @@ const [endpoint, nArg, src, reader] = process.argv.slice(2);
 const N = Number(nArg);
 const root = pathToFileURL(`${resolve(src)}/`);
 const { KvIndex } = await import(new URL("src/kv/index.ts", root).href);
-const { KvSubscriber } = await import(new URL("src/kv/subscriber.ts", root).href);
+// The ZMQ feed: src/kv/feeds/zmq.ts (ZmqKvFeed) now, src/kv/subscriber.ts (KvSubscriber) before.
+const moved = existsSync(new URL("src/kv/feeds/zmq.ts", root));
+const feedModule = await import(new URL(moved ? "src/kv/feeds/zmq.ts" : "src/kv/subscriber.ts", root).href);
+const KvSubscriber = moved ? feedModule.ZmqKvFeed : feedModule.KvSubscriber;
 const { createLogger } = await import(new URL("src/util/log.ts", root).href);
 
 const logger = createLogger("kv-ingest-bench");

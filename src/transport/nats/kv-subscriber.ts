@@ -7,30 +7,15 @@
  * replica builds its index from history, not only from what arrives after it.
  */
 import { createInbox, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import type { KvBatchSink, KvBatchStream, KvRefusal } from "../../kv/feeds/types.ts";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { decodeReplayEnd, encodeReplayRequest, KV_EPOCH_HEADER, kvPayload, readKvSeq } from "./kv-wire.ts";
 import { kvReplaySubject } from "./subjects.ts";
 
-export interface KvBatchSink {
-  /** One engine EventBatch (msgpack bytes, unchanged) with its engine sequence number. */
-  onBatch(seq: number, payload: Uint8Array): void;
-  /** History was lost (or the engine restarted): drop what is known about this worker. */
-  onReset(reason: string): void;
-  /**
-   * The start-up replay could not give the whole history (the agent did not answer, or its
-   * buffer no longer reaches back to seq 0): what the sink holds is partial, not "empty".
-   */
-  onUnknown?(reason: string): void;
-  /** A batch was refused, not applied: `epoch` (not the record's) or `restart` (unannounced). */
-  onRefused?(reason: KvRefusal): void;
-}
-
-export type KvRefusal = "epoch" | "restart";
-
 /** At most one refusal warning per subscriber this often; the rest are counted in the log line. */
 const REFUSAL_LOG_MS = 10_000;
 
-export interface KvSubscriberOptions {
+export interface NatsKvSubscriberOptions {
   nc: NatsConnection;
   /** The worker's KV subject (`kvSubject(model, id)`). */
   subject: string;
@@ -50,7 +35,7 @@ export interface KvSubscriberOptions {
   logger?: Logger;
 }
 
-export interface KvSubscriberStats {
+export interface NatsKvSubscriberStats {
   delivered: number;
   replayed: number;
   gaps: number;
@@ -60,9 +45,9 @@ export interface KvSubscriberStats {
   refused: number;
 }
 
-export class NatsKvSubscriber {
-  private readonly o: KvSubscriberOptions;
-  readonly stats: KvSubscriberStats = {
+export class NatsKvSubscriber implements KvBatchStream {
+  private readonly o: NatsKvSubscriberOptions;
+  readonly stats: NatsKvSubscriberStats = {
     delivered: 0,
     replayed: 0,
     gaps: 0,
@@ -82,7 +67,7 @@ export class NatsKvSubscriber {
   private readonly log: Logger;
   private readonly replaySubject: string;
 
-  constructor(o: KvSubscriberOptions) {
+  constructor(o: NatsKvSubscriberOptions) {
     this.o = o;
     this.log = o.logger ?? createLogger("nats-kv-sub", { subject: o.subject });
     this.replaySubject = kvReplaySubject(o.subject);
@@ -303,7 +288,7 @@ export class NatsKvSubscriber {
   }
 }
 
-export async function startKvSubscriber(o: KvSubscriberOptions): Promise<NatsKvSubscriber> {
+export async function startKvSubscriber(o: NatsKvSubscriberOptions): Promise<NatsKvSubscriber> {
   const s = new NatsKvSubscriber(o);
   await s.start();
   return s;

@@ -8,9 +8,10 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { Publisher } from "zeromq";
 import { encodeSeq } from "../../../src/kv/events.ts";
+import type { KvZmqReader } from "../../../src/kv/feeds/types.ts";
+import { ZmqKvFeed } from "../../../src/kv/feeds/zmq.ts";
 import { loadNativeZmq, NativeSub } from "../../../src/kv/feeds/zmq-native.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { KvSubscriber, type KvZmqReader } from "../../../src/kv/subscriber.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { FakePublisher, storedEv, waitFor } from "../fake-publisher.ts";
@@ -26,8 +27,8 @@ after(async () => {
   for (const c of closers.reverse()) await c();
 });
 
-function subscriber(pub: FakePublisher, reader: KvZmqReader, index: KvIndex): KvSubscriber {
-  const sub = new KvSubscriber({
+function subscriber(pub: FakePublisher, reader: KvZmqReader, index: KvIndex): ZmqKvFeed {
+  const sub = new ZmqKvFeed({
     workerId: "w",
     events: { endpoint: pub.endpoint, replayEndpoint: pub.replayEndpoint, topic: pub.topic, framing: "seq" },
     blockSize: BS,
@@ -50,7 +51,7 @@ test("the native reader is the default on Linux and reads a burst of 3,000 in or
   const index = new KvIndex();
   const sub = subscriber(pub, "native", index);
   assert.equal(sub.reader, "native");
-  const dflt = new KvSubscriber({
+  const dflt = new ZmqKvFeed({
     workerId: "d",
     events: { endpoint: pub.endpoint, topic: pub.topic, framing: "seq" },
     blockSize: BS,
@@ -101,7 +102,7 @@ test("both readers agree: gap filled by replay, malformed frames, a message of 5
     assert.equal(r.index.overlaps(p, ["w"])[0], 4);
   }
   if (b) {
-    const strip = (s: KvSubscriber["stats"]) => ({ ...s, syncMs: 0 });
+    const strip = (s: ZmqKvFeed["stats"]) => ({ ...s, syncMs: 0 });
     assert.deepEqual(strip(a.sub.stats), strip(b.sub.stats));
   }
 });

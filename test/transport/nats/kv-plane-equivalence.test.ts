@@ -3,7 +3,7 @@ import { after, before, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
-import { KvIngest } from "../../../src/kv/ingest.ts";
+import { KvIngest } from "../../../src/kv/feeds/zmq-ingest.ts";
 import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import { createKvAware, type KvAwarePolicy } from "../../../src/router/policies/kv-aware.ts";
 import type { WorkerState } from "../../../src/router/types.ts";

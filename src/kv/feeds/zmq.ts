@@ -3,7 +3,7 @@
  * the shared KvIndex (under that rank) in sequence order. At start it replays the engine's
  * buffer from seq 0 (so a new server replica builds the full index, not only what it routed
  * itself); a gap in `seq` replays the missing range through a DEALER on the replay socket
- * (./replay.ts: streamed, resumed after drops, a stall timeout rather than a total one).
+ * (../replay.ts: streamed, resumed after drops, a stall timeout rather than a total one).
  *
  * Sync state (IndexSync, reported to the index, which routes a rank that is not `synced` as
  * untracked): `syncing` while the start-up replay runs; `synced` once it reached the end of a
@@ -26,18 +26,19 @@
  */
 import { Dealer, Subscriber } from "zeromq";
 // Before any socket: one KV socket set per worker/engine passes libzmq's default 1023.
-import "../util/zmq-limits.ts";
-import type { KvEventsInfo } from "../discovery/types.ts";
-import type { Logger } from "../util/log.ts";
-import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "./events.ts";
-import { FdWatcher, loadNativeZmq, type NativeFrames, NativeSub } from "./feeds/zmq-native.ts";
-import type { KvIndex } from "./index.ts";
-import type { KvIngestMetrics } from "./metrics.ts";
-import type { IndexSync } from "./prefix-index.ts";
-import { RankSync } from "./rank-sync.ts";
-import { streamReplay } from "./replay.ts";
+import "../../util/zmq-limits.ts";
+import type { KvEventsInfo } from "../../discovery/types.ts";
+import type { Logger } from "../../util/log.ts";
+import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "../events.ts";
+import type { KvIndex } from "../index.ts";
+import type { KvIngestMetrics } from "../metrics.ts";
+import type { IndexSync } from "../prefix-index.ts";
+import { RankSync } from "../rank-sync.ts";
+import { streamReplay } from "../replay.ts";
+import type { KvFeed, KvZmqReader } from "./types.ts";
+import { FdWatcher, loadNativeZmq, type NativeFrames, NativeSub } from "./zmq-native.ts";
 
-export interface KvSubscriberOptions {
+export interface ZmqKvFeedOptions {
   workerId: string;
   /** Sockets and framing; `endpoint`/`replayEndpoint` are this rank's. */
   events: KvEventsInfo;
@@ -59,15 +60,13 @@ export interface KvSubscriberOptions {
   replayOnStart?: boolean;
   /**
    * How the SUB socket is read: `native` (libzmq's C API, many messages per wake-up;
-   * ./feeds/zmq-native.ts) when it loads, else `zeromq` (zeromq.js, one promise per message).
+   * ./zmq-native.ts) when it loads, else `zeromq` (zeromq.js, one promise per message).
    * Default `native`.
    */
   reader?: KvZmqReader;
 }
 
-export type KvZmqReader = "native" | "zeromq";
-
-export interface KvSubscriberStats {
+export interface ZmqKvFeedStats {
   batches: number;
   events: number;
   malformed: number;
@@ -92,8 +91,8 @@ const YIELD_AFTER_MS = 20;
 /** Replayed batches remembered to tell a live duplicate from a restarted engine's batch. */
 const REPLAYED_KEPT = 256;
 
-export class KvSubscriber {
-  private readonly opts: KvSubscriberOptions;
+export class ZmqKvFeed implements KvFeed {
+  private readonly opts: ZmqKvFeedOptions;
   private sub: Subscriber | null = null;
   /** The native reader's socket (null: zeromq.js' `sub` is used). */
   private nsub: NativeSub | null = null;
@@ -122,7 +121,7 @@ export class KvSubscriber {
   /** Resolves once the start-up replay is done and live events are being applied. */
   readonly synced: Promise<void>;
   private loop: Promise<void> | null = null;
-  readonly stats: KvSubscriberStats = {
+  readonly stats: ZmqKvFeedStats = {
     batches: 0,
     events: 0,
     malformed: 0,
@@ -136,10 +135,10 @@ export class KvSubscriber {
     sync: "syncing",
     syncMs: -1,
   };
-  /** The rank's sync state and the rebuild rule (./rank-sync.ts); made by start(). */
+  /** The rank's sync state and the rebuild rule (../rank-sync.ts); made by start(). */
   private rs: RankSync | null = null;
 
-  constructor(opts: KvSubscriberOptions) {
+  constructor(opts: ZmqKvFeedOptions) {
     this.opts = opts;
     this.synced = new Promise((r) => {
       this.syncedResolve = r;
@@ -162,6 +161,10 @@ export class KvSubscriber {
   /** The rank's sync state. */
   get sync(): IndexSync {
     return this.rs?.state ?? "syncing";
+  }
+
+  get syncMs(): number {
+    return this.stats.syncMs;
   }
 
   start(): void {
