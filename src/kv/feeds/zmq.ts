@@ -24,7 +24,7 @@
  * engine's replay buffer, and the case is counted. A live batch that merely repeats one the
  * replay delivered is skipped. Nothing a worker sends can throw out of here.
  */
-import { Dealer, Subscriber } from "zeromq";
+import { Dealer } from "zeromq";
 // Before any socket: one KV socket set per worker/engine passes libzmq's default 1023.
 import "../../util/zmq-limits.ts";
 import type { KvEventsInfo } from "../../discovery/types.ts";
@@ -36,7 +36,7 @@ import type { IndexSync } from "../prefix-index.ts";
 import { RankSync } from "../rank-sync.ts";
 import { streamReplay } from "../replay.ts";
 import type { KvFeed, KvZmqReader } from "./types.ts";
-import { FdWatcher, loadNativeZmq, type NativeFrames, NativeSub } from "./zmq-native.ts";
+import { openZmqReader, type ZmqReader } from "./zmq-reader.ts";
 
 export interface ZmqKvFeedOptions {
   workerId: string;
@@ -59,9 +59,8 @@ export interface ZmqKvFeedOptions {
   /** Replay the engine's buffer from seq 0 at start (default true). */
   replayOnStart?: boolean;
   /**
-   * How the SUB socket is read: `native` (libzmq's C API, many messages per wake-up;
-   * ./zmq-native.ts) when it loads, else `zeromq` (zeromq.js, one promise per message).
-   * Default `native`.
+   * How the SUB socket is read (./zmq-reader.ts): `native` (libzmq's C API, many messages per
+   * wake-up) when it loads, else `zeromq` (zeromq.js, one promise per message). Default `native`.
    */
   reader?: KvZmqReader;
 }
@@ -85,21 +84,13 @@ export interface ZmqKvFeedStats {
   syncMs: number;
 }
 
-/** Yield to the event loop after this much continuous work, so /health stays responsive. */
-const YIELD_AFTER_MS = 20;
-
 /** Replayed batches remembered to tell a live duplicate from a restarted engine's batch. */
 const REPLAYED_KEPT = 256;
 
 export class ZmqKvFeed implements KvFeed {
   private readonly opts: ZmqKvFeedOptions;
-  private sub: Subscriber | null = null;
-  /** The native reader's socket (null: zeromq.js' `sub` is used). */
-  private nsub: NativeSub | null = null;
-  private watcher: FdWatcher | null = null;
-  /** A slow path (replay, restart) is running: the native socket is not read meanwhile. */
-  private paused = false;
-  /** Reused copy of the last live payload (the native reader's frames are overwritten). */
+  private sub: ZmqReader | null = null;
+  /** Reused copy of the last live payload, when the reader's frames are overwritten. */
   private keepBuf = Buffer.alloc(0);
   private closed = false;
   private lastSeq = -1;
@@ -116,7 +107,6 @@ export class ZmqKvFeed implements KvFeed {
   private lastPayload: Uint8Array | null = null;
   /** Set when the PUB connection dropped: the engine may have restarted behind it. */
   private reconnected = false;
-  private workStart = 0;
   private syncedResolve!: () => void;
   /** Resolves once the start-up replay is done and live events are being applied. */
   readonly synced: Promise<void>;
@@ -155,7 +145,7 @@ export class ZmqKvFeed implements KvFeed {
 
   /** How the SUB socket is read (known once started). */
   get reader(): KvZmqReader {
-    return this.nsub ? "native" : "zeromq";
+    return this.sub?.kind ?? "zeromq";
   }
 
   /** The rank's sync state. */
@@ -190,37 +180,25 @@ export class ZmqKvFeed implements KvFeed {
     this.closed = true;
     this.rs?.close();
     this.syncedResolve();
-    try {
-      this.sub?.close();
-    } catch {
-      // already closed
-    }
-    if (this.nsub) {
-      this.watcher?.unwatch(this.nsub.fd);
-      this.watcher?.unwatch(this.nsub.monitorFd);
-      this.nsub.close();
-    }
+    this.sub?.close();
     await this.loop;
   }
 
   private async run(): Promise<void> {
     const { events } = this.opts;
-    const z = this.opts.reader === "zeromq" ? null : loadNativeZmq();
-    if (z) {
-      this.nsub = new NativeSub(z, events.endpoint, events.topic ?? "");
-      this.watcher = FdWatcher.get(z);
-    } else {
-      const sub = new Subscriber({ linger: 0 });
-      this.sub = sub;
+    this.sub = openZmqReader(events.endpoint, events.topic ?? "", this.opts.reader, {
+      message: (frames) => this.handle(frames),
       // A dropped connection is how a restart looks from here when the new engine's first
       // sequence numbers happen to continue ours; the next batch is checked against the replay.
-      sub.events.on("disconnect", () => {
+      disconnected: () => {
         this.reconnected = true;
-      });
-      sub.connect(events.endpoint);
-      if (events.topic) sub.subscribe(events.topic);
-      else sub.subscribe();
-    }
+      },
+      malformed: (e) => this.malformed(e),
+      failed: (err) => {
+        if (!this.closed)
+          this.opts.logger.error({ err, worker: this.opts.workerId }, "kv subscriber stopped");
+      },
+    });
     if (events.framing === "seq" && events.replayEndpoint && this.opts.replayOnStart !== false) {
       await this.replay(0);
       this.settle();
@@ -233,89 +211,13 @@ export class ZmqKvFeed implements KvFeed {
       this.rs?.settle();
     }
     this.syncedResolve();
-    if (this.nsub) {
-      this.startNative(this.nsub);
-      return;
-    }
-    const sub = this.sub as Subscriber;
-    this.workStart = performance.now();
-    while (!this.closed) {
-      let frames: Buffer[];
-      try {
-        frames = await sub.receive();
-      } catch (err) {
-        if (this.closed) return;
-        throw err;
-      }
-      await this.handle(frames);
-      // Queued messages resolve receive() without a trip through the event loop; a publisher
-      // flooding the socket must not starve timers and HTTP (/health).
-      if (performance.now() - this.workStart > YIELD_AFTER_MS) {
-        await new Promise<void>((r) => setImmediate(r));
-        this.workStart = performance.now();
-      }
-    }
-  }
-
-  private startNative(nsub: NativeSub): void {
-    if (this.closed) return;
-    this.watcher?.watch(nsub.monitorFd, () => {
-      if (nsub.disconnected()) this.reconnected = true;
-    });
-    this.watcher?.watch(nsub.fd, this.drain);
-    this.drain();
-  }
-
-  /**
-   * Reads the native socket until it would block, handling each message synchronously; a
-   * message that needs a replay or a restart pauses reading (and watching) until that is done,
-   * as the zeromq.js loop awaits it. Yields after YIELD_AFTER_MS so /health stays responsive.
-   */
-  private readonly drain = (): void => {
-    const nsub = this.nsub;
-    if (!nsub || this.paused || this.closed) return;
-    const start = performance.now();
-    for (let n = 1; ; n++) {
-      const f = nsub.read();
-      if (!f) return;
-      const slow = this.handleNative(f);
-      if (slow) {
-        this.pause(nsub, slow);
-        return;
-      }
-      if ((n & 63) === 0 && performance.now() - start > YIELD_AFTER_MS) {
-        setImmediate(this.drain);
-        return;
-      }
-    }
-  };
-
-  private handleNative(f: NativeFrames): Promise<void> | undefined {
-    if (f.truncated) {
-      this.malformed("a frame over the native reader's cap");
-      return;
-    }
-    return this.handle(f.views.length === f.count ? f.views : [...f.views, new Uint8Array(0)]);
-  }
-
-  private pause(nsub: NativeSub, slow: Promise<void>): void {
-    this.paused = true;
-    // Unwatched while paused: the fd stays readable until the socket is read again.
-    this.watcher?.unwatch(nsub.fd);
-    void slow
-      .catch((err) => this.opts.logger.error({ err, worker: this.opts.workerId }, "kv subscriber: slow path"))
-      .finally(() => {
-        this.paused = false;
-        if (this.closed) return;
-        this.watcher?.watch(nsub.fd, this.drain);
-        this.drain();
-      });
+    if (!this.closed) this.sub.start();
   }
 
   /**
    * One live message. Synchronous unless it needs a replay, a restart or the reconnect check:
-   * then a promise the caller awaits before reading on. The native reader's frames are views
-   * of reused buffers, so the slow paths take copies first.
+   * then a promise the reader waits for before reading on. When the reader reuses its frames,
+   * the slow paths take copies first.
    */
   private handle(frames: Uint8Array[]): Promise<void> | undefined {
     const { events, workerId } = this.opts;
@@ -423,12 +325,12 @@ export class ZmqKvFeed implements KvFeed {
 
   /** Frames that outlive the next read: the native reader's are copied. */
   private own(frames: Uint8Array[]): Uint8Array[] {
-    return this.nsub ? frames.map((f) => Buffer.from(f)) : frames;
+    return this.sub?.reusesFrames ? frames.map((f) => Buffer.from(f)) : frames;
   }
 
   /** Remembers the last live payload (for the check after a reconnect), copied when native. */
   private keep(payload: Uint8Array): void {
-    if (!this.nsub) {
+    if (!this.sub?.reusesFrames) {
       this.lastPayload = payload;
       return;
     }

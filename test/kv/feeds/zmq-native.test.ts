@@ -20,7 +20,8 @@ const BS = 4;
 const logger = createLogger("test", {});
 logger.level = "silent";
 const toks = (n: number, base: number) => Array.from({ length: n }, (_, i) => base + i);
-const native = process.platform === "linux";
+// INFERA_KV_ZMQ_NATIVE=0 turns the native reader off (zeromq.js is then the only one).
+const native = process.platform === "linux" && process.env.INFERA_KV_ZMQ_NATIVE !== "0";
 
 const closers: (() => Promise<void> | void)[] = [];
 after(async () => {
