@@ -23,6 +23,11 @@
  * with a new `sgl-kv-epoch` in the topic. The rank is then reset and rebuilt from the new
  * engine's replay buffer, and the case is counted. A live batch that merely repeats one the
  * replay delivered is skipped. Nothing a worker sends can throw out of here.
+ *
+ * Length (≈ 500 lines, over the ~400 guide): the sequence rules above are one state machine
+ * (last seq, last live seq, replayed payloads, reconnect flag) that every path reads and
+ * writes; reading the socket (./zmq-reader.ts), the replay protocol (../replay.ts) and the sync
+ * rule (../rank-sync.ts) are already out of it.
  */
 import { Dealer } from "zeromq";
 // Before any socket: one KV socket set per worker/engine passes libzmq's default 1023.
