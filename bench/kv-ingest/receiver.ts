@@ -20,6 +20,8 @@ const moved = existsSync(new URL("src/kv/feeds/zmq.ts", root));
 const feedModule = await import(new URL(moved ? "src/kv/feeds/zmq.ts" : "src/kv/subscriber.ts", root).href);
 const KvSubscriber = moved ? feedModule.ZmqKvFeed : feedModule.KvSubscriber;
 const { createLogger } = await import(new URL("src/util/log.ts", root).href);
+const { KvIngestMetrics } = await import(new URL("src/kv/metrics.ts", root).href);
+const { Registry } = await import("prom-client");
 
 const logger = createLogger("kv-ingest-bench");
 logger.level = "error";
@@ -32,6 +34,8 @@ const sub = new KvSubscriber({
   logger,
   replayOnStart: false,
   reader,
+  // As the server's ingest gives it (src/kv/feeds/zmq-ingest.ts): counters per batch and event.
+  metrics: new KvIngestMetrics(new Registry()),
 });
 sub.start();
 await sub.synced;

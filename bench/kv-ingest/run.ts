@@ -101,7 +101,7 @@ function topSelf(file: string): string[] {
   });
   return [...self]
     .sort((a, b) => b[1] - a[1])
-    .slice(0, 10)
+    .slice(0, Number(process.env.TOP ?? 10))
     .map(
       ([k, t]) =>
         `${(t / 1000).toFixed(0).padStart(6)} ms ${((100 * t) / total).toFixed(1).padStart(5)} %  ${k}`,

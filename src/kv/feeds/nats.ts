@@ -49,8 +49,7 @@ export class NatsKvFeed<S extends KvBatchStream> implements KvFeed {
           return;
         }
         rs.apply(batch, blockSize);
-        metrics.batches.inc({ worker: workerId });
-        for (const ev of batch.events) metrics.events.inc({ type: ev.type });
+        metrics.applied(workerId, batch);
       },
       onRefused: (reason) => metrics.refused.inc({ worker: workerId, reason }),
       onReset: (reason) => {

@@ -415,10 +415,7 @@ export class ZmqKvFeed implements KvFeed {
     this.stats.batches++;
     this.stats.events += batch.events.length;
     if (batch.skipped > 0) this.malformed(`${batch.skipped} undecodable events in a batch`);
-    if (metrics) {
-      metrics.batches.inc({ worker: workerId });
-      for (const ev of batch.events) metrics.events.inc({ type: ev.type });
-    }
+    metrics?.applied(workerId, batch);
   }
 
   private markHole(): void {
