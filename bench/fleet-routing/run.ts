@@ -38,7 +38,7 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { handleFatalSignals } from "../../src/util/child-process.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches, startEngines } from "./engines.ts";

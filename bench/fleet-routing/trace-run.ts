@@ -16,7 +16,7 @@ import { cpus, loadavg } from "node:os";
 import { runBench } from "../../src/bench/index.ts";
 import type { BenchRequest } from "../../src/bench/types.ts";
 import { traceWorkload } from "../../src/bench/workloads/trace.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches } from "./engines.ts";
 import { decisionsOf, MODEL, startReplicas } from "./servers.ts";
 import { type Slo, type StepFigures, stepFigures } from "./stats.ts";
@@ -271,7 +271,7 @@ export async function traceMain(args: readonly string[]): Promise<void> {
   const { tmpdir } = await import("node:os");
   const { basename, join } = await import("node:path");
   const { fileURLToPath } = await import("node:url");
-  const { getDefaultTokenizer } = await import("../../src/kv/tokenizer.ts");
+  const { getDefaultTokenizer } = await import("../../src/tokenizer/tokenizer.ts");
   const { handleFatalSignals } = await import("../../src/util/child-process.ts");
   const { startEngines } = await import("./engines.ts");
   const { writeWorkersFile } = await import("./servers.ts");

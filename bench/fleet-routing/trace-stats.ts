@@ -11,7 +11,7 @@
  */
 import type { BenchRequest } from "../../src/bench/types.ts";
 import { hashPrompt } from "../../src/kv/hash.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import type { Reuse } from "./trace.ts";
 
 /** The timing model's terms that prefill costs (bench/fleet-routing/qwen3-32b-tp2-h100.json). */

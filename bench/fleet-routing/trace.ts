@@ -10,7 +10,7 @@
 import { Prng, words } from "../../src/bench/prng.ts";
 import type { BenchRequest } from "../../src/bench/types.ts";
 import { chainBlocks, hashPrompt, type RouterBlockHash, routerHashAt } from "../../src/kv/hash.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 export interface TenantSet {
   seed: number;

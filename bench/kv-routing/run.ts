@@ -23,7 +23,7 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runBench } from "../../src/bench/index.ts";
 import type { BenchResult } from "../../src/bench/schema.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { handleFatalSignals, killOnExit, stopChild } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";

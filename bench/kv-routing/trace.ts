@@ -7,7 +7,7 @@
 import { Prng, words } from "../../src/bench/prng.ts";
 import type { BenchMessage, BenchRequest } from "../../src/bench/types.ts";
 import { chainBlocks, hashPrompt, type RouterBlockHash, routerHashAt } from "../../src/kv/hash.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 export interface TraceOptions {
   seed: number;

@@ -1,6 +1,6 @@
 /**
  * Tokens per millisecond of the router's prompt tokenizing, the built-in o200k tokenizer and the
- * HF tokenizer path (src/kv/hf-tokenizer.ts, with o200k converted to a tokenizer.json by
+ * HF tokenizer path (src/tokenizer/hf-tokenizer.ts, with o200k converted to a tokenizer.json by
  * ./o200k-hf.ts, so both give the same ids) side by side, on prompts of `--tokens` tokens:
  *
  * - `whole`: one `encode` of the whole text (what the sim, and an engine, do);
@@ -24,9 +24,9 @@ import { parseArgs } from "node:util";
 import { Prng, words } from "../../src/bench/prng.ts";
 import { ApproxPrefixTree } from "../../src/kv/approx-tree.ts";
 import { hashPrompt } from "../../src/kv/hash.ts";
-import { getDefaultTokenizer, loadTokenizer, type Tokenizer } from "../../src/kv/tokenizer.ts";
 import { tokenizeBoundedSync } from "../../src/server/prompt-tokens.ts";
 import { TokenPrefixCache } from "../../src/server/token-prefix-cache.ts";
+import { getDefaultTokenizer, loadTokenizer, type Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { writeO200kHf } from "./o200k-hf.ts";
 
 const { values } = parseArgs({

@@ -8,10 +8,10 @@
 import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import type { KvSyncReport, PrefixIndex } from "../kv/prefix-index.ts";
-import type { Tokenizer } from "../kv/tokenizer.ts";
 import type { PeerPlane } from "../router/peers/types.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
 

@@ -1,6 +1,5 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import { addsSpecialTokens, type Tokenizer } from "../../kv/tokenizer.ts";
 import {
   AuthenticationError,
   InferaError,
@@ -9,6 +8,7 @@ import {
   PayloadTooLargeError,
   toInferaError,
 } from "../../protocol/errors.ts";
+import { addsSpecialTokens, type Tokenizer } from "../../tokenizer/tokenizer.ts";
 import type { Logger } from "../../util/log.ts";
 import type { SimConfig } from "./config.ts";
 import type { SimEngine } from "./engine.ts";

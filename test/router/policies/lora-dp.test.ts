@@ -18,7 +18,6 @@ import { test } from "node:test";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import { MixedRouter } from "../../../src/router/mixed.ts";
 import { policies } from "../../../src/router/policies/index.ts";
 import type {
@@ -29,6 +28,7 @@ import type {
   UpstreamResponse,
 } from "../../../src/router/types.ts";
 import { LiveWorker, type WorkerSet } from "../../../src/router/worker-set.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
 
 const BS = 16;

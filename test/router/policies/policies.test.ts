@@ -4,10 +4,10 @@ import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import { ApproxPrefixTree } from "../../../src/kv/approx-tree.ts";
 import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import { policies } from "../../../src/router/policies/index.ts";
 import type { KvAwarePolicy } from "../../../src/router/policies/kv-aware.ts";
 import type { RoutingPolicy, RoutingRequest, WorkerState } from "../../../src/router/types.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
 
 const BS = 16;
