@@ -37,7 +37,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { runBench } from "../../src/bench/index.ts";
+import { runBench } from "../../src/loadgen/index.ts";
 import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { handleFatalSignals } from "../../src/util/child-process.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";

@@ -1,7 +1,7 @@
 /**
  * `bench/fleet-routing/run.ts --trace FILE`: replays a recorded or generated trace through
  * `infera server` replicas over one `infera-sim --fleet N`, per policy and replica count
- * (issue #28 item 5). FILE is JSONL in either shape src/bench/workloads/trace.ts reads: Mooncake's
+ * (issue #28 item 5). FILE is JSONL in either shape src/loadgen/workloads/trace.ts reads: Mooncake's
  * `{timestamp, input_length, output_length, hash_ids}` (each id one 512-token block of text, the
  * same id the same text) or OpenAI request bodies with `messages`/`prompt` and a timestamp.
  *
@@ -13,9 +13,9 @@
  */
 import { readFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
-import { runBench } from "../../src/bench/index.ts";
-import type { BenchRequest } from "../../src/bench/types.ts";
-import { traceWorkload } from "../../src/bench/workloads/trace.ts";
+import { runBench } from "../../src/loadgen/index.ts";
+import type { BenchRequest } from "../../src/loadgen/types.ts";
+import { traceWorkload } from "../../src/loadgen/workloads/trace.ts";
 import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches } from "./engines.ts";
 import { decisionsOf, MODEL, startReplicas } from "./servers.ts";

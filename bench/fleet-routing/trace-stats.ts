@@ -9,8 +9,9 @@
  * Blocks are the engines' (16 tokens), over the token ids the engines see (the chat template
  * applied), so the figures compare with the engines' cached/prompt tokens.
  */
-import type { BenchRequest } from "../../src/bench/types.ts";
+
 import { hashPrompt } from "../../src/kv/hash.ts";
+import type { BenchRequest } from "../../src/loadgen/types.ts";
 import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import type { Reuse } from "./trace.ts";
 

@@ -11,7 +11,7 @@
  * - `next turn`: a conversation's turn at ≈ `--tokens` after turns of ≈ 2 k tokens each, with and
  *   without the token prefix cache (src/server/token-prefix-cache.ts) holding the previous turn.
  *
- * Texts: `filler` (the bench workloads' common words, src/bench/prng.ts), `prose` (made-up words
+ * Texts: `filler` (the bench workloads' common words, src/loadgen/prng.ts), `prose` (made-up words
  * of 2–12 letters with punctuation, numbers and newlines: few repeated words, so per-word caches
  * rarely hit) and `cjk` (random CJK ideographs, BPE's expensive case). Each text is new to the
  * tokenizer on its first (`cold`) run; `warm` is the median of the next `--runs`.
@@ -21,9 +21,9 @@
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { Prng, words } from "../../src/bench/prng.ts";
 import { ApproxPrefixTree } from "../../src/kv/approx-tree.ts";
 import { hashPrompt } from "../../src/kv/hash.ts";
+import { Prng, words } from "../../src/loadgen/prng.ts";
 import { tokenizeBoundedSync } from "../../src/server/prompt-tokens.ts";
 import { TokenPrefixCache } from "../../src/server/token-prefix-cache.ts";
 import { getDefaultTokenizer, loadTokenizer, type Tokenizer } from "../../src/tokenizer/tokenizer.ts";
