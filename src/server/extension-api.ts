@@ -17,7 +17,7 @@ import type { ServerConfig } from "./config.ts";
 
 /** KV event ingestion for plugins that need `kvIndex`: follows the WorkerSet, subscribes to each worker's events. */
 export interface KvIngest {
-  /** The model's KV prefix index, handed to policies as `PolicyContext.kvIndex`. */
+  /** The model's KV prefix index, handed to the model's Scheduler (`Scheduling.create`). */
   indexFor(model: string): PrefixIndex | undefined;
   /** Each rank's index sync; absent for an ingest that cannot tell. */
   syncReport?(): KvSyncReport;
