@@ -10,11 +10,11 @@ import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
-import { setRawBody } from "../transport/http.ts";
 import {
   contentTypeOf,
   type EndpointKind,
   type RequestExecutor,
+  setRawBody,
   type UpstreamResponse,
 } from "../transport/types.ts";
 import { RequestAbort } from "../util/abort.ts";
