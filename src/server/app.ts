@@ -154,8 +154,6 @@ export async function startServer(
   if (syncIndex?.syncOf) decisions.syncOf = (id) => syncIndex.syncOf?.(id) ?? null;
   const router = new AutoRouter({
     workers,
-    policy: config.policy,
-    policyOptions: config.policyOptions,
     disagg: config.disagg,
     mode: config.router,
     disaggFactory: ext.disaggRouterFactory,
