@@ -118,11 +118,18 @@ export interface NativeFrames {
 
 // One set of receive buffers for the whole process: messages are handled synchronously, one at
 // a time, so no two reads overlap. Big buffers are allocated lazily by the OS (untouched pages).
-const scratch = Array.from({ length: MAX_FRAMES }, () => Buffer.allocUnsafeSlow(NATIVE_FRAME_CAP));
+// Made with the first socket: a process that never reads natively (the sim, the CLI) pays nothing.
+let scratch: Buffer[] = [];
 const lastFrames: NativeFrames = { count: 0, views: [], truncated: false };
 // The last view made of each scratch buffer: a topic or a seq frame has the same length every
 // time, so its view is made once, not per message (less garbage at 200k messages/s).
-const views: Uint8Array[] = scratch.map((b) => b.subarray(0, 0));
+let views: Uint8Array[] = [];
+
+function allocScratch(): void {
+  if (scratch.length > 0) return;
+  scratch = Array.from({ length: MAX_FRAMES }, () => Buffer.allocUnsafeSlow(NATIVE_FRAME_CAP));
+  views = scratch.map((b) => b.subarray(0, 0));
+}
 
 function view(i: number, n: number): Uint8Array {
   const len = Math.min(n, NATIVE_FRAME_CAP);
@@ -153,6 +160,7 @@ export class NativeSub {
 
   constructor(z: ZmqApi, endpoint: string, topic: string) {
     this.z = z;
+    allocScratch();
     const s = z.socket(z.ctx, ZMQ_SUB);
     if (!s) throw new Error(`zmq_socket: ${z.strerror(z.errno())}`);
     this.sock = s;
@@ -324,6 +332,14 @@ export class FdWatcher {
     });
     this.port.on("message", (ready: number[]) => this.onReady(ready));
     this.port.unref();
+    // The worker sits in poll() or Atomics.wait (up to 1 s each); at exit Node waits for it, so
+    // it is told to stop now rather than holding the process for that second.
+    process.once("exit", () => {
+      this.port.postMessage(null);
+      this.wake(this.wakeFd);
+      Atomics.add(this.ctrl, 0, 1);
+      Atomics.notify(this.ctrl, 0);
+    });
   }
 
   watch(fd: number, drain: Drain): void {
