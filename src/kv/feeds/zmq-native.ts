@@ -140,9 +140,15 @@ function view(i: number, n: number): Uint8Array {
   }
   return v;
 }
-const intBuf = Buffer.alloc(8);
-/** A `size_t` holding 4, re-set before each getsockopt (which writes the size back). */
+// An aligned int for options, read through the typed array (no Buffer method per frame).
+const intVal = new Int32Array(2);
+const intBuf = Buffer.from(intVal.buffer);
+/**
+ * A `size_t` holding 4: getsockopt writes the option's size back, and every option read here
+ * (ZMQ_FD, ZMQ_RCVMORE) is a 4-byte int, so it stays 4 and is set once.
+ */
 const intLen = Buffer.alloc(8);
+intLen.writeUInt32LE(4, 0);
 
 function check(z: ZmqApi, rc: number, what: string): void {
   if (rc < 0) throw new Error(`${what}: ${z.strerror(z.errno())}`);
@@ -186,7 +192,6 @@ export class NativeSub {
   }
 
   private fdOf(s: Ptr): number {
-    intLen.writeUInt32LE(4, 0);
     check(this.z, this.z.getsockopt(s, ZMQ_FD, intBuf, intLen), "ZMQ_FD");
     return intBuf.readInt32LE(0);
   }
@@ -227,9 +232,8 @@ function readMessage(z: ZmqApi, s: Ptr): NativeFrames | null {
   f.views.push(view(0, n));
   let count = 1;
   for (;;) {
-    intLen.writeUInt32LE(4, 0);
     z.getsockopt(s, ZMQ_RCVMORE, intBuf, intLen);
-    if (intBuf.readInt32LE(0) === 0) break;
+    if (intVal[0] === 0) break;
     const i = Math.min(count, MAX_FRAMES - 1);
     // The rest of a message is already queued whole (ZMQ delivers messages atomically).
     n = z.recv(s, scratch[i], NATIVE_FRAME_CAP, ZMQ_DONTWAIT);
