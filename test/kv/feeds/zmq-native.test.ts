@@ -6,12 +6,14 @@
  */
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
+import { Registry } from "prom-client";
 import { Publisher } from "zeromq";
 import { encodeSeq } from "../../../src/kv/events.ts";
 import type { KvZmqReader } from "../../../src/kv/feeds/types.ts";
 import { ZmqKvFeed } from "../../../src/kv/feeds/zmq.ts";
 import { loadNativeZmq, NativeSub } from "../../../src/kv/feeds/zmq-native.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
+import { KvIngestMetrics } from "../../../src/kv/metrics.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { FakePublisher, storedEv, waitFor } from "../fake-publisher.ts";
@@ -28,7 +30,12 @@ after(async () => {
   for (const c of closers.reverse()) await c();
 });
 
-function subscriber(pub: FakePublisher, reader: KvZmqReader, index: KvIndex): ZmqKvFeed {
+function subscriber(
+  pub: FakePublisher,
+  reader: KvZmqReader,
+  index: KvIndex,
+  metrics?: KvIngestMetrics,
+): ZmqKvFeed {
   const sub = new ZmqKvFeed({
     workerId: "w",
     events: { endpoint: pub.endpoint, replayEndpoint: pub.replayEndpoint, topic: pub.topic, framing: "seq" },
@@ -37,6 +44,7 @@ function subscriber(pub: FakePublisher, reader: KvZmqReader, index: KvIndex): Zm
     logger,
     reader,
     replayTimeoutMs: 1000,
+    metrics,
   });
   sub.start();
   closers.push(() => sub.close());
@@ -50,7 +58,8 @@ test("the native reader is the default on Linux and reads a burst of 3,000 in or
   await pub.start();
   closers.push(() => pub.close());
   const index = new KvIndex();
-  const sub = subscriber(pub, "native", index);
+  const metrics = new KvIngestMetrics(new Registry());
+  const sub = subscriber(pub, "native", index, metrics);
   assert.equal(sub.reader, "native");
   const dflt = new ZmqKvFeed({
     workerId: "d",
@@ -71,6 +80,15 @@ test("the native reader is the default on Linux and reads a burst of 3,000 in or
   assert.equal(sub.stats.gaps, 0);
   assert.equal(sub.stats.malformed, 0);
   assert.equal(index.blockCount("w"), n);
+  // Counted in bulk (KvIngestMetrics.applied), exact whenever read.
+  assert.deepEqual(
+    (await metrics.batches.get()).values.map((v) => [v.labels.worker, v.value]),
+    [["w", n]],
+  );
+  assert.deepEqual(
+    (await metrics.events.get()).values.map((v) => [v.labels.type, v.value]),
+    [["BlockStored", n]],
+  );
 });
 
 test("both readers agree: gap filled by replay, malformed frames, a message of 5 frames, a restart", async () => {
