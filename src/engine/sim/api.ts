@@ -11,6 +11,7 @@ import {
 } from "../../protocol/errors.ts";
 import type { Logger } from "../../util/log.ts";
 import type { SimConfig } from "./config.ts";
+import { pickEngine } from "./dp-pick.ts";
 import type { SimEngine } from "./engine.ts";
 import type { SimKvHostImpl } from "./kv-host.ts";
 import type { LogprobModel } from "./logprobs.ts";
@@ -18,13 +19,7 @@ import { combinedMetricsText } from "./metrics.ts";
 import { parseSimRequest } from "./openai-request.ts";
 import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
 import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
-import {
-  AtomModelMismatchError,
-  checkModelName,
-  handleGenerate,
-  personalityGetRoute,
-  pickEngine,
-} from "./personality-routes.ts";
+import type { Personality } from "./personalities/types.ts";
 import { RequestResponder } from "./response.ts";
 import { Sequence } from "./sequence.ts";
 
@@ -32,6 +27,8 @@ const MAX_BODY = 64 * 1024 * 1024;
 
 export interface ApiDeps {
   cfg: SimConfig;
+  /** The engine whose surface this sim presents (looked up once from cfg.engine). */
+  personality: Personality;
   /** One engine per DP rank this process serves; [0] is the PD connector's. */
   engines: SimEngine[];
   tokenizer: Tokenizer;
@@ -92,41 +89,33 @@ function sendJson(
 export function sendError(
   res: ServerResponse,
   err: unknown,
-  requestId?: string,
-  engine: SimConfig["engine"] = "vllm",
+  requestId: string | undefined,
+  personality: Personality,
 ): void {
-  if (err instanceof AtomModelMismatchError && !res.headersSent) {
-    sendJson(res, err.status, err.toJSON(), requestId ? { "x-request-id": requestId } : {});
-    return;
-  }
   const e = toInferaError(err);
-  // ATOM's handlers turn a ValueError into HTTPException(400, detail=str(e)) and anything else
-  // into HTTPException(500, ...): FastAPI's `{"detail": ...}` body (ROCm/ATOM
-  // atom/entrypoints/openai/api_server.py chat_completions/completions @ ffdf3bb5).
-  if (engine === "atom" && !res.headersSent) {
-    sendJson(res, e.status, { detail: e.message }, requestId ? { "x-request-id": requestId } : {});
-    return;
-  }
   if (res.headersSent) {
     // Mid-stream: an SSE error event, then close.
     if (!res.writableEnded) res.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
     return;
   }
-  sendJson(res, e.status, e.toJSON(), { ...e.headers, ...(requestId ? { "x-request-id": requestId } : {}) });
+  const answer = personality.errorAnswer(e);
+  sendJson(res, e.status, answer.body, {
+    ...answer.headers,
+    ...(requestId ? { "x-request-id": requestId } : {}),
+  });
 }
 
 /** The OpenAI-compatible HTTP server of the simulated engine. */
 export function createSimServer(deps: ApiDeps): Server {
-  const { cfg, log } = deps;
+  const { log } = deps;
   const server = createServer((req, res) => {
     handle(deps, req, res).catch((err: unknown) => {
       if (!(err instanceof InferaError)) log.error({ err }, "request failed");
-      sendError(res, err, undefined, cfg.engine);
+      sendError(res, err, undefined, deps.personality);
     });
   });
   server.keepAliveTimeout = 65_000;
   server.headersTimeout = 66_000;
-  void cfg;
   return server;
 }
 
@@ -146,12 +135,11 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     return handleCompletion(deps, path === "/v1/chat/completions" ? "chat" : "completion", req, res);
   }
   if (method === "GET" || method === "HEAD") {
-    const native = personalityGetRoute(deps, path);
+    const native = deps.personality.getRoutes(cfg)[path];
     if (native) return sendJson(res, 200, native());
     switch (path) {
       case "/health":
-        // ATOM answers {"status": "ok"} (atom/entrypoints/openai/api_server.py health()).
-        if (cfg.engine === "atom") return sendJson(res, 200, { status: "ok" });
+        if (deps.personality.healthBody !== null) return sendJson(res, 200, deps.personality.healthBody);
         res.writeHead(200, { "content-length": 0 });
         res.end();
         return;
@@ -186,8 +174,8 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     const route = routes?.[path];
     if (route) return sendJson(res, 200, await route());
   }
-  if (method === "POST" && path === "/generate" && cfg.engine === "sglang")
-    return handleGenerate(deps, req, res);
+  const post = method === "POST" ? deps.personality.postRoutes[path] : undefined;
+  if (post) return post(deps, req, res);
   if (method === "POST" && path === "/reset_prefix_cache") {
     const ok = deps.engines.map((e) => e.resetPrefixCache()).every(Boolean);
     return sendJson(res, ok ? 200 : 409, { success: ok });
@@ -235,12 +223,12 @@ async function handleCompletion(
   try {
     raw = await readBody(req);
   } catch (err) {
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
   let r: ReturnType<typeof parseSimRequest>;
   let engine: SimEngine;
   try {
-    checkModelName(cfg, raw);
+    deps.personality.checkModelName(cfg, raw);
     r = parseSimRequest(kind, raw, deps.tokenizer, {
       servedModelNames: cfg.servedModelNames,
       maxModelLen: cfg.maxModelLen,
@@ -259,7 +247,7 @@ async function handleCompletion(
       );
     }
   } catch (err) {
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
 
   const connector = deps.connector();
@@ -268,7 +256,7 @@ async function handleCompletion(
     // PD requests use rank 0 (the connector's KV host); others the pinned or least-loaded rank.
     engine = phase ? deps.engines[0] : pickEngine(deps, req, r.body);
   } catch (err) {
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
   const info: PdRequestInfo | null = phase
     ? { requestId, params: r.kvTransferParams ?? {}, body: r.body, promptTokenIds: r.prompts[0] }
@@ -323,7 +311,7 @@ async function handleCompletion(
   } catch (err) {
     engine.scheduler.dropImport(requestId);
     deps.kvHost.setSalt(requestId, null);
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
   if (gone) {
     engine.scheduler.dropImport(requestId);

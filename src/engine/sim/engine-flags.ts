@@ -418,16 +418,3 @@ export const ATOM_FLAGS: Table = {
   "--enable-tbo": { key: null, arity: "optional" },
   "--all2all-backend": { key: null, arity: "optional" },
 };
-
-export const ENGINE_FLAGS: Record<EngineKind, Table> = {
-  vllm: VLLM_FLAGS,
-  sglang: SGLANG_FLAGS,
-  atom: ATOM_FLAGS,
-};
-
-/** The program name argparse prints in its usage/error lines. */
-export const ENGINE_PROG: Record<EngineKind, string> = {
-  vllm: "vllm serve",
-  sglang: "launch_server.py",
-  atom: "openai_server.py",
-};

@@ -1,0 +1,42 @@
+/**
+ * vLLM (`vllm serve [MODEL]`): flags from vllm/engine/arg_utils.py + entrypoints/openai/cli_args.py
+ * (engine-flags.ts); metric names from vllm/v1/metrics/loggers.py (metric-names.ts); KV events
+ * from vllm-project/vllm vllm/distributed/kv_events.py @ 0181ea3173e53eea8cf04a86891488e3dc89bb34.
+ */
+import { zmqBindsFor } from "../config.ts";
+import { VLLM_FLAGS } from "../engine-flags.ts";
+import { METRIC_NAMES } from "../metric-names.ts";
+import { noModelCheck, openAiErrorAnswer } from "./openai-errors.ts";
+import type { Personality } from "./types.ts";
+
+export const vllm: Personality = {
+  kind: "vllm",
+  prog: "vllm serve",
+  flags: VLLM_FLAGS,
+  underscoreFlags: true,
+  positionalModel: true,
+  defaultPort: 8000,
+  defaultHost: "0.0.0.0",
+  defaultBlockSize: 16,
+  apiKeyEnv: "VLLM_API_KEY",
+  // `map` is vLLM's newest layout (events and the batch as maps; KVCacheEvent is no longer
+  // array_like) and the default when `--engine vllm` is named; without `--engine` (the sim's
+  // long-standing command line) the default stays the older positional `array` layout.
+  defaultKvEncoding: (explicit) => (explicit ? "map" : "array"),
+  defaultKvFraming: "seq",
+  applyArgs: () => {},
+  metricNames: METRIC_NAMES.vllm,
+  rankLabels: (o) => ({ model_name: o.modelName, engine: String(o.dpRank) }),
+  kvLayout: (encoding) => (encoding === "map" ? "vllm-map" : "vllm-array"),
+  // offset_endpoint_port: each DP rank's endpoints move up by the rank.
+  kvRankPortOffset: (rank) => rank,
+  // ZmqEventPublisher._socket_setup binds only for `*`, `::`, ipc://, inproc://.
+  kvPubMode: (endpoint) => (zmqBindsFor(endpoint, false) ? "bind" : "connect"),
+  // vllm/entrypoints/openai/serving_engine.py _get_data_parallel_rank: header X-data-parallel-rank.
+  pinnedRankRaw: (header) => header,
+  checkModelName: noModelCheck,
+  errorAnswer: openAiErrorAnswer,
+  healthBody: null,
+  getRoutes: () => ({}),
+  postRoutes: {},
+};
