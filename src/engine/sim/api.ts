@@ -10,6 +10,7 @@ import {
   toInferaError,
 } from "../../protocol/errors.ts";
 import type { Logger } from "../../util/log.ts";
+import { addChoices } from "./choices.ts";
 import type { SimConfig } from "./config.ts";
 import { pickEngine } from "./dp-pick.ts";
 import type { SimEngine } from "./engine.ts";
@@ -17,11 +18,11 @@ import type { SimKvHostImpl } from "./kv-host.ts";
 import type { LogprobModel } from "./logprobs.ts";
 import { combinedMetricsText } from "./metrics.ts";
 import { parseSimRequest } from "./openai-request.ts";
-import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
+import type { OutputVocab } from "./output.ts";
 import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
 import type { Personality } from "./personalities/types.ts";
+import { type AnswerPlan, planAnswer } from "./request-plan.ts";
 import { RequestResponder } from "./response.ts";
-import { Sequence } from "./sequence.ts";
 
 const MAX_BODY = 64 * 1024 * 1024;
 
@@ -226,6 +227,7 @@ async function handleCompletion(
     return sendError(res, err, requestId, deps.personality);
   }
   let r: ReturnType<typeof parseSimRequest>;
+  let plan: AnswerPlan;
   let engine: SimEngine;
   try {
     deps.personality.checkModelName(cfg, raw);
@@ -234,6 +236,7 @@ async function handleCompletion(
       maxModelLen: cfg.maxModelLen,
       maxLogprobs: cfg.maxLogprobs,
     });
+    plan = planAnswer(kind, r.body, r.n, deps.personality.requests, cfg);
     const longest = Math.max(...r.prompts.map((p) => p.length));
     const blocksNeeded = Math.ceil((longest + 1) / cfg.blockSize);
     if (blocksNeeded > cfg.numGpuBlocks) {
@@ -270,6 +273,7 @@ async function handleCompletion(
     created: Math.floor(Date.now() / 1000),
     stream: r.stream,
     includeUsage: r.includeUsage,
+    continuousUsage: r.stream && plan.continuousUsage,
     numPrompts: r.prompts.length,
     n: phase === "prefill" ? 1 : r.n,
     streamInterval: cfg.streamInterval,
@@ -319,45 +323,16 @@ async function handleCompletion(
     return;
   }
 
-  const n = phase === "prefill" ? 1 : r.n;
-  const profile = cfg.profile;
-  r.prompts.forEach((prompt, p) => {
-    for (let i = 0; i < n; i++) {
-      const index = p * n + i;
-      const seedKey = r.seed !== null ? `seed:${r.seed}:${index}` : `req:${requestId}:${index}`;
-      const rng = new Rng(hashString(seedKey, (cfg.seed * 2654435761) >>> 0 || 0x811c9dc5));
-      const room = cfg.maxModelLen - prompt.length;
-      let maxTokens: number;
-      let limitReason: "length" | "stop";
-      if (phase === "prefill") {
-        maxTokens = 1;
-        limitReason = "length";
-      } else if (r.maxTokens !== null) {
-        maxTokens = r.maxTokens;
-        limitReason = "length";
-      } else if (r.ignoreEos) {
-        maxTokens = room;
-        limitReason = "length";
-      } else {
-        const span = profile.default_output_len_max - profile.default_output_len_min + 1;
-        maxTokens = Math.min(room, profile.default_output_len_min + Math.floor(rng.next() * span));
-        limitReason = maxTokens === room ? "length" : "stop";
-      }
-      const seq = new Sequence({
-        requestId,
-        index,
-        promptIds: prompt,
-        maxTokens,
-        limitReason,
-        salt: r.salt,
-        output: new OutputText(deps.vocab, rng, r.stop, r.logprobs !== null),
-        sink: responder,
-        // PD moves one sequence's KV: the first prompt's.
-        holdOnFinish: phase === "prefill" && index === 0,
-        arrivalMs,
-      });
-      responder.addSeq(seq);
-    }
+  addChoices({
+    cfg,
+    r,
+    plan,
+    rules: deps.personality.requests,
+    vocab: deps.vocab,
+    requestId,
+    phase,
+    responder,
+    arrivalMs,
   });
   responder.begin();
   for (const s of responder.seqs) engine.submit(s);

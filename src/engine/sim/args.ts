@@ -218,6 +218,13 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     raw.multi.get("served-model-name") ??
     (values.has("served-model-name") ? [values.get("served-model-name")!] : []);
   const dpRankRaw = values.get("dp-rank");
+  // vLLM SchedulerConfig.policy: Literal["fcfs", "priority"].
+  const policy = values.get("scheduling-policy") ?? "fcfs";
+  if (policy !== "fcfs" && policy !== "priority")
+    throw new ArgParseError(
+      `argument --scheduling-policy: invalid choice: '${policy}' (choose from 'fcfs', 'priority')`,
+      prog,
+    );
   const config: SimConfig = {
     engine,
     ...(explicitEngine ? { engineExplicit: true } : {}),
@@ -249,6 +256,9 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     holdTimeoutMs: int("kv-hold-timeout-ms", 120000),
     streamInterval: int("stream-interval", 1),
     maxLogprobs: int("max-logprobs", 20, 0),
+    ...(values.has("tool-call-parser") ? { toolCallParser: values.get("tool-call-parser") } : {}),
+    ...(raw.bools.has("enable-auto-tool-choice") ? { enableAutoToolChoice: true } : {}),
+    ...(policy === "priority" ? { schedulingPolicy: "priority" as const } : {}),
   };
   p.applyArgs(config, raw, env);
   const fleetManifest = values.get("fleet-manifest") ?? null;

@@ -65,6 +65,12 @@ export interface SimConfig {
   streamInterval: number;
   /** vLLM `--max-logprobs`: the most logprob alternatives a request may ask for. */
   maxLogprobs: number;
+  /** `--tool-call-parser` (vLLM, SGLang): the server parses tool calls out of the model's text. */
+  toolCallParser?: string;
+  /** vLLM `--enable-auto-tool-choice`: tool_choice "auto" is served. */
+  enableAutoToolChoice?: boolean;
+  /** vLLM `--scheduling-policy fcfs|priority`: under priority, requests may carry `priority`. */
+  schedulingPolicy?: "fcfs" | "priority";
 }
 
 export function defaultKvEventsConfig(): KvEventsConfig {

@@ -5,25 +5,15 @@
  * The same rule the router keeps for policy names (test/router/pipeline/no-name-checks.test.ts).
  */
 import assert from "node:assert/strict";
-import { readdirSync, readFileSync } from "node:fs";
-import { join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
+import { matchingLines } from "../../helpers/source-scan.ts";
 
 const SIM = fileURLToPath(new URL("../../../src/engine/sim/", import.meta.url));
 const NAME = `["'\`](?:vllm|sglang|atom)["'\`]`;
 const COMPARE = new RegExp(
   `[!=]==?\\s*${NAME}|${NAME}\\s*[!=]==?|case\\s+${NAME}|new Set\\(\\[\\s*${NAME}|\\.includes\\(\\s*(?:cfg\\.)?engine\\b`,
 );
-
-function* files(dir: string): Generator<string> {
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) {
-      if (e.name !== "personalities") yield* files(p);
-    } else if (p.endsWith(".ts")) yield p;
-  }
-}
 
 test("the pattern catches the branches it forbids", () => {
   for (const line of [
@@ -37,12 +27,6 @@ test("the pattern catches the branches it forbids", () => {
 });
 
 test("no sim source file outside personalities/ compares an engine name", () => {
-  const hits: string[] = [];
-  for (const f of files(SIM))
-    readFileSync(f, "utf8")
-      .split("\n")
-      .forEach((line, i) => {
-        if (COMPARE.test(line)) hits.push(`${f.slice(SIM.length)}:${i + 1}: ${line.trim()}`);
-      });
+  const hits = matchingLines(SIM, COMPARE, ["personalities"]);
   assert.deepEqual(hits, []);
 });

@@ -97,4 +97,15 @@ export const atom: Personality = {
     }),
   }),
   postRoutes: {},
+  // ATOM's api_server.py request models carry no tools, tool_choice or response_format: the sim
+  // ignores them (free text), as before.
+  requests: {
+    tools: false,
+    toolChoiceRefusal: () => null,
+    autoToolCalls: () => false,
+    newToolCallId: () => "",
+    structured: { responseFormat: false, vllmFields: false, sglangFields: false },
+    temperature: null,
+    priority: () => false,
+  },
 };

@@ -8,6 +8,7 @@ import { ArgParseError, type RawArgs } from "../arg-types.ts";
 import { type SimConfig, zmqBindsFor } from "../config.ts";
 import { SGLANG_FLAGS } from "../engine-flags.ts";
 import { METRIC_NAMES } from "../metric-names.ts";
+import { sglangToolCallId } from "../request-plan.ts";
 import { noModelCheck, openAiErrorAnswer } from "./openai-errors.ts";
 import { handleGenerate } from "./sglang-generate.ts";
 import type { Personality } from "./types.ts";
@@ -119,4 +120,19 @@ export const sglang: Personality = {
   healthBody: null,
   getRoutes,
   postRoutes: { "/generate": handleGenerate },
+  requests: {
+    tools: true,
+    // python/sglang/srt/entrypoints/openai/serving_chat.py @ 002897c23becbd522d88b8115a763a21765f978a
+    // _process_messages: nothing is refused for want of --tool-call-parser. Without it, "auto"
+    // only puts the tools in the prompt (plain text back) and "required" / named fall back to a
+    // generic JSON-schema constraint; with it, the parser finds the calls.
+    toolChoiceRefusal: () => null,
+    autoToolCalls: (cfg) => cfg.toolCallParser !== undefined,
+    newToolCallId: sglangToolCallId,
+    structured: { responseFormat: true, vllmFields: false, sglangFields: true },
+    // Not checked against SGLang's sampling_params.py: the vLLM message without vLLM's upper bound.
+    temperature: { max: null, greedyNeedsN1: false },
+    // Accepted, not modelled (SGLang needs --enable-priority-scheduling to honour it).
+    priority: () => false,
+  },
 };

@@ -11,6 +11,7 @@ import type { KvEventsEncoding, KvEventsFraming, SimConfig } from "../config.ts"
 import type { EngineKind, FlagSpec } from "../engine-flags.ts";
 import type { KvLayout } from "../kv-layouts.ts";
 import type { MetricNames } from "../metric-names.ts";
+import type { RequestRules } from "../request-plan.ts";
 
 /** The label inputs of one rank's metrics. */
 export interface RankLabelInput {
@@ -75,4 +76,7 @@ export interface Personality {
   getRoutes(cfg: SimConfig): Readonly<Record<string, () => unknown>>;
   /** POST routes of the engine's own surface. */
   readonly postRoutes: Readonly<Record<string, PostRoute>>;
+  // --- requests -----------------------------------------------------------------------------
+  /** Tools, structured outputs, temperature and priority as the engine takes them. */
+  readonly requests: RequestRules;
 }

@@ -6,6 +6,7 @@
 import { zmqBindsFor } from "../config.ts";
 import { VLLM_FLAGS } from "../engine-flags.ts";
 import { METRIC_NAMES } from "../metric-names.ts";
+import { vllmToolCallId } from "../request-plan.ts";
 import { noModelCheck, openAiErrorAnswer } from "./openai-errors.ts";
 import type { Personality } from "./types.ts";
 
@@ -39,4 +40,27 @@ export const vllm: Personality = {
   healthBody: null,
   getRoutes: () => ({}),
   postRoutes: {},
+  requests: {
+    tools: true,
+    // vllm/entrypoints/openai/chat_completion/serving.py @ 5e918640d7b65820db5beaa98c2a99925bff7c17
+    // render_chat_request: without a tool parser, "auto" needs --enable-auto-tool-choice (and the
+    // parser), "required" / named need --tool-call-parser.
+    toolChoiceRefusal: (c, cfg) => {
+      if (c.kind === "none" || cfg.toolCallParser) return null;
+      if (c.kind === "auto")
+        return cfg.enableAutoToolChoice
+          ? null
+          : '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set';
+      return `tool_choice="${c.kind === "named" ? c.repr : c.kind}" requires --tool-call-parser to be set`;
+    },
+    autoToolCalls: (cfg) => cfg.enableAutoToolChoice === true && cfg.toolCallParser !== undefined,
+    newToolCallId: vllmToolCallId,
+    structured: { responseFormat: true, vllmFields: true, sglangFields: false },
+    // vllm/sampling_params.py @ 00388f6573ccfcffad607b8c9ecdf341a4669ceb _verify_args / _verify_greedy_sampling.
+    temperature: { max: 2, greedyNeedsN1: true },
+    // vllm/v1/engine/input_processor.py @ 009daaeebfb0ce2813f970f2173ea9c8eee09092 passes `priority`
+    // on unchecked (v0's "Got priority N but Priority scheduling is not enabled." is gone); only
+    // the priority request queue (--scheduling-policy priority) orders by it.
+    priority: (_p, cfg) => cfg.schedulingPolicy === "priority",
+  },
 };
