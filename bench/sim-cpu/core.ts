@@ -11,7 +11,7 @@ import { OutputText, OutputVocab, Rng } from "../../src/engine/sim/output.ts";
 import { personalityOf } from "../../src/engine/sim/personalities/index.ts";
 import { Scheduler } from "../../src/engine/sim/scheduler.ts";
 import { Sequence } from "../../src/engine/sim/sequence.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 const vocab = OutputVocab.build(getDefaultTokenizer());
 const pool = new BlockPool(100000, 16);
