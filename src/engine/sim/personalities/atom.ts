@@ -97,8 +97,8 @@ export const atom: Personality = {
     }),
   }),
   postRoutes: {},
-  // ATOM's api_server.py request models carry no tools, tool_choice or response_format: the sim
-  // ignores them (free text), as before.
+  // Not checked against ATOM's api_server.py yet: tools, tool_choice and response_format are
+  // ignored (free text), as the sim always did for ATOM.
   requests: {
     tools: false,
     toolChoiceRefusal: () => null,
