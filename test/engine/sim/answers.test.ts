@@ -20,7 +20,9 @@ import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
 import { zodResponseFormat } from "openai/helpers/zod";
 import { z } from "zod";
+import { OutputVocab } from "../../../src/engine/sim/output.ts";
 import { type SimHandle, startSimEngine } from "../../../src/engine/sim/server.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "warn";
 
@@ -169,6 +171,22 @@ describe("sim answers like vLLM: plain server (no tool flags)", () => {
     assert.equal(c.finish_reason, "stop");
     assert.equal(c.stop_reason, word);
     assert.equal((free.choices[0] as { stop_reason?: unknown }).stop_reason, null);
+  });
+
+  it("stop_reason carries the stop token id that ended the text (its text left out)", async () => {
+    // Every id the sim's vocabulary can draw (the default tokenizer's): the first token stops.
+    const ids = Array.from(OutputVocab.build(getDefaultTokenizer()).ids);
+    const r = await client.chat.completions.create({
+      model: "m",
+      messages: MSG,
+      max_tokens: 10,
+      stop_token_ids: ids,
+    } as unknown as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const c = r.choices[0] as OpenAI.ChatCompletion.Choice & { stop_reason?: unknown };
+    assert.equal(c.finish_reason, "stop");
+    assert.ok(ids.includes(c.stop_reason as number));
+    assert.equal(c.message.content, "");
+    assert.equal(r.usage?.completion_tokens, 1);
   });
 
   it("continuous_usage_stats: usage on every chunk, counting up", async () => {
