@@ -17,7 +17,7 @@ import type { SimEngine } from "./engine.ts";
 import type { SimKvHostImpl } from "./kv-host.ts";
 import type { LogprobModel } from "./logprobs.ts";
 import { combinedMetricsText } from "./metrics.ts";
-import { parseSimRequest } from "./openai-request.ts";
+import { parseSimRequest, type SimRequest } from "./openai-request.ts";
 import type { OutputVocab } from "./output.ts";
 import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
 import type { Personality } from "./personalities/types.ts";
@@ -185,6 +185,35 @@ function pdPhaseOf(
   return null;
 }
 
+/** The request validated as the engine validates it, and what it asks beyond free text. */
+function parseAndPlan(
+  deps: ApiDeps,
+  kind: "chat" | "completion",
+  raw: unknown,
+): { r: SimRequest; plan: AnswerPlan } {
+  const { cfg } = deps;
+  deps.personality.checkModelName(cfg, raw);
+  const r = parseSimRequest(kind, raw, deps.tokenizer, {
+    servedModelNames: cfg.servedModelNames,
+    maxModelLen: cfg.maxModelLen,
+    maxLogprobs: cfg.maxLogprobs,
+  });
+  const plan = planAnswer(kind, r.body, r.n, deps.personality.requests, cfg);
+  const longest = Math.max(...r.prompts.map((p) => p.length));
+  const blocksNeeded = Math.ceil((longest + 1) / cfg.blockSize);
+  if (blocksNeeded > cfg.numGpuBlocks) {
+    throw new InferaError(
+      400,
+      `The prompt needs ${blocksNeeded} KV blocks but the engine has ${cfg.numGpuBlocks}.`,
+      {
+        param: kind === "chat" ? "messages" : "prompt",
+        code: "context_length_exceeded",
+      },
+    );
+  }
+  return { r, plan };
+}
+
 async function handleCompletion(
   deps: ApiDeps,
   kind: "chat" | "completion",
@@ -201,32 +230,14 @@ async function handleCompletion(
   } catch (err) {
     return sendError(res, err, requestId, deps.personality);
   }
-  let r: ReturnType<typeof parseSimRequest>;
-  let plan: AnswerPlan;
+  let parsed: { r: SimRequest; plan: AnswerPlan };
   let engine: SimEngine;
   try {
-    deps.personality.checkModelName(cfg, raw);
-    r = parseSimRequest(kind, raw, deps.tokenizer, {
-      servedModelNames: cfg.servedModelNames,
-      maxModelLen: cfg.maxModelLen,
-      maxLogprobs: cfg.maxLogprobs,
-    });
-    plan = planAnswer(kind, r.body, r.n, deps.personality.requests, cfg);
-    const longest = Math.max(...r.prompts.map((p) => p.length));
-    const blocksNeeded = Math.ceil((longest + 1) / cfg.blockSize);
-    if (blocksNeeded > cfg.numGpuBlocks) {
-      throw new InferaError(
-        400,
-        `The prompt needs ${blocksNeeded} KV blocks but the engine has ${cfg.numGpuBlocks}.`,
-        {
-          param: kind === "chat" ? "messages" : "prompt",
-          code: "context_length_exceeded",
-        },
-      );
-    }
+    parsed = parseAndPlan(deps, kind, raw);
   } catch (err) {
     return sendError(res, err, requestId, deps.personality);
   }
+  const { r, plan } = parsed;
 
   const connector = deps.connector();
   const phase = pdPhaseOf(connector, r.body);
