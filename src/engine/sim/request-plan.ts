@@ -36,8 +36,8 @@ export interface RequestRules {
   newToolCallId(): string;
   /** Structured-output fields honoured: response_format; vLLM's structured_outputs / guided_*; SGLang's json_schema. */
   readonly structured: { responseFormat: boolean; vllmFields: boolean; sglangFields: boolean };
-  /** Temperature checks (max null: no upper bound); null: not checked. */
-  readonly temperature: { max: number | null; greedyNeedsN1: boolean } | null;
+  /** Temperature checks (`negative`: the words before ", got -1.0."; max null: no upper bound); null: not checked. */
+  readonly temperature: { negative: string; max: number | null; greedyNeedsN1: boolean } | null;
   /** `priority`: honoured (true), ignored (false), or refused (the message). */
   priority(p: number, cfg: SimConfig): boolean | string;
 }
@@ -156,8 +156,7 @@ function checkTemperature(body: Obj, rules: RequestRules, n: number): boolean {
   if (typeof t !== "number") return false;
   const r = rules.temperature;
   if (r) {
-    if (t < 0)
-      throw new BadRequestError(`temperature must be non-negative, got ${pyFloat(t)}.`, "temperature");
+    if (t < 0) throw new BadRequestError(`${r.negative}, got ${pyFloat(t)}.`, "temperature");
     if (r.max !== null && t > r.max)
       throw new BadRequestError(`temperature must be in [0, ${r.max}], got ${pyFloat(t)}.`, "temperature");
     if (t < 1e-5 && r.greedyNeedsN1 && n > 1)

@@ -426,4 +426,12 @@ describe("sim answers like SGLang: no refusal without --tool-call-parser", () =>
     assert.equal(call.function.name, "get_weather");
     assert.equal(typeof JSON.parse(call.function.arguments).city, "string");
   });
+
+  // python/sglang/srt/sampling/sampling_params.py @ 00c17cafcb9e289d5ca97c50e44ada54e4fd5b03 verify().
+  it("temperature < 0 gets SGLang's own message", async () => {
+    const msg = await status400(
+      client.chat.completions.create({ model: "m", messages: MSG, temperature: -1 }),
+    );
+    assert.match(msg, /temperature must be a non-negative finite number, got -1\.0\./);
+  });
 });

@@ -130,8 +130,13 @@ export const sglang: Personality = {
     autoToolCalls: (cfg) => cfg.toolCallParser !== undefined,
     newToolCallId: sglangToolCallId,
     structured: { responseFormat: true, vllmFields: false, sglangFields: true },
-    // Not checked against SGLang's sampling_params.py: the vLLM message without vLLM's upper bound.
-    temperature: { max: null, greedyNeedsN1: false },
+    // python/sglang/srt/sampling/sampling_params.py @ 00c17cafcb9e289d5ca97c50e44ada54e4fd5b03
+    // verify(): no upper bound; below 1e-5 is greedy (top_k 1).
+    temperature: {
+      negative: "temperature must be a non-negative finite number",
+      max: null,
+      greedyNeedsN1: false,
+    },
     // Accepted, not modelled (SGLang needs --enable-priority-scheduling to honour it).
     priority: () => false,
   },

@@ -59,7 +59,7 @@ export const vllm: Personality = {
     // vllm/sampling_params.py @ 00388f6573ccfcffad607b8c9ecdf341a4669ceb _verify_args / _verify_greedy_sampling.
     // That file also refuses temperature > 2; test/server/hardening.test.ts pins "served" from
     // protocol.py @ 002032ee (no bound), so the sim keeps accepting it until that is settled.
-    temperature: { max: null, greedyNeedsN1: true },
+    temperature: { negative: "temperature must be non-negative", max: null, greedyNeedsN1: true },
     // vllm/v1/engine/input_processor.py @ 009daaeebfb0ce2813f970f2173ea9c8eee09092 passes `priority`
     // on unchecked (v0's "Got priority N but Priority scheduling is not enabled." is gone); only
     // the priority request queue (--scheduling-policy priority) orders by it.
