@@ -85,7 +85,7 @@ class NativeReader implements ZmqReader {
   private readonly drain = (): void => {
     if (this.paused || this.closed) return;
     const start = performance.now();
-    for (let n = 1; ; n++) {
+    for (;;) {
       const f = this.sub.read();
       if (!f) return;
       const slow = this.one(f);
@@ -93,7 +93,8 @@ class NativeReader implements ZmqReader {
         this.pause(slow);
         return;
       }
-      if ((n & 63) === 0 && performance.now() - start > YIELD_AFTER_MS) {
+      // Checked after every message (≈ 40 ns): one batch can carry thousands of blocks.
+      if (performance.now() - start > YIELD_AFTER_MS) {
         setImmediate(this.drain);
         return;
       }
