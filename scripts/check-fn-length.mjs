@@ -59,7 +59,9 @@ for (const file of collect(root, [])) {
       const last = sf.getLineAndCharacterOfPosition(node.end).line;
       const lines = last - first + 1;
       if (lines > MAX && !justified(sf, node))
-        findings.push(`${relative(process.cwd(), file).split(sep).join("/")}:${first + 1} ${nameOf(node)}: ${lines} lines`);
+        findings.push(
+          `${relative(process.cwd(), file).split(sep).join("/")}:${first + 1} ${nameOf(node)}: ${lines} lines`,
+        );
     }
     ts.forEachChild(node, visit);
   };
