@@ -51,6 +51,13 @@ const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
 const BASELINE = args.get("baseline");
 const DASHBOARD_POLL_MS = Number(args.get("dashboard-poll") ?? 1000);
+/**
+ * `--cpu-prof DIR`: run (b) and (f) under `node --cpu-prof`, each writing its .cpuprofile into
+ * DIR/b and DIR/f when it exits (summarise with `node scripts/cpu-prof-top.mjs DIR/b`).
+ */
+const CPU_PROF = args.get("cpu-prof");
+const profFlags = (sub: string): string[] =>
+  CPU_PROF ? ["--cpu-prof", "--cpu-prof-dir", join(CPU_PROF, sub)] : [];
 
 const children: ChildProcess[] = [];
 function start(cmd: string, argv: string[], env: Record<string, string> = {}, cwd = ROOT): ChildProcess {
@@ -265,6 +272,7 @@ async function main(): Promise<void> {
     const simUrl = `http://127.0.0.1:${simPort}`;
     await waitHttp(`${simUrl}/health`);
     const serverProc = start(process.execPath, [
+      ...profFlags("b"),
       "bin/infera.js",
       ...serverArgs(serverPort),
       "--worker",
@@ -337,7 +345,15 @@ async function main(): Promise<void> {
       const basePort = await freePort();
       const baseProc = start(
         process.execPath,
-        ["bin/infera.js", ...serverArgs(basePort), "--worker", simUrl, "--scrape-interval", "0"],
+        [
+          ...profFlags("f"),
+          "bin/infera.js",
+          ...serverArgs(basePort),
+          "--worker",
+          simUrl,
+          "--scrape-interval",
+          "0",
+        ],
         {},
         BASELINE,
       );
@@ -454,8 +470,10 @@ async function main(): Promise<void> {
       );
     }
   } finally {
+    const exited = children.filter(isRunning).map((c) => new Promise((r) => c.once("exit", r)));
     stopAll();
-    await new Promise((r) => setTimeout(r, 300));
+    // A profiled server writes its .cpuprofile as it exits: wait for it (bounded).
+    await Promise.race([Promise.all(exited), new Promise((r) => setTimeout(r, CPU_PROF ? 15_000 : 300))]);
     rmSync(dir, { recursive: true, force: true });
   }
 }
