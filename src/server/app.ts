@@ -31,6 +31,7 @@ import { ServerMetrics } from "./metrics.ts";
 import { DrainCutError, handleCompletion, type ProxyContext } from "./proxy.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
+import { RequestTracer } from "./tracing.ts";
 
 /**
  * How long /ready holds a new server out (503) while a rank's start-up KV replay still runs: long
@@ -168,7 +169,7 @@ export async function startServer(
     scheduling,
     decisions,
   });
-  const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
+  const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
   // Engine load is scraped only when a plugin reads it (every PD decode step does).
   if (needs.has("engineLoad")) scraper.start();
 
@@ -194,6 +195,7 @@ export async function startServer(
     logger,
     bodyParser: opts.bodyParser,
     inFlight: new Set(),
+    tracer: config.otlpEndpoint ? new RequestTracer({ endpoint: config.otlpEndpoint }) : undefined,
   };
   /** Responses not yet finished: a drain tells their keep-alive connections to close. */
   const openResponses = new Set<ServerResponse>();
@@ -397,6 +399,7 @@ export async function startServer(
       await peers?.close();
       await workers.close();
       await executor.close?.();
+      await pctx.tracer?.shutdown().catch(() => {});
       if (ownsDiscovery) await discovery.close();
     })();
     return closing;

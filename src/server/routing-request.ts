@@ -6,6 +6,7 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
+import type { RequestTrace } from "../router/trace.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
@@ -49,6 +50,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   readonly body: Readonly<Record<string, unknown>>;
   readonly stream: boolean;
   readonly cacheSalt: string | undefined;
+  /** Set by the server when tracing is on; always present in the shape, so the class stays monomorphic. */
+  trace: RequestTrace | undefined = undefined;
   private readonly tokenizer: Tokenizer;
   private readonly limits: PromptLimits;
   private text: string | undefined;
