@@ -185,7 +185,13 @@ export class LoadScraper {
       // Unreachable or slow: keep the last load; the breaker handles dead workers.
     } finally {
       this.busy.delete(w);
-      this.due.set(w, Date.now() + (isIdle(w, before) ? this.idleIntervalMs : this.intervalMs));
+      // Idle paces are jittered (±25 %): workers scraped together at start-up would otherwise
+      // stay in step and come due all at once, a burst every idle interval.
+      const idle = isIdle(w, before);
+      this.due.set(
+        w,
+        Date.now() + (idle ? this.idleIntervalMs * (0.75 + 0.5 * Math.random()) : this.intervalMs),
+      );
     }
   }
 
