@@ -69,7 +69,8 @@ async function main(): Promise<void> {
         const w = cpuWindow({ server: s.pid, fleet: fleet.pid });
         await sleep(SECONDS * 1000);
         const shares = w.end();
-        const row = (rows[name] ??= { server: [], fleet: [], machine: [] });
+        rows[name] ??= { server: [], fleet: [], machine: [] };
+        const row = rows[name];
         row.server.push(shares.server);
         row.fleet.push(shares.fleet);
         row.machine.push(shares.machine);
