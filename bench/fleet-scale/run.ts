@@ -37,7 +37,6 @@ import {
 } from "./measure.ts";
 import {
   type Child,
-  type FleetManifest,
   runLoad,
   type Server,
   startBalancer,
