@@ -25,6 +25,7 @@ import { mergeConfig, type ServerConfig, type ServerConfigInput } from "./config
 import { DASHBOARD_PATHS, handleDashboard } from "./dashboard/routes.ts";
 import { DashboardState } from "./dashboard/state.ts";
 import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtensions } from "./extension-api.ts";
+import { createFlowGate } from "./flow-gate.ts";
 import { sendError, sendJson } from "./http-util.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
@@ -169,8 +170,9 @@ export async function startServer(
     decisions,
   });
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
+  const flow = createFlowGate(config.flow, workers, metrics.registry, scraper);
   // Engine load is scraped only when a plugin reads it (every PD decode step does).
-  if (needs.has("engineLoad")) scraper.start();
+  if (needs.has("engineLoad") || flow) scraper.start();
 
   const auth = new ApiKeyAuth(config.apiKeys);
   const promptLimits = {
@@ -194,6 +196,7 @@ export async function startServer(
     logger,
     bodyParser: opts.bodyParser,
     inFlight: new Set(),
+    flow,
   };
   /** Responses not yet finished: a drain tells their keep-alive connections to close. */
   const openResponses = new Set<ServerResponse>();
@@ -358,6 +361,8 @@ export async function startServer(
       logger.info({ graceMs, active: active.n }, "draining: not accepting, waiting for requests in flight");
       // Stops the listener and closes idle keep-alive connections (Node >= 19).
       httpServer.close();
+      // Requests still queued for admission go to another replica at once (503, Retry-After).
+      flow?.queue.close(new DrainingError());
       // A keep-alive connection with a request in flight gets its answer, then is closed:
       // `connection: close` on answers not started, an end after those already streaming.
       for (const res of openResponses) {

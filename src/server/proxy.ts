@@ -10,6 +10,7 @@ import type { Tokenizer } from "../kv/tokenizer.ts";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
+import type { Admission } from "../router/flow/queue.ts";
 import { setRawBody } from "../transport/http.ts";
 import {
   contentTypeOf,
@@ -27,6 +28,7 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
+import type { FlowGate } from "./flow-gate.ts";
 import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
@@ -54,6 +56,8 @@ export interface ProxyContext {
   bodyParser?: BodyParserPool;
   /** The aborts of requests in flight: a drain whose grace period ran out cuts them (DrainCutError). */
   inFlight?: Set<RequestAbort>;
+  /** Flow control (config `flow`): limits and the admission queue in front of the router. */
+  flow?: FlowGate;
 }
 
 /**
@@ -87,6 +91,10 @@ export async function handleCompletion(
   let raw: Buffer | null = null;
   /** The upstream answer's status, once one came (0: none). */
   let answered = 0;
+  let admission: Admission | null = null;
+  let dispatchedAt = 0;
+  let firstAt = 0;
+  let usage: Usage | null = null;
   try {
     ctx.auth.check(req.headers);
     raw = await readBody(req, ctx.maxBodyBytes);
@@ -132,6 +140,15 @@ export async function handleCompletion(
       if (pending) await pending;
     }
     if (res.destroyed) return;
+    if (ctx.flow) {
+      // Waits here, no headers sent, until a worker has headroom; nothing may await between
+      // this and router.handle, which claims the worker synchronously (the queue's next
+      // dispatch must see that claim).
+      const tokens = ctx.preparePrompt ? rreq.promptTokens().length : Math.ceil(raw.length / 4);
+      admission = await ctx.flow.admit({ requestId, model, body, promptTokens: tokens }, req.headers, abort);
+      rreq.admission = admission;
+      dispatchedAt = performance.now();
+    }
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
     if (abort.aborted) {
@@ -139,9 +156,10 @@ export async function handleCompletion(
       throw abort.reason;
     }
     // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
-    const usage =
+    const onFirst = admission ? () => (firstAt ||= performance.now()) : undefined;
+    usage =
       stream && up.status === 200
-        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
+        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort, onFirst)
         : await relayWhole(ctx, res, up, requestId, abort);
     if (usage) {
       const mm = ctx.metrics.forModel(model);
@@ -170,6 +188,11 @@ export async function handleCompletion(
     sendError(res, err, requestId, ctx.logger);
   } finally {
     if (ac) ctx.inFlight?.delete(ac);
+    admission?.finish({
+      ok: answered >= 200 && answered < 300,
+      outputTokens: usage?.completion_tokens,
+      ttftMs: firstAt > 0 ? firstAt - dispatchedAt : undefined,
+    });
     // A large body's buffer serves the next one once nothing can read it. undici writes a
     // Buffer body with one socket.write, which may still be sending from it after the call;
     // but an attempt that failed destroyed its connection (a connection error, an abort), and
@@ -210,6 +233,7 @@ async function relayStream(
   started: number,
   stripUsage: boolean,
   signal: RequestAbort,
+  onFirst?: () => void,
 ): Promise<Usage | null> {
   res.writeHead(up.status, {
     "content-type": contentTypeOf(up) ?? "text/event-stream",
@@ -231,8 +255,10 @@ async function relayStream(
         setImmediate(uncorkResponse, res);
       }
       const now = performance.now();
-      if (last === 0) mm.ttft.observe((now - started) / 1000);
-      else mm.itl.observe((now - last) / 1000);
+      if (last === 0) {
+        mm.ttft.observe((now - started) / 1000);
+        onFirst?.();
+      } else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
       if (filter?.invalid) {

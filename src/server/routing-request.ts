@@ -6,7 +6,7 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
-import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import type { EndpointKind, RouteAdmission, RoutingRequest } from "../router/types.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
   type BoundedTokens,
@@ -49,6 +49,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   readonly body: Readonly<Record<string, unknown>>;
   readonly stream: boolean;
   readonly cacheSalt: string | undefined;
+  /** Set by the admission queue when flow control let the request through. */
+  admission?: RouteAdmission;
   private readonly tokenizer: Tokenizer;
   private readonly limits: PromptLimits;
   private text: string | undefined;
