@@ -215,6 +215,7 @@ export async function startServer(
       kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
       kvSync: () => kvIngest?.syncReport?.(),
       draining: () => draining,
+      flow: flow ? () => flow.snapshot() : undefined,
       // Waiting and KV usage need the engines' load: scraped from the first look on.
       onView: () => scraper.start(),
     }),

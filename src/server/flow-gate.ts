@@ -26,6 +26,7 @@ import { type Admission, FlowQueue } from "../router/flow/queue.ts";
 import { headroomSignals } from "../router/flow/registry.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { AbortLike } from "../util/abort.ts";
+import type { FlowView } from "./dashboard/wire.ts";
 import type { LoadScraper } from "./load-scraper.ts";
 
 const TENANT_RE = /^[A-Za-z0-9._:-]{1,64}$/;
@@ -38,14 +39,6 @@ export interface GateRequest {
   readonly body: Readonly<Record<string, unknown>>;
   /** Prompt tokens (exact when tokenized ahead, else an estimate). */
   readonly promptTokens: number;
-}
-
-export interface FlowSnapshot {
-  readonly depth: number;
-  readonly bands: ReturnType<FlowQueue["snapshot"]>;
-  readonly rejected: Readonly<Record<string, number>>;
-  /** Recent queue waits (ms) of dispatched requests that waited, newest last (≤ 200). */
-  readonly waits: readonly number[];
 }
 
 export class FlowGate {
@@ -154,12 +147,15 @@ export class FlowGate {
     return this.queue.admit(hr, flow, tenant.weight, signal);
   }
 
-  snapshot(): FlowSnapshot {
+  /** The dashboard's view: depth per band and flow, rejections, recent waits. */
+  snapshot(): FlowView {
+    const w = [...this.waits].sort((a, b) => a - b);
+    const q = (p: number) => (w.length === 0 ? null : w[Math.min(w.length - 1, Math.floor(p * w.length))]);
     return {
       depth: this.queue.depth,
       bands: this.queue.snapshot(),
       rejected: { ...this.rejected },
-      waits: [...this.waits],
+      waits: { count: w.length, p50: q(0.5), p90: q(0.9), max: w.length ? w[w.length - 1] : null },
     };
   }
 

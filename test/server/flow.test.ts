@@ -199,6 +199,34 @@ describe("infera server: flow control", () => {
     b.release();
   });
 
+  it("the dashboard shows the queue per band and flow, waits and rejections", async () => {
+    const b = await blocker();
+    const queued = [0, 1].map(() => post({ "x-infera-priority": "low", "x-infera-tenant": "heavy" }, 1));
+    await waitDepth(2);
+    const st = (await (await fetch(`${srv.url}/dashboard/state`)).json()) as {
+      flow?: {
+        depth: number;
+        bands: { band: string; flows: { flow: string; depth: number }[] }[];
+        rejected: Record<string, number>;
+        waits: { count: number };
+      };
+    };
+    assert.equal(st.flow?.depth, 2);
+    const low = st.flow?.bands.find((x) => x.band === "low");
+    assert.deepEqual(
+      low?.flows.map((f) => [f.flow, f.depth]),
+      [["heavy", 2]],
+    );
+    assert.ok((st.flow?.rejected.queue_full ?? 0) >= 1, "earlier refusals are counted");
+    const waitsBefore = st.flow?.waits.count ?? 0;
+    b.release();
+    await Promise.all(queued.map(async (r) => (await r).text()));
+    const after = (await (await fetch(`${srv.url}/dashboard/state`)).json()) as {
+      flow: { waits: { count: number } };
+    };
+    assert.ok(after.flow.waits.count >= waitsBefore + 2);
+  });
+
   it("refuses a non-integer vLLM priority with a 400 naming it", async () => {
     const r = await fetch(`${srv.url}/v1/completions`, {
       method: "POST",
