@@ -24,6 +24,7 @@ import type { HeadroomRequest, HeadroomScope, HeadroomSignal } from "../router/f
 import { FlowRejectedError, RateLimiter } from "../router/flow/limits.ts";
 import { type Admission, FlowQueue } from "../router/flow/queue.ts";
 import { headroomSignals } from "../router/flow/registry.ts";
+import type { RoutingRequest } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { AbortLike } from "../util/abort.ts";
 import type { FlowView } from "./dashboard/wire.ts";
@@ -147,6 +148,22 @@ export class FlowGate {
     return this.queue.admit(hr, flow, tenant.weight, signal);
   }
 
+  /**
+   * `admit` for the proxy: the request's admission goes on `rreq` for the router, and the
+   * ticket reports the first token and the end back to the queue.
+   */
+  async ticket(
+    rreq: Pick<RoutingRequest, "requestId" | "model" | "body" | "admission">,
+    promptTokens: number,
+    headers: IncomingHttpHeaders,
+    signal: AbortLike,
+  ): Promise<FlowTicket> {
+    const r = { requestId: rreq.requestId, model: rreq.model, body: rreq.body, promptTokens };
+    const admission = await this.admit(r, headers, signal);
+    rreq.admission = admission;
+    return new FlowTicket(admission, () => this.queue.wake());
+  }
+
   /** The dashboard's view: depth per band and flow, rejections, recent waits. */
   snapshot(): FlowView {
     const w = [...this.waits].sort((a, b) => a - b);
@@ -227,6 +244,33 @@ export class FlowGate {
   /** Metric label of a flow: configured tenants by name, the rest as `other` (bounded series). */
   private flowLabel(flow: string): string {
     return flow in this.cfg.tenants || flow === "default" ? flow : "other";
+  }
+}
+
+/** A dispatched request's report to the queue: first token (prefill backlog freed), end. */
+export class FlowTicket {
+  private readonly admission: Admission;
+  private readonly dispatchedAt = performance.now();
+  private firstAt = 0;
+  /** The answer's first streamed token: the prompt's prefill backlog left its worker. */
+  readonly onFirst: () => void;
+
+  constructor(admission: Admission, wake: () => void) {
+    this.admission = admission;
+    this.onFirst = () => {
+      if (this.firstAt > 0) return;
+      this.firstAt = performance.now();
+      wake();
+    };
+  }
+
+  /** The request ended with upstream `status` (0: none came) and its output tokens, if known. */
+  end(status: number, outputTokens: number | undefined): void {
+    this.admission.finish({
+      ok: status >= 200 && status < 300,
+      outputTokens,
+      ttftMs: this.firstAt > 0 ? this.firstAt - this.dispatchedAt : undefined,
+    });
   }
 }
 

@@ -9,7 +9,6 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
-import type { Admission } from "../router/flow/queue.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   contentTypeOf,
@@ -28,7 +27,7 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
-import type { FlowGate } from "./flow-gate.ts";
+import type { FlowGate, FlowTicket } from "./flow-gate.ts";
 import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
@@ -91,9 +90,7 @@ export async function handleCompletion(
   let raw: Buffer | null = null;
   /** The upstream answer's status, once one came (0: none). */
   let answered = 0;
-  let admission: Admission | null = null;
-  let dispatchedAt = 0;
-  let firstAt = 0;
+  let ticket: FlowTicket | null = null;
   let usage: Usage | null = null;
   try {
     ctx.auth.check(req.headers);
@@ -140,14 +137,12 @@ export async function handleCompletion(
       if (pending) await pending;
     }
     if (res.destroyed) return;
+    // Flow control: waits here, no headers sent, until a worker has headroom. Nothing may await
+    // between this and router.handle, which claims the worker synchronously (the queue's next
+    // dispatch must see that claim).
     if (ctx.flow) {
-      // Waits here, no headers sent, until a worker has headroom; nothing may await between
-      // this and router.handle, which claims the worker synchronously (the queue's next
-      // dispatch must see that claim).
       const tokens = ctx.preparePrompt ? rreq.promptTokens().length : Math.ceil(raw.length / 4);
-      admission = await ctx.flow.admit({ requestId, model, body, promptTokens: tokens }, req.headers, abort);
-      rreq.admission = admission;
-      dispatchedAt = performance.now();
+      ticket = await ctx.flow.ticket(rreq, tokens, req.headers, abort);
     }
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
@@ -156,10 +151,19 @@ export async function handleCompletion(
       throw abort.reason;
     }
     // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
-    const onFirst = admission ? () => (firstAt ||= performance.now()) : undefined;
     usage =
       stream && up.status === 200
-        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort, onFirst)
+        ? await relayStream(
+            ctx,
+            res,
+            up,
+            requestId,
+            model,
+            started,
+            !clientWantsUsage,
+            abort,
+            ticket?.onFirst,
+          )
         : await relayWhole(ctx, res, up, requestId, abort);
     if (usage) {
       const mm = ctx.metrics.forModel(model);
@@ -188,11 +192,7 @@ export async function handleCompletion(
     sendError(res, err, requestId, ctx.logger);
   } finally {
     if (ac) ctx.inFlight?.delete(ac);
-    admission?.finish({
-      ok: answered >= 200 && answered < 300,
-      outputTokens: usage?.completion_tokens,
-      ttftMs: firstAt > 0 ? firstAt - dispatchedAt : undefined,
-    });
+    ticket?.end(answered, usage?.completion_tokens);
     // A large body's buffer serves the next one once nothing can read it. undici writes a
     // Buffer body with one socket.write, which may still be sending from it after the call;
     // but an attempt that failed destroyed its connection (a connection error, an abort), and
