@@ -4,8 +4,9 @@
  * pkg/epp/saturationdetector: queue depth 5, KV-cache utilization 0.8): the engine's waiting
  * queue and KV usage from its scraped `/metrics`, plus what this replica alone knows at once —
  * its in-flight requests and prefill backlog on the worker. Between two scrapes the engine's
- * queue reads stale, so requests this replica dispatched since the last scrape count as waiting
- * (else a burst would all pass on one old reading).
+ * queue reads stale, so the growth of this replica's in-flight count on the worker since the
+ * reading (net of completions) counts as waiting: a burst cannot all pass on one old reading,
+ * while a steady stream whose completions keep pace is not held back.
  */
 import { z } from "zod";
 import type { WorkerState } from "../types.ts";
@@ -31,23 +32,22 @@ export default defineHeadroom("load", {
   params,
   needs: ["engineLoad"],
   create: (_scope, p) => {
-    /** Per worker: dispatch times since its last scrape (pruned at each check). */
-    const recent = new Map<string, number[]>();
+    /** Per worker: the reading last seen and this replica's in-flight count when it was seen. */
+    const seen = new Map<string, { scrapedAt: number; inFlight: number }>();
     /** EWMA of observed end-to-end ms, for the wait estimate. */
     let e2eMs = 0;
-    const fits = (w: WorkerState, now: number): string | null => {
+    const blocked = (w: WorkerState, now: number): string | null => {
       if (p.maxInFlight > 0 && w.inFlight >= p.maxInFlight) return "in-flight";
       if (p.maxPendingPrefillTokens > 0 && w.pendingPrefillTokens >= p.maxPendingPrefillTokens)
         return "prefill-backlog";
       const e = w.engineLoad;
       if (!e || now - e.scrapedAt > p.staleMs) return null;
-      const sent = recent.get(w.record.id);
-      let since = 0;
-      if (sent) {
-        while (sent.length > 0 && sent[0] <= e.scrapedAt) sent.shift();
-        since = sent.length;
+      let s = seen.get(w.record.id);
+      if (!s || s.scrapedAt !== e.scrapedAt) {
+        s = { scrapedAt: e.scrapedAt, inFlight: w.inFlight };
+        seen.set(w.record.id, s);
       }
-      if (e.waiting + since > p.maxWaiting) return "engine-queue";
+      if (e.waiting + Math.max(0, w.inFlight - s.inFlight) > p.maxWaiting) return "engine-queue";
       if (p.maxKvUsage < 1 && e.kvUsage >= p.maxKvUsage) return "kv-usage";
       return null;
     };
@@ -60,7 +60,7 @@ export default defineHeadroom("load", {
         let reason: string | undefined;
         let inFlight = 0;
         for (let i = 0; i < candidates.length; i++) {
-          const why = fits(candidates[i], now);
+          const why = blocked(candidates[i], now);
           if (why === null) ok.push(i);
           else reason ??= why;
           inFlight += candidates[i].inFlight;
@@ -70,18 +70,11 @@ export default defineHeadroom("load", {
         const waitMs = e2eMs > 0 ? Math.ceil(e2eMs / Math.max(1, inFlight)) : 1000;
         return { fits: ok, waitMs, reason };
       },
-      onDispatched(_req, worker) {
-        const list = recent.get(worker.record.id);
-        if (list) {
-          list.push(Date.now());
-          if (list.length > 4096) list.shift();
-        } else recent.set(worker.record.id, [Date.now()]);
-      },
       observe(o: HeadroomObservation) {
         e2eMs = e2eMs === 0 ? o.e2eMs : e2eMs * 0.9 + o.e2eMs * 0.1;
       },
       onWorkerRemoved(id) {
-        recent.delete(id);
+        seen.delete(id);
       },
     };
   },

@@ -139,3 +139,34 @@ describe("RateLimiter", () => {
     l.take("k", { rpm: 0, tpm: 1000 }, 10, 1200);
   });
 });
+
+describe("the load signal", () => {
+  const sig = load.build({ model: "m", shared: (_k, make) => make() }, {});
+  const w = (waiting: number, kvUsage: number, ageMs = 0): WorkerState => ({
+    record: mixedRecord({ id: `w-${waiting}-${kvUsage}-${ageMs}`, model: "m", url: "http://127.0.0.1:1" }),
+    inFlight: 0,
+    pendingPrefillTokens: 0,
+    available: true,
+    engineLoad: { running: 4, waiting, kvUsage, scrapedAt: Date.now() - ageMs },
+  });
+
+  it("follows GIE's saturation defaults: queue ≤ 5, KV usage < 0.8; stale readings ignored", () => {
+    const cands = [w(6, 0.1), w(0, 0.85), w(9, 0.9, 60_000), w(5, 0.5)];
+    const v = sig.check(req(0), cands);
+    assert.deepEqual(v.fits, [2, 3]);
+  });
+
+  it("counts this replica's in-flight growth since the reading as queued", () => {
+    const x = w(3, 0.1);
+    assert.deepEqual(sig.check(req(0), [x]).fits, [0]);
+    x.inFlight += 2;
+    assert.deepEqual(sig.check(req(0), [x]).fits, [0], "3 + 2 is still ≤ 5");
+    x.inFlight += 1;
+    const v = sig.check(req(0), [x]);
+    assert.deepEqual(v.fits, []);
+    assert.equal(v.reason, "engine-queue");
+    // A new reading resets the growth.
+    x.engineLoad = { running: 4, waiting: 0, kvUsage: 0.1, scrapedAt: Date.now() + 1 };
+    assert.deepEqual(sig.check(req(0), [x]).fits, [0]);
+  });
+});
