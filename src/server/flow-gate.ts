@@ -27,6 +27,7 @@ import { headroomSignals } from "../router/flow/registry.ts";
 import type { RoutingRequest } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { AbortLike } from "../util/abort.ts";
+import { apiKeyOf } from "./auth.ts";
 import type { FlowView } from "./dashboard/wire.ts";
 import type { LoadScraper } from "./load-scraper.ts";
 
@@ -272,14 +273,6 @@ export class FlowTicket {
       ttftMs: this.firstAt > 0 ? this.firstAt - this.dispatchedAt : undefined,
     });
   }
-}
-
-function apiKeyOf(headers: IncomingHttpHeaders): string | undefined {
-  const auth = headers.authorization;
-  if (typeof auth === "string" && auth.length > 7 && auth.slice(0, 7).toLowerCase() === "bearer ")
-    return auth.slice(7).trim();
-  const x = headers["x-api-key"];
-  return typeof x === "string" && x !== "" ? x : undefined;
 }
 
 function expectedOutput(body: Readonly<Record<string, unknown>>): number | undefined {

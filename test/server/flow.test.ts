@@ -11,6 +11,7 @@
  * The router passes it on unchanged; here it only picks a band when the header is absent.
  */
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -225,6 +226,18 @@ describe("infera server: flow control", () => {
       flow: { waits: { count: number } };
     };
     assert.ok(after.flow.waits.count >= waitsBefore + 2);
+  });
+
+  it("keys a flow by the API key's digest when no tenant header is sent, never by the key", async () => {
+    const b = await blocker();
+    const queued = post({ authorization: "Bearer sk-flow-secret" }, 1);
+    await waitDepth(1);
+    const text = await (await fetch(`${srv.url}/dashboard/state`)).text();
+    const digest = createHash("sha256").update("sk-flow-secret").digest("hex").slice(0, 12);
+    assert.ok(text.includes(`"flow":"key-${digest}"`), text.slice(0, 400));
+    assert.ok(!text.includes("sk-flow-secret"));
+    b.release();
+    await (await queued).text();
   });
 
   it("refuses a non-integer vLLM priority with a 400 naming it", async () => {
