@@ -156,6 +156,9 @@ export class FlowQueue {
       };
       signal.addEventListener("abort", onAbort);
       e.unlisten = () => signal.removeEventListener("abort", onAbort);
+      // Headroom can come back without an event (a stale engine reading ages out): every
+      // arrival also checks the queue once.
+      this.wake();
     });
   }
 
