@@ -119,6 +119,11 @@ export class FlowQueue {
     const band = this.bands[req.band];
     if (!band) throw new RangeError(`no band ${req.band}`);
     if (signal.aborted) return Promise.reject(signal.reason);
+    // No worker at all (every one out of rotation): 503 now, as without flow control.
+    if (this.o.candidates(req.model).length === 0) {
+      this.o.observer?.onRejected?.(band.spec.name, flow, "no_worker");
+      return Promise.reject(new NoWorkerError(req.model));
+    }
     if (!this.hasQueued(req.model)) {
       const fits = this.fits(req);
       if (fits.size > 0)
@@ -242,12 +247,13 @@ export class FlowQueue {
 
   private expire(b: Band, e: Entry): void {
     if (!this.remove(b, e)) return;
-    this.o.observer?.onRejected?.(b.spec.name, e.flow, "queue_timeout");
     const cands = this.o.candidates(e.req.model);
     if (cands.length === 0) {
+      this.o.observer?.onRejected?.(b.spec.name, e.flow, "no_worker");
       e.reject(new NoWorkerError(e.req.model));
       return;
     }
+    this.o.observer?.onRejected?.(b.spec.name, e.flow, "queue_timeout");
     const wait = combineVerdicts(this.o.signals(e.req.model), e.req, cands).waitMs ?? 1000;
     e.reject(
       new FlowRejectedError(

@@ -96,6 +96,11 @@ describe("FlowQueue", () => {
     ws.length = 0;
     q.wake();
     await assert.rejects(p, (e: { status?: number; code?: string }) => e.status === 503);
+    // And a newcomer while none is there: 503 at once, not a wait.
+    await assert.rejects(
+      q.admit(req(0), "x", 1, new RequestAbort()),
+      (e: { status?: number }) => e.status === 503,
+    );
     ws.push(worker);
     worker.inFlight = 0;
   });
