@@ -280,7 +280,10 @@ function expectedOutput(body: Readonly<Record<string, unknown>>): number | undef
   return typeof v === "number" && Number.isInteger(v) && v > 0 ? v : undefined;
 }
 
-/** vLLM's `priority` is an int64 (vllm/entrypoints/openai/protocol.py); anything else is a 400. */
+/**
+ * vLLM's `priority` is an int (vllm/entrypoints/openai/protocol.py, pydantic: a non-integer is
+ * a 400 there too); it is passed on unchanged.
+ */
 export function checkPriority(body: Readonly<Record<string, unknown>>): void {
   const p = body.priority;
   if (p === undefined || p === null) return;

@@ -4,11 +4,14 @@
  * so one long "blocker" request holds the only worker and everything after it queues; the
  * order in which queued requests complete is then the order the queue dispatched them.
  *
- * vLLM's `priority` (lower = earlier; an int64; any non-zero value is refused unless the engine
- * runs `--scheduling-policy priority`): vllm-project/vllm vllm/entrypoints/openai/protocol.py
- * (`priority: int = Field(default=0, ...)`) and vllm/v1/engine/processor.py ("Got priority ...
- * but Priority scheduling is not enabled."), commit 3eb3ac3ef596f10440da1b0b0031ed4bb713ea87.
- * The router passes it on unchanged; here it only picks a band when the header is absent.
+ * vLLM's `priority` (lower = earlier; an int64): vllm-project/vllm
+ * vllm/entrypoints/openai/protocol.py (`priority: int = Field(default=0, ...)`, "lower means
+ * earlier handling"); V1's vllm/v1/engine/input_processor.py @ 009daaeebfb0ce2813f970f2173ea9c8eee09092
+ * passes it on unchecked and only the priority request queue (`--scheduling-policy priority`)
+ * orders by it (v0's "Got priority N but Priority scheduling is not enabled." 400 is gone;
+ * early V1, vllm/v1/engine/processor.py @ 3eb3ac3e, asserted priority == 0). The router passes
+ * it on unchanged; here it only picks a band when the header is absent, and a non-integer is a
+ * 400 naming `priority`, as vLLM's pydantic model answers.
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
