@@ -18,6 +18,7 @@ import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { maskUrlsDeep } from "../util/mask.ts";
+import { API_POST_PATHS, handleApiPost } from "./api/routes.ts";
 import { ApiKeyAuth } from "./auth.ts";
 import type { BodyParserPool } from "./body-parser-pool.ts";
 import { builtinExtensions } from "./builtin-extensions.ts";
@@ -249,6 +250,7 @@ export async function startServer(
           void handleCompletion(pctx, "completion", req, res);
           return;
         }
+        if (handleApiPost(pctx, path, req, res)) return;
       } else if (method === "GET" || method === "HEAD") {
         if (
           path.startsWith("/dashboard") &&
@@ -457,6 +459,7 @@ const KNOWN = new Set([
   ...DASHBOARD_PATHS,
   "/v1/chat/completions",
   "/v1/completions",
+  ...API_POST_PATHS,
 ]);
 const isKnownPath = (p: string): boolean => KNOWN.has(p);
 

@@ -13,8 +13,8 @@ import type { AutoRouter } from "../router/auto.ts";
 import { setRawBody } from "../transport/http.ts";
 import {
   contentTypeOf,
-  type EndpointKind,
   type RequestExecutor,
+  type RoutedEndpoint,
   type UpstreamResponse,
 } from "../transport/types.ts";
 import { RequestAbort } from "../util/abort.ts";
@@ -68,14 +68,14 @@ export class DrainCutError extends Error {
 
 const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
 
-function requestIdOf(req: IncomingMessage): string {
+export function requestIdOf(req: IncomingMessage): string {
   const given = req.headers["x-request-id"];
   return typeof given === "string" && REQUEST_ID_RE.test(given) ? given : randomUUID();
 }
 
 export async function handleCompletion(
   ctx: ProxyContext,
-  endpoint: EndpointKind,
+  endpoint: RoutedEndpoint,
   req: IncomingMessage,
   res: ServerResponse,
 ): Promise<void> {

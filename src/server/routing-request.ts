@@ -6,7 +6,7 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
-import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import type { RoutedEndpoint, RoutingRequest } from "../router/types.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
   type BoundedTokens,
@@ -45,7 +45,7 @@ const DEFAULT_LIMITS: PromptLimits = { budgetMs: BUDGET_MS, cache: null };
 export class ServerRoutingRequest implements RoutingRequest {
   readonly requestId: string;
   readonly model: string;
-  readonly endpoint: EndpointKind;
+  readonly endpoint: RoutedEndpoint;
   readonly body: Readonly<Record<string, unknown>>;
   readonly stream: boolean;
   readonly cacheSalt: string | undefined;
@@ -57,7 +57,7 @@ export class ServerRoutingRequest implements RoutingRequest {
   constructor(
     requestId: string,
     model: string,
-    endpoint: EndpointKind,
+    endpoint: RoutedEndpoint,
     body: Readonly<Record<string, unknown>>,
     stream: boolean,
     cacheSalt: string | undefined,

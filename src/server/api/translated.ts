@@ -1,0 +1,245 @@
+/**
+ * The endpoints served by translation to chat completions (/v1/responses, /v1/messages): the
+ * client's body becomes a chat body, which is routed exactly like a chat request (the prefix is
+ * the translated messages, so KV-aware routing sees the same prompt the engine templates), and
+ * the engine's chat answer, whole or streamed, is translated back. A worker whose record lists
+ * the API's own route (`routes`, e.g. vLLM's `/v1/responses`) gets the client's body as it came
+ * and its answer is relayed unchanged, when the model routes mixed (a PD pair's halves are chat
+ * requests with KV-transfer fields, so a disaggregated model always translates).
+ */
+import { isUtf8 } from "node:buffer";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { BadRequestError, InferaError, InvalidJsonError, UpstreamError } from "../../protocol/errors.ts";
+import { parseChatRequest } from "../../protocol/openai.ts";
+import {
+  ENDPOINT_PATHS,
+  type EndpointKind,
+  type RequestExecutor,
+  type UpstreamResponse,
+} from "../../transport/types.ts";
+import { RequestAbort } from "../../util/abort.ts";
+import { parseBodySync } from "../body-parser-pool.ts";
+import { BodyAbortedError, readBody, sendJson } from "../http-util.ts";
+import { type ProxyContext, requestIdOf } from "../proxy.ts";
+import { pump } from "../pump.ts";
+import { relayWhole } from "../relay-whole.ts";
+import { ServerRoutingRequest } from "../routing-request.ts";
+import { type ChatChunk, type ChatCompletion, type ChatUsage, chatChunks } from "./chat-sse.ts";
+
+/** Writes one API's stream from the engine's chat chunks. */
+export interface Streamer {
+  /** The events before the first token (e.g. `response.created`, `message_start`). */
+  start(): string;
+  chunk(c: ChatChunk): string;
+  /** The closing events, with the stream's usage; `failed` names an engine failure mid-way. */
+  end(usage: ChatUsage | null, failed?: string): string;
+}
+
+export interface Translation {
+  /** The metrics' endpoint label. */
+  readonly label: string;
+  /** The engine route that serves this API natively (a worker's record lists it in `routes`). */
+  readonly native: EndpointKind;
+  /** The client's body → a chat-completions body; throws BadRequestError for what it cannot carry. */
+  toChat(body: Record<string, unknown>): Record<string, unknown>;
+  /** A whole chat answer → this API's answer. */
+  whole(chat: ChatCompletion, body: Record<string, unknown>): unknown;
+  streamer(body: Record<string, unknown>): Streamer;
+  /** An error in this API's shape (status kept). */
+  errorBody(e: InferaError): unknown;
+}
+
+/** Whether a worker's record says its engine serves `kind`'s route itself. */
+export function servesRoute(record: { routes?: string[] }, kind: EndpointKind): boolean {
+  return record.routes?.includes(ENDPOINT_PATHS[kind]) === true;
+}
+
+export async function handleTranslated(
+  ctx: ProxyContext,
+  t: Translation,
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<void> {
+  const started = performance.now();
+  const requestId = requestIdOf(req);
+  let model = "";
+  const abort = new RequestAbort();
+  ctx.inFlight?.add(abort);
+  res.once("close", () => {
+    if (!res.writableFinished) abort.abort();
+  });
+  try {
+    ctx.auth.check(req.headers);
+    const raw = await readBody(req, ctx.maxBodyBytes);
+    if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
+    const parsed = parseBodySync(raw);
+    if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed))
+      throw new BadRequestError("The request body must be a JSON object.");
+    const client = parsed as Record<string, unknown>;
+    const chat = t.toChat(client);
+    const stream = chat.stream === true;
+    // Usage is always asked for: the translated answers carry it.
+    if (stream) chat.stream_options = { include_usage: true };
+    const body = parseChatRequest(chat);
+    model = body.model;
+    const router = ctx.router.routerFor(model);
+    const rreq = new ServerRoutingRequest(
+      requestId,
+      model,
+      "chat",
+      body,
+      stream,
+      typeof body.cache_salt === "string" ? body.cache_salt : undefined,
+      ctx.tokenizer,
+      ctx.promptLimits,
+    );
+    let native = false;
+    const exec: RequestExecutor =
+      ctx.router.kindFor(model) === "mixed"
+        ? {
+            send: (w, endpoint, b, opts) => {
+              native = servesRoute(w.record, t.native);
+              return native
+                ? ctx.executor.send(w, t.native, client, opts)
+                : ctx.executor.send(w, endpoint, b, opts);
+            },
+          }
+        : ctx.executor;
+    if (ctx.preparePrompt) await rreq.prepare();
+    if (res.destroyed) return;
+    const up = await router.handle(rreq, exec, abort);
+    if (abort.aborted) {
+      up.abort();
+      throw abort.reason;
+    }
+    let usage: ChatUsage | null = null;
+    if (native) await relayNative(ctx, res, up, requestId, stream, abort);
+    else if (up.status !== 200) throw await engineError(up);
+    else if (stream) usage = await relayTranslatedStream(res, up, t.streamer(client), requestId, abort);
+    else {
+      const answer = (await up.json()) as ChatCompletion;
+      usage = answer.usage ?? null;
+      sendJson(res, 200, t.whole(answer, client), { "x-request-id": requestId });
+    }
+    if (usage) {
+      const mm = ctx.metrics.forModel(model);
+      if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
+      if (usage.completion_tokens) mm.completionTokens.inc(usage.completion_tokens);
+    }
+    ctx.metrics.countRequest(model, t.label, up.status);
+    ctx.metrics.observeE2e(model, t.label, (performance.now() - started) / 1000);
+  } catch (err) {
+    if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
+      ctx.metrics.clientAborts.inc({ model });
+      if (!res.destroyed) res.destroy();
+      return;
+    }
+    const e = err instanceof InferaError ? err : new UpstreamError("Internal error.", 500, "internal_error");
+    if (e.status >= 500) ctx.logger.warn({ requestId, err: (err as Error).message }, `${t.label} failed`);
+    const known = model !== "" && ctx.router.knows(model);
+    ctx.metrics.countRequest(known ? model : "", t.label, e.status);
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    sendJson(res, e.status, t.errorBody(e), { ...e.headers, "x-request-id": requestId });
+  } finally {
+    ctx.inFlight?.delete(abort);
+  }
+}
+
+/** An engine's error answer (OpenAI's shape, or vLLM's older flat `ErrorResponse`) as an InferaError. */
+async function engineError(up: UpstreamResponse): Promise<InferaError> {
+  let body: unknown = null;
+  try {
+    body = await up.json();
+  } catch {
+    up.abort();
+  }
+  const o = (body ?? {}) as { error?: { message?: unknown; code?: unknown }; message?: unknown };
+  const msg = o.error?.message ?? o.message;
+  const message = typeof msg === "string" ? msg : `The worker answered with status ${up.status}.`;
+  const status = up.status >= 400 && up.status <= 599 ? up.status : 502;
+  return new InferaError(status, message, {
+    code: typeof o.error?.code === "string" ? o.error.code : null,
+  });
+}
+
+/** A native answer (the engine served the API itself): relayed as it came. */
+async function relayNative(
+  ctx: ProxyContext,
+  res: ServerResponse,
+  up: UpstreamResponse,
+  requestId: string,
+  stream: boolean,
+  abort: RequestAbort,
+): Promise<void> {
+  if (!stream || up.status !== 200) {
+    await relayWhole(ctx, res, up, requestId, abort);
+    return;
+  }
+  res.writeHead(200, {
+    "content-type": up.contentType ?? up.headers["content-type"] ?? "text/event-stream",
+    "cache-control": "no-cache",
+    "x-request-id": requestId,
+  });
+  try {
+    await pump(up.body, res, (chunk) => abort.aborted || res.write(chunk));
+  } catch (err) {
+    up.abort();
+    if (abort.aborted) throw err;
+    res.destroy();
+    return;
+  }
+  res.end();
+}
+
+/** The engine's chat stream, translated event by event, with backpressure. */
+async function relayTranslatedStream(
+  res: ServerResponse,
+  up: UpstreamResponse,
+  s: Streamer,
+  requestId: string,
+  abort: RequestAbort,
+): Promise<ChatUsage | null> {
+  res.writeHead(200, {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "x-request-id": requestId,
+  });
+  res.write(s.start());
+  let usage: ChatUsage | null = null;
+  try {
+    for await (const c of chatChunks(up.body)) {
+      if (abort.aborted) break;
+      if (c.error) throw new UpstreamError(c.error.message ?? "The worker failed mid-stream.");
+      if (c.usage) usage = c.usage;
+      const out = s.chunk(c);
+      if (out !== "" && !res.write(out)) await drained(res);
+    }
+  } catch (err) {
+    up.abort();
+    if (abort.aborted) throw abort.reason;
+    res.end(s.end(usage, (err as Error).message || "the worker failed mid-stream"));
+    return usage;
+  }
+  if (abort.aborted) {
+    up.abort();
+    throw abort.reason;
+  }
+  res.end(s.end(usage));
+  return usage;
+}
+
+/** Resolves when the response drains, or closes (the client left: the abort ends the loop). */
+function drained(res: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = (): void => {
+      res.off("drain", done);
+      res.off("close", done);
+      resolve();
+    };
+    res.once("drain", done);
+    res.once("close", done);
+  });
+}
