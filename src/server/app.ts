@@ -18,6 +18,7 @@ import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { maskUrlsDeep } from "../util/mask.ts";
+import { handleModelCard, modelCard, type PassthroughContext } from "./api/passthrough.ts";
 import { API_POST_PATHS, handleApiPost } from "./api/routes.ts";
 import { ApiKeyAuth } from "./auth.ts";
 import type { BodyParserPool } from "./body-parser-pool.ts";
@@ -196,6 +197,8 @@ export async function startServer(
     bodyParser: opts.bodyParser,
     inFlight: new Set(),
   };
+  // The gateway endpoints beyond chat and completions (src/server/api/) also pick workers themselves.
+  const actx: PassthroughContext = { ...pctx, workers };
   /** Responses not yet finished: a drain tells their keep-alive connections to close. */
   const openResponses = new Set<ServerResponse>();
 
@@ -250,13 +253,17 @@ export async function startServer(
           void handleCompletion(pctx, "completion", req, res);
           return;
         }
-        if (handleApiPost(pctx, path, req, res)) return;
+        if (handleApiPost(actx, path, req, res)) return;
       } else if (method === "GET" || method === "HEAD") {
         if (
           path.startsWith("/dashboard") &&
           handleDashboard(dashboard, path, q < 0 ? "" : url.slice(q + 1), req, res)
         )
           return;
+        if (path.startsWith("/v1/models/")) {
+          handleModelCard(actx, path.slice("/v1/models/".length), req, res);
+          return;
+        }
         switch (path) {
           case "/health":
             sendJson(res, 200, { status: "ok" });
@@ -466,16 +473,7 @@ const isKnownPath = (p: string): boolean => KNOWN.has(p);
 function modelList(workers: WorkerSet) {
   const data = [];
   for (const name of workers.modelNames()) {
-    const g = workers.group(name)!;
-    const first = g.all[0]!.record;
-    data.push({
-      id: name,
-      object: "model",
-      created: Math.floor(Date.parse(first.startedAt) / 1000) || 0,
-      owned_by: "infera",
-      root: first.model,
-      max_model_len: first.maxModelLen || undefined,
-    });
+    data.push(modelCard(name, workers.group(name)!.all[0]!.record));
   }
   return { object: "list", data };
 }

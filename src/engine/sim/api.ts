@@ -27,6 +27,7 @@ import {
 } from "./personality-routes.ts";
 import { RequestResponder } from "./response.ts";
 import { Sequence } from "./sequence.ts";
+import { detokenize } from "./tokenizer-routes.ts";
 
 const MAX_BODY = 64 * 1024 * 1024;
 
@@ -205,6 +206,8 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     else throw new InferaError(400, "'prompt' (string) or 'messages' is required", { param: "prompt" });
     return sendJson(res, 200, { count: ids.length, max_model_len: cfg.maxModelLen, tokens: ids });
   }
+  if (method === "POST" && path === "/detokenize")
+    return sendJson(res, 200, detokenize(deps.tokenizer, await readBody(req)));
   throw new NotFoundError(`No route for ${method} ${path}`);
 }
 

@@ -30,7 +30,8 @@ interface Target {
 function clientCases(target: () => Target): void {
   const openai = () =>
     new OpenAI({ baseURL: `${target().url}/v1`, apiKey: target().key || "none", maxRetries: 0 });
-  const anthropic = () => new Anthropic({ baseURL: target().url, apiKey: target().key || "none", maxRetries: 0 });
+  const anthropic = () =>
+    new Anthropic({ baseURL: target().url, apiKey: target().key || "none", maxRetries: 0 });
   const compat = () =>
     createOpenAICompatible({
       name: "infera",
@@ -138,7 +139,8 @@ function clientCases(target: () => Target): void {
     ] as const) {
       await assert.rejects(
         c.responses.create({ model: MODEL, input: "x", ...extra }),
-        (e: unknown) => e instanceof OpenAI.BadRequestError && (e.error as { param?: string }).param === field,
+        (e: unknown) =>
+          e instanceof OpenAI.BadRequestError && (e.error as { param?: string }).param === field,
       );
     }
   });

@@ -1,0 +1,171 @@
+/**
+ * Pass-through routes: `/v1/embeddings`, `/v1/rerank`, `/v1/score`, `/tokenize`, `/detokenize`.
+ * The body goes to the engine as the client sent it, and the answer comes back unchanged, from
+ * a worker of the body's `model` whose record lists the route (`routes`): an engine serves
+ * these only for some models (vLLM registers the pooling routes for pooling runners only), so
+ * the record, not the engine kind, says. No worker listing it: a 404 naming the route and the
+ * model. Workers are picked by fewest requests in flight (no prefix scoring: these answers
+ * leave no KV cache worth reusing), and one that cannot be reached is retried on the next.
+ *
+ * `GET /v1/models/{id}` is answered by the server from the fleet (SGLang's own route answers
+ * the same card: python/sglang/srt/entrypoints/http_server.py @
+ * 0025436eab0556737d615b36a4dd3e1e26e82f3d `retrieve_model`, 404 `model_not_found` otherwise).
+ */
+import { isUtf8 } from "node:buffer";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { WorkerRecord } from "../../discovery/types.ts";
+import {
+  BadRequestError,
+  echoInput,
+  InferaError,
+  InvalidJsonError,
+  NotFoundError,
+} from "../../protocol/errors.ts";
+import type { LiveWorker, WorkerSet } from "../../router/worker-set.ts";
+import {
+  ENDPOINT_PATHS,
+  type EndpointKind,
+  setRawBody,
+  WorkerUnreachableError,
+} from "../../transport/types.ts";
+import { RequestAbort } from "../../util/abort.ts";
+import { parseBodySync } from "../body-parser-pool.ts";
+import { BodyAbortedError, readBody, sendError, sendJson } from "../http-util.ts";
+import { type ProxyContext, requestIdOf } from "../proxy.ts";
+import { relayWhole } from "../relay-whole.ts";
+import { servesRoute } from "./translated.ts";
+
+/** Routes whose `model` is optional at the engine (vLLM's Tokenize/DetokenizeRequest). */
+const MODEL_OPTIONAL: ReadonlySet<EndpointKind> = new Set(["tokenize", "detokenize"]);
+/** Workers tried before the request fails (each unreachable one counts). */
+const MAX_TRIES = 3;
+
+export interface PassthroughContext extends ProxyContext {
+  workers: WorkerSet;
+}
+
+let rotation = 0;
+
+/** The model's workers that list the route and are in rotation, fewest in flight first. */
+function candidates(workers: WorkerSet, model: string, kind: EndpointKind): LiveWorker[] {
+  const g = workers.group(model);
+  if (!g)
+    throw new NotFoundError(`The model '${echoInput(model)}' does not exist.`, "model_not_found", "model");
+  const serving = g.all.filter((w) => servesRoute(w.record, kind));
+  if (serving.length === 0)
+    throw new NotFoundError(
+      `No worker of model '${echoInput(model)}' serves ${ENDPOINT_PATHS[kind]}.`,
+      "route_not_served",
+      "model",
+    );
+  const live = serving.filter((w) => w.available);
+  const list = live.length > 0 ? live : serving;
+  // Rotate first, so that equal loads take turns, then order by load (a stable sort).
+  const r = rotation++ % list.length;
+  return [...list.slice(r), ...list.slice(0, r)].sort((a, b) => a.inFlight - b.inFlight);
+}
+
+function modelOf(workers: WorkerSet, body: Record<string, unknown>, kind: EndpointKind): string {
+  if (typeof body.model === "string" && body.model !== "") return body.model;
+  const names = workers.modelNames();
+  if (MODEL_OPTIONAL.has(kind) && names.length === 1) return names[0]!;
+  throw new BadRequestError(
+    MODEL_OPTIONAL.has(kind)
+      ? "'model' is required when the gateway serves more than one model."
+      : "'model' is required.",
+    "model",
+  );
+}
+
+export async function handlePassthrough(
+  ctx: PassthroughContext,
+  kind: EndpointKind,
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<void> {
+  const started = performance.now();
+  const requestId = requestIdOf(req);
+  let model = "";
+  const abort = new RequestAbort();
+  ctx.inFlight?.add(abort);
+  res.once("close", () => {
+    if (!res.writableFinished) abort.abort();
+  });
+  try {
+    ctx.auth.check(req.headers);
+    const raw = await readBody(req, ctx.maxBodyBytes);
+    if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
+    const body = parseBodySync(raw);
+    if (typeof body !== "object" || body === null || Array.isArray(body))
+      throw new BadRequestError("The request body must be a JSON object.");
+    const b = body as Record<string, unknown>;
+    model = modelOf(ctx.workers, b, kind);
+    // The client's bytes go as they came (an omitted model stays omitted: the engine's default).
+    setRawBody(b, raw);
+    let last: unknown = null;
+    for (const w of candidates(ctx.workers, model, kind).slice(0, MAX_TRIES)) {
+      try {
+        w.inFlight++;
+        let up: Awaited<ReturnType<typeof ctx.executor.send>>;
+        try {
+          up = await ctx.executor.send(w, kind, b, { signal: abort, headers: { "x-request-id": requestId } });
+        } finally {
+          w.inFlight--;
+        }
+        if (up.status >= 500) ctx.workers.reportFailure(w, "5xx");
+        else ctx.workers.reportSuccess(w);
+        await relayWhole(ctx, res, up, requestId, abort);
+        ctx.metrics.countRequest(model, kind, up.status);
+        ctx.metrics.observeE2e(model, kind, (performance.now() - started) / 1000);
+        return;
+      } catch (err) {
+        if (!(err instanceof WorkerUnreachableError) || abort.aborted) throw err;
+        ctx.workers.reportFailure(w, err.kind === "connect" ? "connect" : "reset");
+        last = err;
+      }
+    }
+    throw last ?? new InferaError(503, "No worker could take the request.", { code: "no_worker" });
+  } catch (err) {
+    if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
+      ctx.metrics.clientAborts.inc({ model });
+      if (!res.destroyed) res.destroy();
+      return;
+    }
+    const status = (err as { status?: number }).status ?? 500;
+    ctx.metrics.countRequest(model !== "" && ctx.router.knows(model) ? model : "", kind, status);
+    sendError(res, err, requestId, ctx.logger);
+  } finally {
+    ctx.inFlight?.delete(abort);
+  }
+}
+
+/** The model card of a served name (GET /v1/models and /v1/models/{id}), from its first worker's record. */
+export function modelCard(id: string, first: WorkerRecord) {
+  return {
+    id,
+    object: "model",
+    created: Math.floor(Date.parse(first.startedAt) / 1000) || 0,
+    owned_by: "infera",
+    root: first.model,
+    max_model_len: first.maxModelLen || undefined,
+  };
+}
+
+/** `GET /v1/models/{id}` (`path` is the part after `/v1/models/`): the card, or 404 `model_not_found`. */
+export function handleModelCard(
+  ctx: PassthroughContext,
+  path: string,
+  req: IncomingMessage,
+  res: ServerResponse,
+): void {
+  ctx.auth.check(req.headers);
+  let id: string;
+  try {
+    id = decodeURIComponent(path);
+  } catch {
+    throw new BadRequestError("The model id in the path is not valid percent-encoding.", "model");
+  }
+  const g = ctx.workers.group(id);
+  if (!g) throw new NotFoundError(`The model '${echoInput(id)}' does not exist.`, "model_not_found", "model");
+  sendJson(res, 200, modelCard(id, g.all[0]!.record));
+}
