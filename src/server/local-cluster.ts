@@ -16,6 +16,7 @@ import { fileURLToPath } from "node:url";
 import { envVar } from "../config/env-table.ts";
 import { completeRecord } from "../discovery/static.ts";
 import type { WorkerRecord } from "../discovery/types.ts";
+import { probeRoutes } from "../engine/launcher/routes-probe.ts";
 import type { FleetManifest } from "../engine/sim/fleet.ts";
 import { stopChild } from "../util/child-process.ts";
 import { type InferaServer, startServer } from "./app.ts";
@@ -211,6 +212,9 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
       restartTimer.unref?.();
     });
     const manifest = await waitManifest(child, file, 60_000 + 500 * o.workers, fleet.stderrTail);
+    // The fleet's engines are one binary with one command line: what the first serves, all do.
+    const first = manifest.engines[0];
+    const routes = first ? await probeRoutes(first.url) : [];
     sims.length = 0;
     const every = o.workers <= 16 ? 1 : 16;
     for (const e of manifest.engines) {
@@ -243,6 +247,7 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
             }
           : {}),
         labels: { pid: String(manifest.pid) },
+        ...(routes.length > 0 ? { routes } : {}),
       });
       memory.put(sim.record);
       sims.push(sim);
