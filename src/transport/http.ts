@@ -35,8 +35,7 @@ export interface HttpExecutorOptions {
 }
 
 // The client's bytes of a body forwarded as it came (or with PD fields appended) skip a
-// JSON.stringify (./types.ts, rawBodyOf). Re-exported for the server's body intake.
-export { setRawBody } from "./types.ts";
+// JSON.stringify (./types.ts, rawBodyOf).
 
 export class HttpExecutor implements RequestExecutor {
   private readonly opts: HttpExecutorOptions;

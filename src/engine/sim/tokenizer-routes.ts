@@ -5,8 +5,8 @@
  * without an integer `tokens` list is refused with a 400 as pydantic's validation would.
  */
 
-import type { Tokenizer } from "../../kv/tokenizer.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
+import type { Tokenizer } from "../../tokenizer/tokenizer.ts";
 
 export function detokenize(tok: Tokenizer, body: unknown): { prompt: string } {
   const t = typeof body === "object" && body !== null ? (body as Record<string, unknown>).tokens : undefined;

@@ -6,14 +6,10 @@
  * the record, not the engine kind, says. No worker listing it: a 404 naming the route and the
  * model. Workers are picked by fewest requests in flight (no prefix scoring: these answers
  * leave no KV cache worth reusing), and one that cannot be reached is retried on the next.
- *
- * `GET /v1/models/{id}` is answered by the server from the fleet (SGLang's own route answers
- * the same card: python/sglang/srt/entrypoints/http_server.py @
- * 0025436eab0556737d615b36a4dd3e1e26e82f3d `retrieve_model`, 404 `model_not_found` otherwise).
+
  */
 import { isUtf8 } from "node:buffer";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { WorkerRecord } from "../../discovery/types.ts";
 import {
   BadRequestError,
   echoInput,
@@ -30,7 +26,7 @@ import {
 } from "../../transport/types.ts";
 import { RequestAbort } from "../../util/abort.ts";
 import { parseBodySync } from "../body-parser-pool.ts";
-import { BodyAbortedError, readBody, sendError, sendJson } from "../http-util.ts";
+import { BodyAbortedError, readBody, sendError } from "../http-util.ts";
 import { type ProxyContext, requestIdOf } from "../proxy.ts";
 import { relayWhole } from "../relay-whole.ts";
 import { servesRoute } from "./translated.ts";
@@ -39,10 +35,6 @@ import { servesRoute } from "./translated.ts";
 const MODEL_OPTIONAL: ReadonlySet<EndpointKind> = new Set(["tokenize", "detokenize"]);
 /** Workers tried before the request fails (each unreachable one counts). */
 const MAX_TRIES = 3;
-
-export interface PassthroughContext extends ProxyContext {
-  workers: WorkerSet;
-}
 
 let rotation = 0;
 
@@ -78,7 +70,8 @@ function modelOf(workers: WorkerSet, body: Record<string, unknown>, kind: Endpoi
 }
 
 export async function handlePassthrough(
-  ctx: PassthroughContext,
+  ctx: ProxyContext,
+  workers: WorkerSet,
   kind: EndpointKind,
   req: IncomingMessage,
   res: ServerResponse,
@@ -99,11 +92,11 @@ export async function handlePassthrough(
     if (typeof body !== "object" || body === null || Array.isArray(body))
       throw new BadRequestError("The request body must be a JSON object.");
     const b = body as Record<string, unknown>;
-    model = modelOf(ctx.workers, b, kind);
+    model = modelOf(workers, b, kind);
     // The client's bytes go as they came (an omitted model stays omitted: the engine's default).
     setRawBody(b, raw);
     let last: unknown = null;
-    for (const w of candidates(ctx.workers, model, kind).slice(0, MAX_TRIES)) {
+    for (const w of candidates(workers, model, kind).slice(0, MAX_TRIES)) {
       try {
         w.inFlight++;
         let up: Awaited<ReturnType<typeof ctx.executor.send>>;
@@ -112,15 +105,15 @@ export async function handlePassthrough(
         } finally {
           w.inFlight--;
         }
-        if (up.status >= 500) ctx.workers.reportFailure(w, "5xx");
-        else ctx.workers.reportSuccess(w);
+        if (up.status >= 500) workers.reportFailure(w, "5xx");
+        else workers.reportSuccess(w);
         await relayWhole(ctx, res, up, requestId, abort);
         ctx.metrics.countRequest(model, kind, up.status);
         ctx.metrics.observeE2e(model, kind, (performance.now() - started) / 1000);
         return;
       } catch (err) {
         if (!(err instanceof WorkerUnreachableError) || abort.aborted) throw err;
-        ctx.workers.reportFailure(w, err.kind === "connect" ? "connect" : "reset");
+        workers.reportFailure(w, err.kind === "connect" ? "connect" : "reset");
         last = err;
       }
     }
@@ -137,35 +130,4 @@ export async function handlePassthrough(
   } finally {
     ctx.inFlight?.delete(abort);
   }
-}
-
-/** The model card of a served name (GET /v1/models and /v1/models/{id}), from its first worker's record. */
-export function modelCard(id: string, first: WorkerRecord) {
-  return {
-    id,
-    object: "model",
-    created: Math.floor(Date.parse(first.startedAt) / 1000) || 0,
-    owned_by: "infera",
-    root: first.model,
-    max_model_len: first.maxModelLen || undefined,
-  };
-}
-
-/** `GET /v1/models/{id}` (`path` is the part after `/v1/models/`): the card, or 404 `model_not_found`. */
-export function handleModelCard(
-  ctx: PassthroughContext,
-  path: string,
-  req: IncomingMessage,
-  res: ServerResponse,
-): void {
-  ctx.auth.check(req.headers);
-  let id: string;
-  try {
-    id = decodeURIComponent(path);
-  } catch {
-    throw new BadRequestError("The model id in the path is not valid percent-encoding.", "model");
-  }
-  const g = ctx.workers.group(id);
-  if (!g) throw new NotFoundError(`The model '${echoInput(id)}' does not exist.`, "model_not_found", "model");
-  sendJson(res, 200, modelCard(id, g.all[0]!.record));
 }
