@@ -1,22 +1,5 @@
-/**
- * Pass-through routes: `/v1/embeddings`, `/v1/rerank`, `/v1/score`, `/tokenize`, `/detokenize`.
- * The body goes to the engine as the client sent it, and the answer comes back unchanged, from
- * a worker of the body's `model` whose record lists the route (`routes`): an engine serves
- * these only for some models (vLLM registers the pooling routes for pooling runners only), so
- * the record, not the engine kind, says. No worker listing it: a 404 naming the route and the
- * model. Workers are picked by fewest requests in flight (no prefix scoring: these answers
- * leave no KV cache worth reusing), and one that cannot be reached is retried on the next.
-
- */
-import { isUtf8 } from "node:buffer";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import {
-  BadRequestError,
-  echoInput,
-  InferaError,
-  InvalidJsonError,
-  NotFoundError,
-} from "../../protocol/errors.ts";
+import { BadRequestError, echoInput, InferaError, NotFoundError } from "../../protocol/errors.ts";
 import type { LiveWorker, WorkerSet } from "../../router/worker-set.ts";
 import {
   ENDPOINT_PATHS,
@@ -24,11 +7,10 @@ import {
   setRawBody,
   WorkerUnreachableError,
 } from "../../transport/types.ts";
-import { RequestAbort } from "../../util/abort.ts";
-import { parseBodySync } from "../body-parser-pool.ts";
-import { BodyAbortedError, readBody, sendError } from "../http-util.ts";
+import { BodyAbortedError, sendError } from "../http-util.ts";
 import { type ProxyContext, requestIdOf } from "../proxy.ts";
 import { relayWhole } from "../relay-whole.ts";
+import { readObjectBody, requestAbort } from "./intake.ts";
 import { servesRoute } from "./translated.ts";
 
 /** Routes whose `model` is optional at the engine (vLLM's Tokenize/DetokenizeRequest). */
@@ -79,19 +61,10 @@ export async function handlePassthrough(
   const started = performance.now();
   const requestId = requestIdOf(req);
   let model = "";
-  const abort = new RequestAbort();
-  ctx.inFlight?.add(abort);
-  res.once("close", () => {
-    if (!res.writableFinished) abort.abort();
-  });
+  const abort = requestAbort(ctx, res);
   try {
     ctx.auth.check(req.headers);
-    const raw = await readBody(req, ctx.maxBodyBytes);
-    if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
-    const body = parseBodySync(raw);
-    if (typeof body !== "object" || body === null || Array.isArray(body))
-      throw new BadRequestError("The request body must be a JSON object.");
-    const b = body as Record<string, unknown>;
+    const { raw, body: b } = await readObjectBody(ctx, req);
     model = modelOf(workers, b, kind);
     // The client's bytes go as they came (an omitted model stays omitted: the engine's default).
     setRawBody(b, raw);

@@ -1,15 +1,5 @@
-/**
- * The endpoints served by translation to chat completions (/v1/responses, /v1/messages): the
- * client's body becomes a chat body, which is routed exactly like a chat request (the prefix is
- * the translated messages, so KV-aware routing sees the same prompt the engine templates), and
- * the engine's chat answer, whole or streamed, is translated back. A worker whose record lists
- * the API's own route (`routes`, e.g. vLLM's `/v1/responses`) gets the client's body as it came
- * and its answer is relayed unchanged, when the model routes mixed (a PD pair's halves are chat
- * requests with KV-transfer fields, so a disaggregated model always translates).
- */
-import { isUtf8 } from "node:buffer";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { BadRequestError, InferaError, InvalidJsonError, UpstreamError } from "../../protocol/errors.ts";
+import { InferaError, UpstreamError } from "../../protocol/errors.ts";
 import { parseChatRequest } from "../../protocol/openai.ts";
 import {
   ENDPOINT_PATHS,
@@ -17,14 +7,14 @@ import {
   type RequestExecutor,
   type UpstreamResponse,
 } from "../../transport/types.ts";
-import { RequestAbort } from "../../util/abort.ts";
-import { parseBodySync } from "../body-parser-pool.ts";
-import { BodyAbortedError, readBody, sendJson } from "../http-util.ts";
+import type { RequestAbort } from "../../util/abort.ts";
+import { BodyAbortedError, sendJson } from "../http-util.ts";
 import { type ProxyContext, requestIdOf } from "../proxy.ts";
 import { pump } from "../pump.ts";
 import { relayWhole } from "../relay-whole.ts";
 import { ServerRoutingRequest } from "../routing-request.ts";
 import { type ChatChunk, type ChatCompletion, type ChatUsage, chatChunks } from "./chat-sse.ts";
+import { readObjectBody, requestAbort } from "./intake.ts";
 
 /** Writes one API's stream from the engine's chat chunks. */
 export interface Streamer {
@@ -63,19 +53,10 @@ export async function handleTranslated(
   const started = performance.now();
   const requestId = requestIdOf(req);
   let model = "";
-  const abort = new RequestAbort();
-  ctx.inFlight?.add(abort);
-  res.once("close", () => {
-    if (!res.writableFinished) abort.abort();
-  });
+  const abort = requestAbort(ctx, res);
   try {
     ctx.auth.check(req.headers);
-    const raw = await readBody(req, ctx.maxBodyBytes);
-    if (!isUtf8(raw)) throw new InvalidJsonError("the body is not valid UTF-8");
-    const parsed = parseBodySync(raw);
-    if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed))
-      throw new BadRequestError("The request body must be a JSON object.");
-    const client = parsed as Record<string, unknown>;
+    const { body: client } = await readObjectBody(ctx, req);
     const chat = t.toChat(client);
     const stream = chat.stream === true;
     // Usage is always asked for: the translated answers carry it.
