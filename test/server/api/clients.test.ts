@@ -13,8 +13,10 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import Anthropic from "@anthropic-ai/sdk";
-import { generateText, streamText } from "ai";
+import { generateText, Output, streamText, tool } from "ai";
 import OpenAI from "openai";
+import { zodFunction, zodResponseFormat, zodTextFormat } from "openai/helpers/zod";
+import { z } from "zod";
 import { type PdCluster, startPdCluster } from "../../router/disagg/pd-cluster.ts";
 import { type Cluster, startCluster } from "../cluster.ts";
 
@@ -161,6 +163,70 @@ function clientCases(target: () => Target): void {
     });
     const call = r.output.find((o) => o.type === "function_call");
     assert.equal(call?.type === "function_call" && call.name, "get_weather");
+  });
+
+  it("openai: runTools with a required tool, the runner calling it and finishing", {
+    skip: NEEDS_R3,
+  }, async () => {
+    let called = 0;
+    const runner = openai().chat.completions.runTools({
+      model: MODEL,
+      messages: [{ role: "user", content: "weather in Paris?" }],
+      tools: [
+        zodFunction({
+          name: "get_weather",
+          parameters: z.object({ city: z.string() }),
+          function: (a: { city: string }) => {
+            called++;
+            return `sunny in ${a.city}`;
+          },
+        }),
+      ],
+      tool_choice: "required",
+      max_tokens: 50,
+    });
+    await runner.finalChatCompletion();
+    assert.ok(called >= 1);
+  });
+
+  it("openai: chat .parse() and responses.parse() with a zod schema", { skip: NEEDS_R3 }, async () => {
+    const City = z.object({ name: z.string(), population: z.number().int() });
+    const c = await openai().chat.completions.parse({
+      model: MODEL,
+      messages: [{ role: "user", content: "a city" }],
+      response_format: zodResponseFormat(City, "city"),
+      max_tokens: 100,
+    });
+    assert.equal(typeof c.choices[0]?.message.parsed?.name, "string");
+    const r = await openai().responses.parse({
+      model: MODEL,
+      input: "a city",
+      text: { format: zodTextFormat(City, "city") },
+      max_output_tokens: 100,
+    });
+    assert.equal(typeof r.output_parsed?.population, "number");
+  });
+
+  it("ai sdk: toolChoice 'required' and a structured object output", { skip: NEEDS_R3 }, async () => {
+    const model = compat().chatModel(MODEL);
+    const t = await generateText({
+      model,
+      prompt: "weather in Paris?",
+      tools: {
+        get_weather: tool({
+          inputSchema: z.object({ city: z.string() }),
+          execute: async ({ city }: { city: string }) => `sunny in ${city}`,
+        }),
+      },
+      toolChoice: "required",
+    });
+    assert.ok(t.toolCalls.length >= 1);
+    const o = await generateText({
+      model,
+      prompt: "a city",
+      output: Output.object({ schema: z.object({ name: z.string() }) }),
+    });
+    assert.equal(typeof o.output.name, "string");
   });
 
   it("anthropic: messages.create with system and blocks", async () => {
