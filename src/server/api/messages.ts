@@ -13,7 +13,7 @@
  * Errors are `{"type": "error", "error": {"type", "message"}}`.
  */
 import { randomUUID } from "node:crypto";
-import { BadRequestError, type InferaError } from "../../protocol/errors.ts";
+import { BadRequestError, echoInput, type InferaError } from "../../protocol/errors.ts";
 import type { ChatChunk, ChatCompletion, ChatUsage } from "./chat-sse.ts";
 import { ToolCallAssembler } from "./chat-sse.ts";
 import type { Streamer, Translation } from "./translated.ts";
@@ -100,7 +100,7 @@ function message(m: unknown, param: string, out: Obj[]): void {
         return;
       default:
         throw new BadRequestError(
-          `${p}.type: '${String(blk.type)}' blocks are not supported by this gateway`,
+          `${p}.type: '${echoInput(String(blk.type))}' blocks are not supported by this gateway`,
           p,
         );
     }
@@ -139,7 +139,7 @@ function tool(t: unknown, i: number): Obj {
     throw new BadRequestError(`tools.${i}.name: Field required`, `tools.${i}`);
   if (t.type !== undefined && t.type !== "custom")
     throw new BadRequestError(
-      `tools.${i}: server tools ('${String(t.type)}') are not supported`,
+      `tools.${i}: server tools ('${echoInput(String(t.type))}') are not supported`,
       `tools.${i}`,
     );
   const fn: Obj = { name: t.name, parameters: t.input_schema ?? { type: "object" } };

@@ -16,7 +16,7 @@
  * `input` items instead, which is what the translation supports.
  */
 import { randomUUID } from "node:crypto";
-import { BadRequestError, type InferaError } from "../../protocol/errors.ts";
+import { BadRequestError, echoInput, type InferaError } from "../../protocol/errors.ts";
 import type { ChatChunk, ChatCompletion, ChatToolCall, ChatUsage } from "./chat-sse.ts";
 import { ToolCallAssembler } from "./chat-sse.ts";
 import type { Streamer, Translation } from "./translated.ts";
@@ -82,7 +82,7 @@ function inputItem(item: unknown, i: number, out: Obj[]): void {
   if (type === "message") {
     const role = item.role;
     if (role !== "user" && role !== "assistant" && role !== "system" && role !== "developer")
-      throw new BadRequestError(`Unsupported role '${String(role)}'.`, `${param}.role`);
+      throw new BadRequestError(`Unsupported role '${echoInput(String(role))}'.`, `${param}.role`);
     out.push({
       role: role === "developer" ? "system" : role,
       content: content(item.content, `${param}.content`),
@@ -113,7 +113,7 @@ function inputItem(item: unknown, i: number, out: Obj[]): void {
   // Earlier reasoning carries nothing the chat template would render.
   if (type === "reasoning") return;
   throw new BadRequestError(
-    `Input items of type '${String(type)}' are not supported by this gateway.`,
+    `Input items of type '${echoInput(String(type))}' are not supported by this gateway.`,
     `${param}.type`,
     "unsupported_parameter",
   );
@@ -138,7 +138,7 @@ function content(c: unknown, param: string): unknown {
       return { type: "image_url", image_url };
     }
     throw new BadRequestError(
-      `Content parts of type '${String(p.type)}' are not supported by this gateway.`,
+      `Content parts of type '${echoInput(String(p.type))}' are not supported by this gateway.`,
       `${param}[${i}].type`,
       "unsupported_parameter",
     );
@@ -182,7 +182,7 @@ function responseFormat(f: unknown): unknown {
     if (f.description != null) js.description = f.description;
     return { type: "json_schema", json_schema: js };
   }
-  throw new BadRequestError(`Unsupported text format '${String(f.type)}'.`, "text.format.type");
+  throw new BadRequestError(`Unsupported text format '${echoInput(String(f.type))}'.`, "text.format.type");
 }
 
 // --- answers ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import {
 } from "../../transport/types.ts";
 import type { RequestAbort } from "../../util/abort.ts";
 import { BodyAbortedError, sendJson } from "../http-util.ts";
-import { type ProxyContext, requestIdOf } from "../proxy.ts";
+import { DrainCutError, type ProxyContext, requestIdOf } from "../proxy.ts";
 import { pump } from "../pump.ts";
 import { relayWhole } from "../relay-whole.ts";
 import { ServerRoutingRequest } from "../routing-request.ts";
@@ -110,6 +110,12 @@ export async function handleTranslated(
     ctx.metrics.countRequest(model, t.label, up.status);
     ctx.metrics.observeE2e(model, t.label, (performance.now() - started) / 1000);
   } catch (err) {
+    // A drain whose grace ran out: an answer not started gets a 503 in the API's shape.
+    if (abort.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
+      const e = new InferaError(503, DRAIN_CUT_MESSAGE, { code: "server_draining" });
+      sendJson(res, 503, t.errorBody(e), { "x-request-id": requestId });
+      return;
+    }
     if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
       ctx.metrics.clientAborts.inc({ model });
       if (!res.destroyed) res.destroy();
@@ -200,15 +206,26 @@ async function relayTranslatedStream(
     }
   } catch (err) {
     up.abort();
+    if (abort.reason instanceof DrainCutError) return endCut(res, s, usage);
     if (abort.aborted) throw abort.reason;
     res.end(s.end(usage, (err as Error).message || "the worker failed mid-stream"));
     return usage;
   }
   if (abort.aborted) {
     up.abort();
+    if (abort.reason instanceof DrainCutError) return endCut(res, s, usage);
     throw abort.reason;
   }
   res.end(s.end(usage));
+  return usage;
+}
+
+const DRAIN_CUT_MESSAGE =
+  "This server shut down before the answer was complete (drain grace period over); retry.";
+
+/** A stream cut by the drain: closed with the API's failure events rather than a reset. */
+function endCut(res: ServerResponse, s: Streamer, usage: ChatUsage | null): ChatUsage | null {
+  if (!res.destroyed && !res.writableEnded) res.end(s.end(usage, DRAIN_CUT_MESSAGE));
   return usage;
 }
 
