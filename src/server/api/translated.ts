@@ -98,7 +98,9 @@ export async function handleTranslated(
     else if (up.status !== 200) throw await engineError(up);
     else if (stream) usage = await relayTranslatedStream(res, up, t.streamer(client), requestId, abort);
     else {
-      const answer = (await up.json()) as ChatCompletion;
+      const answer = (await up.json().catch(() => {
+        throw new UpstreamError("The worker's answer is not valid JSON.", 502, "upstream_invalid_response");
+      })) as ChatCompletion;
       usage = answer.usage ?? null;
       sendJson(res, 200, t.whole(answer, client), { "x-request-id": requestId });
     }
