@@ -7,7 +7,7 @@ import {
   setRawBody,
   WorkerUnreachableError,
 } from "../../transport/types.ts";
-import { BodyAbortedError, sendError } from "../http-util.ts";
+import { BodyAbortedError, discardRefusedBody, sendError } from "../http-util.ts";
 import { type ProxyContext, requestIdOf } from "../proxy.ts";
 import { relayWhole } from "../relay-whole.ts";
 import { readObjectBody, requestAbort } from "./intake.ts";
@@ -99,6 +99,7 @@ export async function handlePassthrough(
     }
     const status = (err as { status?: number }).status ?? 500;
     ctx.metrics.countRequest(model !== "" && ctx.router.knows(model) ? model : "", kind, status);
+    if (status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
     sendError(res, err, requestId, ctx.logger);
   } finally {
     ctx.inFlight?.delete(abort);

@@ -8,7 +8,7 @@ import {
   type UpstreamResponse,
 } from "../../transport/types.ts";
 import type { RequestAbort } from "../../util/abort.ts";
-import { BodyAbortedError, sendJson } from "../http-util.ts";
+import { BodyAbortedError, discardRefusedBody, sendJson } from "../http-util.ts";
 import { DrainCutError, type ProxyContext, requestIdOf } from "../proxy.ts";
 import { pump } from "../pump.ts";
 import { relayWhole } from "../relay-whole.ts";
@@ -127,6 +127,8 @@ export async function handleTranslated(
     if (e.status >= 500) ctx.logger.warn({ requestId, err: (err as Error).message }, `${t.label} failed`);
     const known = model !== "" && ctx.router.knows(model);
     ctx.metrics.countRequest(known ? model : "", t.label, e.status);
+    // A refused upload may still be arriving: read and drop it (bounded), as the chat route does.
+    if (e.status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
     if (res.headersSent) {
       res.destroy();
       return;

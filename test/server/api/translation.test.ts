@@ -126,7 +126,10 @@ describe("translation to and from chat (engine stand-in with tool calls)", () =>
   before(async () => {
     e = await engine();
     const memory = new MemoryDiscovery([mixedRecord({ id: "w0", model: MODEL, url: e.url, engine: "vllm" })]);
-    server = await startServer({ port: 0, scrapeIntervalMs: 0 }, { discovery: memory });
+    server = await startServer(
+      { port: 0, scrapeIntervalMs: 0, maxBodyBytes: 256 * 1024 },
+      { discovery: memory },
+    );
     openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "none", maxRetries: 0 });
     anthropic = new Anthropic({ baseURL: server.url, apiKey: "none", maxRetries: 0 });
   });
@@ -355,6 +358,21 @@ describe("translation to and from chat (engine stand-in with tool calls)", () =>
         err instanceof OpenAI.BadRequestError && err.message.includes("temperature must be non-negative"),
     );
     e.next({ text: "ok", finish: "stop" });
+  });
+
+  it("a body over the size limit is a 413 in Anthropic's shape", async () => {
+    const r = await fetch(`${server.url}/v1/messages`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: MODEL,
+        max_tokens: 1,
+        messages: [{ role: "user", content: "x".repeat(300_000) }],
+      }),
+    });
+    assert.equal(r.status, 413);
+    const b = (await r.json()) as { type: string; error: { type: string } };
+    assert.deepEqual([b.type, b.error.type], ["error", "request_too_large"]);
   });
 
   it("input the translation cannot carry is a 400 in each API's own shape", async () => {
