@@ -6,8 +6,10 @@
  * and `ai` + `@ai-sdk/openai-compatible` (generateText, streamText). Streams are read with the
  * SDKs' own parsers, so a Responses or Messages event that breaks their grammar fails here.
  *
- * Cases that need the sim to answer tools and structured outputs (lane R3, issue #31 item 5)
- * are skipped with NEEDS_R3 until that work is merged.
+ * The sims are vLLM personalities started with vLLM's tool flags (`--enable-auto-tool-choice
+ * --tool-call-parser hermes`): vLLM refuses `tool_choice` "auto" without the first and
+ * "required"/named choices without a parser (vllm-project/vllm
+ * vllm/entrypoints/openai/serving_chat.py), so tool cases need both, as on a real deployment.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
@@ -22,7 +24,7 @@ import { type Cluster, startCluster } from "../cluster.ts";
 
 const MODEL = "sim-model";
 const KEY = "sk-client-test";
-const NEEDS_R3 = "needs the sim to answer tools / response_format (lane R3, issue #31 item 5)";
+const TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"];
 
 interface Target {
   url: string;
@@ -40,6 +42,9 @@ function clientCases(target: () => Target): void {
       baseURL: `${target().url}/v1`,
       apiKey: target().key || "none",
       includeUsage: true,
+      // vLLM takes `response_format: json_schema` (guided decoding); without this flag the SDK
+      // sends `json_object`, which constrains to some JSON object, not to the schema.
+      supportsStructuredOutputs: true,
     });
 
   it("openai: chat, completions and a chat stream", async () => {
@@ -147,7 +152,7 @@ function clientCases(target: () => Target): void {
     }
   });
 
-  it("openai: responses with a required tool call", { skip: NEEDS_R3 }, async () => {
+  it("openai: responses with a required tool call", async () => {
     const r = await openai().responses.create({
       model: MODEL,
       input: "weather in Paris?",
@@ -165,9 +170,7 @@ function clientCases(target: () => Target): void {
     assert.equal(call?.type === "function_call" && call.name, "get_weather");
   });
 
-  it("openai: runTools with a required tool, the runner calling it and finishing", {
-    skip: NEEDS_R3,
-  }, async () => {
+  it("openai: runTools with a required tool, the runner calling it and finishing", async () => {
     let called = 0;
     const runner = openai().chat.completions.runTools({
       model: MODEL,
@@ -189,7 +192,7 @@ function clientCases(target: () => Target): void {
     assert.ok(called >= 1);
   });
 
-  it("openai: chat .parse() and responses.parse() with a zod schema", { skip: NEEDS_R3 }, async () => {
+  it("openai: chat .parse() and responses.parse() with a zod schema", async () => {
     const City = z.object({ name: z.string(), population: z.number().int() });
     const c = await openai().chat.completions.parse({
       model: MODEL,
@@ -207,7 +210,7 @@ function clientCases(target: () => Target): void {
     assert.equal(typeof r.output_parsed?.population, "number");
   });
 
-  it("ai sdk: toolChoice 'required' and a structured object output", { skip: NEEDS_R3 }, async () => {
+  it("ai sdk: toolChoice 'required' and a structured object output", async () => {
     const model = compat().chatModel(MODEL);
     const t = await generateText({
       model,
@@ -280,7 +283,7 @@ function clientCases(target: () => Target): void {
     );
   });
 
-  it("anthropic: tools with tool_choice any", { skip: NEEDS_R3 }, async () => {
+  it("anthropic: tools with tool_choice any", async () => {
     const m = await anthropic().messages.create({
       model: MODEL,
       max_tokens: 50,
@@ -314,7 +317,10 @@ function clientCases(target: () => Target): void {
 describe("client SDKs through the server, mixed (2 sims)", () => {
   let c: Cluster;
   before(async () => {
-    c = await startCluster(2, { config: { apiKeys: [KEY] } });
+    c = await startCluster(2, {
+      config: { apiKeys: [KEY] },
+      simArgs: ["--speed", "100", "--seed", "1", ...TOOL_FLAGS],
+    });
   });
   after(async () => {
     await c?.close();
@@ -335,7 +341,7 @@ describe("client SDKs through the server, mixed (2 sims)", () => {
 describe("client SDKs through the server, disaggregated (1P1D nixl)", () => {
   let c: PdCluster;
   before(async () => {
-    c = await startPdCluster({ kind: "nixl" });
+    c = await startPdCluster({ kind: "nixl", simArgs: ["--speed", "20", ...TOOL_FLAGS] });
   });
   after(async () => {
     await c?.close();
