@@ -54,6 +54,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   private readonly limits: PromptLimits;
   private text: string | undefined;
   private tokens: readonly number[] | undefined;
+  /** False once the tokens are known to be only the prompt's head (a cap or the budget cut them). */
+  private whole = true;
 
   constructor(
     requestId: string,
@@ -135,8 +137,22 @@ export class ServerRoutingRequest implements RoutingRequest {
     return this.cacheSalt ? null : this.limits.cache;
   }
 
+  /**
+   * The prompt's token count as routing counts it (tokenized now, within routing's caps and
+   * budget, if the policy did not need it), or undefined when routing saw only its head.
+   */
+  wholePromptTokenCount(): number | undefined {
+    this.promptTokens();
+    if (this.tokens === undefined || !this.whole || this.text === undefined) return undefined;
+    // capText and headMessages cut a little below the cap (at a word's edge).
+    if (this.text.length >= ROUTING_TEXT_CAP - PIECE_CHARS || this.tokens.length >= ROUTING_TOKEN_CAP)
+      return undefined;
+    return this.tokens.length;
+  }
+
   private counted(r: BoundedTokens): number[] {
     this.limits.stats?.note(r.complete);
+    if (!r.complete) this.whole = false;
     return r.ids;
   }
 }

@@ -167,9 +167,14 @@ function stopOf(
   finish: string | null | undefined,
   matched: string | number | null | undefined,
   b: Obj,
+  calledTools: boolean,
 ): { stop_reason: string; stop_sequence: string | null } {
   if (finish === "length") return { stop_reason: "max_tokens", stop_sequence: null };
-  if (finish === "tool_calls") return { stop_reason: "tool_use", stop_sequence: null };
+  // vLLM ends a named (and, in some versions, a required) tool choice with finish "stop"
+  // (serving_chat.py sets "tool_calls" only for auto-parsed calls); Anthropic's answer with
+  // tool_use blocks stops for "tool_use" all the same.
+  if (finish === "tool_calls" || (finish === "stop" && calledTools))
+    return { stop_reason: "tool_use", stop_sequence: null };
   const seqs = Array.isArray(b.stop_sequences) ? b.stop_sequences : [];
   if (typeof matched === "string" && seqs.includes(matched))
     return { stop_reason: "stop_sequence", stop_sequence: matched };
@@ -210,7 +215,7 @@ export function chatToMessage(chat: ChatCompletion, b: Obj): Obj {
     role: "assistant",
     model: b.model,
     content,
-    ...stopOf(choice?.finish_reason, choice?.stop_reason, b),
+    ...stopOf(choice?.finish_reason, choice?.stop_reason, b, (choice?.message?.tool_calls ?? []).length > 0),
     usage: usageOf(chat.usage),
   };
 }
@@ -232,7 +237,7 @@ class MessagesStreamer implements Streamer {
     this.b = b;
   }
 
-  start(): string {
+  start(promptTokens: () => number | undefined): string {
     const message = {
       id: id("msg"),
       type: "message",
@@ -241,7 +246,8 @@ class MessagesStreamer implements Streamer {
       content: [],
       stop_reason: null,
       stop_sequence: null,
-      usage: { input_tokens: 0, output_tokens: 0 },
+      // The engine's count comes at the end (message_delta); here, routing's, when it has one.
+      usage: { input_tokens: promptTokens() ?? 0, output_tokens: 0 },
     };
     return sse("message_start", { message }) + sse("ping", {});
   }
@@ -292,7 +298,10 @@ class MessagesStreamer implements Streamer {
   end(usage: ChatUsage | null, failed?: string): string {
     let out = this.close();
     if (failed) return `${out}${sse("error", { error: { type: "api_error", message: failed } })}`;
-    out += sse("message_delta", { delta: stopOf(this.finish, this.matched, this.b), usage: usageOf(usage) });
+    out += sse("message_delta", {
+      delta: stopOf(this.finish, this.matched, this.b, this.calls.calls.length > 0),
+      usage: usageOf(usage),
+    });
     return out + sse("message_stop", {});
   }
 }

@@ -18,8 +18,11 @@ import { readObjectBody, requestAbort } from "./intake.ts";
 
 /** Writes one API's stream from the engine's chat chunks. */
 export interface Streamer {
-  /** The events before the first token (e.g. `response.created`, `message_start`). */
-  start(): string;
+  /**
+   * The events before the first token (e.g. `response.created`, `message_start`);
+   * `promptTokens` gives routing's count of the whole prompt (undefined past its caps).
+   */
+  start(promptTokens: () => number | undefined): string;
   chunk(c: ChatChunk): string;
   /** The closing events, with the stream's usage; `failed` names an engine failure mid-way. */
   end(usage: ChatUsage | null, failed?: string): string;
@@ -96,11 +99,18 @@ export async function handleTranslated(
     let usage: ChatUsage | null = null;
     if (native) await relayNative(ctx, res, up, requestId, stream, abort);
     else if (up.status !== 200) throw await engineError(up);
-    else if (stream) usage = await relayTranslatedStream(res, up, t.streamer(client), requestId, abort);
-    else {
-      const answer = (await up.json().catch(() => {
-        throw new UpstreamError("The worker's answer is not valid JSON.", 502, "upstream_invalid_response");
-      })) as ChatCompletion;
+    else if (stream) {
+      const s = t.streamer(client);
+      usage = await relayTranslatedStream(
+        res,
+        up,
+        s,
+        s.start(() => rreq.wholePromptTokenCount()),
+        requestId,
+        abort,
+      );
+    } else {
+      const answer = (await readAnswer(up, ctx.maxResponseBufferBytes)) as ChatCompletion;
       usage = answer.usage ?? null;
       sendJson(res, 200, t.whole(answer, client), { "x-request-id": requestId });
     }
@@ -156,6 +166,42 @@ async function engineError(up: UpstreamResponse): Promise<InferaError> {
   });
 }
 
+/**
+ * A whole chat answer to translate: read up to the server's response buffer limit
+ * (`maxResponseBufferBytes`, the limit a relayed chat answer is checked within). A chat answer
+ * past it is relayed unchecked; one to translate must be held whole, so past it the worker's
+ * answer is dropped with a 502 rather than buffered without bound.
+ */
+async function readAnswer(up: UpstreamResponse, limit: number): Promise<unknown> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const c of up.body) {
+      size += c.byteLength;
+      if (size > limit) {
+        up.abort();
+        throw new UpstreamError(
+          `The worker's answer is larger than this server translates (${limit} bytes, maxResponseBufferBytes).`,
+          502,
+          "upstream_response_too_large",
+        );
+      }
+      chunks.push(Buffer.isBuffer(c) ? c : Buffer.from(c.buffer, c.byteOffset, c.byteLength));
+    }
+  } catch (err) {
+    up.abort();
+    if (err instanceof InferaError) throw err;
+    throw new UpstreamError("The worker's answer was cut off.", 502, "upstream_invalid_response");
+  }
+  try {
+    const v: unknown = JSON.parse(Buffer.concat(chunks, size).toString("utf8"));
+    if (v !== null && typeof v === "object" && !Array.isArray(v)) return v;
+  } catch {
+    // Falls through to the 502 below.
+  }
+  throw new UpstreamError("The worker's answer is not valid JSON.", 502, "upstream_invalid_response");
+}
+
 /** A native answer (the engine served the API itself): relayed as it came. */
 async function relayNative(
   ctx: ProxyContext,
@@ -190,6 +236,7 @@ async function relayTranslatedStream(
   res: ServerResponse,
   up: UpstreamResponse,
   s: Streamer,
+  head: string,
   requestId: string,
   abort: RequestAbort,
 ): Promise<ChatUsage | null> {
@@ -198,7 +245,7 @@ async function relayTranslatedStream(
     "cache-control": "no-cache",
     "x-request-id": requestId,
   });
-  res.write(s.start());
+  res.write(head);
   let usage: ChatUsage | null = null;
   try {
     for await (const c of chatChunks(up.body)) {

@@ -170,6 +170,30 @@ function clientCases(target: () => Target): void {
     assert.equal(call?.type === "function_call" && call.name, "get_weather");
   });
 
+  it("openai: a streamed required tool call, read with the SDK's ResponseStream", async () => {
+    const s = openai().responses.stream({
+      model: MODEL,
+      input: "weather in Paris?",
+      tools: [
+        {
+          type: "function",
+          name: "get_weather",
+          parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+          strict: true,
+        },
+      ],
+      tool_choice: "required",
+    });
+    const types = new Set<string>();
+    for await (const e of s) types.add(e.type);
+    const final = await s.finalResponse();
+    assert.ok(types.has("response.function_call_arguments.delta"));
+    assert.ok(types.has("response.function_call_arguments.done"));
+    const call = final.output.find((o) => o.type === "function_call");
+    assert.ok(call?.type === "function_call");
+    assert.equal(typeof (JSON.parse(call.arguments) as { city?: unknown }).city, "string");
+  });
+
   it("openai: runTools with a required tool, the runner calling it and finishing", async () => {
     let called = 0;
     const runner = openai().chat.completions.runTools({
@@ -259,7 +283,11 @@ function clientCases(target: () => Target): void {
     });
     let text = "";
     const types: string[] = [];
-    s.on("streamEvent", (e) => types.push(e.type));
+    let startInput = -1;
+    s.on("streamEvent", (e) => {
+      types.push(e.type);
+      if (e.type === "message_start") startInput = e.message.usage.input_tokens;
+    });
     s.on("text", (d) => {
       text += d;
     });
@@ -271,6 +299,9 @@ function clientCases(target: () => Target): void {
     assert.equal(final.content[0]?.type === "text" && final.content[0].text, text);
     assert.equal(final.stop_reason, "max_tokens");
     assert.equal(final.usage.output_tokens, 7);
+    // message_start carries the count routing made of the same prompt; the engine's comes last.
+    assert.ok(startInput > 0);
+    assert.equal(startInput, final.usage.input_tokens);
   });
 
   it("anthropic: bad input comes back in Anthropic's error shape", async () => {
@@ -298,6 +329,27 @@ function clientCases(target: () => Target): void {
     });
     assert.equal(m.stop_reason, "tool_use");
     assert.equal(m.content.find((b) => b.type === "tool_use")?.type, "tool_use");
+  });
+
+  it("anthropic: a streamed tool_use, its input rebuilt by the SDK's MessageStream", async () => {
+    const s = anthropic().messages.stream({
+      model: MODEL,
+      max_tokens: 50,
+      messages: [{ role: "user", content: "weather in Paris?" }],
+      tools: [
+        {
+          name: "get_weather",
+          input_schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+        },
+      ],
+      tool_choice: { type: "tool", name: "get_weather" },
+    });
+    const final = await s.finalMessage();
+    assert.equal(final.stop_reason, "tool_use");
+    const use = final.content.find((b) => b.type === "tool_use");
+    assert.ok(use?.type === "tool_use");
+    assert.equal(use.name, "get_weather");
+    assert.equal(typeof (use.input as { city?: unknown }).city, "string");
   });
 
   it("ai sdk: generateText and streamText", async () => {
