@@ -5,9 +5,8 @@
  * `id`, `type: "function"`, `index` and `function.name`, later ones `function.arguments` pieces
  * (vllm-project/vllm vllm/entrypoints/openai/chat_completion/serving.py @
  * c0bc59655a4068c08621bcac8ab67b39cd2ec173, `DeltaToolCall` / `DeltaFunctionCall`), finish
- * `tool_calls`, and `stop_reason` with the matched stop string (vLLM's `stop_reason`). The sim
- * does not answer tools until lane R3's work (issue #31 item 5); these cases pin the
- * translation itself.
+ * `tool_calls`, and `stop_reason` with the matched stop string (vLLM's `stop_reason`). These cases
+ * pin the translation itself, with exact chunks; clients.test.ts runs the SDKs against sims.
  */
 import assert from "node:assert/strict";
 import { createServer, type Server } from "node:http";
