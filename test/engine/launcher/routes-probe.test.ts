@@ -40,10 +40,23 @@ describe("routes probe", () => {
     assert.deepEqual(await probeRoutes(base), ["/v1/embeddings", "/v1/rerank", "/v1/score"]);
   });
 
-  it("a sim (vLLM personality, generative) serves the tokenizer routes only", async () => {
+  it("a sim (vLLM personality, generative) serves Responses, Messages and the tokenizer routes", async () => {
     const sim = await startSim({ timeoutMs: 60_000 });
     sims.push(sim);
-    assert.deepEqual(await probeRoutes(sim.url), ["/tokenize", "/detokenize"]);
+    assert.deepEqual((await probeRoutes(sim.url)).sort(), [
+      "/detokenize",
+      "/tokenize",
+      "/v1/messages",
+      "/v1/responses",
+    ]);
+  });
+
+  it("a sim with SGLang's personality serves Responses, not Messages", async () => {
+    const sim = await startSim({ timeoutMs: 60_000, engine: "sglang" });
+    sims.push(sim);
+    const routes = await probeRoutes(sim.url);
+    assert.ok(routes.includes("/v1/responses"));
+    assert.ok(!routes.includes("/v1/messages"));
   });
 
   it("nothing listening: no routes", async () => {
