@@ -120,8 +120,9 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     assert.match(rec?.kvEvents?.endpoint ?? "", /^tcp:\/\/127\.0\.0\.1:\d+$/);
     assert.ok((rec?.maxModelLen ?? 0) > 0, "max_model_len read from /v1/models");
     // The routes the engine answered (src/engine/launcher/routes-probe.ts): the sim, a generative
-    // model in vLLM's personality, serves the tokenizer routes and no pooling route.
-    assert.deepEqual(rec?.routes, ["/tokenize", "/detokenize"]);
+    // model in vLLM's personality, serves Responses, Messages and the tokenizer routes, and no
+    // pooling route.
+    assert.deepEqual(rec?.routes, ["/v1/responses", "/v1/messages", "/tokenize", "/detokenize"]);
 
     const t0 = Date.now();
     l.proc.kill("SIGTERM");

@@ -26,6 +26,13 @@ const MODEL = "sim-model";
 const KEY = "sk-client-test";
 const TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"];
 
+const WEATHER_TOOL = {
+  type: "function",
+  name: "get_weather",
+  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+  strict: true,
+} as const;
+
 interface Target {
   url: string;
   key: string;
@@ -157,14 +164,7 @@ function clientCases(target: () => Target, native = false): void {
     const r = await openai().responses.create({
       model: MODEL,
       input: "weather in Paris?",
-      tools: [
-        {
-          type: "function",
-          name: "get_weather",
-          parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
-          strict: true,
-        },
-      ],
+      tools: [WEATHER_TOOL],
       tool_choice: "required",
     });
     const call = r.output.find((o) => o.type === "function_call");
@@ -175,14 +175,7 @@ function clientCases(target: () => Target, native = false): void {
     const s = openai().responses.stream({
       model: MODEL,
       input: "weather in Paris?",
-      tools: [
-        {
-          type: "function",
-          name: "get_weather",
-          parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
-          strict: true,
-        },
-      ],
+      tools: [WEATHER_TOOL],
       tool_choice: "required",
     });
     const types = new Set<string>();
