@@ -114,11 +114,7 @@ export async function handleTranslated(
       usage = answer.usage ?? null;
       sendJson(res, 200, t.whole(answer, client), { "x-request-id": requestId });
     }
-    if (usage) {
-      const mm = ctx.metrics.forModel(model);
-      if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
-      if (usage.completion_tokens) mm.completionTokens.inc(usage.completion_tokens);
-    }
+    if (usage) countUsage(ctx, model, usage);
     ctx.metrics.countRequest(model, t.label, up.status);
     ctx.metrics.observeE2e(model, t.label, (performance.now() - started) / 1000);
   } catch (err) {
@@ -147,6 +143,12 @@ export async function handleTranslated(
   } finally {
     ctx.inFlight?.delete(abort);
   }
+}
+
+function countUsage(ctx: ProxyContext, model: string, usage: ChatUsage): void {
+  const mm = ctx.metrics.forModel(model);
+  if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
+  if (usage.completion_tokens) mm.completionTokens.inc(usage.completion_tokens);
 }
 
 /** An engine's error answer (OpenAI's shape, or vLLM's older flat `ErrorResponse`) as an InferaError. */
