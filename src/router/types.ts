@@ -14,6 +14,7 @@ import type {
   EndpointKind,
   FailureKind,
   RequestExecutor,
+  RoutedEndpoint,
   SendOptions,
   UpstreamResponse,
 } from "../transport/types.ts";
@@ -22,13 +23,13 @@ import type { Logger } from "../util/log.ts";
 import type { RequestTrace } from "./trace.ts";
 
 // The request plane's contract, re-exported for the modules that read it from the router.
-export type { EndpointKind, RequestExecutor, SendOptions, UpstreamResponse };
+export type { EndpointKind, RequestExecutor, RoutedEndpoint, SendOptions, UpstreamResponse };
 
 export interface RoutingRequest {
   requestId: string;
   /** The model name the client asked for. */
   model: string;
-  endpoint: EndpointKind;
+  endpoint: RoutedEndpoint;
   /** The validated OpenAI body; routers copy it before adding fields. */
   body: Readonly<Record<string, unknown>>;
   stream: boolean;

@@ -13,8 +13,8 @@ import type { TraceSpan } from "../router/trace.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   contentTypeOf,
-  type EndpointKind,
   type RequestExecutor,
+  type RoutedEndpoint,
   setRawBody,
   type UpstreamResponse,
 } from "../transport/types.ts";
@@ -75,14 +75,14 @@ export class DrainCutError extends Error {
 
 const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
 
-function requestIdOf(req: IncomingMessage): string {
+export function requestIdOf(req: IncomingMessage): string {
   const given = req.headers["x-request-id"];
   return typeof given === "string" && REQUEST_ID_RE.test(given) ? given : randomUUID();
 }
 
 export async function handleCompletion(
   ctx: ProxyContext,
-  endpoint: EndpointKind,
+  endpoint: RoutedEndpoint,
   req: IncomingMessage,
   res: ServerResponse,
 ): Promise<void> {

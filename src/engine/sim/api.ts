@@ -23,6 +23,7 @@ import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
 import type { Personality } from "./personalities/types.ts";
 import { type AnswerPlan, planAnswer } from "./request-plan.ts";
 import { RequestResponder } from "./response.ts";
+import { detokenize } from "./tokenizer-routes.ts";
 import type { SimTracer } from "./tracing.ts";
 
 const MAX_BODY = 64 * 1024 * 1024;
@@ -172,6 +173,8 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     else throw new InferaError(400, "'prompt' (string) or 'messages' is required", { param: "prompt" });
     return sendJson(res, 200, { count: ids.length, max_model_len: cfg.maxModelLen, tokens: ids });
   }
+  if (method === "POST" && path === "/detokenize")
+    return sendJson(res, 200, detokenize(deps.tokenizer, await readJson(req)));
   throw new NotFoundError(`No route for ${method} ${path}`);
 }
 
