@@ -8,15 +8,23 @@ import { readFileSync } from "node:fs";
 import { describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
-import { renderPluginDoc } from "../../../src/router/pipeline/doc.ts";
+import { renderPluginDoc, renderPluginList } from "../../../src/router/pipeline/doc.ts";
 import { type AnyPluginDef, registered } from "../../../src/router/pipeline/plugin.ts";
 import "../../../src/router/pipeline/registry.ts";
 
 const DOC = fileURLToPath(new URL("../../../docs/plugins.md", import.meta.url));
+const ARCH = fileURLToPath(new URL("../../../docs/architecture.md", import.meta.url));
 
 describe("docs/plugins.md", () => {
   it("is current (node scripts/gen-plugin-doc.ts)", () => {
     assert.equal(readFileSync(DOC, "utf8"), renderPluginDoc());
+  });
+
+  it("docs/architecture.md's plugin list is current and names all 7 filters", () => {
+    const arch = readFileSync(ARCH, "utf8");
+    assert.equal(arch, renderPluginList(arch));
+    // The filters the list once missed (issue #33): the code has 7, load-ceiling and hot-spread among them.
+    assert.match(arch, /- filters \(7\): .*`hot-spread`.*`load-ceiling`/);
   });
 
   it("names every registered plugin under its kind, with each param's default", () => {
@@ -52,6 +60,8 @@ describe("docs/plugins.md", () => {
       assert.match(doc, /## Admitters \(1\)/);
       assert.match(doc, /### `token-bucket`\n\nAdmits a request while the bucket has tokens\./);
       assert.match(doc, /\| `rate` \| number \(> 0\) \| `10` \| tokens per second \|/);
+      const list = renderPluginList(readFileSync(ARCH, "utf8"));
+      assert.match(list, /- admitters \(1\): \[`token-bucket`\]\(plugins\.md#admitter-token-bucket\)/);
     } finally {
       delete kinds.admitter;
     }
