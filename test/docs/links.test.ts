@@ -77,6 +77,18 @@ describe("docs links", () => {
     );
   });
 
+  it("every folder directly under src/ has a README that says what lives there and what it may import", () => {
+    const missing: string[] = [];
+    for (const name of readdirSync(join(ROOT, "src")).sort()) {
+      const dir = join(ROOT, "src", name);
+      if (!statSync(dir).isDirectory()) continue;
+      const readme = join(dir, "README.md");
+      const text = existsSync(readme) ? readFileSync(readme, "utf8") : "";
+      if (!/^## What lives here/m.test(text) || !/may import/i.test(text)) missing.push(`src/${name}`);
+    }
+    assert.deepEqual(missing, []);
+  });
+
   it("relative links in docs/*.md and folder READMEs point at files that exist", () => {
     const docs = sources.filter((f) => f.endsWith(".md"));
     const dead: string[] = [];
