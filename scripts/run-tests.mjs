@@ -6,8 +6,8 @@
 //
 // `--timings[=out.json]`: runs each file in its own `node --test` process instead (a pool of
 // INFERA_TEST_CONCURRENCY at a time; 1 gives the cleanest per-file figures), prints the
-// failing files' output and a table of the slowest files by wall time, and writes every
-// file's time to out.json when given. docs/ci.md keeps the before/after table it produced.
+// failing files' output and a table of the slowest files by wall time with their CPU time,
+// and writes every file's times to out.json when given. docs/ci.md keeps the before/after table it produced.
 import { spawn, spawnSync } from "node:child_process";
 import { readdirSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -36,20 +36,21 @@ if (files.length === 0) {
 }
 const concurrency = process.env.INFERA_TEST_CONCURRENCY ?? "2";
 
-if (timingsArg) process.exit(await timings(files, Number(concurrency), timingsArg.split("=")[1]));
+// The CPU time (user + sys) of the file's whole process tree, from the shell's `times` (the
+// children it waited for, and theirs): on a shared, loaded box wall time mostly measures the
+// neighbours, CPU time much less so.
+const TIMED = 'node="$1"; shift; "$node" "$@"; rc=$?; times >&2; exit $rc';
 
-const res = spawnSync(
-  process.execPath,
-  ["--test", `--test-concurrency=${concurrency}`, "--test-reporter=spec", ...files],
-  { stdio: "inherit" },
-);
-process.exit(res.status ?? 1);
+function cpuSeconds(text) {
+  const m = [...text.matchAll(/^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$/gm)].at(-1);
+  return m ? Number(m[1]) * 60 + Number(m[2]) + Number(m[3]) * 60 + Number(m[4]) : Number.NaN;
+}
 
-/** One file in its own test process: its wall time, exit status and output. */
+/** One file in its own test process: its wall and CPU time, exit status and output. */
 function runOne(file) {
   return new Promise((resolve) => {
     const t0 = performance.now();
-    const child = spawn(process.execPath, ["--test", "--test-reporter=spec", file], {
+    const child = spawn("sh", ["-c", TIMED, "sh", process.execPath, "--test", "--test-reporter=spec", file], {
       stdio: ["ignore", "pipe", "pipe"],
     });
     const chunks = [];
@@ -57,7 +58,8 @@ function runOne(file) {
     child.stderr.on("data", (c) => chunks.push(c));
     child.on("close", (code) => {
       const ms = Math.round(performance.now() - t0);
-      resolve({ file, ms, ok: code === 0, output: Buffer.concat(chunks).toString("utf8") });
+      const output = Buffer.concat(chunks).toString("utf8");
+      resolve({ file, ms, cpu: cpuSeconds(output), ok: code === 0, output });
     });
   });
 }
@@ -70,7 +72,10 @@ async function timings(all, pool, outPath) {
     for (let f = queue.shift(); f !== undefined; f = queue.shift()) {
       const r = await runOne(f);
       results.push(r);
-      process.stderr.write(`${r.ok ? "ok  " : "FAIL"} ${(r.ms / 1000).toFixed(1).padStart(6)} s  ${f}\n`);
+      const cpu = `${r.cpu.toFixed(1).padStart(6)} s cpu`;
+      process.stderr.write(
+        `${r.ok ? "ok  " : "FAIL"} ${(r.ms / 1000).toFixed(1).padStart(6)} s  ${cpu}  ${f}\n`,
+      );
       if (!r.ok) process.stdout.write(r.output);
     }
   }
@@ -82,14 +87,27 @@ async function timings(all, pool, outPath) {
     `\n${results.length} files, wall ${(wall / 1000).toFixed(1)} s, sum ${(sum / 1000).toFixed(1)} s`,
   );
   console.log("slowest files:");
-  for (const r of results.slice(0, 15)) console.log(`  ${(r.ms / 1000).toFixed(1).padStart(6)} s  ${r.file}`);
+  for (const r of results.slice(0, 15)) {
+    console.log(
+      `  ${(r.ms / 1000).toFixed(1).padStart(6)} s  ${r.cpu.toFixed(1).padStart(6)} s cpu  ${r.file}`,
+    );
+  }
   if (outPath) {
     const data = {
       wallMs: wall,
       concurrency: pool,
-      files: results.map(({ file, ms, ok }) => ({ file, ms, ok })),
+      files: results.map(({ file, ms, cpu, ok }) => ({ file, ms, cpuS: Math.round(cpu * 100) / 100, ok })),
     };
     writeFileSync(outPath, `${JSON.stringify(data, null, 2)}\n`);
   }
   return results.every((r) => r.ok) ? 0 : 1;
 }
+
+if (timingsArg) process.exit(await timings(files, Number(concurrency), timingsArg.split("=")[1]));
+
+const res = spawnSync(
+  process.execPath,
+  ["--test", `--test-concurrency=${concurrency}`, "--test-reporter=spec", ...files],
+  { stdio: "inherit" },
+);
+process.exit(res.status ?? 1);
