@@ -5,8 +5,9 @@
  * is tokenized by `prepare()` in event-loop slices before routing, reusing the ids of an earlier
  * prompt it starts with (./token-prefix-cache.ts).
  */
-import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
+
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
   type BoundedTokens,
