@@ -6,6 +6,7 @@
  * registry line shows up with no edit here — and so does a new kind added to `registered`.
  */
 import type { z } from "zod";
+import { replaceBetweenMarkers } from "../../util/markers.ts";
 import { type AnyPluginDef, registered } from "./plugin.ts";
 import "./registry.ts";
 
@@ -161,15 +162,14 @@ export const LIST_END = "<!-- END plugin-list -->";
  * marker line, so it stays inside the numbered item that holds it.
  */
 export function renderPluginList(doc: string): string {
-  const a = doc.indexOf(LIST_BEGIN);
-  const b = doc.indexOf(LIST_END);
-  if (a < 0 || b < a) throw new Error("plugin-list markers not found");
-  const indent = doc.slice(doc.lastIndexOf("\n", a) + 1, a);
-  const lines = Object.entries(registered).map(([kind, map]) => {
-    const names = [...map.keys()].sort().map((n) => `[\`${n}\`](plugins.md#${anchor(kind, n)})`);
-    return `${indent}- ${kind}s (${names.length}): ${names.join(", ")}`;
-  });
-  return `${doc.slice(0, a + LIST_BEGIN.length)}\n${lines.join("\n")}\n${indent}${doc.slice(b)}`;
+  const list = (indent: string) =>
+    Object.entries(registered)
+      .map(([kind, map]) => {
+        const names = [...map.keys()].sort().map((n) => `[\`${n}\`](plugins.md#${anchor(kind, n)})`);
+        return `${indent}- ${kind}s (${names.length}): ${names.join(", ")}`;
+      })
+      .join("\n");
+  return replaceBetweenMarkers(doc, LIST_BEGIN, LIST_END, list, "plugin-list");
 }
 
 /** docs/plugins.md as the registry describes it now. */
