@@ -65,6 +65,12 @@ export interface SimConfig {
   streamInterval: number;
   /** vLLM `--max-logprobs`: the most logprob alternatives a request may ask for. */
   maxLogprobs: number;
+  /** `--tool-call-parser` (vLLM, SGLang): the server parses tool calls out of the model's text. */
+  toolCallParser?: string;
+  /** vLLM `--enable-auto-tool-choice`: tool_choice "auto" is served. */
+  enableAutoToolChoice?: boolean;
+  /** vLLM `--scheduling-policy fcfs|priority`: under priority, requests may carry `priority`. */
+  schedulingPolicy?: "fcfs" | "priority";
 }
 
 export function defaultKvEventsConfig(): KvEventsConfig {
@@ -130,20 +136,16 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
 }
 
 /**
- * Whether the engine binds or connects its KV PUB socket for `endpoint`:
- * - vLLM: bind only for `*`, `::`, ipc://, inproc:// (vllm-project/vllm
- *   vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
- * - SGLang: also `0.0.0.0` (python/sglang/srt/disaggregation/kv_events.py _socket_setup);
- * - ATOM: always binds (ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5).
- * Anything else is connect(): no subscriber ever hears such an engine.
+ * Whether a ZMQ publisher binds `endpoint` rather than connecting to it: wildcards (`*`, `::`),
+ * ipc:// and inproc://, plus `0.0.0.0` where the engine counts it (SGLang). Each personality's
+ * kvPubMode cites its engine's rule.
  */
-export function kvPubMode(engine: EngineKind, endpoint: string): "bind" | "connect" {
-  if (engine === "atom") return "bind";
-  const wildcard =
+export function zmqBindsFor(endpoint: string, anyIpv4IsWildcard: boolean): boolean {
+  return (
     endpoint.includes("*") ||
     endpoint.includes("::") ||
     endpoint.startsWith("ipc://") ||
     endpoint.startsWith("inproc://") ||
-    (engine === "sglang" && endpoint.includes("0.0.0.0"));
-  return wildcard ? "bind" : "connect";
+    (anyIpv4IsWildcard && endpoint.includes("0.0.0.0"))
+  );
 }
