@@ -3,8 +3,9 @@
  * '{...}' [--disaggregation-mode prefill|decode --disaggregation-transfer-backend
  * mooncake|nixl|mori --disaggregation-bootstrap-port 8998 [--disaggregation-ib-device D]]
  * [--tp-size N] [--dp-size N] [--quantization Q] [--kv-cache-dtype D] --enable-metrics`
- * (engine-protocols.md §2, §3, §4d). The record's connector is the SGLang bootstrap protocol
- * whatever the transfer backend; the backend goes into the `transferBackend` label.
+ * (docs/engine-protocols.md#load-metrics, #kv-events-enable, #pd-sglang). The record's
+ * connector is the SGLang bootstrap protocol whatever the transfer backend; the backend goes
+ * into the `transferBackend` label.
  */
 import type { ConnectorInfo } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";

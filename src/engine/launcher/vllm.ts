@@ -1,7 +1,8 @@
 /**
  * vLLM: `vllm serve MODEL --host H --port P [--served-model-name N...] [...] --kv-events-config
- * '{...}' [--kv-transfer-config '{...}']` (engine-protocols.md §3, §4a–c). The simulated
- * engine takes the same command line, so `sim.ts` reuses this builder.
+ * '{...}' [--kv-transfer-config '{...}']` (docs/engine-protocols.md#kv-events-enable, #pd-nixl,
+ * #pd-mooncake, #pd-moriio). The simulated engine takes the same command line, so `sim.ts`
+ * reuses this builder.
  */
 import type { ConnectorInfo, KvEventsInfo } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
