@@ -14,6 +14,7 @@ import { AutoRouter } from "../router/auto.ts";
 import type { PeerPlane } from "../router/peers/types.ts";
 import { buildScheduling, type Scheduling } from "../router/pipeline/build.ts";
 import { DecisionLog } from "../router/pipeline/decisions.ts";
+import { TtftPredictor } from "../router/predict/ttft.ts";
 import { WorkerSet } from "../router/worker-set.ts";
 import { HttpExecutor } from "../transport/http.ts";
 import { createLogger, type Logger } from "../util/log.ts";
@@ -31,6 +32,7 @@ import { ServerMetrics } from "./metrics.ts";
 import { DrainCutError, handleCompletion, type ProxyContext } from "./proxy.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
+import { TtftReport } from "./ttft-sink.ts";
 
 /**
  * How long /ready holds a new server out (503) while a rank's start-up KV replay still runs: long
@@ -72,6 +74,9 @@ export interface InferaServer {
   scheduling: Scheduling;
   /** The last routing decisions, explained (GET /debug/decisions). */
   decisions: DecisionLog;
+  /** The TTFT predictor (src/router/predict) and its error report (metric, dashboard). */
+  ttft: TtftPredictor;
+  ttftReport: TtftReport;
   httpServer: Server;
   /**
    * Graceful stop (SIGTERM): stop accepting, answer /ready 503 and new requests 503 on
@@ -152,6 +157,9 @@ export async function startServer(
   // One index serves every model (worker ids are unique across models).
   const syncIndex = kvIngest?.indexFor("");
   if (syncIndex?.syncOf) decisions.syncOf = (id) => syncIndex.syncOf?.(id) ?? null;
+  // The TTFT predictor: passive until a profile's predicted-ttft / ttft-saturation uses it.
+  const ttftReport = new TtftReport(metrics.registry, decisions);
+  const ttft = new TtftPredictor({ sink: ttftReport });
   const router = new AutoRouter({
     workers,
     policy: config.policy,
@@ -167,6 +175,7 @@ export async function startServer(
     observer: metrics,
     scheduling,
     decisions,
+    ttft,
   });
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
   // Engine load is scraped only when a plugin reads it (every PD decode step does).
@@ -212,6 +221,7 @@ export async function startServer(
       kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
       kvSync: () => kvIngest?.syncReport?.(),
       draining: () => draining,
+      ttftErrors: () => ttftReport.summary(),
       // Waiting and KV usage need the engines' load: scraped from the first look on.
       onView: () => scraper.start(),
     }),
@@ -419,6 +429,8 @@ export async function startServer(
     tokenizer,
     scheduling,
     decisions,
+    ttft,
+    ttftReport,
     httpServer,
     drain,
     close,

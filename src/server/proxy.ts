@@ -121,6 +121,7 @@ export async function handleCompletion(
       ctx.tokenizer,
       ctx.promptLimits,
     );
+    rreq.headers = req.headers;
     const abort = new RequestAbort();
     ac = abort;
     ctx.inFlight?.add(abort);

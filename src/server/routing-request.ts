@@ -5,6 +5,7 @@
  * is tokenized by `prepare()` in event-loop slices before routing, reusing the ids of an earlier
  * prompt it starts with (./token-prefix-cache.ts).
  */
+import type { IncomingHttpHeaders } from "node:http";
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
 import { longStringHead } from "./body-parser-pool.ts";
@@ -53,6 +54,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   private readonly limits: PromptLimits;
   private text: string | undefined;
   private tokens: readonly number[] | undefined;
+  /** The client's headers (set by the proxy), read by `header()`. */
+  headers: IncomingHttpHeaders | undefined;
 
   constructor(
     requestId: string,
@@ -72,6 +75,11 @@ export class ServerRoutingRequest implements RoutingRequest {
     this.cacheSalt = cacheSalt;
     this.tokenizer = tokenizer;
     this.limits = limits;
+  }
+
+  header(name: string): string | undefined {
+    const v = this.headers?.[name];
+    return Array.isArray(v) ? v[0] : v;
   }
 
   /** The templated prompt's head (at most ROUTING_TEXT_CAP characters). */

@@ -32,6 +32,8 @@ export interface DashboardSources {
   /** Per-rank KV index sync (the KV ingest's report). */
   kvSync?: () => KvSyncReport | undefined;
   draining: () => boolean;
+  /** The TTFT predictor's error per model (src/server/ttft-sink.ts). */
+  ttftErrors?: () => Array<{ model: string; samples: number; median: number; p90: number }>;
   /** Called on every snapshot (the server starts its engine-load scraper here). */
   onView?: () => void;
 }
@@ -83,6 +85,7 @@ export class DashboardState {
       server: { policy: this.src.policy, draining, decisionCapacity: this.src.decisions.capacity },
       models,
       ...(kvIndex ? { kvIndex } : {}),
+      ttftPrediction: this.src.ttftErrors?.() ?? [],
       decisions: recent.slice(Math.max(0, recent.length - limit)).reverse(),
     };
   }
