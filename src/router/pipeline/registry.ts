@@ -23,6 +23,7 @@ import "./scorers/cache-pressure.ts";
 import "./scorers/lora-affinity.ts";
 import "./scorers/round-robin.ts";
 import "./scorers/predicted-ttft.ts";
+import "./scorers/session-affinity.ts";
 
 import "./pickers/argmin.ts";
 import "./pickers/prefix-threshold.ts";
