@@ -25,7 +25,7 @@
  * 512-token block of the prompt (ceil(input_length / 512) ids; the last block may be partial).
  * A session is one token stream and block k of it has one id: a prompt is the stream's first
  * input_length tokens, so a turn's partial last block carries the id of the block the next turn
- * fills, and src/bench/workloads/trace.ts turns an id into the same text each time (a partial
+ * fills, and src/loadgen/workloads/trace.ts turns an id into the same text each time (a partial
  * block is its full block's first tokens): the next turn shares every token of the history, as
  * a re-sent conversation does. (Mooncake's own traces hash the block contents, so a partial
  * block there has an id of its own.) `group` names the tenant and session.
@@ -35,7 +35,7 @@
  */
 import { writeFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import { Prng } from "../../src/bench/prng.ts";
+import { Prng } from "../../src/loadgen/prng.ts";
 
 export const MOONCAKE_BLOCK = 512;
 

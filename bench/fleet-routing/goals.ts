@@ -28,7 +28,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { handleFatalSignals } from "../../src/util/child-process.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 import { startEngines } from "./engines.ts";

@@ -1,8 +1,8 @@
 /**
  * The benchmark's tables, goal checks and plot page (the line charts of `infera bench`'s
- * renderer, src/bench/plot.ts).
+ * renderer, src/loadgen/plot.ts).
  */
-import { lineChart } from "../../src/bench/plot.ts";
+import { lineChart } from "../../src/loadgen/plot.ts";
 import { type HotRecord, meetsSlo, type RunRecord, type Slo, type StepFigures } from "./stats.ts";
 
 export interface Goal {

@@ -3,8 +3,8 @@
  * faster than real time, so a wall-clock latency times s is the modelled one, and a wall rate
  * divided by s the modelled rate. With s = 1 (the default) both are the same.
  */
-import { percentile } from "../../src/bench/percentiles.ts";
-import type { RequestRecord } from "../../src/bench/types.ts";
+import { percentile } from "../../src/loadgen/percentiles.ts";
+import type { RequestRecord } from "../../src/loadgen/types.ts";
 import type { Reuse } from "./trace.ts";
 
 export interface Slo {

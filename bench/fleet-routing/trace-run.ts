@@ -1,7 +1,7 @@
 /**
  * `bench/fleet-routing/run.ts --trace FILE`: replays a recorded or generated trace through
  * `infera server` replicas over one `infera-sim --fleet N`, per policy and replica count
- * (issue #28 item 5). FILE is JSONL in either shape src/bench/workloads/trace.ts reads: Mooncake's
+ * (issue #28 item 5). FILE is JSONL in either shape src/loadgen/workloads/trace.ts reads: Mooncake's
  * `{timestamp, input_length, output_length, hash_ids}` (each id one 512-token block of text, the
  * same id the same text) or OpenAI request bodies with `messages`/`prompt` and a timestamp.
  *
@@ -13,10 +13,10 @@
  */
 import { readFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
-import { runBench } from "../../src/bench/index.ts";
-import type { BenchRequest } from "../../src/bench/types.ts";
-import { traceWorkload } from "../../src/bench/workloads/trace.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import { runBench } from "../../src/loadgen/index.ts";
+import type { BenchRequest } from "../../src/loadgen/types.ts";
+import { traceWorkload } from "../../src/loadgen/workloads/trace.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { cpuSeconds, type Engines, engineCounters, resetCaches } from "./engines.ts";
 import { decisionsOf, MODEL, startReplicas } from "./servers.ts";
 import { type Slo, type StepFigures, stepFigures } from "./stats.ts";
@@ -271,7 +271,7 @@ export async function traceMain(args: readonly string[]): Promise<void> {
   const { tmpdir } = await import("node:os");
   const { basename, join } = await import("node:path");
   const { fileURLToPath } = await import("node:url");
-  const { getDefaultTokenizer } = await import("../../src/kv/tokenizer.ts");
+  const { getDefaultTokenizer } = await import("../../src/tokenizer/tokenizer.ts");
   const { handleFatalSignals } = await import("../../src/util/child-process.ts");
   const { startEngines } = await import("./engines.ts");
   const { writeWorkersFile } = await import("./servers.ts");

@@ -9,9 +9,10 @@
  * Blocks are the engines' (16 tokens), over the token ids the engines see (the chat template
  * applied), so the figures compare with the engines' cached/prompt tokens.
  */
-import type { BenchRequest } from "../../src/bench/types.ts";
+
 import { hashPrompt } from "../../src/kv/hash.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import type { BenchRequest } from "../../src/loadgen/types.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import type { Reuse } from "./trace.ts";
 
 /** The timing model's terms that prefill costs (bench/fleet-routing/qwen3-32b-tp2-h100.json). */

@@ -7,10 +7,11 @@
  * Prompts are known up front, so the trace's reachable reuse (what a cache that never evicts
  * could hit) is computed from the tokens, not from the run.
  */
-import { Prng, words } from "../../src/bench/prng.ts";
-import type { BenchRequest } from "../../src/bench/types.ts";
+
 import { chainBlocks, hashPrompt, type RouterBlockHash, routerHashAt } from "../../src/kv/hash.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import { Prng, words } from "../../src/loadgen/prng.ts";
+import type { BenchRequest } from "../../src/loadgen/types.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 export interface TenantSet {
   seed: number;

@@ -4,10 +4,11 @@
  * a conversation's turn also waits for its previous turn (`after`). Assistant turns in the
  * history are fixed text, so the prompts (and the trace's reachable reuse) are known up front.
  */
-import { Prng, words } from "../../src/bench/prng.ts";
-import type { BenchMessage, BenchRequest } from "../../src/bench/types.ts";
+
 import { chainBlocks, hashPrompt, type RouterBlockHash, routerHashAt } from "../../src/kv/hash.ts";
-import type { Tokenizer } from "../../src/kv/tokenizer.ts";
+import { Prng, words } from "../../src/loadgen/prng.ts";
+import type { BenchMessage, BenchRequest } from "../../src/loadgen/types.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 export interface TraceOptions {
   seed: number;

@@ -16,8 +16,8 @@ import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { completeRecord } from "../../src/discovery/static.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { loadProfile, stepSeconds } from "../../src/engine/sim/profile.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 import { startServer } from "../../src/server/index.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { type SimProcess, startSim } from "../../test/helpers/sim.ts";
 

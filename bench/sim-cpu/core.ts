@@ -10,7 +10,7 @@ import { SimMetrics } from "../../src/engine/sim/metrics.ts";
 import { OutputText, OutputVocab, Rng } from "../../src/engine/sim/output.ts";
 import { Scheduler } from "../../src/engine/sim/scheduler.ts";
 import { Sequence } from "../../src/engine/sim/sequence.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 const vocab = OutputVocab.build(getDefaultTokenizer());
 const pool = new BlockPool(100000, 16);

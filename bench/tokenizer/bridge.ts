@@ -11,8 +11,8 @@
  */
 import { loadavg } from "node:os";
 import { parseArgs } from "node:util";
-import { Prng, words } from "../../src/bench/prng.ts";
 import { APPROX_TEXT_CAP, ApproxPrefixTree } from "../../src/kv/approx-tree.ts";
+import { Prng, words } from "../../src/loadgen/prng.ts";
 import { PendingPrefixes } from "../../src/router/pipeline/pending-prefixes.ts";
 
 const { values } = parseArgs({

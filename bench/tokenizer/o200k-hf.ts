@@ -1,6 +1,6 @@
 /**
  * Writes a Hugging Face `tokenizer.json` equivalent to the built-in o200k_base vocabulary (the
- * `gpt-tokenizer` package's ranks), so the HF tokenizer path (src/kv/hf-tokenizer.ts) can be
+ * `gpt-tokenizer` package's ranks), so the HF tokenizer path (src/tokenizer/hf-tokenizer.ts) can be
  * measured on a real-sized vocabulary without downloading a model. The conversion is the usual
  * tiktoken → HF one: byte-level token strings (GPT-2's bytes_to_unicode), and each token's merge
  * found by running BPE on its bytes with the ranks below its own.

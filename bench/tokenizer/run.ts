@@ -1,6 +1,6 @@
 /**
  * Tokens per millisecond of the router's prompt tokenizing, the built-in o200k tokenizer and the
- * HF tokenizer path (src/kv/hf-tokenizer.ts, with o200k converted to a tokenizer.json by
+ * HF tokenizer path (src/tokenizer/hf-tokenizer.ts, with o200k converted to a tokenizer.json by
  * ./o200k-hf.ts, so both give the same ids) side by side, on prompts of `--tokens` tokens:
  *
  * - `whole`: one `encode` of the whole text (what the sim, and an engine, do);
@@ -11,7 +11,7 @@
  * - `next turn`: a conversation's turn at ≈ `--tokens` after turns of ≈ 2 k tokens each, with and
  *   without the token prefix cache (src/server/token-prefix-cache.ts) holding the previous turn.
  *
- * Texts: `filler` (the bench workloads' common words, src/bench/prng.ts), `prose` (made-up words
+ * Texts: `filler` (the bench workloads' common words, src/loadgen/prng.ts), `prose` (made-up words
  * of 2–12 letters with punctuation, numbers and newlines: few repeated words, so per-word caches
  * rarely hit) and `cjk` (random CJK ideographs, BPE's expensive case). Each text is new to the
  * tokenizer on its first (`cold`) run; `warm` is the median of the next `--runs`.
@@ -21,12 +21,12 @@
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { Prng, words } from "../../src/bench/prng.ts";
 import { ApproxPrefixTree } from "../../src/kv/approx-tree.ts";
 import { hashPrompt } from "../../src/kv/hash.ts";
-import { getDefaultTokenizer, loadTokenizer, type Tokenizer } from "../../src/kv/tokenizer.ts";
+import { Prng, words } from "../../src/loadgen/prng.ts";
 import { tokenizeBoundedSync } from "../../src/server/prompt-tokens.ts";
 import { TokenPrefixCache } from "../../src/server/token-prefix-cache.ts";
+import { getDefaultTokenizer, loadTokenizer, type Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { writeO200kHf } from "./o200k-hf.ts";
 
 const { values } = parseArgs({

@@ -74,7 +74,7 @@ function timeScale(v: string | undefined): number | undefined {
 async function runCompare(files: string[]): Promise<void> {
   if (files.length !== 2) throw new CliError("--compare takes exactly two result files");
   const { readFileSync } = await import("node:fs");
-  const { parseResult, formatCompare } = await import("../bench/index.ts");
+  const { parseResult, formatCompare } = await import("../loadgen/index.ts");
   const [fa, fb] = files;
   const load = (f: string) => {
     try {
@@ -103,7 +103,7 @@ async function runCli(o: BenchCliOptions): Promise<void> {
     throw new CliError("--endpoint: chat or completions");
   if (o.replies !== "standin" && o.replies !== "actual") throw new CliError("--replies: standin or actual");
   const { writeFileSync } = await import("node:fs");
-  const bench = await import("../bench/index.ts");
+  const bench = await import("../loadgen/index.ts");
   const spec = bench.parseWorkloadName(o.workload);
   if (spec.kind === "synthetic") {
     spec.inputLen = range("input-len", o.inputLen);

@@ -13,7 +13,7 @@ import type { Logger } from "../util/log.ts";
 import { MixedRouter, type RouterObserver } from "./mixed.ts";
 import { mixedCandidates, PdOrMixedRouter } from "./pd-or-mixed.ts";
 import type { PeerRouting } from "./peers/types.ts";
-import { buildScheduling, type Scheduling } from "./pipeline/build.ts";
+import type { Scheduling } from "./pipeline/build.ts";
 import type { DecisionLog } from "./pipeline/decisions.ts";
 import type { TtftPredictor } from "./predict/ttft.ts";
 import type { DisaggRouterFactory, DisaggSettings, ModelRouter, RoutingPolicy } from "./types.ts";
@@ -23,19 +23,18 @@ export type RouterMode = "auto" | "mixed" | "disagg";
 
 export interface AutoRouterOptions {
   workers: WorkerSet;
-  policy: string;
-  policyOptions?: Readonly<Record<string, unknown>>;
+  /**
+   * The scheduling built from the config's policy, policyOptions and profiles by
+   * `buildScheduling` (./pipeline/build.ts; the server builds it first, to start what its
+   * needs say): each model's Scheduler comes from it.
+   */
+  scheduling: Scheduling;
   mode?: RouterMode;
   disaggFactory?: DisaggRouterFactory;
   /** The server config's `disagg` section, handed to the DisaggRouter factory. */
   disagg?: DisaggSettings;
   maxRetries?: number;
   logger: Logger;
-  /**
-   * The scheduling built from policy, policyOptions and the config's profiles (the server
-   * builds it first, to start what its needs say); built here from `policy` when absent.
-   */
-  scheduling?: Scheduling;
   /** Where each decision is explained (the server's /debug/decisions ring). */
   decisions?: DecisionLog;
   /** The server's TTFT predictor (src/router/predict), shared by every model's scheduler. */
@@ -75,8 +74,7 @@ export class AutoRouter {
 
   constructor(o: AutoRouterOptions) {
     this.o = o;
-    this.scheduling =
-      o.scheduling ?? buildScheduling({ policy: o.policy, policyOptions: o.policyOptions, router: o.mode });
+    this.scheduling = o.scheduling;
     this.mode = o.mode ?? "auto";
     if (this.mode === "disagg" && !o.disaggFactory) {
       throw new Error("--router disagg needs a DisaggRouter, and none is built into this server");
@@ -165,7 +163,7 @@ export class AutoRouter {
         decodeWorkers: () => ws.group(model)?.availableByRole.decode ?? [],
         policy,
         logger: this.o.logger.child({ model, router: "disagg" }),
-        options: this.o.policyOptions ?? {},
+        options: this.scheduling.options,
         trackPrefill: this.scheduling.trackPrefill,
         disagg: this.o.disagg,
         reportFailure: (w, kind) => ws.reportFailure(w as LiveWorker, kind),

@@ -18,8 +18,6 @@ import { WorkerClaim } from "./dispatch.ts";
 import type { ModelRouter, RoutingPolicy, RoutingRequest, Selection } from "./types.ts";
 import type { LiveWorker, WorkerSet } from "./worker-set.ts";
 
-export { WorkerUnreachableError } from "./errors.ts";
-
 /** Callbacks the server uses for its metrics; all optional so routers work without them. */
 export interface RouterObserver {
   onDecision?(model: string, policy: string, router: string, sel: Selection): void;

@@ -7,11 +7,9 @@
  * Workers are ranked by the scheduling pipeline (./pipeline): a model's `Scheduler` implements
  * `RoutingPolicy` from the profiles that `buildScheduling` (./pipeline/build.ts) resolves from
  * a preset (./pipeline/presets.ts) and the config's `profiles`; each filter, scorer and picker
- * is one file and one import line in ./pipeline/registry.ts. ./policies holds only thin
- * wrappers that build a preset under its former policy name.
+ * is one file and one import line in ./pipeline/registry.ts.
  */
 import type { WorkerRecord } from "../discovery/types.ts";
-import type { PrefixIndex } from "../kv/prefix-index.ts";
 import type {
   EndpointKind,
   FailureKind,
@@ -121,17 +119,6 @@ export interface RoutingPolicy {
   onRouted?(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void;
   onWorkerRemoved?(workerId: string): void;
 }
-
-/** What a policy factory may use. Optional parts exist only when the server has them. */
-export interface PolicyContext {
-  logger: Logger;
-  /** Policy-specific options from flags/config, e.g. `{ overlapWeight: 1, temperature: 0 }`. */
-  options: Readonly<Record<string, unknown>>;
-  /** The shared KV prefix index, when KV events are ingested. */
-  kvIndex?: PrefixIndex;
-}
-
-export type PolicyFactory = (ctx: PolicyContext) => RoutingPolicy;
 
 /** MixedRouter and DisaggRouter implement this; AutoRouter picks one per model. */
 export interface ModelRouter {

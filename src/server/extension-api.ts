@@ -8,16 +8,16 @@
 import type { Registry } from "prom-client";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import type { KvSyncReport, PrefixIndex } from "../kv/prefix-index.ts";
-import type { Tokenizer } from "../kv/tokenizer.ts";
 import type { PeerPlane } from "../router/peers/types.ts";
 import type { DisaggRouterFactory, RequestExecutor } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
 
 /** KV event ingestion for plugins that need `kvIndex`: follows the WorkerSet, subscribes to each worker's events. */
 export interface KvIngest {
-  /** The model's KV prefix index, handed to policies as `PolicyContext.kvIndex`. */
+  /** The model's KV prefix index, handed to the model's Scheduler (`Scheduling.create`). */
   indexFor(model: string): PrefixIndex | undefined;
   /** Each rank's index sync; absent for an ingest that cannot tell. */
   syncReport?(): KvSyncReport;

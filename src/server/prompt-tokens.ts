@@ -17,7 +17,7 @@
  *
  * Short prompts (at most one piece) keep the exact, synchronous path.
  */
-import type { Tokenizer } from "../kv/tokenizer.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { type Around, PrefixHasher, type TokenPrefixCache } from "./token-prefix-cache.ts";
 
 /**

@@ -6,15 +6,15 @@
 import { isUtf8 } from "node:buffer";
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { Tokenizer } from "../kv/tokenizer.ts";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
-import { setRawBody } from "../transport/http.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   contentTypeOf,
   type EndpointKind,
   type RequestExecutor,
+  setRawBody,
   type UpstreamResponse,
 } from "../transport/types.ts";
 import { RequestAbort } from "../util/abort.ts";

@@ -6,8 +6,8 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 import type { IncomingHttpHeaders } from "node:http";
-import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../kv/tokenizer.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
   type BoundedTokens,

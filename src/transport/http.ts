@@ -36,8 +36,7 @@ export interface HttpExecutorOptions {
 const PATHS: Record<EndpointKind, string> = { chat: "/v1/chat/completions", completion: "/v1/completions" };
 
 // The client's bytes of a body forwarded as it came (or with PD fields appended) skip a
-// JSON.stringify (./types.ts, rawBodyOf). Re-exported for the server's body intake.
-export { setRawBody } from "./types.ts";
+// JSON.stringify (./types.ts, rawBodyOf).
 
 export class HttpExecutor implements RequestExecutor {
   private readonly opts: HttpExecutorOptions;

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { buildStep, buildWarmup, ReuseTracker, tenantPrefixes } from "../../bench/fleet-routing/trace.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 const tok = getDefaultTokenizer();
 const step = { seed: 3, rate: 40, durationS: 50, questionWords: 12, maxTokens: 8 };

@@ -18,7 +18,7 @@ import {
   timeScaleForLoad,
   traceStats,
 } from "../../bench/fleet-routing/trace-stats.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 const MOONCAKE_SAMPLE = [
   '{"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 2353, 2354]}',

@@ -9,10 +9,10 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
-import { WorkerUnreachableError } from "../../src/router/errors.ts";
 import type { EndpointKind, SendOptions, UpstreamResponse, WorkerState } from "../../src/router/types.ts";
 import { type InferaServer, startServer } from "../../src/server/index.ts";
 import { HttpExecutor } from "../../src/transport/http.ts";
+import { WorkerUnreachableError } from "../../src/transport/types.ts";
 import { type SimProcess, startSim } from "../helpers/sim.ts";
 import { simRecord } from "../server/cluster.ts";
 import { metricSum, newCounts, runLoad, sleep } from "./load.ts";

@@ -2,10 +2,12 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { completeRecord } from "../../src/discovery/static.ts";
+import { buildScheduling } from "../../src/router/pipeline/build.ts";
 import { WorkerSet } from "../../src/router/worker-set.ts";
 import { createLogger } from "../../src/util/log.ts";
 
 const logger = createLogger("test");
+const rr = () => buildScheduling({ policy: "round-robin" });
 
 describe("AutoRouter", () => {
   const rec = (id: string, role: "mixed" | "prefill" | "decode") =>
@@ -21,7 +23,7 @@ describe("AutoRouter", () => {
       built++;
       return { kind: "disagg" as const, handle: async () => Promise.reject(new Error("unused")) };
     };
-    const auto = new AutoRouter({ workers: ws, policy: "round-robin", logger, disaggFactory: factory });
+    const auto = new AutoRouter({ workers: ws, scheduling: rr(), logger, disaggFactory: factory });
     assert.equal(auto.routerFor("m").kind, "mixed");
     memory.put(rec("p", "prefill"));
     assert.equal(auto.routerFor("m").kind, "mixed", "prefill alone is not enough");
@@ -31,12 +33,12 @@ describe("AutoRouter", () => {
     assert.equal(built, 1, "the router is cached until membership changes");
     memory.remove("d");
     assert.equal(auto.routerFor("m").kind, "mixed");
-    const noFactory = new AutoRouter({ workers: ws, policy: "round-robin", logger });
+    const noFactory = new AutoRouter({ workers: ws, scheduling: rr(), logger });
     memory.put(rec("d", "decode"));
     assert.equal(noFactory.routerFor("m").kind, "mixed");
     const forced = new AutoRouter({
       workers: ws,
-      policy: "round-robin",
+      scheduling: buildScheduling({ policy: "round-robin", router: "mixed" }),
       logger,
       mode: "mixed",
       disaggFactory: factory,
@@ -44,13 +46,11 @@ describe("AutoRouter", () => {
     assert.equal(forced.routerFor("m").kind, "mixed");
     assert.throws(() => auto.routerFor("nope"), /does not exist/);
     assert.throws(
-      () => new AutoRouter({ workers: ws, policy: "no-such-policy", logger }),
+      () =>
+        new AutoRouter({ workers: ws, scheduling: buildScheduling({ policy: "no-such-policy" }), logger }),
       /unknown routing policy/,
     );
-    assert.throws(
-      () => new AutoRouter({ workers: ws, policy: "round-robin", logger, mode: "disagg" }),
-      /disagg/,
-    );
+    assert.throws(() => new AutoRouter({ workers: ws, scheduling: rr(), logger, mode: "disagg" }), /disagg/);
     auto.close();
   });
 });

@@ -13,7 +13,6 @@ import { after, before, describe, it } from "node:test";
 import { request } from "undici";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { completeRecord } from "../../src/discovery/static.ts";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 import { InvalidJsonError } from "../../src/protocol/errors.ts";
 import { MAX_BODY_DEPTH } from "../../src/protocol/openai.ts";
 import type { EndpointKind } from "../../src/router/types.ts";
@@ -28,6 +27,7 @@ import {
 import { type InferaServer, startServer } from "../../src/server/index.ts";
 import { ROUTING_TEXT_CAP } from "../../src/server/prompt-tokens.ts";
 import { ServerRoutingRequest } from "../../src/server/routing-request.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 /** A deterministic PRNG so a failing body can be reproduced. */
 function rng(seed: number): () => number {

@@ -18,6 +18,7 @@ import { plain, renderCluster } from "../../src/deploy/render/index.ts";
 import { parseClusterDocument } from "../../src/deploy/spec.ts";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { AutoRouter } from "../../src/router/auto.ts";
+import { buildScheduling } from "../../src/router/pipeline/build.ts";
 import type { DisaggFactoryContext } from "../../src/router/types.ts";
 import { WorkerSet } from "../../src/router/worker-set.ts";
 import {
@@ -314,8 +315,7 @@ describe("deprecated policyOptions keys land in disagg / ingest", () => {
     let seen: DisaggFactoryContext | undefined;
     const auto = new AutoRouter({
       workers: ws,
-      policy: cfg.policy,
-      policyOptions: cfg.policyOptions,
+      scheduling: buildScheduling({ policy: cfg.policy, policyOptions: cfg.policyOptions, router: "disagg" }),
       disagg: cfg.disagg,
       mode: "disagg",
       logger,

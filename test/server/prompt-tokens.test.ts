@@ -8,7 +8,6 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { getDefaultTokenizer, loadTokenizer } from "../../src/kv/tokenizer.ts";
 import {
   ROUTING_TEXT_CAP,
   ROUTING_TOKEN_CAP,
@@ -16,6 +15,7 @@ import {
   tokenizeBoundedSync,
 } from "../../src/server/prompt-tokens.ts";
 import { ServerRoutingRequest } from "../../src/server/routing-request.ts";
+import { getDefaultTokenizer, loadTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 const tok = getDefaultTokenizer();
 const NO_BUDGET = Number.POSITIVE_INFINITY;

@@ -5,7 +5,6 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { getDefaultTokenizer } from "../../src/kv/tokenizer.ts";
 import { BodyParserPool, longStringHead } from "../../src/server/body-parser-pool.ts";
 import {
   capText,
@@ -15,6 +14,7 @@ import {
   WORD_CUT_CHARS,
 } from "../../src/server/prompt-tokens.ts";
 import { ServerRoutingRequest } from "../../src/server/routing-request.ts";
+import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 const tok = getDefaultTokenizer();
 

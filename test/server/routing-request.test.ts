@@ -4,7 +4,7 @@ import { describe, it } from "node:test";
 describe("ServerRoutingRequest", () => {
   it("prompt tokens: templated chat, completion strings and token arrays, computed once", async () => {
     const { ServerRoutingRequest } = await import("../../src/server/routing-request.ts");
-    const { getDefaultTokenizer } = await import("../../src/kv/tokenizer.ts");
+    const { getDefaultTokenizer } = await import("../../src/tokenizer/tokenizer.ts");
     const tok = getDefaultTokenizer();
     const messages = [
       { role: "system", content: "You are terse." },

@@ -6,11 +6,11 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { Prng, words } from "../../src/bench/prng.ts";
-import { getDefaultTokenizer, type Tokenizer } from "../../src/kv/tokenizer.ts";
+import { Prng, words } from "../../src/loadgen/prng.ts";
 import { tokenizeBoundedSync } from "../../src/server/prompt-tokens.ts";
 import { ServerRoutingRequest } from "../../src/server/routing-request.ts";
 import { TokenPrefixCache } from "../../src/server/token-prefix-cache.ts";
+import { getDefaultTokenizer, type Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 const tok = getDefaultTokenizer();
 const NO_BUDGET = Number.POSITIVE_INFINITY;

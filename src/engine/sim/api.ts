@@ -1,14 +1,14 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import { addsSpecialTokens, type Tokenizer } from "../../kv/tokenizer.ts";
 import {
   AuthenticationError,
   InferaError,
   InvalidJsonError,
   NotFoundError,
-  PayloadTooLargeError,
   toInferaError,
 } from "../../protocol/errors.ts";
+import { readBody, releaseBody, sendJson } from "../../server/http-util.ts";
+import { addsSpecialTokens, type Tokenizer } from "../../tokenizer/tokenizer.ts";
 import type { Logger } from "../../util/log.ts";
 import type { SimConfig } from "./config.ts";
 import type { SimEngine } from "./engine.ts";
@@ -44,49 +44,24 @@ export interface ApiDeps {
   startedAt: number;
 }
 
-export function readBody(req: IncomingMessage): Promise<unknown> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on("data", (c: Buffer) => {
-      size += c.length;
-      if (size > MAX_BODY) {
-        reject(new PayloadTooLargeError(MAX_BODY));
-        req.destroy();
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on("end", () => {
-      const text = Buffer.concat(chunks).toString("utf8");
-      if (text.length === 0) return resolve({});
-      try {
-        resolve(JSON.parse(text));
-      } catch (err) {
-        reject(new InvalidJsonError((err as Error).message));
-      }
-    });
-    req.on("error", reject);
-  });
-}
-
-function sendJson(
-  res: ServerResponse,
-  status: number,
-  body: unknown,
-  headers: Record<string, string> = {},
-): void {
-  if (res.headersSent) {
-    res.end();
-    return;
+/**
+ * A request's JSON body (an empty body is `{}`), read with the server's bounded reader: a body
+ * over MAX_BODY is a 413, bad JSON a 400.
+ */
+async function readJson(req: IncomingMessage): Promise<unknown> {
+  const raw = await readBody(req, MAX_BODY);
+  let text: string;
+  try {
+    text = raw.toString("utf8");
+  } finally {
+    releaseBody(raw);
   }
-  const text = JSON.stringify(body);
-  res.writeHead(status, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(text),
-    ...headers,
-  });
-  res.end(text);
+  if (text.length === 0) return {};
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new InvalidJsonError((err as Error).message);
+  }
 }
 
 export function sendError(
@@ -193,7 +168,7 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     return sendJson(res, ok ? 200 : 409, { success: ok });
   }
   if (method === "POST" && path === "/tokenize") {
-    const body = (await readBody(req)) as Record<string, unknown>;
+    const body = (await readJson(req)) as Record<string, unknown>;
     const tok = deps.tokenizer;
     let ids: number[];
     // vLLM's /tokenize: add_special_tokens defaults as on the matching completion endpoint.
@@ -233,7 +208,7 @@ async function handleCompletion(
   const arrivalMs = performance.now();
   let raw: unknown;
   try {
-    raw = await readBody(req);
+    raw = await readJson(req);
   } catch (err) {
     return sendError(res, err, requestId, cfg.engine);
   }

@@ -1,4 +1,4 @@
-import type { Tokenizer } from "../../kv/tokenizer.ts";
+import type { Tokenizer } from "../../tokenizer/tokenizer.ts";
 import type { OutputVocab } from "./output.ts";
 
 /**

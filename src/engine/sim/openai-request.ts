@@ -1,5 +1,10 @@
-import { addsSpecialTokens, type ChatMessageLike, messageText, type Tokenizer } from "../../kv/tokenizer.ts";
 import { BadRequestError, ContextLengthError, ModelNotFoundError } from "../../protocol/errors.ts";
+import {
+  addsSpecialTokens,
+  type ChatMessageLike,
+  messageText,
+  type Tokenizer,
+} from "../../tokenizer/tokenizer.ts";
 
 /** An OpenAI chat or completions request, validated and tokenised. */
 export interface SimRequest {

@@ -1,4 +1,4 @@
-import type { Tokenizer } from "../../kv/tokenizer.ts";
+import type { Tokenizer } from "../../tokenizer/tokenizer.ts";
 
 /**
  * Deterministic output text. Tokens are drawn, with a per-sequence seeded PRNG, from a

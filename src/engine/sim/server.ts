@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
-import { loadTokenizer, type Tokenizer } from "../../kv/tokenizer.ts";
+import { loadTokenizer, type Tokenizer } from "../../tokenizer/tokenizer.ts";
 import { createLogger } from "../../util/log.ts";
 import { createSimServer } from "./api.ts";
 import { parseSimArgs } from "./args.ts";

@@ -30,6 +30,8 @@ export interface SchedulingInput {
 
 export interface Scheduling {
   readonly policy: string;
+  /** The policy options it was built from (the DisaggRouter reads its own from them). */
+  readonly options: Readonly<Record<string, unknown>>;
   readonly profiles: ProfileSet;
   /** Union of the needs of the steps the router mode uses. */
   readonly needs: Needs;
@@ -83,6 +85,7 @@ export function buildScheduling(input: SchedulingInput): Scheduling {
   const policy = input.policy;
   return {
     policy,
+    options,
     profiles,
     needs,
     trackPrefill: needs.has("promptTokens") || needs.has("approxTree"),

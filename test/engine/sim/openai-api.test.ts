@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 describe("sim OpenAI API (spawned, official openai client)", () => {

@@ -8,6 +8,7 @@ import { describe, test } from "node:test";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import { AutoRouter } from "../../../src/router/auto.ts";
 import { makeDisaggRouterFactory } from "../../../src/router/disagg/index.ts";
+import { buildScheduling } from "../../../src/router/pipeline/build.ts";
 import { WorkerSet } from "../../../src/router/worker-set.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { FakeExecutor, jsonAnswer } from "./fake-exec.ts";
@@ -32,7 +33,7 @@ describe("AutoRouter: PD only while a healthy pair exists", () => {
     ws.attach();
     const auto = new AutoRouter({
       workers: ws,
-      policy: "round-robin",
+      scheduling: buildScheduling({ policy: "round-robin" }),
       logger,
       disaggFactory: makeDisaggRouterFactory(),
     });

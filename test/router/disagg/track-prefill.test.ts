@@ -8,6 +8,7 @@ import { describe, test } from "node:test";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import { AutoRouter } from "../../../src/router/auto.ts";
 import { createDisaggRouter } from "../../../src/router/disagg/index.ts";
+import { buildScheduling } from "../../../src/router/pipeline/build.ts";
 import { WorkerSet } from "../../../src/router/worker-set.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { mixedRecord } from "../../helpers/records.ts";
@@ -29,7 +30,7 @@ async function onePdRequest(policy: string) {
   ws.attach();
   const auto = new AutoRouter({
     workers: ws,
-    policy,
+    scheduling: buildScheduling({ policy, router: "disagg" }),
     mode: "disagg",
     logger,
     disaggFactory: createDisaggRouter,

@@ -9,11 +9,11 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import { WorkerClaim } from "../../../src/router/dispatch.ts";
 import { buildScheduling } from "../../../src/router/pipeline/build.ts";
 import type { Scheduler } from "../../../src/router/pipeline/scheduler.ts";
 import type { RoutingRequest, WorkerState } from "../../../src/router/types.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { makeWorker } from "./recorder.ts";
 

@@ -5,12 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { Prng, words } from "../../../src/bench/prng.ts";
 import { APPROX_TEXT_CAP, BRIDGE_TEXT_CAP } from "../../../src/kv/approx-tree.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
+import { Prng, words } from "../../../src/loadgen/prng.ts";
 import { buildScheduling } from "../../../src/router/pipeline/build.ts";
 import type { RoutingRequest } from "../../../src/router/types.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { makeWorker } from "./recorder.ts";
 

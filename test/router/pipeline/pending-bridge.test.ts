@@ -8,11 +8,11 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import { WorkerClaim } from "../../../src/router/dispatch.ts";
 import { buildScheduling } from "../../../src/router/pipeline/build.ts";
 import { PendingPrefixes } from "../../../src/router/pipeline/pending-prefixes.ts";
 import type { RoutingRequest } from "../../../src/router/types.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { makeWorker } from "./recorder.ts";
 

@@ -10,12 +10,12 @@ import { test } from "node:test";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { choosePair } from "../../../src/router/disagg/select.ts";
 import { buildScheduling } from "../../../src/router/pipeline/build.ts";
-import type { PolicyFactory } from "../../../src/router/types.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { createApproxPrefix as legacyApprox } from "./legacy/approx-prefix.ts";
 import { createKvAware as legacyKv } from "./legacy/kv-aware.ts";
 import { createRoundRobin as legacyRr } from "./legacy/round-robin.ts";
 import { choosePair as legacyChoosePair } from "./legacy/select.ts";
+import type { PolicyFactory } from "./legacy/types.ts";
 import { record, type Scenario, type WorkerSpec } from "./recorder.ts";
 
 const logger = createLogger("test");

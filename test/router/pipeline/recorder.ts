@@ -7,8 +7,8 @@
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../../../src/router/types.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 
 const tok = getDefaultTokenizer();
 

@@ -4,10 +4,9 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import { KvIngest } from "../../../src/kv/ingest.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
-import { createKvAware, type KvAwarePolicy } from "../../../src/router/policies/kv-aware.ts";
 import type { WorkerState } from "../../../src/router/types.ts";
 import { ServerRoutingRequest } from "../../../src/server/routing-request.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { connectNats } from "../../../src/transport/nats/connection.ts";
 import { NatsKvIngest } from "../../../src/transport/nats/kv-ingest.ts";
 import { type NatsKvRelay, startKvRelay } from "../../../src/transport/nats/kv-relay.ts";
@@ -15,6 +14,7 @@ import { createLogger } from "../../../src/util/log.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 import { waitUntil } from "../../helpers/wait.ts";
+import { presetScheduler } from "../../router/pipeline/preset.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 const MODEL = "kv-model";
@@ -103,8 +103,8 @@ test("kv-aware picks the same worker whether events come over ZMQ or the NATS re
   for (const id of ids) assert.equal(natsIngest.index.blockCount(id), zmqIngest.index.blockCount(id), id);
 
   const tok = getDefaultTokenizer();
-  const viaZmq = createKvAware({ logger, options: {}, kvIndex: zmqIngest.index }) as KvAwarePolicy;
-  const viaNats = createKvAware({ logger, options: {}, kvIndex: natsIngest.index }) as KvAwarePolicy;
+  const viaZmq = presetScheduler("kv-aware", { logger, kvIndex: zmqIngest.index });
+  const viaNats = presetScheduler("kv-aware", { logger, kvIndex: natsIngest.index });
   const cands = states();
   const picks: string[] = [];
   for (const [i, doc] of DOCS.entries()) {

@@ -12,8 +12,9 @@
  * chunkChars (64), maxNodesPerWorker (100000).
  */
 import { ApproxPrefixTree } from "../../../../src/kv/approx-tree.ts";
-import type { PolicyFactory, RoutingPolicy, Selection } from "../../../../src/router/types.ts";
+import type { RoutingPolicy, Selection } from "../../../../src/router/types.ts";
 import { isImbalanced, leastLoaded, numOption, requestLoad } from "./policy-util.ts";
+import type { PolicyFactory } from "./types.ts";
 
 export const createApproxPrefix: PolicyFactory = (ctx) => {
   const o = ctx.options;

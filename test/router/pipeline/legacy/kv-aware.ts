@@ -58,14 +58,9 @@
  */
 import { ApproxPrefixTree } from "../../../../src/kv/approx-tree.ts";
 import { hashString } from "../../../../src/kv/hash.ts";
-import type {
-  PolicyFactory,
-  RoutingPolicy,
-  RoutingRequest,
-  Selection,
-  WorkerState,
-} from "../../../../src/router/types.ts";
+import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../../../../src/router/types.ts";
 import { isImbalanced, leastLoaded, numOption, requestLoad } from "./policy-util.ts";
+import type { PolicyFactory } from "./types.ts";
 
 export interface KvAwareWeights {
   overlapWeight: number;

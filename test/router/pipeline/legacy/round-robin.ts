@@ -1,6 +1,7 @@
 // FROZEN copy of the pre-pipeline implementation (commit a5c2372), kept to prove the presets exact. Do not edit.
 /** Round-robin: each request goes to the next available worker in turn (an exact, even spread). */
-import type { PolicyFactory, RoutingPolicy, Selection } from "../../../../src/router/types.ts";
+import type { RoutingPolicy, Selection } from "../../../../src/router/types.ts";
+import type { PolicyFactory } from "./types.ts";
 
 export const createRoundRobin: PolicyFactory = () => {
   let next = 0;

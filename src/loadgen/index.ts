@@ -1,7 +1,7 @@
 /**
  * Programmatic API of `infera bench`, for benchmarks that drive load in-process:
  *
- *   import { runBench, formatTable } from "../../src/bench/index.ts";
+ *   import { runBench, formatTable } from "../../src/loadgen/index.ts";
  *   const r = await runBench({ url, model, workload: { kind: "doc-qa", documents: 8 }, requests: 200, rate: 20, seed: 1 });
  *   console.log(formatTable(r));
  */

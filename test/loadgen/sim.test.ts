@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { runBench } from "../../src/bench/runner.ts";
-import type { BenchResult } from "../../src/bench/schema.ts";
+import { runBench } from "../../src/loadgen/runner.ts";
+import type { BenchResult } from "../../src/loadgen/schema.ts";
 import { type SimProcess, startSim } from "../helpers/sim.ts";
 
 function accounted(r: BenchResult): void {

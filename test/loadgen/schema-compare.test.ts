@@ -5,10 +5,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
-import { compareResults, formatCompare } from "../../src/bench/compare.ts";
-import { renderPlotHtml } from "../../src/bench/plot.ts";
-import { formatTable } from "../../src/bench/report.ts";
-import { runBench } from "../../src/bench/runner.ts";
+import { compareResults, formatCompare } from "../../src/loadgen/compare.ts";
+import { renderPlotHtml } from "../../src/loadgen/plot.ts";
+import { formatTable } from "../../src/loadgen/report.ts";
+import { runBench } from "../../src/loadgen/runner.ts";
 import {
   type BenchResult,
   parseResult,
@@ -16,7 +16,7 @@ import {
   RESULT_KEYS,
   SCHEMA_VERSION,
   SUMMARY_KEYS,
-} from "../../src/bench/schema.ts";
+} from "../../src/loadgen/schema.ts";
 import { type FakeServer, startFake } from "./fake-openai.ts";
 
 const sorted = (o: object) => Object.keys(o).sort();

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { compareResults } from "../../src/bench/compare.ts";
-import { runBench } from "../../src/bench/runner.ts";
+import { compareResults } from "../../src/loadgen/compare.ts";
+import { runBench } from "../../src/loadgen/runner.ts";
 import { type Cluster, startCluster } from "../server/cluster.ts";
 
 describe("infera bench through infera server (2 sims)", () => {

@@ -27,7 +27,7 @@ export interface BenchConfigRecord {
   timeout_ms: number;
   duration_cap_s: number | null;
   slo: SloSpec;
-  /** How percentiles are computed (see src/bench/percentiles.ts). */
+  /** How percentiles are computed (see src/loadgen/percentiles.ts). */
   percentile_method: string;
   /** Free label a caller sets to tell runs apart (e.g. "round-robin", "kv-aware"). */
   label: string | null;

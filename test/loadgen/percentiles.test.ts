@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { distribution, percentile } from "../../src/bench/percentiles.ts";
-import { meetsSlo, summarize } from "../../src/bench/summary.ts";
-import type { RequestRecord } from "../../src/bench/types.ts";
+import { distribution, percentile } from "../../src/loadgen/percentiles.ts";
+import { meetsSlo, summarize } from "../../src/loadgen/summary.ts";
+import type { RequestRecord } from "../../src/loadgen/types.ts";
 
 const close = (a: number | null, b: number) =>
   assert.ok(a !== null && Math.abs(a - b) < 1e-9, `${a} != ${b}`);

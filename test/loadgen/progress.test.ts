@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { PassThrough } from "node:stream";
 import { describe, it } from "node:test";
-import { createProgress } from "../../src/bench/progress.ts";
+import { createProgress } from "../../src/loadgen/progress.ts";
 
 function capture(): { stream: PassThrough; text: () => string } {
   const stream = new PassThrough();

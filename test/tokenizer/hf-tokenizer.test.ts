@@ -4,9 +4,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
-import { loadTokenizer } from "../../../src/kv/tokenizer.ts";
-import { ServerRoutingRequest } from "../../../src/server/routing-request.ts";
-import { type SimProcess, startSim } from "../../helpers/sim.ts";
+import { ServerRoutingRequest } from "../../src/server/routing-request.ts";
+import { loadTokenizer } from "../../src/tokenizer/tokenizer.ts";
+import { type SimProcess, startSim } from "../helpers/sim.ts";
 
 /** GPT-2's byte-to-unicode table, to build a small byte-level BPE tokenizer.json by hand. */
 function bytesToUnicode(): string[] {

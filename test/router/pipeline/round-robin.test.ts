@@ -2,14 +2,14 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import { completeRecord } from "../../../src/discovery/static.ts";
-import { createRoundRobin } from "../../../src/router/policies/round-robin.ts";
 import type { RoutingRequest } from "../../../src/router/types.ts";
 import { WorkerSet } from "../../../src/router/worker-set.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { presetScheduler } from "./preset.ts";
 
 const logger = createLogger("test");
 
-describe("round-robin policy over a WorkerSet", () => {
+describe("round-robin preset over a WorkerSet", () => {
   const rec = (id: string) =>
     completeRecord({ id, url: `http://127.0.0.1:1/${id}`, model: "m", servedModelNames: ["m"] });
 
@@ -17,7 +17,7 @@ describe("round-robin policy over a WorkerSet", () => {
     const memory = new MemoryDiscovery([rec("a"), rec("b"), rec("c")]);
     const ws = new WorkerSet(memory, { logger });
     ws.attach();
-    const p = createRoundRobin({ logger, options: {} });
+    const p = presetScheduler("round-robin", { logger });
     const counts: Record<string, number> = {};
     const cands = ws.group("m")!.available;
     for (let i = 0; i < 300; i++) {

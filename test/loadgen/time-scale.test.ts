@@ -10,7 +10,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import type { BenchResult } from "../../src/bench/schema.ts";
+import type { BenchResult } from "../../src/loadgen/schema.ts";
 import { INFERA_BIN } from "../helpers/infera.ts";
 import { type SimProcess, startSim } from "../helpers/sim.ts";
 

@@ -1,6 +1,6 @@
 import { performance } from "node:perf_hooks";
 import { type Dispatcher, request, errors as undiciErrors } from "undici";
-import { renderChatML } from "../kv/tokenizer.ts";
+import { renderChatML } from "../tokenizer/tokenizer.ts";
 import { SseParser } from "./sse.ts";
 import type { BenchRequest, Endpoint, ErrorKind, RequestRecord } from "./types.ts";
 

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { flagsToConfig } from "../../../src/cli/server.ts";
+import { flagsToConfig } from "../../src/cli/server.ts";
 
 test("--kv-* flags become kv-aware policy options; --policy-option of the same key wins", () => {
   const cfg = flagsToConfig({

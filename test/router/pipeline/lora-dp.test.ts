@@ -18,9 +18,7 @@ import { test } from "node:test";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
 import { MixedRouter } from "../../../src/router/mixed.ts";
-import { policies } from "../../../src/router/policies/index.ts";
 import type {
   RequestExecutor,
   RoutingPolicy,
@@ -29,7 +27,9 @@ import type {
   UpstreamResponse,
 } from "../../../src/router/types.ts";
 import { LiveWorker, type WorkerSet } from "../../../src/router/worker-set.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { presetScheduler } from "./preset.ts";
 
 const BS = 16;
 const logger = createLogger("test");
@@ -96,7 +96,7 @@ function storedFor(tokens: readonly number[], hashBase: number, lora: string | n
 const doc = Array.from({ length: 60 }, (_, i) => `Clause ${i} says the rate is ${i * 3}.`).join(" ");
 
 function kvPolicy(index: KvIndex): RoutingPolicy {
-  return policies["kv-aware"]!({ logger, options: {}, kvIndex: index });
+  return presetScheduler("kv-aware", { logger, kvIndex: index });
 }
 
 test("a LoRA request goes to the worker that cached the prompt under that adapter, a base request does not", () => {

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { SseParser } from "../../src/bench/sse.ts";
+import { SseParser } from "../../src/loadgen/sse.ts";
 
 describe("SseParser", () => {
   const stream =

@@ -10,13 +10,13 @@ import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import type { KvIndex } from "../../../src/kv/index.ts";
 import { KvIngest } from "../../../src/kv/ingest.ts";
 import { createServerKvIngest, type ServerKvIngestHandle } from "../../../src/kv/server-ingest.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
-import { policies } from "../../../src/router/policies/index.ts";
 import type { WorkerState } from "../../../src/router/types.ts";
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 import { waitFor } from "../../kv/fake-publisher.ts";
+import { presetScheduler } from "./preset.ts";
 
 const BS = 16;
 const MODEL = "sim-model";
@@ -150,7 +150,7 @@ test("a new replica builds the full index by replay, and two replicas choose ali
     assert.ok(replicas[0].index.overlaps(promptTokens(docs[3], "q"), ids)[0] > 10);
     const ws = (): WorkerState[] =>
       disc.workers().map((record) => ({ record, inFlight: 0, pendingPrefillTokens: 0, available: true }));
-    const pols = replicas.map((r) => policies["kv-aware"]!({ logger, options: {}, kvIndex: r.index }));
+    const pols = replicas.map((r) => presetScheduler("kv-aware", { logger, kvIndex: r.index }));
     for (const [i, d] of docs.entries()) {
       const text = tok.applyChatTemplate(chatOf(d, `question ${i}`));
       const req = {

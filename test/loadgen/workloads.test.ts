@@ -3,8 +3,8 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { arrivalSchedule } from "../../src/bench/runner.ts";
-import { buildWorkload, parseWorkloadName } from "../../src/bench/workloads/index.ts";
+import { arrivalSchedule } from "../../src/loadgen/runner.ts";
+import { buildWorkload, parseWorkloadName } from "../../src/loadgen/workloads/index.ts";
 import { BadRequestError } from "../../src/protocol/errors.ts";
 
 describe("workloads are seeded and reproducible", () => {

@@ -4,11 +4,11 @@ import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import { ApproxPrefixTree } from "../../../src/kv/approx-tree.ts";
 import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
-import { getDefaultTokenizer } from "../../../src/kv/tokenizer.ts";
-import { policies } from "../../../src/router/policies/index.ts";
-import type { KvAwarePolicy } from "../../../src/router/policies/kv-aware.ts";
+import type { Scheduler } from "../../../src/router/pipeline/scheduler.ts";
 import type { RoutingPolicy, RoutingRequest, WorkerState } from "../../../src/router/types.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { presetScheduler } from "./preset.ts";
 
 const BS = 16;
 const logger = createLogger("test");
@@ -71,8 +71,8 @@ const doc = Array.from(
   (_, i) => `Paragraph ${i} of the handbook explains topic ${i * 7}.`,
 ).join(" ");
 
-function kvPolicy(index: KvIndex, options: Record<string, unknown> = {}, preset = "kv-aware"): KvAwarePolicy {
-  return policies[preset]!({ logger, options, kvIndex: index }) as KvAwarePolicy;
+function kvPolicy(index: KvIndex, options: Record<string, unknown> = {}, preset = "kv-aware"): Scheduler {
+  return presetScheduler(preset, { logger, options, kvIndex: index });
 }
 
 test("kv-aware sends a request to the worker holding its prefix, and not after BlockRemoved", () => {
@@ -103,7 +103,7 @@ test("kv-aware and round-robin selections carry the time the scheduler took to c
   assert.equal(sel.worker.record.id, "w7");
   // The server's infera_routing_decision_seconds observes this: a positive time under a second.
   assert.ok(sel.seconds !== undefined && sel.seconds > 0 && sel.seconds < 1, `seconds ${sel.seconds}`);
-  const rr = policies["round-robin"]!({ logger, options: {} }).select(request("hi"), ws);
+  const rr = presetScheduler("round-robin", { logger }).select(request("hi"), ws);
   assert.ok(rr.seconds !== undefined && rr.seconds >= 0 && rr.seconds < 1, `seconds ${rr.seconds}`);
 });
 
@@ -177,7 +177,7 @@ test("workers without KV events fall back to the approximate tree of what was ro
 
 test("approx-prefix alone: prefix match, spreading new prefixes, load balance", () => {
   const ws = [worker("a", false), worker("b", false), worker("c", false)];
-  const p: RoutingPolicy = policies["approx-prefix"]!({ logger, options: { balanceAbsThreshold: 4 } });
+  const p: RoutingPolicy = presetScheduler("approx-prefix", { logger, options: { balanceAbsThreshold: 4 } });
   const route = (text: string) => {
     const r = request(text);
     const s = p.select(r, ws);

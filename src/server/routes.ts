@@ -1,0 +1,103 @@
+/**
+ * The route table: method + path → handler, one line per route. A new endpoint is one line here
+ * and a handler file (a `RouteHandler`, ./route-context.ts). GET routes answer HEAD too. The
+ * dispatcher answers 405 for a known path asked with another method, 404 for any other path, and
+ * hands `/dashboard*` to the dashboard's own routes first.
+ *
+ * Every POST is work: the dispatcher refuses it while draining and counts it until its response
+ * closes (./lifecycle.ts), before the table is looked at. Anything that must run before every
+ * POST handler (an admission queue) goes in `dispatchPost`, one line.
+ */
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
+import { DASHBOARD_PATHS, handleDashboard } from "./dashboard/routes.ts";
+import { sendError } from "./http-util.ts";
+import type { RequestTracker } from "./lifecycle.ts";
+import { handleCompletion } from "./proxy.ts";
+import type { RouteContext, RouteHandler } from "./route-context.ts";
+import * as status from "./status-routes.ts";
+
+export interface Route {
+  method: "GET" | "POST";
+  path: string;
+  handler: RouteHandler;
+}
+
+/** The OpenAI completion endpoints (./proxy.ts); the handler answers its own errors. */
+const completions =
+  (kind: "chat" | "completion"): RouteHandler =>
+  (c, req, res) =>
+    void handleCompletion(c.proxy, kind, req, res);
+
+export const ROUTES: readonly Route[] = [
+  { method: "POST", path: "/v1/chat/completions", handler: completions("chat") },
+  { method: "POST", path: "/v1/completions", handler: completions("completion") },
+  { method: "GET", path: "/health", handler: status.health },
+  { method: "GET", path: "/ready", handler: status.ready },
+  { method: "GET", path: "/metrics", handler: status.metrics },
+  { method: "GET", path: "/v1/models", handler: status.models },
+  { method: "GET", path: "/v1/workers", handler: status.workers },
+  { method: "GET", path: "/debug/decisions", handler: status.decisions },
+];
+
+/** path → method → handler, and every path the server knows (for 405 vs 404). */
+const byPath = new Map<string, Map<string, RouteHandler>>();
+for (const r of ROUTES) {
+  const m = byPath.get(r.path) ?? new Map<string, RouteHandler>();
+  byPath.set(r.path, m);
+  m.set(r.method, r.handler);
+}
+const KNOWN = new Set([...byPath.keys(), ...DASHBOARD_PATHS]);
+
+/** The request listener: one per server, no closure per request. */
+export function createDispatcher(
+  ctx: RouteContext,
+  tracker: RequestTracker,
+): (req: IncomingMessage, res: ServerResponse) => void {
+  return (req, res) => {
+    req.on("error", () => {});
+    res.on("error", () => {});
+    // Browsers must take every answer as the content type it declares (issue #30 item 9).
+    res.setHeader("x-content-type-options", "nosniff");
+    tracker.onRequest(res);
+    const url = req.url ?? "/";
+    const q = url.indexOf("?");
+    const path = q < 0 ? url : url.slice(0, q);
+    const query = q < 0 ? "" : url.slice(q + 1);
+    const method = req.method;
+    try {
+      if (method === "POST") {
+        if (dispatchPost(ctx, tracker, path, req, res, query)) return;
+      } else if (method === "GET" || method === "HEAD") {
+        if (path.startsWith("/dashboard") && handleDashboard(ctx.dashboard, path, query, req, res)) return;
+        const h = byPath.get(path)?.get("GET");
+        if (h) return h(ctx, req, res, query);
+      }
+      if (KNOWN.has(path)) {
+        throw new InferaError(405, `Method ${echoInput(method ?? "")} is not allowed on ${path}.`, {
+          code: "method_not_allowed",
+        });
+      }
+      throw new NotFoundError(`No route for ${echoInput(method ?? "")} ${echoInput(path)}.`, "not_found");
+    } catch (err) {
+      req.resume();
+      sendError(res, err, undefined, ctx.logger);
+    }
+  };
+}
+
+/** A POST: admitted (refused while draining, counted), then its route's handler, if any. */
+function dispatchPost(
+  ctx: RouteContext,
+  tracker: RequestTracker,
+  path: string,
+  req: IncomingMessage,
+  res: ServerResponse,
+  query: string,
+): boolean {
+  tracker.admitPost(res);
+  const h = byPath.get(path)?.get("POST");
+  if (!h) return false;
+  h(ctx, req, res, query);
+  return true;
+}
