@@ -10,9 +10,9 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
-import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import type { DecisionExplanationJson } from "../../../src/router/pipeline/decision-wire.ts";
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 import { waitUntil } from "../../helpers/wait.ts";
