@@ -3,10 +3,10 @@
  * configured target for its model and priority, else the model's, else the default; none → no
  * target (nothing is judged saturated by predicted TTFT).
  *
- * Priority is the request's `x-infera-priority` header or vLLM's `priority` body field (an
- * integer, lower is served earlier under `--scheduling-policy priority`: vllm-project/vllm
- * vllm/entrypoints/openai/protocol.py ChatCompletionRequest.priority), matched as its decimal
- * string against `byPriority`.
+ * Priority is the request's `x-infera-priority` header (a flow-control band name, or a number)
+ * or vLLM's `priority` body field (an integer, lower is served earlier under
+ * `--scheduling-policy priority`: vllm-project/vllm vllm/entrypoints/openai/protocol.py
+ * ChatCompletionRequest.priority), matched as that string against `byPriority`.
  */
 import { z } from "zod";
 import type { RoutingRequest } from "../types.ts";
@@ -44,8 +44,9 @@ export interface TtftTargetConfig {
 
 /** The request's priority as a string key ("" when none). */
 export function priorityKey(req: RoutingRequest): string {
-  const h = req.header?.("x-infera-priority");
-  if (h !== undefined && /^-?\d+$/.test(h.trim())) return String(Number(h.trim()));
+  // The header names a band ("high") or a vLLM priority value ("-1"); either is a key.
+  const h = req.header?.("x-infera-priority")?.trim().toLowerCase();
+  if (h) return /^-?\d+$/.test(h) ? String(Number(h)) : h;
   const p = req.body.priority;
   return typeof p === "number" && Number.isInteger(p) ? String(p) : "";
 }
