@@ -2,7 +2,7 @@
  * The TTFT predictor through a real server (issue #29 item 4): two simulated engines (child
  * processes), a profile with the `ttft-saturation` filter, the `predicted-ttft` scorer and a
  * round-robin picker (so both workers keep getting samples), streamed requests through the
- * `openai` client. Worker A is then restarted at a fifth of its speed on the same port (another
+ * `openai` client. Worker A (at --speed 0.25: TTFTs well above a busy box's event-loop noise) is then restarted at a fifth of that speed on the same port (another
  * GPU, another quantization: the record does not change): the predictor re-fits it from its new
  * samples, a request whose TTFT target lies between the two workers' predictions goes to B only,
  * `/debug/decisions` shows predicted vs observed TTFT, and the error histogram is exported.
@@ -57,7 +57,7 @@ async function decisions(limit: number): Promise<DecisionExplanationJson[]> {
 const SIM_ARGS = (speed: number) => ["--block-size", "16", "--speed", String(speed)];
 
 before(async () => {
-  sims = await Promise.all([startSim({ args: SIM_ARGS(1) }), startSim({ args: SIM_ARGS(1) })]);
+  sims = await Promise.all([startSim({ args: SIM_ARGS(0.25) }), startSim({ args: SIM_ARGS(0.25) })]);
   const memory = new MemoryDiscovery(
     ["a", "b"].map((id, i) => mixedRecord({ id, model: MODEL, url: sims[i]!.url, maxModelLen: 131072 })),
   );
@@ -106,7 +106,7 @@ function relErrors(ds: DecisionExplanationJson[], worker: string): number[] {
 const median = (v: number[]) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
 
 test("the predictor learns each worker, re-fits one that slows down, and the filter avoids it", async () => {
-  // Phase 1: both at speed 1. Every decision shows a prediction per candidate once one sample exists.
+  // Phase 1: both at speed 0.25. Every decision shows a prediction per candidate once one sample exists.
   const p1 = await phase(24);
   assert.ok(p1.length >= 16, `observed TTFTs recorded: ${p1.length}: ${JSON.stringify(await decisions(24))}`);
   assert.ok(
@@ -124,7 +124,7 @@ test("the predictor learns each worker, re-fits one that slows down, and the fil
   // A is restarted at a fifth of its speed on the same port: same record, slower worker.
   const port = sims[0]!.port;
   await sims[0]!.stop();
-  sims[0] = await startSim({ port, args: SIM_ARGS(0.2) });
+  sims[0] = await startSim({ port, args: SIM_ARGS(0.05) });
 
   // The first requests on the slowed A are predicted far too low; its later ones are re-fitted.
   const p2 = await phase(32);
