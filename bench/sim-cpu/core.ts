@@ -8,6 +8,7 @@
 import { BlockPool } from "../../src/engine/sim/block-pool.ts";
 import { SimMetrics } from "../../src/engine/sim/metrics.ts";
 import { OutputText, OutputVocab, Rng } from "../../src/engine/sim/output.ts";
+import { personalityOf } from "../../src/engine/sim/personalities/index.ts";
 import { Scheduler } from "../../src/engine/sim/scheduler.ts";
 import { Sequence } from "../../src/engine/sim/sequence.ts";
 import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
@@ -15,7 +16,7 @@ import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 const vocab = OutputVocab.build(getDefaultTokenizer());
 const pool = new BlockPool(100000, 16);
 const metrics = new SimMetrics({
-  engine: "vllm",
+  personality: personalityOf("vllm"),
   modelName: "m",
   dpRank: 0,
   dpSize: 1,

@@ -37,6 +37,7 @@ function parseHostPort(v: string): { host: string; port: number } {
 }
 
 /** `infera kvd`: the tiered KV-cache daemon (RAM arena → disk → remote store). */
+// long: one commander chain, one `.option` per flag; split, the flag list would be harder to read.
 export function registerKvd(program: Command): void {
   program
     .command("kvd")

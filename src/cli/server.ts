@@ -251,6 +251,7 @@ function etcdAuthOptions(f: ServerFlags): Record<string, unknown> | undefined {
   return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }
 
+// long: one commander chain, one `.option` per flag; split, the flag list would be harder to read.
 export function registerServer(program: Command): void {
   program
     .command("server")

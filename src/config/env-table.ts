@@ -286,6 +286,12 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
   ),
   v("INFERA_LOG_LEVEL", "string", "all", "pino log level (default info; tests use silent or warn)."),
   v(
+    "INFERA_KV_ZMQ_NATIVE",
+    "string",
+    "server",
+    "`0`: read KV event SUB sockets with zeromq.js instead of libzmq's C API (src/kv/feeds/zmq-native.ts).",
+  ),
+  v(
     "INFERA_MORIIO_PROXY",
     "string",
     "engine",

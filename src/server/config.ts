@@ -5,6 +5,10 @@
  * (`--config x.yaml: port: ...`, `env INFERA_PORT: ...`, `--port: ...`); then the layers merge
  * field by field (nested objects too, arrays replace) and the result is validated once more.
  * The CLI passes only the flags the user gave, so defaults never mask the file or environment.
+ *
+ * Over 400 lines on purpose: a config key is added here (the interface and its default, side
+ * by side) and its layering rules sit below, so one file answers "where does this value come
+ * from". The schema (./config-schema.ts) and the printing (./config-print.ts) are already out.
  */
 import { readFileSync } from "node:fs";
 import { parse as parseYaml } from "yaml";

@@ -38,6 +38,7 @@ const NATS_SERVER_TLS_DIR = "/etc/nats-tls";
 const sha256 = (text: string): string => createHash("sha256").update(text).digest("hex");
 
 /** A single- or multi-member etcd StatefulSet behind a headless Service (stable peer names). */
+// long: the manifests as one literal, in the shape kubectl shows them; pieces would hide the object.
 export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
   const e = ctx.spec.etcd;
   if (e.external) return [];
@@ -147,6 +148,7 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
  * environment variables (NATS config syntax `$VAR`), filled from the credentials Secret, so no
  * secret lands in a ConfigMap.
  */
+// long: the manifests as one literal, in the shape kubectl shows them; pieces would hide the object.
 export function natsObjects(ctx: RenderContext): (StatefulSet | Service | ConfigMap | Secret)[] {
   const p = ctx.spec.planes;
   if (p.kind !== "nats") return [];

@@ -10,28 +10,26 @@ import {
 import { readBody, releaseBody, sendJson } from "../../server/http-util.ts";
 import { addsSpecialTokens, type Tokenizer } from "../../tokenizer/tokenizer.ts";
 import type { Logger } from "../../util/log.ts";
+import { addChoices } from "./choices.ts";
 import type { SimConfig } from "./config.ts";
+import { pickEngine } from "./dp-pick.ts";
 import type { SimEngine } from "./engine.ts";
 import type { SimKvHostImpl } from "./kv-host.ts";
 import type { LogprobModel } from "./logprobs.ts";
 import { combinedMetricsText } from "./metrics.ts";
-import { parseSimRequest } from "./openai-request.ts";
-import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
+import { parseSimRequest, type SimRequest } from "./openai-request.ts";
+import type { OutputVocab } from "./output.ts";
 import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
-import {
-  AtomModelMismatchError,
-  checkModelName,
-  handleGenerate,
-  personalityGetRoute,
-  pickEngine,
-} from "./personality-routes.ts";
+import type { Personality } from "./personalities/types.ts";
+import { type AnswerPlan, planAnswer } from "./request-plan.ts";
 import { RequestResponder } from "./response.ts";
-import { Sequence } from "./sequence.ts";
 
 const MAX_BODY = 64 * 1024 * 1024;
 
 export interface ApiDeps {
   cfg: SimConfig;
+  /** The engine whose surface this sim presents (looked up once from cfg.engine). */
+  personality: Personality;
   /** One engine per DP rank this process serves; [0] is the PD connector's. */
   engines: SimEngine[];
   tokenizer: Tokenizer;
@@ -67,41 +65,33 @@ async function readJson(req: IncomingMessage): Promise<unknown> {
 export function sendError(
   res: ServerResponse,
   err: unknown,
-  requestId?: string,
-  engine: SimConfig["engine"] = "vllm",
+  requestId: string | undefined,
+  personality: Personality,
 ): void {
-  if (err instanceof AtomModelMismatchError && !res.headersSent) {
-    sendJson(res, err.status, err.toJSON(), requestId ? { "x-request-id": requestId } : {});
-    return;
-  }
   const e = toInferaError(err);
-  // ATOM's handlers turn a ValueError into HTTPException(400, detail=str(e)) and anything else
-  // into HTTPException(500, ...): FastAPI's `{"detail": ...}` body (ROCm/ATOM
-  // atom/entrypoints/openai/api_server.py chat_completions/completions @ ffdf3bb5).
-  if (engine === "atom" && !res.headersSent) {
-    sendJson(res, e.status, { detail: e.message }, requestId ? { "x-request-id": requestId } : {});
-    return;
-  }
   if (res.headersSent) {
     // Mid-stream: an SSE error event, then close.
     if (!res.writableEnded) res.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
     return;
   }
-  sendJson(res, e.status, e.toJSON(), { ...e.headers, ...(requestId ? { "x-request-id": requestId } : {}) });
+  const answer = personality.errorAnswer(e);
+  sendJson(res, e.status, answer.body, {
+    ...answer.headers,
+    ...(requestId ? { "x-request-id": requestId } : {}),
+  });
 }
 
 /** The OpenAI-compatible HTTP server of the simulated engine. */
 export function createSimServer(deps: ApiDeps): Server {
-  const { cfg, log } = deps;
+  const { log } = deps;
   const server = createServer((req, res) => {
     handle(deps, req, res).catch((err: unknown) => {
       if (!(err instanceof InferaError)) log.error({ err }, "request failed");
-      sendError(res, err, undefined, cfg.engine);
+      sendError(res, err, undefined, deps.personality);
     });
   });
   server.keepAliveTimeout = 65_000;
   server.headersTimeout = 66_000;
-  void cfg;
   return server;
 }
 
@@ -121,12 +111,11 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     return handleCompletion(deps, path === "/v1/chat/completions" ? "chat" : "completion", req, res);
   }
   if (method === "GET" || method === "HEAD") {
-    const native = personalityGetRoute(deps, path);
+    const native = deps.personality.getRoutes(cfg)[path];
     if (native) return sendJson(res, 200, native());
     switch (path) {
       case "/health":
-        // ATOM answers {"status": "ok"} (atom/entrypoints/openai/api_server.py health()).
-        if (cfg.engine === "atom") return sendJson(res, 200, { status: "ok" });
+        if (deps.personality.healthBody !== null) return sendJson(res, 200, deps.personality.healthBody);
         res.writeHead(200, { "content-length": 0 });
         res.end();
         return;
@@ -161,8 +150,8 @@ async function handle(deps: ApiDeps, req: IncomingMessage, res: ServerResponse):
     const route = routes?.[path];
     if (route) return sendJson(res, 200, await route());
   }
-  if (method === "POST" && path === "/generate" && cfg.engine === "sglang")
-    return handleGenerate(deps, req, res);
+  const post = method === "POST" ? deps.personality.postRoutes[path] : undefined;
+  if (post) return post(deps, req, res);
   if (method === "POST" && path === "/reset_prefix_cache") {
     const ok = deps.engines.map((e) => e.resetPrefixCache()).every(Boolean);
     return sendJson(res, ok ? 200 : 409, { success: ok });
@@ -196,6 +185,35 @@ function pdPhaseOf(
   return null;
 }
 
+/** The request validated as the engine validates it, and what it asks beyond free text. */
+function parseAndPlan(
+  deps: ApiDeps,
+  kind: "chat" | "completion",
+  raw: unknown,
+): { r: SimRequest; plan: AnswerPlan } {
+  const { cfg } = deps;
+  deps.personality.checkModelName(cfg, raw);
+  const r = parseSimRequest(kind, raw, deps.tokenizer, {
+    servedModelNames: cfg.servedModelNames,
+    maxModelLen: cfg.maxModelLen,
+    maxLogprobs: cfg.maxLogprobs,
+  });
+  const plan = planAnswer(kind, r.body, r.n, deps.personality.requests, cfg);
+  const longest = Math.max(...r.prompts.map((p) => p.length));
+  const blocksNeeded = Math.ceil((longest + 1) / cfg.blockSize);
+  if (blocksNeeded > cfg.numGpuBlocks) {
+    throw new InferaError(
+      400,
+      `The prompt needs ${blocksNeeded} KV blocks but the engine has ${cfg.numGpuBlocks}.`,
+      {
+        param: kind === "chat" ? "messages" : "prompt",
+        code: "context_length_exceeded",
+      },
+    );
+  }
+  return { r, plan };
+}
+
 async function handleCompletion(
   deps: ApiDeps,
   kind: "chat" | "completion",
@@ -210,32 +228,16 @@ async function handleCompletion(
   try {
     raw = await readJson(req);
   } catch (err) {
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
-  let r: ReturnType<typeof parseSimRequest>;
+  let parsed: { r: SimRequest; plan: AnswerPlan };
   let engine: SimEngine;
   try {
-    checkModelName(cfg, raw);
-    r = parseSimRequest(kind, raw, deps.tokenizer, {
-      servedModelNames: cfg.servedModelNames,
-      maxModelLen: cfg.maxModelLen,
-      maxLogprobs: cfg.maxLogprobs,
-    });
-    const longest = Math.max(...r.prompts.map((p) => p.length));
-    const blocksNeeded = Math.ceil((longest + 1) / cfg.blockSize);
-    if (blocksNeeded > cfg.numGpuBlocks) {
-      throw new InferaError(
-        400,
-        `The prompt needs ${blocksNeeded} KV blocks but the engine has ${cfg.numGpuBlocks}.`,
-        {
-          param: kind === "chat" ? "messages" : "prompt",
-          code: "context_length_exceeded",
-        },
-      );
-    }
+    parsed = parseAndPlan(deps, kind, raw);
   } catch (err) {
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
+  const { r, plan } = parsed;
 
   const connector = deps.connector();
   const phase = pdPhaseOf(connector, r.body);
@@ -243,7 +245,7 @@ async function handleCompletion(
     // PD requests use rank 0 (the connector's KV host); others the pinned or least-loaded rank.
     engine = phase ? deps.engines[0] : pickEngine(deps, req, r.body);
   } catch (err) {
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
   const info: PdRequestInfo | null = phase
     ? { requestId, params: r.kvTransferParams ?? {}, body: r.body, promptTokenIds: r.prompts[0] }
@@ -257,6 +259,7 @@ async function handleCompletion(
     created: Math.floor(Date.now() / 1000),
     stream: r.stream,
     includeUsage: r.includeUsage,
+    continuousUsage: r.stream && plan.continuousUsage,
     numPrompts: r.prompts.length,
     n: phase === "prefill" ? 1 : r.n,
     streamInterval: cfg.streamInterval,
@@ -298,7 +301,7 @@ async function handleCompletion(
   } catch (err) {
     engine.scheduler.dropImport(requestId);
     deps.kvHost.setSalt(requestId, null);
-    return sendError(res, err, requestId, cfg.engine);
+    return sendError(res, err, requestId, deps.personality);
   }
   if (gone) {
     engine.scheduler.dropImport(requestId);
@@ -306,45 +309,16 @@ async function handleCompletion(
     return;
   }
 
-  const n = phase === "prefill" ? 1 : r.n;
-  const profile = cfg.profile;
-  r.prompts.forEach((prompt, p) => {
-    for (let i = 0; i < n; i++) {
-      const index = p * n + i;
-      const seedKey = r.seed !== null ? `seed:${r.seed}:${index}` : `req:${requestId}:${index}`;
-      const rng = new Rng(hashString(seedKey, (cfg.seed * 2654435761) >>> 0 || 0x811c9dc5));
-      const room = cfg.maxModelLen - prompt.length;
-      let maxTokens: number;
-      let limitReason: "length" | "stop";
-      if (phase === "prefill") {
-        maxTokens = 1;
-        limitReason = "length";
-      } else if (r.maxTokens !== null) {
-        maxTokens = r.maxTokens;
-        limitReason = "length";
-      } else if (r.ignoreEos) {
-        maxTokens = room;
-        limitReason = "length";
-      } else {
-        const span = profile.default_output_len_max - profile.default_output_len_min + 1;
-        maxTokens = Math.min(room, profile.default_output_len_min + Math.floor(rng.next() * span));
-        limitReason = maxTokens === room ? "length" : "stop";
-      }
-      const seq = new Sequence({
-        requestId,
-        index,
-        promptIds: prompt,
-        maxTokens,
-        limitReason,
-        salt: r.salt,
-        output: new OutputText(deps.vocab, rng, r.stop, r.logprobs !== null),
-        sink: responder,
-        // PD moves one sequence's KV: the first prompt's.
-        holdOnFinish: phase === "prefill" && index === 0,
-        arrivalMs,
-      });
-      responder.addSeq(seq);
-    }
+  addChoices({
+    cfg,
+    r,
+    plan,
+    rules: deps.personality.requests,
+    vocab: deps.vocab,
+    requestId,
+    phase,
+    responder,
+    arrivalMs,
   });
   responder.begin();
   for (const s of responder.seqs) engine.submit(s);

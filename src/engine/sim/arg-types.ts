@@ -1,4 +1,4 @@
-/** Types shared by the sim's command-line modules (args.ts, personality-args.ts). */
+/** Types shared by the sim's command-line modules (args.ts, personalities/). */
 import type { EngineKind } from "./engine-flags.ts";
 
 /** A command line the engine's argparse would refuse: exit status 2, argparse's message. */

@@ -9,18 +9,13 @@ import { ArgParseError, type RawArgs } from "./arg-types.ts";
 import {
   deriveFromKvTransfer,
   type KvEventsEncoding,
+  type KvEventsFraming,
   parseKvEventsConfig,
   type SimConfig,
 } from "./config.ts";
-import {
-  ENGINE_FLAGS,
-  ENGINE_KINDS,
-  ENGINE_PROG,
-  type EngineKind,
-  type FlagSpec,
-  SIM_FLAGS,
-} from "./engine-flags.ts";
-import { applyPersonality } from "./personality-args.ts";
+import { ENGINE_KINDS, type EngineKind, type FlagSpec, SIM_FLAGS } from "./engine-flags.ts";
+import { personalityOf } from "./personalities/index.ts";
+import type { Personality } from "./personalities/types.ts";
 import { loadProfile } from "./profile.ts";
 
 export { ArgParseError };
@@ -37,6 +32,7 @@ export interface ParsedArgs {
 }
 
 const ROLES: readonly WorkerRole[] = ["mixed", "prefill", "decode"];
+const FRAMINGS: readonly KvEventsFraming[] = ["seq", "atom"];
 const CONNECTORS: readonly ConnectorKind[] = ["nixl", "mooncake", "moriio", "sglang", "atom", "none"];
 
 function toInt(flag: string, v: string, min: number, prog: string): number {
@@ -76,18 +72,18 @@ function engineOf(argv: readonly string[]): EngineKind {
 }
 
 /** Looks a flag up: the engine's table first, then the sim's own; vLLM/ATOM accept `_` for `-`. */
-function lookup(engine: EngineKind, name: string): FlagSpec | undefined {
-  const table = ENGINE_FLAGS[engine];
+function lookup(p: Personality, name: string): FlagSpec | undefined {
+  const table = p.flags;
   const own = table[name] ?? SIM_FLAGS[name];
-  if (own || engine === "sglang" || !name.startsWith("--")) return own;
+  if (own || !p.underscoreFlags || !name.startsWith("--")) return own;
   const dashed = `--${name.slice(2).replaceAll("_", "-")}`;
   const under = `--${name.slice(2).replaceAll("-", "_")}`;
   return table[dashed] ?? SIM_FLAGS[dashed] ?? table[under];
 }
 
-function scan(argv: readonly string[]): RawArgs {
-  const engine = engineOf(argv);
-  const prog = ENGINE_PROG[engine];
+function scan(argv: readonly string[], p: Personality): RawArgs {
+  const engine = p.kind;
+  const prog = p.prog;
   const raw: RawArgs = {
     engine,
     prog,
@@ -112,13 +108,13 @@ function scan(argv: readonly string[]): RawArgs {
     const eq = arg.indexOf("=");
     const name = eq >= 0 ? arg.slice(0, eq) : arg;
     const inline = eq >= 0 ? arg.slice(eq + 1) : undefined;
-    const spec = lookup(engine, name);
+    const spec = lookup(p, name);
     if (!spec) {
       unrecognized.push(arg);
       // argparse leaves a following word unconsumed; it is unrecognized too (no positional takes it).
       if (inline === undefined && i + 1 < argv.length && !argv[i + 1].startsWith("-")) {
-        const hasModel = engine === "vllm" && raw.positionals.some((p) => p !== "serve");
-        if (hasModel || engine !== "vllm") unrecognized.push(argv[++i]);
+        const hasModel = p.positionalModel && raw.positionals.some((w) => w !== "serve");
+        if (hasModel || !p.positionalModel) unrecognized.push(argv[++i]);
       }
       continue;
     }
@@ -161,7 +157,7 @@ function scan(argv: readonly string[]): RawArgs {
     }
   }
   // vLLM: `[serve] MODEL` positional; SGLang and ATOM take no positionals.
-  if (engine === "vllm") {
+  if (p.positionalModel) {
     if (raw.positionals[0] === "serve") raw.positionals.shift();
     if (raw.positionals.length > 1) unrecognized.push(...raw.positionals.slice(1));
   } else unrecognized.push(...raw.positionals);
@@ -171,9 +167,10 @@ function scan(argv: readonly string[]): RawArgs {
 }
 
 export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = process.env): ParsedArgs {
-  const raw = scan(argv);
+  const p = personalityOf(engineOf(argv));
+  const raw = scan(argv, p);
   const { values, prog, engine } = raw;
-  const model = values.get("model") ?? (engine === "vllm" ? raw.positionals[0] : undefined) ?? "sim-model";
+  const model = values.get("model") ?? (p.positionalModel ? raw.positionals[0] : undefined) ?? "sim-model";
   const profile = loadProfile(values.get("profile"));
   const kvTransferConfig = values.has("kv-transfer-config")
     ? parseJsonObject("kv-transfer-config", values.get("kv-transfer-config")!, prog)
@@ -194,16 +191,12 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
       prog,
     );
   }
-  // vLLM: `map` is vLLM's newest layout (events and the batch as maps; KVCacheEvent is no longer
-  // array_like) and the default when `--engine vllm` is named; without `--engine` (the sim's
-  // long-standing command line) the default stays the older positional `array` layout.
   const explicitEngine = argv.some((a) => a === "--engine" || a.startsWith("--engine="));
-  const encoding =
-    values.get("kv-events-encoding") ?? (engine === "vllm" && explicitEngine ? "map" : "array");
+  const encoding = values.get("kv-events-encoding") ?? p.defaultKvEncoding(explicitEngine);
   if (encoding !== "array" && encoding !== "map")
     throw new ArgParseError("argument --kv-events-encoding: invalid choice (choose from array, map)", prog);
-  const framing = values.get("kv-events-framing") ?? (engine === "atom" ? "atom" : "seq");
-  if (framing !== "seq" && framing !== "atom")
+  const framing = values.get("kv-events-framing") ?? p.defaultKvFraming;
+  if (!FRAMINGS.includes(framing as KvEventsFraming))
     throw new ArgParseError("argument --kv-events-framing: invalid choice (choose from seq, atom)", prog);
   const int = (flag: string, dflt: number, min = 1): number => {
     const v = values.get(flag);
@@ -224,17 +217,22 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
   const served =
     raw.multi.get("served-model-name") ??
     (values.has("served-model-name") ? [values.get("served-model-name")!] : []);
-  const defaultPort = engine === "sglang" ? 30000 : 8000;
-  const defaultHost = engine === "sglang" ? "127.0.0.1" : "0.0.0.0";
   const dpRankRaw = values.get("dp-rank");
+  // vLLM SchedulerConfig.policy: Literal["fcfs", "priority"].
+  const policy = values.get("scheduling-policy") ?? "fcfs";
+  if (policy !== "fcfs" && policy !== "priority")
+    throw new ArgParseError(
+      `argument --scheduling-policy: invalid choice: '${policy}' (choose from 'fcfs', 'priority')`,
+      prog,
+    );
   const config: SimConfig = {
     engine,
     ...(explicitEngine ? { engineExplicit: true } : {}),
     model,
     servedModelNames: served.length > 0 ? served : [model],
-    host: values.get("host") ?? defaultHost,
-    port: int("port", defaultPort, 0),
-    blockSize: int("block-size", engine === "sglang" ? 1 : 16),
+    host: values.get("host") ?? p.defaultHost,
+    port: int("port", p.defaultPort, 0),
+    blockSize: int("block-size", p.defaultBlockSize),
     numGpuBlocks: int("num-gpu-blocks", profile.num_gpu_blocks),
     maxNumSeqs: int("max-num-seqs", profile.max_num_seqs),
     maxNumBatchedTokens: int("max-num-batched-tokens", profile.max_num_batched_tokens),
@@ -243,7 +241,7 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     connector: (connectorFlag as ConnectorKind | undefined) ?? derived.connector ?? "none",
     kvEvents,
     kvEventsEncoding: encoding as KvEventsEncoding,
-    kvEventsFraming: framing,
+    kvEventsFraming: framing as KvEventsFraming,
     kvTransferConfig,
     tokenizerDir: values.get("tokenizer"),
     speed,
@@ -254,12 +252,15 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     dpRank: dpRankRaw === undefined ? 0 : toInt("data-parallel-rank", dpRankRaw, 0, prog),
     dpLocal: dpRankRaw === undefined,
     enablePrefixCaching: !raw.bools.has("prefix-caching-off"),
-    apiKey: values.get("api-key") ?? (engine === "vllm" ? env.VLLM_API_KEY : undefined),
+    apiKey: values.get("api-key") ?? (p.apiKeyEnv ? env[p.apiKeyEnv] : undefined),
     holdTimeoutMs: int("kv-hold-timeout-ms", 120000),
     streamInterval: int("stream-interval", 1),
     maxLogprobs: int("max-logprobs", 20, 0),
+    ...(values.has("tool-call-parser") ? { toolCallParser: values.get("tool-call-parser") } : {}),
+    ...(raw.bools.has("enable-auto-tool-choice") ? { enableAutoToolChoice: true } : {}),
+    ...(policy === "priority" ? { schedulingPolicy: "priority" as const } : {}),
   };
-  applyPersonality(config, raw, env);
+  p.applyArgs(config, raw, env);
   const fleetManifest = values.get("fleet-manifest") ?? null;
   const fleet =
     values.has("fleet") || fleetManifest !== null

@@ -65,6 +65,12 @@ export interface SimConfig {
   streamInterval: number;
   /** vLLM `--max-logprobs`: the most logprob alternatives a request may ask for. */
   maxLogprobs: number;
+  /** `--tool-call-parser` (vLLM, SGLang): the server parses tool calls out of the model's text. */
+  toolCallParser?: string;
+  /** vLLM `--enable-auto-tool-choice`: tool_choice "auto" is served. */
+  enableAutoToolChoice?: boolean;
+  /** vLLM `--scheduling-policy fcfs|priority`: under priority, requests may carry `priority`. */
+  schedulingPolicy?: "fcfs" | "priority";
 }
 
 export function defaultKvEventsConfig(): KvEventsConfig {
@@ -130,6 +136,7 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
 }
 
 /**
+<<<<<<< HEAD
  * CPU blocks of vLLM's native KV offloading (`--kv-transfer-config '{"kv_connector":
  * "OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_cpu_blocks":N}}'`),
  * 0 when not configured. The sim then offloads every block it caches to a CPU LRU of N blocks and
@@ -150,14 +157,18 @@ export function offloadCpuBlocks(cfg: Record<string, unknown>): number {
  * - SGLang: also `0.0.0.0` (python/sglang/srt/disaggregation/kv_events.py _socket_setup);
  * - ATOM: always binds (ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5).
  * Anything else is connect(): no subscriber ever hears such an engine.
+=======
+ * Whether a ZMQ publisher binds `endpoint` rather than connecting to it: wildcards (`*`, `::`),
+ * ipc:// and inproc://, plus `0.0.0.0` where the engine counts it (SGLang). Each personality's
+ * kvPubMode cites its engine's rule.
+>>>>>>> main
  */
-export function kvPubMode(engine: EngineKind, endpoint: string): "bind" | "connect" {
-  if (engine === "atom") return "bind";
-  const wildcard =
+export function zmqBindsFor(endpoint: string, anyIpv4IsWildcard: boolean): boolean {
+  return (
     endpoint.includes("*") ||
     endpoint.includes("::") ||
     endpoint.startsWith("ipc://") ||
     endpoint.startsWith("inproc://") ||
-    (engine === "sglang" && endpoint.includes("0.0.0.0"));
-  return wildcard ? "bind" : "connect";
+    (anyIpv4IsWildcard && endpoint.includes("0.0.0.0"))
+  );
 }

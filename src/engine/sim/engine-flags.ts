@@ -75,6 +75,10 @@ export const VLLM_FLAGS: Table = {
   "--max-logprobs": v("max-logprobs"),
   "--enable-prefix-caching": b("prefix-caching-on"),
   "--no-enable-prefix-caching": b("prefix-caching-off"),
+  // Tool calling and scheduling (personalities/vllm.ts reads them per request).
+  "--enable-auto-tool-choice": b("enable-auto-tool-choice"),
+  "--tool-call-parser": v("tool-call-parser"),
+  "--scheduling-policy": v("scheduling-policy"),
   ...unmodelled(
     [
       "--gpu-memory-utilization",
@@ -117,12 +121,10 @@ export const VLLM_FLAGS: Table = {
       "--max-long-partial-prefills",
       "--long-prefill-token-threshold",
       "--max-seq-len-to-capture",
-      "--scheduling-policy",
       "--limit-mm-per-prompt",
       "--hf-overrides",
       "--worker-cls",
       "--reasoning-parser",
-      "--tool-call-parser",
       "--root-path",
       "--allowed-origins",
       "--allowed-methods",
@@ -190,7 +192,6 @@ export const VLLM_FLAGS: Table = {
       "--no-async-scheduling",
       "--headless",
       "--disable-custom-all-reduce",
-      "--enable-auto-tool-choice",
       "--disable-frontend-multiprocessing",
       "--enable-prompt-tokens-details",
       "--enable-force-include-usage",
@@ -242,6 +243,7 @@ export const SGLANG_FLAGS: Table = {
   "--disaggregation-transfer-backend": v("disaggregation-transfer-backend"),
   "--disaggregation-ib-device": v("disaggregation-ib-device"),
   "--max-total-tokens": v("max-total-tokens"),
+  "--tool-call-parser": v("tool-call-parser"),
   ...unmodelled(
     [
       "--tokenizer-mode",
@@ -272,7 +274,6 @@ export const SGLANG_FLAGS: Table = {
       "--moe-a2a-backend",
       "--moe-runner-backend",
       "--reasoning-parser",
-      "--tool-call-parser",
       "--speculative-algorithm",
       "--speculative-draft-model-path",
       "--speculative-num-steps",
@@ -417,17 +418,4 @@ export const ATOM_FLAGS: Table = {
   "--load_dummy": { key: null, arity: "optional" },
   "--enable-tbo": { key: null, arity: "optional" },
   "--all2all-backend": { key: null, arity: "optional" },
-};
-
-export const ENGINE_FLAGS: Record<EngineKind, Table> = {
-  vllm: VLLM_FLAGS,
-  sglang: SGLANG_FLAGS,
-  atom: ATOM_FLAGS,
-};
-
-/** The program name argparse prints in its usage/error lines. */
-export const ENGINE_PROG: Record<EngineKind, string> = {
-  vllm: "vllm serve",
-  sglang: "launch_server.py",
-  atom: "openai_server.py",
 };

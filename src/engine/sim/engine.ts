@@ -4,6 +4,7 @@ import { BlockPool } from "./block-pool.ts";
 import { offloadCpuBlocks, type SimConfig } from "./config.ts";
 import type { KvEventPublisher } from "./kv-publisher.ts";
 import { SimMetrics } from "./metrics.ts";
+import type { Personality } from "./personalities/types.ts";
 import { stepSeconds } from "./profile.ts";
 import { type ScheduledChunk, Scheduler, type StepPlan } from "./scheduler.ts";
 import type { Sequence } from "./sequence.ts";
@@ -50,7 +51,13 @@ export class SimEngine {
    * @param rank the data-parallel rank this scheduler + pool is (one SimEngine per rank).
    * @param itlFamily shared by the ranks of one process, so /metrics renders the family once.
    */
-  constructor(cfg: SimConfig, log: Logger, rank: number = cfg.dpRank, itlFamily?: FastHistogramFamily) {
+  constructor(
+    cfg: SimConfig,
+    personality: Personality,
+    log: Logger,
+    rank: number = cfg.dpRank,
+    itlFamily?: FastHistogramFamily,
+  ) {
     this.cfg = cfg;
     this.log = log;
     this.rank = rank;
@@ -61,7 +68,7 @@ export class SimEngine {
       offloadCpuBlocks(cfg.kvTransferConfig),
     );
     this.metrics = new SimMetrics({
-      engine: cfg.engine,
+      personality,
       modelName: cfg.servedModelNames[0],
       dpRank: rank,
       dpSize: cfg.dpSize,

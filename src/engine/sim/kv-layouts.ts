@@ -108,6 +108,20 @@ function onGpu(e: KvEvent): boolean {
   return e.type === "AllBlocksCleared" || (e.medium ?? "GPU") === "GPU";
 }
 
+/** Each layout's EventBatch encoder, by name (the personalities pick the name). */
+const ENCODERS: Readonly<
+  Record<KvLayout, (ts: number, events: readonly KvEvent[], dpRank: number) => unknown>
+> = {
+  "vllm-map": (ts, events, dpRank) => ({ ts, events: events.map(vllmMap), data_parallel_rank: dpRank }),
+  "vllm-array": (ts, events, dpRank) => [ts, events.map(vllmArray), dpRank],
+  sglang: (ts, events, dpRank) => {
+    const out: unknown[] = [];
+    for (const e of events) if (onGpu(e)) sglang(e, out);
+    return [ts, out, dpRank];
+  },
+  atom: (ts, events, dpRank) => [ts, events.filter(onGpu).map(atom), dpRank],
+};
+
 /** One step's events as the personality's EventBatch. */
 export function encodeBatch(
   layout: KvLayout,
@@ -115,17 +129,5 @@ export function encodeBatch(
   events: readonly KvEvent[],
   dpRank: number,
 ): unknown {
-  switch (layout) {
-    case "vllm-map":
-      return { ts, events: events.map(vllmMap), data_parallel_rank: dpRank };
-    case "vllm-array":
-      return [ts, events.map(vllmArray), dpRank];
-    case "sglang": {
-      const out: unknown[] = [];
-      for (const e of events) if (onGpu(e)) sglang(e, out);
-      return [ts, out, dpRank];
-    }
-    case "atom":
-      return [ts, events.filter(onGpu).map(atom), dpRank];
-  }
+  return ENCODERS[layout](ts, events, dpRank);
 }

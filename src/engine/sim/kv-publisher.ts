@@ -1,18 +1,11 @@
 import { Packr } from "msgpackr";
 import { Publisher, Router } from "zeromq";
 import type { Logger } from "../../util/log.ts";
-import type { KvEventsConfig, KvEventsFraming, SimConfig } from "./config.ts";
+import type { KvEventsConfig, KvEventsFraming } from "./config.ts";
 import type { KvEvent } from "./kv-events.ts";
 import { encodeBatch, type KvLayout } from "./kv-layouts.ts";
 
 export type { KvLayout };
-
-/** The event layout of a personality (`--kv-events-encoding` picks vLLM's map or older array form). */
-export function kvLayoutOf(cfg: Pick<SimConfig, "engine" | "kvEventsEncoding">): KvLayout {
-  if (cfg.engine === "sglang") return "sglang";
-  if (cfg.engine === "atom") return "atom";
-  return cfg.kvEventsEncoding === "map" ? "vllm-map" : "vllm-array";
-}
 
 /**
  * vLLM's ZMQ KV-event publisher: a PUB socket sending `[topic, seq (8-byte BE), msgpack
@@ -109,7 +102,7 @@ export class KvEventPublisher {
       this.ring[this.ringStart] = entry;
       this.ringStart = (this.ringStart + 1) % this.ring.length;
     }
-    if (this.framing === "atom") this.queue.push(this.topic.length > 0 ? [this.topic, payload] : [payload]);
+    if (this.framing !== "seq") this.queue.push(this.topic.length > 0 ? [this.topic, payload] : [payload]);
     else this.queue.push([this.topic, seq, payload]);
     if (!this.sending) void this.drain();
   }

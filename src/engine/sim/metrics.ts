@@ -8,9 +8,9 @@ import {
   Registry,
 } from "prom-client";
 import { FastHistogramFamily } from "../../util/fast-metrics.ts";
-import type { EngineKind } from "./engine-flags.ts";
-import { METRIC_NAMES, type MetricNames } from "./metric-names.ts";
+import type { MetricNames } from "./metric-names.ts";
 import type { FinishReason } from "./output.ts";
+import type { Personality } from "./personalities/types.ts";
 import type { SchedulerObserver } from "./scheduler.ts";
 import type { Sequence } from "./sequence.ts";
 
@@ -28,7 +28,8 @@ export interface EngineGauges {
 }
 
 export interface SimMetricsOptions {
-  engine: EngineKind;
+  /** Whose metric names and labels (personalities/). */
+  personality: Personality;
   modelName: string;
   dpRank: number;
   /** Labels carry the DP rank (SGLang adds `dp_rank` only when DP is on). */
@@ -54,27 +55,15 @@ const SIZES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 2000
 
 /** The engine's own label set for one rank (see metric-names.ts for the sources). */
 export function rankLabels(
-  o: Pick<SimMetricsOptions, "engine" | "modelName" | "dpRank" | "dpSize" | "role">,
+  o: Pick<SimMetricsOptions, "personality" | "modelName" | "dpRank" | "dpSize" | "role">,
 ): Record<string, string> {
-  if (o.engine === "vllm") return { model_name: o.modelName, engine: String(o.dpRank) };
-  if (o.engine === "sglang") {
-    const l: Record<string, string> = {
-      model_name: o.modelName,
-      engine_type: o.role === "mixed" ? "unified" : o.role,
-      tp_rank: "0",
-      pp_rank: "0",
-      moe_ep_rank: "0",
-    };
-    if (o.dpSize > 1) l.dp_rank = String(o.dpRank);
-    return l;
-  }
-  return {}; // ATOM: unlabelled, summed across DP ranks.
+  return o.personality.rankLabels(o);
 }
 
 export function itlFamilyFor(
-  o: Pick<SimMetricsOptions, "engine" | "modelName" | "dpRank" | "dpSize" | "role">,
+  o: Pick<SimMetricsOptions, "personality" | "modelName" | "dpRank" | "dpSize" | "role">,
 ): FastHistogramFamily | null {
-  const n = METRIC_NAMES[o.engine].itl;
+  const n = o.personality.metricNames.itl;
   if (!n) return null;
   return new FastHistogramFamily(
     n,
@@ -112,7 +101,7 @@ export class SimMetrics implements SchedulerObserver {
 
   constructor(o: SimMetricsOptions) {
     const r = this.registry;
-    const n = METRIC_NAMES[o.engine];
+    const n = o.personality.metricNames;
     this.n = n;
     const labels = rankLabels(o);
     r.setDefaultLabels(labels);

@@ -87,31 +87,61 @@ export class OutputText {
   private emitted = 0;
   private readonly holdBack: number;
   stopped = false;
+  /**
+   * What ended the text early, as vLLM reports it in `stop_reason`: the matched stop string,
+   * or the stop token id; null otherwise (EOS, length).
+   */
+  stopReason: string | number | null = null;
   /** Vocabulary index of every token drawn, kept only when the request wants logprobs. */
   readonly drawn: number[] | null;
+  /** A scripted answer (structured output, tool call): its pieces are "sampled" in order. */
+  private readonly script: readonly string[] | null;
+  private scriptAt = 0;
+  private readonly stopTokenIds: ReadonlySet<number> | null;
+  private lastId = 0;
 
-  constructor(vocab: OutputVocab, rng: Rng, stop: readonly string[], recordDrawn = false) {
+  constructor(
+    vocab: OutputVocab,
+    rng: Rng,
+    stop: readonly string[],
+    recordDrawn = false,
+    opts: { script?: readonly string[] | null; stopTokenIds?: readonly number[] } = {},
+  ) {
     this.vocab = vocab;
     this.rng = rng;
     this.stop = stop;
     this.drawn = recordDrawn ? [] : null;
+    this.script = opts.script ?? null;
+    this.stopTokenIds = opts.stopTokenIds && opts.stopTokenIds.length > 0 ? new Set(opts.stopTokenIds) : null;
     let longest = 0;
     for (const s of stop) longest = Math.max(longest, s.length);
     this.holdBack = longest > 0 ? longest - 1 : 0;
+  }
+
+  /** Pieces a scripted answer has (its natural length); null when the text is free. */
+  get scriptLength(): number | null {
+    return this.script ? this.script.length : null;
   }
 
   nextToken(): number {
     const i = Math.floor(this.rng.next() * this.vocab.ids.length);
     this.lastPiece = i;
     this.drawn?.push(i);
-    return this.vocab.ids[i];
+    this.lastId = this.vocab.ids[i];
+    return this.lastId;
   }
 
   private lastPiece = 0;
 
-  /** Appends the last drawn token's text; returns true when a stop string matched. */
+  /** Appends the last drawn token's text; returns true when a stop string or stop token matched. */
   appendLast(): boolean {
-    const piece = this.vocab.pieces[this.lastPiece];
+    if (this.stopTokenIds?.has(this.lastId) && !this.script) {
+      // vLLM: a stop token ends the sequence, its text is not in the output, stop_reason = id.
+      this.stopped = true;
+      this.stopReason = this.lastId;
+      return true;
+    }
+    const piece = this.script ? (this.script[this.scriptAt++] ?? "") : this.vocab.pieces[this.lastPiece];
     if (this.stop.length === 0) {
       // Without stop strings the delta is just the pieces: no slicing of `text` (a rope that
       // slicing would flatten on every token).
@@ -122,14 +152,19 @@ export class OutputText {
     const searchFrom = Math.max(0, this.text.length - this.holdBack);
     this.text += piece;
     let cut = -1;
+    let matched = "";
     for (const s of this.stop) {
       if (s.length === 0) continue;
       const at = this.text.indexOf(s, searchFrom);
-      if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+      if (at >= 0 && (cut < 0 || at < cut)) {
+        cut = at;
+        matched = s;
+      }
     }
     if (cut >= 0) {
       this.text = this.text.slice(0, cut);
       this.stopped = true;
+      this.stopReason = matched;
       return true;
     }
     return false;

@@ -1,8 +1,11 @@
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
-import { chatLogprobs, completionLogprobs, type LogprobModel, type TokenLogprob } from "./logprobs.ts";
+import { chatLogprobs, type LogprobModel, type TokenLogprob } from "./logprobs.ts";
 import type { FinishReason } from "./output.ts";
+import type { ChoiceShape } from "./request-plan.ts";
+import { completionLogprobsWithSampled, outputLogprobs, promptLogprobs } from "./seq-logprobs.ts";
 import type { SeqSink, Sequence } from "./sequence.ts";
+import { toolDeltas, toolFinishReason, toolMessage } from "./tool-answer.ts";
 
 /**
  * Turns the sequences of one request into the OpenAI answer: SSE events as tokens arrive,
@@ -21,6 +24,8 @@ export interface ResponseMeta {
   created: number;
   stream: boolean;
   includeUsage: boolean;
+  /** vLLM's stream_options.continuous_usage_stats (with include_usage): usage on every chunk. */
+  continuousUsage?: boolean;
   /** Number of prompts (completions batch); choices = prompts x n. */
   numPrompts: number;
   n: number;
@@ -82,6 +87,9 @@ export class RequestResponder implements SeqSink {
   private flushQueued = false;
   private started = false;
   private direct: Socket | null = null;
+  /** Per choice: its tool-call layout, if any, and how much of its text became tool deltas. */
+  private readonly shapes: (ChoiceShape | null)[] = [];
+  private readonly shown: number[] = [];
 
   constructor(res: ServerResponse, meta: ResponseMeta) {
     this.res = res;
@@ -91,8 +99,8 @@ export class RequestResponder implements SeqSink {
     this.mid = meta.kind === "chat" ? `,"delta":{"content":` : `,"text":`;
     this.tail =
       meta.kind === "chat"
-        ? `},"logprobs":null,"finish_reason":null}]}\n\n`
-        : `,"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n`;
+        ? `},"logprobs":null,"finish_reason":null}]`
+        : `,"logprobs":null,"finish_reason":null,"stop_reason":null}]`;
   }
 
   get id(): string {
@@ -103,8 +111,11 @@ export class RequestResponder implements SeqSink {
     return this.ended;
   }
 
-  addSeq(seq: Sequence): void {
+  /** `shape`: the choice answers with tool calls laid out so in its text (tool-answer.ts). */
+  addSeq(seq: Sequence, shape: ChoiceShape | null = null): void {
     this.seqs.push(seq);
+    this.shapes.push(shape);
+    this.shown.push(0);
     this.seqText.push("");
     this.remaining++;
   }
@@ -151,8 +162,8 @@ export class RequestResponder implements SeqSink {
         const t = this.seqText[i];
         if (t.length === 0) continue;
         this.out +=
-          this.meta.logprobs === null
-            ? `${this.head}${i}${this.mid}${JSON.stringify(t)}${this.tail}`
+          this.meta.logprobs === null && this.shapes[i] === null
+            ? `${this.head}${i}${this.mid}${JSON.stringify(t)}${this.tail}${this.close(i)}`
             : this.event(i, t, null);
         this.seqText[i] = "";
       }
@@ -181,20 +192,22 @@ export class RequestResponder implements SeqSink {
     });
     if (this.meta.kind === "chat") {
       for (const s of this.seqs) {
-        this.out += `${this.head}${s.index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`;
+        this.out += `${this.head}${s.index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]${this.close(s.index, true)}`;
       }
       // vLLM's chat echo: the continued assistant message, as one content chunk per choice.
       if (this.meta.echoTexts) {
         for (const s of this.seqs) {
-          this.out += `${this.head}${s.index}${this.mid}${JSON.stringify(this.echoText(s))}},"logprobs":null,"finish_reason":null}]}\n\n`;
+          this.out += `${this.head}${s.index}${this.mid}${JSON.stringify(this.echoText(s))}},"logprobs":null,"finish_reason":null}]${this.close(s.index, true)}`;
         }
       }
     } else if (this.meta.echoTexts) {
       // vLLM streams the echoed prompt first, as its own chunk per choice.
       for (const s of this.seqs) {
         const lp =
-          this.meta.logprobs === null ? "null" : JSON.stringify(this.completionLp(this.promptLp(s), 0));
-        this.out += `${this.head}${s.index}${this.mid}${JSON.stringify(this.echoText(s))},"logprobs":${lp},"finish_reason":null,"stop_reason":null}]}\n\n`;
+          this.meta.logprobs === null
+            ? "null"
+            : JSON.stringify(completionLogprobsWithSampled(this.promptLp(s), 0));
+        this.out += `${this.head}${s.index}${this.mid}${JSON.stringify(this.echoText(s))},"logprobs":${lp},"finish_reason":null,"stop_reason":null}]${this.close(s.index, true)}`;
       }
     }
   }
@@ -208,57 +221,51 @@ export class RequestResponder implements SeqSink {
       const entries = this.outputLp(seq, from);
       this.lpSent[i] = from + entries.length;
       const offset = this.lpOffset[i] ?? (this.meta.echoTexts ? this.echoText(seq).length : 0);
-      const obj = this.meta.kind === "chat" ? chatLogprobs(entries) : this.completionLp(entries, offset);
+      const obj =
+        this.meta.kind === "chat" ? chatLogprobs(entries) : completionLogprobsWithSampled(entries, offset);
       let end = offset;
       for (const e of entries) end += e.token.length;
       this.lpOffset[i] = end;
       lp = JSON.stringify(obj);
     }
     const close = this.meta.kind === "chat" ? "}" : "";
-    const reason = finish === null ? "null" : `"${finish}"`;
-    const stopReason = finish === null && this.meta.kind === "chat" ? "" : `,"stop_reason":null`;
-    return `${this.head}${i}${this.mid}${JSON.stringify(text)}${close},"logprobs":${lp},"finish_reason":${reason}${stopReason}}]}\n\n`;
+    const shape = this.shapes[i];
+    const reason = finish === null ? "null" : `"${shape ? toolFinishReason(shape, finish, true) : finish}"`;
+    const stopReason =
+      finish === null && this.meta.kind === "chat"
+        ? ""
+        : `,"stop_reason":${JSON.stringify(seq.output.stopReason)}`;
+    const delta = shape
+      ? this.toolDelta(i, text, finish !== null)
+      : `${this.mid}${JSON.stringify(text)}${close}`;
+    if (delta === null) return "";
+    return `${this.head}${i}${delta},"logprobs":${lp},"finish_reason":${reason}${stopReason}}]${this.close(i)}`;
   }
 
-  /** Logprobs of a sequence's output tokens from `from` on. */
+  /** A tool-shaped choice's delta for its next `text` (null: nothing to send yet, mid-stream). */
+  private toolDelta(i: number, text: string, final: boolean): string | null {
+    const shape = this.shapes[i] as ChoiceShape;
+    const from = this.shown[i];
+    this.shown[i] = from + text.length;
+    const calls = toolDeltas(shape, i, this.seqs[i].output.text, from, from + text.length);
+    if (!calls && !final) return null;
+    return `,"delta":${calls ? JSON.stringify({ tool_calls: calls }) : "{}"}`;
+  }
+
+  /** The end of a chunk: its usage so far when continuous usage is on (vLLM: per choice). */
+  private close(i: number, first = false): string {
+    if (!this.meta.continuousUsage) return "}\n\n";
+    const s = this.seqs[i];
+    const done = first ? 0 : s.numOutputTokens;
+    return `,"usage":{"prompt_tokens":${s.numPromptTokens},"total_tokens":${s.numPromptTokens + done},"completion_tokens":${done}}}\n\n`;
+  }
+
   private outputLp(seq: Sequence, from: number): TokenLogprob[] {
-    const drawn = seq.output.drawn;
-    const model = this.meta.lpModel;
-    if (!drawn || !model) return [];
-    const out: TokenLogprob[] = [];
-    for (let j = from; j < drawn.length; j++) {
-      const pos = seq.numPromptTokens + j;
-      out.push(model.drawnEntry(seq.tokens[pos - 1] ?? 0, drawn[j], pos, this.meta.logprobs ?? 0));
-    }
-    return out;
+    return outputLogprobs(seq, this.meta.lpModel, this.meta.logprobs ?? 0, from);
   }
 
-  /** Under `echo`: the logprobs of the prompt tokens (the first has none). */
   private promptLp(seq: Sequence): TokenLogprob[] {
-    const model = this.meta.lpModel;
-    if (!model) return [];
-    const out: TokenLogprob[] = [];
-    for (let pos = 0; pos < seq.numPromptTokens; pos++) {
-      const id = seq.tokens[pos];
-      out.push(
-        pos === 0
-          ? model.first(id)
-          : model.entry(seq.tokens[pos - 1], id, model.tokenText(id), pos, this.meta.logprobs ?? 0),
-      );
-    }
-    return out;
-  }
-
-  /** Completions list the sampled token among the alternatives even when 0 were asked for. */
-  private completionLp(entries: TokenLogprob[], offset: number): unknown {
-    return completionLogprobs(
-      entries.map((e) =>
-        e.logprob !== null && e.top.length === 0
-          ? { ...e, top: [{ token: e.token, logprob: e.logprob }] }
-          : e,
-      ),
-      offset,
-    );
+    return promptLogprobs(seq, this.meta.lpModel, this.meta.logprobs ?? 0);
   }
 
   private echoText(seq: Sequence): string {
@@ -342,21 +349,15 @@ export class RequestResponder implements SeqSink {
         this.meta.kind === "chat"
           ? {
               index: s.index,
-              message: {
-                role: "assistant",
-                content: this.echoText(s) + s.output.text,
-                refusal: null,
-                tool_calls: [],
-              },
+              ...this.chatMessage(s),
               logprobs: wantLp ? chatLogprobs(this.outputLp(s, 0)) : null,
-              finish_reason: s.finishReason,
-              stop_reason: null,
+              stop_reason: s.output.stopReason,
             }
           : {
               index: s.index,
               text: this.meta.echoOnly ? this.echoText(s) : this.echoText(s) + s.output.text,
               logprobs: wantLp
-                ? this.completionLp(
+                ? completionLogprobsWithSampled(
                     this.meta.echoOnly
                       ? this.promptLp(s)
                       : this.meta.echoTexts
@@ -366,7 +367,7 @@ export class RequestResponder implements SeqSink {
                   )
                 : null,
               finish_reason: s.finishReason,
-              stop_reason: null,
+              stop_reason: s.output.stopReason,
             },
       );
       const body = {
@@ -387,6 +388,27 @@ export class RequestResponder implements SeqSink {
       this.res.end(text);
     }
     this.onDone?.();
+  }
+
+  /** A whole chat choice's message and finish_reason (tool calls in vLLM's shape, tool-answer.ts). */
+  private chatMessage(s: Sequence): { message: Record<string, unknown>; finish_reason: string | null } {
+    const shape = this.shapes[s.index];
+    const finish = s.finishReason ?? "stop";
+    const calls = shape ? toolMessage(shape, s.output.text, finish) : null;
+    if (shape && calls)
+      return {
+        message: { role: "assistant", content: "", refusal: null, tool_calls: calls },
+        finish_reason: toolFinishReason(shape, finish, false),
+      };
+    return {
+      message: {
+        role: "assistant",
+        content: this.echoText(s) + s.output.text,
+        refusal: null,
+        tool_calls: [],
+      },
+      finish_reason: s.finishReason,
+    };
   }
 
   /** The client went away: nothing more is written. */

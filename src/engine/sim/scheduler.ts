@@ -70,9 +70,18 @@ export class Scheduler {
     return this.running.length > 0 || this.waiting.length > 0;
   }
 
+  /**
+   * Queues `seq` behind every waiting sequence of the same or a lower priority value: FCFS when
+   * all are 0, lower value first otherwise (vLLM's priority policy orders its waiting queue by
+   * (priority, arrival time): vllm/v1/core/sched/request_queue.py PriorityRequestQueue).
+   */
   add(seq: Sequence): void {
     seq.status = "waiting";
-    this.waiting.push(seq);
+    const w = this.waiting;
+    let at = w.length;
+    while (at > 0 && w[at - 1].priority > seq.priority) at--;
+    if (at === w.length) w.push(seq);
+    else w.splice(at, 0, seq);
   }
 
   schedule(): StepPlan | null {

@@ -23,6 +23,8 @@ export interface SequenceInit {
   /** Prefill role: keep the blocks allocated when the sequence finishes. */
   holdOnFinish?: boolean;
   arrivalMs: number;
+  /** vLLM's request `priority` under `--scheduling-policy priority`: lower is admitted first. */
+  priority?: number;
 }
 
 let nextSeqKey = 1;
@@ -43,6 +45,7 @@ export class Sequence {
   readonly sink: SeqSink;
   readonly holdOnFinish: boolean;
   readonly arrivalMs: number;
+  readonly priority: number;
 
   status: SeqStatus = "waiting";
   /** Tokens whose KV is in this sequence's blocks. */
@@ -75,6 +78,7 @@ export class Sequence {
     this.sink = init.sink;
     this.holdOnFinish = init.holdOnFinish ?? false;
     this.arrivalMs = init.arrivalMs;
+    this.priority = init.priority ?? 0;
   }
 
   get numOutputTokens(): number {

@@ -4,15 +4,16 @@ import { loadTokenizer, type Tokenizer } from "../../tokenizer/tokenizer.ts";
 import { createLogger } from "../../util/log.ts";
 import { createSimServer } from "./api.ts";
 import { parseSimArgs } from "./args.ts";
-import { kvPubMode, offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
+import { offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
 import { SimEngine } from "./engine.ts";
 import { SimKvHostImpl } from "./kv-host.ts";
-import { KvEventPublisher, kvLayoutOf } from "./kv-publisher.ts";
+import { KvEventPublisher } from "./kv-publisher.ts";
 import { LogprobModel } from "./logprobs.ts";
 import { itlFamilyFor } from "./metrics.ts";
 import { OutputVocab } from "./output.ts";
 import { createSimConnector } from "./pd/index.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts";
+import { personalityOf } from "./personalities/index.ts";
 
 /** Builds the PD connector; the default is pd/index.ts's createSimConnector (tests inject fakes). */
 export type ConnectorFactory = (opts: SimConnectorOptions, host: SimKvHost) => SimConnector | null;
@@ -99,9 +100,10 @@ export async function startWithConfig(
   const { vocab, lpModel } = outputFor(tokenizer);
   // One scheduler + pool + KV publisher per data-parallel rank this process serves.
   const ranks = cfg.dpLocal ? Array.from({ length: cfg.dpSize }, (_, r) => r) : [cfg.dpRank];
+  const personality = personalityOf(cfg.engine);
   const sharedItl =
-    itlFamilyFor({ ...cfg, modelName: cfg.servedModelNames[0], dpRank: ranks[0] }) ?? undefined;
-  const engines = ranks.map((r) => new SimEngine(cfg, log, r, sharedItl));
+    itlFamilyFor({ ...cfg, personality, modelName: cfg.servedModelNames[0], dpRank: ranks[0] }) ?? undefined;
+  const engines = ranks.map((r) => new SimEngine(cfg, personality, log, r, sharedItl));
   const engine = engines[0];
   const engineId = `sim-${randomUUID()}`;
   const advertisedHost = cfg.host === "0.0.0.0" || cfg.host === "::" ? "127.0.0.1" : cfg.host;
@@ -123,17 +125,15 @@ export async function startWithConfig(
   };
   if (cfg.kvEvents) {
     const ev = cfg.kvEvents;
-    const layout = kvLayoutOf(cfg);
+    const layout = personality.kvLayout(cfg.kvEventsEncoding);
     try {
       for (const e of engines) {
-        // vLLM and SGLang offset the ports by the DP rank; ATOM binds the configured endpoint
-        // in every rank, so its ranks collide (EADDRINUSE) as they do on the real engine.
-        const offset = cfg.engine === "atom" ? 0 : e.rank;
+        const offset = personality.kvRankPortOffset(e.rank);
         const endpoint = offsetEndpointPort(ev.endpoint, offset);
         const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, offset) : null;
         const publisher = new KvEventPublisher(ev, layout, cfg.kvEventsFraming, e.rank, log);
         publishers.push(publisher);
-        const mode = cfg.engineExplicit ? kvPubMode(cfg.engine, endpoint) : "bind";
+        const mode = cfg.engineExplicit ? personality.kvPubMode(endpoint) : "bind";
         if (mode === "connect")
           log.warn(
             { endpoint },
@@ -157,6 +157,7 @@ export async function startWithConfig(
   let connector: SimConnector | null = null;
   const server = createSimServer({
     cfg,
+    personality,
     engines,
     tokenizer,
     vocab,

@@ -5,10 +5,9 @@
  * CLI help, the config default).
  */
 import assert from "node:assert/strict";
-import { readdirSync, readFileSync } from "node:fs";
-import { join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
+import { matchingLines } from "../../helpers/source-scan.ts";
 
 const SRC = fileURLToPath(new URL("../../../src/", import.meta.url));
 const NAME = `["'\`](?:kv-aware|round-robin|approx-prefix)["'\`]`;
@@ -16,21 +15,7 @@ const COMPARE = new RegExp(
   `[!=]==?\\s*${NAME}|${NAME}\\s*[!=]==?|new Set\\(\\[\\s*${NAME}|\\.includes\\(\\s*config\\.policy`,
 );
 
-function* files(dir: string): Generator<string> {
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) yield* files(p);
-    else if (p.endsWith(".ts")) yield p;
-  }
-}
-
 test("no source file compares a policy name", () => {
-  const hits: string[] = [];
-  for (const f of files(SRC))
-    readFileSync(f, "utf8")
-      .split("\n")
-      .forEach((line, i) => {
-        if (COMPARE.test(line)) hits.push(`${f.slice(SRC.length)}:${i + 1}: ${line.trim()}`);
-      });
+  const hits = matchingLines(SRC, COMPARE);
   assert.deepEqual(hits, []);
 });

@@ -5,6 +5,15 @@ import { NixlSimConnector } from "./nixl.ts";
 import { SglangSimConnector } from "./sglang.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./types.ts";
 
+type Make = (opts: SimConnectorOptions, host: SimKvHost) => SimConnector;
+const MAKERS: Readonly<Record<Exclude<SimConnectorOptions["kind"], "none">, Make>> = {
+  nixl: (o, h) => new NixlSimConnector(o, h),
+  mooncake: (o, h) => new MooncakeSimConnector(o, h),
+  moriio: (o, h) => new MoriioSimConnector(o, h),
+  sglang: (o, h) => new SglangSimConnector(o, h),
+  atom: (o, h) => new AtomSimConnector(o, h),
+};
+
 /**
  * Creates the connector for `opts.kind`, or null for workers without one. A mixed worker keeps
  * its Nixl connector: vLLM launches both halves with `kv_role: "kv_both"` and each request's
@@ -13,16 +22,5 @@ import type { SimConnector, SimConnectorOptions, SimKvHost } from "./types.ts";
 export function createSimConnector(opts: SimConnectorOptions, host: SimKvHost): SimConnector | null {
   if (opts.kind === "none") return null;
   if (opts.role === "mixed" && opts.kind !== "nixl") return null;
-  switch (opts.kind) {
-    case "nixl":
-      return new NixlSimConnector(opts, host);
-    case "mooncake":
-      return new MooncakeSimConnector(opts, host);
-    case "moriio":
-      return new MoriioSimConnector(opts, host);
-    case "sglang":
-      return new SglangSimConnector(opts, host);
-    case "atom":
-      return new AtomSimConnector(opts, host);
-  }
+  return MAKERS[opts.kind](opts, host);
 }
