@@ -54,11 +54,15 @@ interface WorkerModel {
 
 /** Features of candidate `pos` (written into `out`). */
 export function featuresOf(src: FeatureSource, pos: number, out: Float64Array): Float64Array {
-  const w = src.all[pos];
   const prompt = src.req.promptTokens().length;
   const cached = src.overlaps()[pos] * src.blockSize(pos);
+  return featuresFrom(prompt - cached, src.all[pos], out);
+}
+
+/** Features from raw values (the flow queue's signal has no step context): see `featuresOf`. */
+export function featuresFrom(uncachedTokens: number, w: WorkerState, out: Float64Array): Float64Array {
   out[0] = 1;
-  out[1] = Math.max(0, prompt - cached) / 1000;
+  out[1] = Math.max(0, uncachedTokens) / 1000;
   out[2] = Math.max(0, w.pendingPrefillTokens) / 1000;
   out[3] = (w.engineLoad?.waiting ?? 0) / 8;
   out[4] = (w.engineLoad?.running ?? 0) / 32;
@@ -77,6 +81,9 @@ export class TtftPredictor {
   private readonly perCtx = new WeakMap<object, { preds: Float64Array; xs: Float64Array }>();
   /** Requests being learnt from (one watcher each, whichever plugin asked first). */
   private readonly tracked = new Set<string>();
+  /** The last requests learnt from (so another path, the flow queue's signal, skips them). */
+  private readonly learnt = new Set<string>();
+  private readonly learntOrder: string[] = [];
   sink: TtftSink | undefined;
 
   constructor(o: TtftPredictorOptions = {}) {
@@ -155,6 +162,7 @@ export class TtftPredictor {
     route.watch({
       prefilled: () => {
         this.tracked.delete(id);
+        this.noteLearnt(id);
         const ms = performance.now() - t0;
         this.observe(req.model, worker.record.id, x, ms);
         this.sink?.observed(req.model, id, src.step, predicted, ms);
@@ -163,6 +171,23 @@ export class TtftPredictor {
         this.tracked.delete(id);
       },
     });
+  }
+
+  private noteLearnt(id: string): void {
+    this.learnt.add(id);
+    this.learntOrder.push(id);
+    if (this.learntOrder.length > 4096) this.learnt.delete(this.learntOrder.shift()!);
+  }
+
+  /**
+   * Learns request `requestId`'s TTFT on worker `id` unless a pipeline plugin already did (or
+   * is following it): for callers that see the outcome but not the claim (the flow queue's
+   * headroom signal, when no pipeline plugin of the profile uses the predictor).
+   */
+  observeOnce(model: string, id: string, requestId: string, x: Float64Array, ttftMs: number): void {
+    if (this.tracked.has(requestId) || this.learnt.has(requestId)) return;
+    this.noteLearnt(requestId);
+    this.observe(model, id, x, ttftMs);
   }
 
   /** Samples learnt for worker `id` (0 when unknown). */
