@@ -117,6 +117,8 @@ export class LoadScraper {
   private readonly intervalMs: number;
   private timer: NodeJS.Timeout | null = null;
   private readonly busy = new Set<LiveWorker>();
+  /** Called after each round of scrapes (flow control re-checks headroom then). */
+  onScraped: (() => void) | null = null;
 
   constructor(workers: WorkerSet, intervalMs: number) {
     this.workers = workers;
@@ -132,6 +134,7 @@ export class LoadScraper {
 
   async scrapeAll(): Promise<void> {
     await Promise.all(this.workers.list().map((w) => this.scrape(w)));
+    this.onScraped?.();
   }
 
   private async scrape(w: LiveWorker): Promise<void> {

@@ -27,6 +27,7 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
+import type { FlowGate, FlowTicket } from "./flow-gate.ts";
 import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
@@ -54,6 +55,8 @@ export interface ProxyContext {
   bodyParser?: BodyParserPool;
   /** The aborts of requests in flight: a drain whose grace period ran out cuts them (DrainCutError). */
   inFlight?: Set<RequestAbort>;
+  /** Flow control (config `flow`): limits and the admission queue in front of the router. */
+  flow?: FlowGate;
 }
 
 /**
@@ -87,6 +90,8 @@ export async function handleCompletion(
   let raw: Buffer | null = null;
   /** The upstream answer's status, once one came (0: none). */
   let answered = 0;
+  let ticket: FlowTicket | null = null;
+  let usage: Usage | null = null;
   try {
     ctx.auth.check(req.headers);
     raw = await readBody(req, ctx.maxBodyBytes);
@@ -133,6 +138,13 @@ export async function handleCompletion(
       if (pending) await pending;
     }
     if (res.destroyed) return;
+    // Flow control: waits here, no headers sent, until a worker has headroom. Nothing may await
+    // between this and router.handle, which claims the worker synchronously (the queue's next
+    // dispatch must see that claim).
+    if (ctx.flow) {
+      const tokens = ctx.preparePrompt ? rreq.promptTokens().length : Math.ceil(raw.length / 4);
+      ticket = await ctx.flow.ticket(rreq, tokens, req.headers, abort);
+    }
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
     if (abort.aborted) {
@@ -140,9 +152,19 @@ export async function handleCompletion(
       throw abort.reason;
     }
     // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
-    const usage =
+    usage =
       stream && up.status === 200
-        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
+        ? await relayStream(
+            ctx,
+            res,
+            up,
+            requestId,
+            model,
+            started,
+            !clientWantsUsage,
+            abort,
+            ticket?.onFirst,
+          )
         : await relayWhole(ctx, res, up, requestId, abort);
     if (usage) {
       const mm = ctx.metrics.forModel(model);
@@ -171,6 +193,7 @@ export async function handleCompletion(
     sendError(res, err, requestId, ctx.logger);
   } finally {
     if (ac) ctx.inFlight?.delete(ac);
+    ticket?.end(answered, usage?.completion_tokens);
     // A large body's buffer serves the next one once nothing can read it. undici writes a
     // Buffer body with one socket.write, which may still be sending from it after the call;
     // but an attempt that failed destroyed its connection (a connection error, an abort), and
@@ -211,6 +234,7 @@ async function relayStream(
   started: number,
   stripUsage: boolean,
   signal: RequestAbort,
+  onFirst?: () => void,
 ): Promise<Usage | null> {
   res.writeHead(up.status, {
     "content-type": contentTypeOf(up) ?? "text/event-stream",
@@ -232,8 +256,10 @@ async function relayStream(
         setImmediate(uncorkResponse, res);
       }
       const now = performance.now();
-      if (last === 0) mm.ttft.observe((now - started) / 1000);
-      else mm.itl.observe((now - last) / 1000);
+      if (last === 0) {
+        mm.ttft.observe((now - started) / 1000);
+        onFirst?.();
+      } else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
       if (filter?.invalid) {

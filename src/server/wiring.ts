@@ -21,6 +21,7 @@ import { builtinExtensions } from "./builtin-extensions.ts";
 import type { ServerConfig } from "./config.ts";
 import { DashboardState } from "./dashboard/state.ts";
 import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtensions } from "./extension-api.ts";
+import { createFlowGate, type FlowGate } from "./flow-gate.ts";
 import type { RequestTracker } from "./lifecycle.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
@@ -67,6 +68,8 @@ export interface Wired {
   ttftReport: TtftReport;
   router: AutoRouter;
   scraper: LoadScraper;
+  /** Flow control (config `flow`), when on. */
+  flow: FlowGate | undefined;
   auth: ApiKeyAuth;
   proxy: ProxyContext;
 }
@@ -137,12 +140,14 @@ export async function wire(
     ttft,
   });
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
-  // Engine load is scraped only when a plugin reads it (every PD decode step does).
-  if (needs.has("engineLoad")) scraper.start();
+  const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft);
+  // Engine load is scraped only when a plugin reads it (every PD decode step does), or for
+  // flow control's headroom.
+  if (needs.has("engineLoad") || flow) scraper.start();
 
   const auth = new ApiKeyAuth(config.apiKeys);
   const parts = { tokenizer, discovery, ownsDiscovery, workers, metrics, kvIngest, kvSyncWaitUntil, peers };
-  const built = { ...parts, executor, decisions, ttft, ttftReport, router, scraper, auth };
+  const built = { ...parts, executor, decisions, ttft, ttftReport, router, scraper, flow, auth };
   return { ...built, proxy: proxyContext(config, scheduling, logger, opts, built) };
 }
 
@@ -190,6 +195,7 @@ function proxyContext(
     logger,
     bodyParser: opts.bodyParser,
     inFlight: new Set(),
+    flow: w.flow,
   };
 }
 
@@ -214,6 +220,7 @@ export function routeContext(
       kvSync: () => kvIngest?.syncReport?.(),
       draining: () => tracker.draining,
       ttftErrors: () => w.ttftReport.summary(),
+      flow: w.flow ? w.flow.snapshot.bind(w.flow) : undefined,
       // Waiting and KV usage need the engines' load: scraped from the first look on.
       onView: () => w.scraper.start(),
     }),

@@ -18,6 +18,7 @@ import type {
   DashboardModel,
   DashboardSnapshotValue,
   DashboardWorker,
+  FlowView,
   PdTransfer,
   WorkerHealth,
 } from "./wire.ts";
@@ -34,6 +35,8 @@ export interface DashboardSources {
   draining: () => boolean;
   /** The TTFT predictor's error per model (src/server/ttft-sink.ts). */
   ttftErrors?: () => Array<{ model: string; samples: number; median: number; p90: number }>;
+  /** Flow control's queue view, when the server runs it. */
+  flow?: () => FlowView;
   /** Called on every snapshot (the server starts its engine-load scraper here). */
   onView?: () => void;
 }
@@ -79,6 +82,7 @@ export class DashboardState {
     }
     const limit = opts.limit ?? 50;
     const kvIndex = this.src.kvSync?.();
+    const flow = this.src.flow?.();
     return {
       object: "dashboard.state",
       at: Date.now(),
@@ -86,6 +90,7 @@ export class DashboardState {
       models,
       ...(kvIndex ? { kvIndex } : {}),
       ttftPrediction: this.src.ttftErrors?.() ?? [],
+      ...(flow ? { flow } : {}),
       decisions: recent.slice(Math.max(0, recent.length - limit)).reverse(),
     };
   }
