@@ -156,4 +156,13 @@ test("the predictor learns each worker, re-fits one that slows down, and the fil
   const text = await (await fetch(`${server.url}/metrics`)).text();
   const m = /infera_ttft_prediction_relative_error_count\{model="sim-model"\} (\d+)/.exec(text);
   assert.ok(m && Number(m[1]) >= 40, `histogram count: ${m?.[1]}`);
+  // And the dashboard's predictor panel reads the same observations.
+  const st = (await (await fetch(`${server.url}/dashboard/state`)).json()) as {
+    ttftPrediction?: { model: string; samples: number; median: number; p90: number }[];
+  };
+  const row = st.ttftPrediction?.find((r) => r.model === MODEL);
+  assert.ok(
+    row && row.samples >= 40 && row.median >= 0 && row.p90 >= row.median,
+    JSON.stringify(st.ttftPrediction),
+  );
 });
