@@ -65,12 +65,51 @@ async function ask(target?: number): Promise<Response> {
   });
 }
 
+test("without a pipeline plugin using it, the signal teaches the predictor from the queue's observations", async () => {
+  const other = await startServer(
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "round-robin",
+      flow: { enabled: true, headroom: [{ name: "predicted-ttft" }], maxWaitMs: 600 },
+    },
+    {
+      discovery: new MemoryDiscovery([
+        mixedRecord({ id: "w2", model: MODEL, url: sim.url, maxModelLen: 131072 }),
+      ]),
+      logger,
+    },
+  );
+  try {
+    for (let i = 0; i < 3; i++) {
+      const r = await fetch(`${other.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: MODEL,
+          messages: [{ role: "user", content: `q${i}` }],
+          max_tokens: 2,
+          stream: true,
+        }),
+      });
+      assert.equal(r.status, 200);
+      await r.text();
+    }
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(other.ttft.samplesOf("w2"), 3, "each streamed request learnt once");
+  } finally {
+    await other.close();
+  }
+});
+
 test("a target below the worker's predicted TTFT waits, then 429 with Retry-After; reachable ones pass", async () => {
   for (let i = 0; i < 8; i++) {
     const r = await ask();
     assert.equal(r.status, 200);
     await r.text();
   }
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(server.ttft.samplesOf("w"), 8, "the scorer and the signal learnt each request once");
   const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0, 0]));
   assert.ok(predicted > 5, `learnt: ${predicted} ms for a 3k-token prompt`);
   const t0 = Date.now();
