@@ -81,6 +81,8 @@ interface ServerFlags extends NatsCliValues {
   modelGoneRetry?: string;
   tokenizer?: string;
   scrapeInterval?: string;
+  scrapeIdleInterval?: string;
+  otlpEndpoint?: string;
   maxRetries?: string;
   requestPlane?: string;
   peers?: string[];
@@ -133,6 +135,8 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   "upstream.bodyTimeoutMs": "--upstream-body-timeout",
   tokenizer: "--tokenizer",
   scrapeIntervalMs: "--scrape-interval",
+  scrapeIdleIntervalMs: "--scrape-idle-interval",
+  otlpEndpoint: "--otlp-endpoint",
   maxRetries: "--max-retries",
   requestPlane: "--request-plane",
   "peers.connect": "--peers",
@@ -203,6 +207,8 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     },
     tokenizer: f.tokenizer,
     scrapeIntervalMs: optNum(f.scrapeInterval),
+    scrapeIdleIntervalMs: optNum(f.scrapeIdleInterval),
+    otlpEndpoint: f.otlpEndpoint,
     maxRetries: optNum(f.maxRetries),
     requestPlane: f.requestPlane,
     eventPlane: f.eventPlane,
@@ -347,6 +353,14 @@ export function registerServer(program: Command): void {
     )
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
+    .option(
+      "--scrape-idle-interval <ms>",
+      "scrape interval of an idle, unchanged worker (default 20000; 0 = always --scrape-interval)",
+    )
+    .option(
+      "--otlp-endpoint <url>",
+      "OTLP/HTTP collector for request traces, e.g. http://collector:4318 (default: tracing off)",
+    )
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
     .option("--request-plane <kind>", "http (default; nats with --nats-url) or another registered plane")
     .option(

@@ -133,6 +133,20 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     },
   ),
   v(
+    "INFERA_SCRAPE_IDLE_INTERVAL_MS",
+    "integer",
+    "server",
+    "Scrape interval of an idle, unchanged worker; 0 = always the scrape interval (`--scrape-idle-interval`).",
+    { configKey: "scrapeIdleIntervalMs" },
+  ),
+  v(
+    "INFERA_OTLP_ENDPOINT",
+    "string",
+    "server",
+    "OTLP/HTTP collector for request traces; tracing is off when unset (`--otlp-endpoint`).",
+    { configKey: "otlpEndpoint" },
+  ),
+  v(
     "INFERA_MAX_RETRIES",
     "integer",
     "server",

@@ -19,6 +19,7 @@ import type {
 } from "../transport/types.ts";
 import type { AbortLike } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
+import type { RequestTrace } from "./trace.ts";
 
 // The request plane's contract, re-exported for the modules that read it from the router.
 export type { EndpointKind, RequestExecutor, SendOptions, UpstreamResponse };
@@ -43,6 +44,8 @@ export interface RoutingRequest {
    * where requests do not come from HTTP.
    */
   header?(name: string): string | undefined;
+  /** The request's trace when tracing is on (./trace.ts); undefined otherwise. */
+  trace?: RequestTrace;
   /** Flow control's admission (src/router/flow/queue.ts), when the request passed the queue. */
   admission?: RouteAdmission;
 }

@@ -87,6 +87,14 @@ export interface ServerConfig {
   tokenizer?: string;
   /** Engine `/metrics` scrape interval; 0 disables the scraper. */
   scrapeIntervalMs: number;
+  /**
+   * Scrape interval of a worker seen idle (nothing running or waiting, nothing in flight from this
+   * server, the same load as last time); at most this long between its scrapes. 0 = always
+   * `scrapeIntervalMs`.
+   */
+  scrapeIdleIntervalMs: number;
+  /** OTLP/HTTP collector for request traces (src/server/tracing.ts); tracing is off when absent. */
+  otlpEndpoint?: string;
   /** Retries on another worker after a connection failure before the first byte. */
   maxRetries: number;
   breaker: Partial<BreakerOptions>;
@@ -141,6 +149,7 @@ export const defaultServerConfig: ServerConfig = {
   modelGoneRetryS: 300,
   metricsPublic: false,
   scrapeIntervalMs: 2000,
+  scrapeIdleIntervalMs: 20_000,
   maxRetries: 2,
   breaker: {},
   // A non-streamed answer's headers come only when it is complete, hence 10 minutes; a stream

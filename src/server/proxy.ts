@@ -9,6 +9,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
+import type { TraceSpan } from "../router/trace.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   contentTypeOf,
@@ -34,6 +35,7 @@ import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
 import { type PromptLimits, ServerRoutingRequest } from "./routing-request.ts";
 import { SseUsageFilter, type Usage } from "./sse.ts";
+import type { RequestTracer, ServerRequestTrace } from "./tracing.ts";
 
 export { pump } from "./pump.ts";
 
@@ -55,6 +57,8 @@ export interface ProxyContext {
   bodyParser?: BodyParserPool;
   /** The aborts of requests in flight: a drain whose grace period ran out cuts them (DrainCutError). */
   inFlight?: Set<RequestAbort>;
+  /** OpenTelemetry (./tracing.ts); absent when tracing is off, and then nothing is traced. */
+  tracer?: RequestTracer;
   /** Flow control (config `flow`): limits and the admission queue in front of the router. */
   flow?: FlowGate;
 }
@@ -90,6 +94,9 @@ export async function handleCompletion(
   let raw: Buffer | null = null;
   /** The upstream answer's status, once one came (0: none). */
   let answered = 0;
+  const tr: ServerRequestTrace | undefined = ctx.tracer?.start(req.headers, requestId, endpoint);
+  const intake = tr?.phase("intake");
+  let relay: TraceSpan | undefined;
   let ticket: FlowTicket | null = null;
   let usage: Usage | null = null;
   try {
@@ -127,6 +134,11 @@ export async function handleCompletion(
       ctx.promptLimits,
     );
     rreq.headers = req.headers;
+    if (tr) {
+      intake!.end();
+      tr.root.setAttribute("gen_ai.request.model", model);
+      rreq.trace = tr;
+    }
     const abort = new RequestAbort();
     ac = abort;
     ctx.inFlight?.add(abort);
@@ -143,7 +155,12 @@ export async function handleCompletion(
     // dispatch must see that claim).
     if (ctx.flow) {
       const tokens = ctx.preparePrompt ? rreq.promptTokens().length : Math.ceil(raw.length / 4);
-      ticket = await ctx.flow.ticket(rreq, tokens, req.headers, abort);
+      const queued = tr?.phase("queue");
+      try {
+        ticket = await ctx.flow.ticket(rreq, tokens, req.headers, abort);
+      } finally {
+        queued?.end();
+      }
     }
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
@@ -152,6 +169,7 @@ export async function handleCompletion(
       throw abort.reason;
     }
     // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
+    relay = tr?.phase("stream");
     usage =
       stream && up.status === 200
         ? await relayStream(
@@ -166,6 +184,10 @@ export async function handleCompletion(
             ticket?.onFirst,
           )
         : await relayWhole(ctx, res, up, requestId, abort);
+    if (tr) {
+      relay!.end();
+      tr.finish(up.status);
+    }
     if (usage) {
       const mm = ctx.metrics.forModel(model);
       if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
@@ -174,6 +196,11 @@ export async function handleCompletion(
     ctx.metrics.countRequest(model, endpointLabel, up.status);
     ctx.metrics.observeE2e(model, endpointLabel, (performance.now() - started) / 1000);
   } catch (err) {
+    if (tr) {
+      intake!.end();
+      relay?.end(err);
+      tr.finish((err as { status?: number }).status ?? 499, err);
+    }
     if (ac?.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
       sendError(res, new DrainCutAnswer(), requestId, ctx.logger);
       return;

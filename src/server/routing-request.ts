@@ -6,6 +6,7 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 import type { IncomingHttpHeaders } from "node:http";
+import type { RequestTrace } from "../router/trace.ts";
 import type { EndpointKind, RouteAdmission, RoutingRequest } from "../router/types.ts";
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { longStringHead } from "./body-parser-pool.ts";
@@ -50,6 +51,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   readonly body: Readonly<Record<string, unknown>>;
   readonly stream: boolean;
   readonly cacheSalt: string | undefined;
+  /** Set by the server when tracing is on; always present in the shape, so the class stays monomorphic. */
+  trace: RequestTrace | undefined = undefined;
   /** Set by the admission queue when flow control let the request through. */
   admission?: RouteAdmission;
   private readonly tokenizer: Tokenizer;

@@ -29,6 +29,7 @@ import type { ProxyContext } from "./proxy.ts";
 import type { RouteContext } from "./route-context.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
+import { RequestTracer } from "./tracing.ts";
 import { TtftReport } from "./ttft-sink.ts";
 
 /**
@@ -139,7 +140,7 @@ export async function wire(
     decisions,
     ttft,
   });
-  const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
+  const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
   const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft);
   // Engine load is scraped only when a plugin reads it (every PD decode step does), or for
   // flow control's headroom.
@@ -195,6 +196,8 @@ function proxyContext(
     logger,
     bodyParser: opts.bodyParser,
     inFlight: new Set(),
+    // Tracing only when asked for: otherwise no tracer exists and requests carry no trace.
+    tracer: config.otlpEndpoint ? new RequestTracer({ endpoint: config.otlpEndpoint }) : undefined,
     flow: w.flow,
   };
 }
