@@ -8,6 +8,7 @@
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { PeerRouting } from "../peers/types.ts";
+import type { TtftPredictor } from "../predict/ttft.ts";
 import type { RouteLifecycle, RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
 import { type DecisionLog, type DecisionRecord, explain } from "./decisions.ts";
 import { filters as filterDefs, pickers as pickerDefs, scorers as scorerDefs } from "./registry.ts";
@@ -41,6 +42,8 @@ export interface SchedulerOptions {
   kvIndex?: PrefixIndex;
   /** Peer replicas' routed prefixes (ModelScope.peers). */
   peers?: PeerRouting;
+  /** The server's TTFT predictor (ModelScope.ttft). */
+  ttft?: TtftPredictor;
   profiles: ProfileSet;
   /** Where decisions are explained (the server's ring buffer). */
   decisions?: DecisionLog;
@@ -279,8 +282,8 @@ export class StepPolicy implements RoutingPolicy {
 
   onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void {
     const ctx = this.last?.req.requestId === req.requestId ? this.last : null;
-    for (const f of this.filters) f.onRouted?.(req, worker);
-    for (const s of this.scorers) s.onRouted?.(req, worker, ctx);
+    for (const f of this.filters) f.onRouted?.(req, worker, ctx, route);
+    for (const s of this.scorers) s.onRouted?.(req, worker, ctx, route);
     this.source?.onRouted?.(req, worker, route);
     this.picker.onRouted?.(req, worker);
     this.last = null;
@@ -341,6 +344,7 @@ export class Scheduler implements RoutingPolicy {
       logger: o.logger,
       kvIndex: o.kvIndex,
       peers: o.peers,
+      ttft: o.ttft,
       shared<T>(key: string, make: () => T): T {
         let v = shared.get(key) as T | undefined;
         if (v === undefined) {

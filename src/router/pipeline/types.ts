@@ -13,6 +13,7 @@
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { PeerRouting } from "../peers/types.ts";
+import type { TtftPredictor } from "../predict/ttft.ts";
 import type { RouteLifecycle, RoutingRequest, WorkerState } from "../types.ts";
 import type { Step } from "./decision-wire.ts";
 
@@ -40,6 +41,8 @@ export interface ModelScope {
   readonly kvIndex?: PrefixIndex;
   /** Peer replicas' routed prefixes (src/router/peers), when the server shares routing state. */
   readonly peers?: PeerRouting;
+  /** The server's TTFT predictor (src/router/predict), when it keeps one (`predictorOf`). */
+  readonly ttft?: TtftPredictor;
   /**
    * The object stored under `key`, made on first use. Plugins that must see the same state in
    * every step (the round-robin turn, the prefill ledger, an approximate tree) share it by key,
@@ -105,8 +108,11 @@ export interface Filter {
   readonly name: string;
   readonly needs: readonly Need[];
   filter(ctx: StepContext, at: readonly number[]): readonly number[];
-  /** Told after a step of this profile routed a request (filters that keep a history). */
-  onRouted?(req: RoutingRequest, worker: WorkerState): void;
+  /**
+   * Told after a step of this profile routed a request (filters that keep a history); `ctx` is
+   * the step that chose (null when unknown), `route` how the request's prefill there ends.
+   */
+  onRouted?(req: RoutingRequest, worker: WorkerState, ctx?: StepContext | null, route?: RouteLifecycle): void;
   onWorkerRemoved?(id: string): void;
 }
 
@@ -123,7 +129,8 @@ export interface Scorer {
   readonly overlapSource?: OverlapSource;
   /** Provides held blocks (cache pressure) when the profile has no overlap source. */
   readonly cacheView?: { held(id: string): number };
-  onRouted?(req: RoutingRequest, worker: WorkerState, ctx: StepContext | null): void;
+  /** `route`: how the request's prefill on `worker` ends (the dispatch claim), when the router has one. */
+  onRouted?(req: RoutingRequest, worker: WorkerState, ctx: StepContext | null, route?: RouteLifecycle): void;
   onWorkerRemoved?(id: string): void;
 }
 

@@ -38,6 +38,8 @@ const params = z
     bridgeGraceMs: z.number().nonnegative().default(1000),
     bridgeTtlMs: z.number().positive().default(300_000),
     saturationGain: z.number().nonnegative().default(0),
+    hostTierWeight: z.number().min(0).max(1).default(0.5),
+    diskTierWeight: z.number().min(0).max(1).default(0.25),
   })
   .strict();
 
@@ -177,6 +179,40 @@ function saturation(ctx: StepContext, at: readonly number[]): number {
   return least > 0 ? least / Math.max(prompt, ctx.blockSize(at[0])) : 0;
 }
 
+/**
+ * Offloaded tiers (src/kv/tiers.ts): blocks a worker holds in host memory or on disk beyond its
+ * GPU overlap count as `hostWeight` / `diskWeight` of a GPU block (loading them is a copy over
+ * PCIe or from NVMe, a fraction of recomputing them), so a prefix evicted from the GPU but
+ * offloaded still attracts its follow-ups. Per position of `ctx.all`; null when nothing is
+ * offloaded (no cost on the common path).
+ */
+function tierCredit(
+  ctx: StepContext,
+  o: Int32Array,
+  hostWeight: number,
+  diskWeight: number,
+): Float64Array | null {
+  const index = ctx.scope.kvIndex;
+  if (!index?.tierOverlaps || (hostWeight === 0 && diskWeight === 0)) return null;
+  const { req, all } = ctx;
+  const lora = index.isLora(req.model) ? req.model : null;
+  const t = index.tierOverlaps(
+    req.promptTokens(),
+    all.map((c) => c.record.id),
+    req.cacheSalt,
+    lora,
+  );
+  if (!t) return null;
+  const out = new Float64Array(all.length);
+  for (let i = 0; i < all.length; i++) {
+    const gpu = Math.max(0, o[i]);
+    const host = Math.max(0, t.host[i] - gpu);
+    const disk = Math.max(0, t.disk[i] - Math.max(gpu, t.host[i]));
+    out[i] = hostWeight * host + diskWeight * disk;
+  }
+  return out;
+}
+
 export default defineScorer("kv-prefix", {
   doc: "uncached prompt blocks on the worker (KV index; approximate tree for workers without events)",
   params,
@@ -190,7 +226,9 @@ export default defineScorer("kv-prefix", {
       score(ctx, at, weight, out) {
         const o = ctx.overlaps();
         const w = p.saturationGain > 0 ? weight * (1 + p.saturationGain * saturation(ctx, at)) : weight;
-        for (let k = 0; k < at.length; k++) out[k] = w * (ctx.promptBlocks(at[k]) - o[at[k]]);
+        const credit = tierCredit(ctx, o, p.hostTierWeight, p.diskTierWeight);
+        for (let k = 0; k < at.length; k++)
+          out[k] = w * (ctx.promptBlocks(at[k]) - o[at[k]] - (credit ? credit[at[k]] : 0));
       },
     };
   },
