@@ -19,6 +19,7 @@ import {
 } from "../transport/types.ts";
 import { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
+import { admit, traceFailed, traceParsed } from "./admission.ts";
 import type { ApiKeyAuth } from "./auth.ts";
 import {
   type BodyParserPool,
@@ -124,11 +125,7 @@ export async function handleCompletion(
       ctx.promptLimits,
     );
     rreq.headers = req.headers;
-    if (tr) {
-      intake!.end();
-      tr.root.setAttribute("gen_ai.request.model", model);
-      rreq.trace = tr;
-    }
+    traceParsed(tr, intake, rreq);
     const abort = watchClient(ctx, res);
     ac = abort;
     if (ctx.preparePrompt) {
@@ -136,18 +133,8 @@ export async function handleCompletion(
       if (pending) await pending;
     }
     if (res.destroyed) return;
-    // Flow control: waits here, no headers sent, until a worker has headroom. Nothing may await
-    // between this and router.handle, which claims the worker synchronously (the queue's next
-    // dispatch must see that claim).
-    if (ctx.flow) {
-      const tokens = ctx.preparePrompt ? rreq.promptTokens().length : Math.ceil(raw.length / 4);
-      const queued = tr?.phase("queue");
-      try {
-        ticket = await ctx.flow.ticket(rreq, tokens, req.headers, abort);
-      } finally {
-        queued?.end();
-      }
-    }
+    // Nothing may await between the admission and router.handle (see admit).
+    ticket = await admit(ctx.flow, rreq, raw.length, req.headers, abort, tr, ctx.preparePrompt);
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
     if (abort.aborted) {
@@ -162,11 +149,7 @@ export async function handleCompletion(
     }
     countAnswered(ctx, model, endpointLabel, up.status, usage, started);
   } catch (err) {
-    if (tr) {
-      intake!.end();
-      relay?.end(err);
-      tr.finish((err as { status?: number }).status ?? 499, err);
-    }
+    traceFailed(tr, intake, relay, err);
     answerFailure(ctx, err, req, res, requestId, model, endpointLabel, ac);
   } finally {
     if (ac) ctx.inFlight?.delete(ac);

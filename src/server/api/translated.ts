@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { InferaError, UpstreamError } from "../../protocol/errors.ts";
 import { parseChatRequest } from "../../protocol/openai.ts";
+import type { TraceSpan } from "../../router/trace.ts";
 import {
   ENDPOINT_PATHS,
   type EndpointKind,
@@ -8,6 +9,8 @@ import {
   type UpstreamResponse,
 } from "../../transport/types.ts";
 import type { RequestAbort } from "../../util/abort.ts";
+import { admit, traceFailed, traceParsed } from "../admission.ts";
+import type { FlowTicket } from "../flow-gate.ts";
 import { BodyAbortedError, discardRefusedBody, sendJson } from "../http-util.ts";
 import { DrainCutError, type ProxyContext, requestIdOf } from "../proxy.ts";
 import { pump } from "../pump.ts";
@@ -57,9 +60,15 @@ export async function handleTranslated(
   const requestId = requestIdOf(req);
   let model = "";
   const abort = requestAbort(ctx, res);
+  const tr = ctx.tracer?.start(req.headers, requestId, t.label);
+  const intake = tr?.phase("intake");
+  let relay: TraceSpan | undefined;
+  let ticket: FlowTicket | null = null;
+  let answered = 0;
+  let usage: ChatUsage | null = null;
   try {
     ctx.auth.check(req.headers);
-    const { body: client } = await readObjectBody(ctx, req);
+    const { raw, body: client } = await readObjectBody(ctx, req);
     const chat = t.toChat(client);
     const stream = chat.stream === true;
     // Usage is always asked for: the translated answers carry it.
@@ -77,27 +86,25 @@ export async function handleTranslated(
       ctx.tokenizer,
       ctx.promptLimits,
     );
+    rreq.headers = req.headers;
+    traceParsed(tr, intake, rreq);
     let native = false;
-    const exec: RequestExecutor =
-      ctx.router.kindFor(model) === "mixed"
-        ? {
-            send: (w, endpoint, b, opts) => {
-              native = servesRoute(w.record, t.native);
-              return native
-                ? ctx.executor.send(w, t.native, client, opts)
-                : ctx.executor.send(w, endpoint, b, opts);
-            },
-          }
-        : ctx.executor;
+    const exec = executorFor(ctx, t, model, client, (n) => {
+      native = n;
+    });
     if (ctx.preparePrompt) await rreq.prepare();
     if (res.destroyed) return;
+    // Nothing may await between the admission and router.handle (see admit).
+    ticket = await admit(ctx.flow, rreq, raw.length, req.headers, abort, tr, ctx.preparePrompt);
     const up = await router.handle(rreq, exec, abort);
+    answered = up.status;
     if (abort.aborted) {
       up.abort();
       throw abort.reason;
     }
-    let usage: ChatUsage | null = null;
-    if (native) await relayNative(ctx, res, up, requestId, stream, abort);
+    relay = tr?.phase("stream");
+    const onFirst = ticket?.onFirst;
+    if (native) await relayNative(ctx, res, up, requestId, stream, abort, onFirst);
     else if (up.status !== 200) throw await engineError(up);
     else if (stream) {
       const s = t.streamer(client);
@@ -108,41 +115,81 @@ export async function handleTranslated(
         s.start(() => rreq.wholePromptTokenCount()),
         requestId,
         abort,
+        onFirst,
       );
     } else {
       const answer = (await readAnswer(up, ctx.maxResponseBufferBytes)) as ChatCompletion;
       usage = answer.usage ?? null;
       sendJson(res, 200, t.whole(answer, client), { "x-request-id": requestId });
     }
+    relay?.end();
+    tr?.finish(up.status);
     if (usage) countUsage(ctx, model, usage);
     ctx.metrics.countRequest(model, t.label, up.status);
     ctx.metrics.observeE2e(model, t.label, (performance.now() - started) / 1000);
   } catch (err) {
-    // A drain whose grace ran out: an answer not started gets a 503 in the API's shape.
-    if (abort.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
-      const e = new InferaError(503, DRAIN_CUT_MESSAGE, { code: "server_draining" });
-      sendJson(res, 503, t.errorBody(e), { "x-request-id": requestId });
-      return;
-    }
-    if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
-      ctx.metrics.clientAborts.inc({ model });
-      if (!res.destroyed) res.destroy();
-      return;
-    }
-    const e = err instanceof InferaError ? err : new UpstreamError("Internal error.", 500, "internal_error");
-    if (e.status >= 500) ctx.logger.warn({ requestId, err: (err as Error).message }, `${t.label} failed`);
-    const known = model !== "" && ctx.router.knows(model);
-    ctx.metrics.countRequest(known ? model : "", t.label, e.status);
-    // A refused upload may still be arriving: read and drop it (bounded), as the chat route does.
-    if (e.status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
-    if (res.headersSent) {
-      res.destroy();
-      return;
-    }
-    sendJson(res, e.status, t.errorBody(e), { ...e.headers, "x-request-id": requestId });
+    traceFailed(tr, intake, relay, err);
+    answerFailure(ctx, t, err, req, res, requestId, model, abort);
   } finally {
     ctx.inFlight?.delete(abort);
+    ticket?.end(answered, usage?.completion_tokens);
   }
+}
+
+/**
+ * The executor for `model`: on a mixed fleet, a worker whose engine serves this API itself gets
+ * the client's own body on that route (`onNative(true)`), the others the translated chat body.
+ */
+function executorFor(
+  ctx: ProxyContext,
+  t: Translation,
+  model: string,
+  client: Record<string, unknown>,
+  onNative: (native: boolean) => void,
+): RequestExecutor {
+  if (ctx.router.kindFor(model) !== "mixed") return ctx.executor;
+  return {
+    send: (w, endpoint, b, opts) => {
+      const native = servesRoute(w.record, t.native);
+      onNative(native);
+      return native ? ctx.executor.send(w, t.native, client, opts) : ctx.executor.send(w, endpoint, b, opts);
+    },
+  };
+}
+
+/** Answers (in the API's error shape) or drops, for a client that left, a failed request. */
+function answerFailure(
+  ctx: ProxyContext,
+  t: Translation,
+  err: unknown,
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  model: string,
+  abort: RequestAbort,
+): void {
+  // A drain whose grace ran out: an answer not started gets a 503 in the API's shape.
+  if (abort.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
+    const e = new InferaError(503, DRAIN_CUT_MESSAGE, { code: "server_draining" });
+    sendJson(res, 503, t.errorBody(e), { "x-request-id": requestId });
+    return;
+  }
+  if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
+    ctx.metrics.clientAborts.inc({ model });
+    if (!res.destroyed) res.destroy();
+    return;
+  }
+  const e = err instanceof InferaError ? err : new UpstreamError("Internal error.", 500, "internal_error");
+  if (e.status >= 500) ctx.logger.warn({ requestId, err: (err as Error).message }, `${t.label} failed`);
+  const known = model !== "" && ctx.router.knows(model);
+  ctx.metrics.countRequest(known ? model : "", t.label, e.status);
+  // A refused upload may still be arriving: read and drop it (bounded), as the chat route does.
+  if (e.status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  sendJson(res, e.status, t.errorBody(e), { ...e.headers, "x-request-id": requestId });
 }
 
 function countUsage(ctx: ProxyContext, model: string, usage: ChatUsage): void {
@@ -212,6 +259,7 @@ async function relayNative(
   requestId: string,
   stream: boolean,
   abort: RequestAbort,
+  onFirst?: () => void,
 ): Promise<void> {
   if (!stream || up.status !== 200) {
     await relayWhole(ctx, res, up, requestId, abort);
@@ -223,7 +271,10 @@ async function relayNative(
     "x-request-id": requestId,
   });
   try {
-    await pump(up.body, res, (chunk) => abort.aborted || res.write(chunk));
+    await pump(up.body, res, (chunk) => {
+      onFirst?.();
+      return abort.aborted || res.write(chunk);
+    });
   } catch (err) {
     up.abort();
     if (abort.aborted) throw err;
@@ -241,6 +292,7 @@ async function relayTranslatedStream(
   head: string,
   requestId: string,
   abort: RequestAbort,
+  onFirst?: () => void,
 ): Promise<ChatUsage | null> {
   res.writeHead(200, {
     "content-type": "text/event-stream",
@@ -254,6 +306,7 @@ async function relayTranslatedStream(
       if (abort.aborted) break;
       if (c.error) throw new UpstreamError(c.error.message ?? "The worker failed mid-stream.");
       if (c.usage) usage = c.usage;
+      onFirst?.();
       const out = s.chunk(c);
       if (out !== "" && !res.write(out)) await drained(res);
     }
