@@ -177,6 +177,49 @@ describe("infera server: flow control", () => {
     assert.ok(Number(retryAfter) >= 20 && Number(retryAfter) <= 31, retryAfter);
   });
 
+  /**
+   * Anthropic's error shape: `{"type":"error","error":{"type":"rate_limit_error","message":…}}`;
+   * the SDK reads `error.type` from the body and maps 429 to RateLimitError
+   * (anthropics/anthropic-sdk-typescript src/core/error.ts `APIError.generate` @
+   * 257bc1f56bb391c03bc30c4e16f61e22a3eba762).
+   */
+  it("/v1/messages waits in the queue and is dispatched; a full queue answers in Anthropic's shape", async () => {
+    const messages = (h: Record<string, string>) =>
+      fetch(`${srv.url}/v1/messages`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "anthropic-version": "2023-06-01", ...h },
+        body: JSON.stringify({
+          model: sim.model,
+          max_tokens: 1,
+          messages: [{ role: "user", content: "flow" }],
+        }),
+      });
+    const b = await blocker();
+    let answeredAt = 0;
+    const queued = messages({ "x-infera-priority": "low" }).then((r) => {
+      answeredAt = Date.now();
+      return r;
+    });
+    await waitDepth(1);
+    const held = [0, 1, 2, 3, 4].map(() => post({ "x-infera-priority": "low" }, 1));
+    await waitDepth(6);
+    const full = await messages({});
+    assert.equal(full.status, 429);
+    assert.ok(Number(full.headers.get("retry-after")) >= 1, "Retry-After");
+    const body = (await full.json()) as { type: string; error: { type: string; message: string } };
+    assert.equal(body.type, "error");
+    assert.equal(body.error.type, "rate_limit_error");
+    assert.equal(typeof body.error.message, "string");
+    assert.equal(answeredAt, 0, "the queued request has no answer while the worker is held");
+    const released = Date.now();
+    b.release();
+    const r = await queued;
+    assert.equal(r.status, 200);
+    assert.ok(answeredAt >= released, "answered after the worker freed");
+    assert.equal(((await r.json()) as { type: string }).type, "message");
+    await Promise.all(held.map(async (x) => (await x).text()));
+  });
+
   it("a client that leaves while queued is out of the queue within 50 ms", async () => {
     const b = await blocker();
     const ac = new AbortController();

@@ -83,6 +83,28 @@ describe("tracing: mixed request (in-process server, two sims)", () => {
     assertConnected(spans, root);
   });
 
+  it("a /v1/responses request (translated to chat) gives one connected tree", async () => {
+    const trace = "5cf92f3577b34da6a3ce929d0e0e4737";
+    const r = await c.client.responses.create(
+      { model: c.sims[0].model, input: "trace the responses route", max_output_tokens: 3 },
+      { headers: { traceparent: `00-${trace}-${CLIENT_SPAN}-01` } },
+    );
+    assert.equal(r.object, "response");
+    const names = ["infera.request", "intake", "route", "upstream", "stream", "llm_request"];
+    await recv.waitFor((s) => names.every((n) => s.some((x) => x.traceId === trace && x.name === n)));
+    const spans = recv.spans.filter((s) => s.traceId === trace);
+    const root = spans.find((s) => s.name === "infera.request")!;
+    assert.equal(root.parentSpanId, CLIENT_SPAN);
+    assert.equal(root.attributes["infera.endpoint"], "responses");
+    assert.equal(root.attributes["gen_ai.request.model"], c.sims[0].model);
+    for (const n of ["intake", "route", "upstream", "stream"]) {
+      assert.equal(spans.find((s) => s.name === n)!.parentSpanId, root.spanId, `${n} under the root`);
+    }
+    const up = spans.find((s) => s.name === "upstream")!;
+    assert.equal(spans.find((s) => s.name === "llm_request")!.parentSpanId, up.spanId);
+    assertConnected(spans, root);
+  });
+
   it("without a traceparent the root starts a new trace, still one tree with the engine's span", async () => {
     const before = new Set(recv.spans.map((s) => s.traceId));
     const stream = await c.client.chat.completions.create({
