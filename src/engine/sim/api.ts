@@ -220,6 +220,59 @@ function parseAndPlan(
   return { r, plan };
 }
 
+/** The request's answer writer (one per request; `n` choices, or 1 for a PD prefill). */
+function newResponder(
+  deps: ApiDeps,
+  kind: "chat" | "completion",
+  requestId: string,
+  r: SimRequest,
+  plan: AnswerPlan,
+  phase: "prefill" | "decode" | null,
+  res: ServerResponse,
+): RequestResponder {
+  return new RequestResponder(res, {
+    kind,
+    requestId,
+    model: r.model,
+    created: Math.floor(Date.now() / 1000),
+    stream: r.stream,
+    includeUsage: r.includeUsage,
+    continuousUsage: r.stream && plan.continuousUsage,
+    numPrompts: r.prompts.length,
+    n: phase === "prefill" ? 1 : r.n,
+    streamInterval: deps.cfg.streamInterval,
+    logprobs: r.logprobs,
+    echoTexts: r.echoTexts,
+    echoOnly: r.echoOnly,
+    lpModel: r.logprobs !== null || r.echoTexts ? deps.lpModel : null,
+  });
+}
+
+/** With tracing on and a `traceparent` sent, the request's span is emitted when it closes. */
+function traceOnClose(
+  deps: ApiDeps,
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  arrivalMs: number,
+  r: SimRequest,
+  phase: "prefill" | "decode" | null,
+  responder: RequestResponder,
+): void {
+  if (!deps.tracer || req.headers.traceparent === undefined) return;
+  const tracer = deps.tracer;
+  const arrival = Date.now() - (performance.now() - arrivalMs);
+  res.once("close", () =>
+    tracer.request(
+      req.headers,
+      requestId,
+      arrival,
+      { "gen_ai.usage.prompt_tokens": r.prompts[0]?.length ?? 0, "infera.sim.pd_phase": phase ?? "none" },
+      !responder.finished,
+    ),
+  );
+}
+
 async function handleCompletion(
   deps: ApiDeps,
   kind: "chat" | "completion",
@@ -258,35 +311,8 @@ async function handleCompletion(
     : null;
   let gone = false;
   const pullAbort = new AbortController();
-  const responder = new RequestResponder(res, {
-    kind,
-    requestId,
-    model: r.model,
-    created: Math.floor(Date.now() / 1000),
-    stream: r.stream,
-    includeUsage: r.includeUsage,
-    continuousUsage: r.stream && plan.continuousUsage,
-    numPrompts: r.prompts.length,
-    n: phase === "prefill" ? 1 : r.n,
-    streamInterval: cfg.streamInterval,
-    logprobs: r.logprobs,
-    echoTexts: r.echoTexts,
-    echoOnly: r.echoOnly,
-    lpModel: r.logprobs !== null || r.echoTexts ? deps.lpModel : null,
-  });
-  if (deps.tracer && req.headers.traceparent !== undefined) {
-    const tracer = deps.tracer;
-    const arrival = Date.now() - (performance.now() - arrivalMs);
-    res.once("close", () =>
-      tracer.request(
-        req.headers,
-        requestId,
-        arrival,
-        { "gen_ai.usage.prompt_tokens": r.prompts[0]?.length ?? 0, "infera.sim.pd_phase": phase ?? "none" },
-        !responder.finished,
-      ),
-    );
-  }
+  const responder = newResponder(deps, kind, requestId, r, plan, phase, res);
+  traceOnClose(deps, req, res, requestId, arrivalMs, r, phase, responder);
   res.on("close", () => {
     if (responder.finished) return;
     gone = true;

@@ -45,107 +45,134 @@ const params = z
 
 function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
   const key = `kv-prefix:${p.chunkChars}:${p.maxNodesPerWorker}:${p.recentRoutingMs}:${p.bridgePending}:${p.bridgeGraceMs}:${p.bridgeTtlMs}`;
-  return scope.shared(key, () => {
-    const index = scope.kvIndex;
-    const tree = new ApproxPrefixTree({ chunkChars: p.chunkChars, maxNodesPerWorker: p.maxNodesPerWorker });
-    const recent =
-      p.recentRoutingMs > 0
-        ? new ApproxPrefixTree({
-            chunkChars: p.chunkChars,
-            maxNodesPerWorker: 20_000,
-            maxAgeMs: p.recentRoutingMs,
-          })
-        : null;
-    const pending = p.bridgePending
-      ? new PendingPrefixes({
-          graceMs: p.bridgeGraceMs,
-          ttlMs: p.bridgeTtlMs,
-          // Peers count our announcement until we retract it: when our own entry ends.
-          onEnd: scope.peers ? (w, path) => scope.peers?.retract(w, path) : undefined,
+  return scope.shared(key, () => buildSource(scope, p));
+}
+
+/** The structures the overlaps are read from, for one model (shared by the steps that name the same params). */
+interface SourceParts {
+  readonly scope: ModelScope;
+  readonly chunkChars: number;
+  readonly index: PrefixIndex | undefined;
+  /** The fallback estimate for workers that publish no KV events. */
+  readonly tree: ApproxPrefixTree;
+  readonly recent: ApproxPrefixTree | null;
+  readonly pending: PendingPrefixes | null;
+  readonly bridgePath: ((text: string) => number[]) | null;
+}
+
+function buildSource(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
+  const index = scope.kvIndex;
+  const tree = new ApproxPrefixTree({ chunkChars: p.chunkChars, maxNodesPerWorker: p.maxNodesPerWorker });
+  const recent =
+    p.recentRoutingMs > 0
+      ? new ApproxPrefixTree({
+          chunkChars: p.chunkChars,
+          maxNodesPerWorker: 20_000,
+          maxAgeMs: p.recentRoutingMs,
         })
       : null;
-    // An eviction the events report ends the bridge's prefilled entries on that worker.
-    if (pending && index?.onRemoval) index.onRemoval((id) => pending.evicted(id));
-    // The bridge keys a prompt by more of its head than the fallback tree walks (issue #28 item 4).
-    const bridge = pending
-      ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxChars: BRIDGE_TEXT_CAP })
-      : null;
-    // The step scores a prompt, then onRouted records it: one walk of its (up to 256 Ki
-    // character) head serves both.
-    let lastText: string | null = null;
-    let lastPath: number[] = [];
-    const bridgePath = (text: string): number[] => {
-      if (text !== lastText) {
-        lastPath = bridge ? bridge.path(text) : [];
-        lastText = text;
+  const pending = p.bridgePending
+    ? new PendingPrefixes({
+        graceMs: p.bridgeGraceMs,
+        ttlMs: p.bridgeTtlMs,
+        // Peers count our announcement until we retract it: when our own entry ends.
+        onEnd: scope.peers ? (w, path) => scope.peers?.retract(w, path) : undefined,
+      })
+    : null;
+  // An eviction the events report ends the bridge's prefilled entries on that worker.
+  if (pending && index?.onRemoval) index.onRemoval((id) => pending.evicted(id));
+  // The bridge keys a prompt by more of its head than the fallback tree walks (issue #28 item 4).
+  const bridge = pending
+    ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxChars: BRIDGE_TEXT_CAP })
+    : null;
+  // The step scores a prompt, then onRouted records it: one walk of its (up to 256 Ki
+  // character) head serves both.
+  let lastText: string | null = null;
+  let lastPath: number[] = [];
+  const bridgePath = (text: string): number[] => {
+    if (text !== lastText) {
+      lastPath = bridge ? bridge.path(text) : [];
+      lastText = text;
+    }
+    return lastPath;
+  };
+  const parts: SourceParts = {
+    scope,
+    chunkChars: p.chunkChars,
+    index,
+    tree,
+    recent,
+    pending,
+    bridgePath: bridge ? bridgePath : null,
+  };
+  const src: OverlapSource = {
+    overlaps: (ctx: StepContext): OverlapResult => overlapsOf(parts, ctx),
+    held: (id) => (index?.hasWorker(id) ? index.blockCount(id) : tree.size(id)),
+    onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle) {
+      recent?.insert(req.promptText(), worker.record.id);
+      if (pending && bridge) {
+        const path = bridgePath(req.promptText());
+        // Announced before the entry exists, so a retraction (when it ends) always follows it.
+        scope.peers?.announce(worker.record.id, path, req.promptTokens().length); // peer replicas
+        const entry = pending.add(worker.record.id, path, {
+          probe: index ? probeOf(index, req, worker.record.id) : null,
+        });
+        // Without a claim (a caller that sends nothing through one) nobody would end the
+        // entry: it lives only its grace, or until the events confirm it.
+        if (route) route.watch(entry);
+        else entry.prefilled();
       }
-      return lastPath;
-    };
-    const src: OverlapSource = {
-      overlaps(ctx: StepContext): OverlapResult {
-        const { req, all } = ctx;
-        const n = all.length;
-        const ids = all.map((c) => c.record.id);
-        const tokens = req.promptTokens();
-        const lora = index?.isLora(req.model) ? req.model : null;
-        const ranks = new Int32Array(n);
-        const overlaps = index
-          ? index.overlaps(tokens, ids, req.cacheSalt, lora, ranks)
-          : new Int32Array(n).fill(-1);
-        let missing = false;
-        for (let i = 0; i < n; i++) if (overlaps[i] < 0) missing = true;
-        const text = recent || pending || missing ? req.promptText() : "";
-        const fresh = recent ? recent.match(text, ids) : null;
-        const path = bridge ? bridgePath(text) : null;
-        let approx: Int32Array | null = null;
-        const bridged = pending ? new Int32Array(n) : undefined;
-        for (let i = 0; i < n; i++) {
-          const blocks = ctx.promptBlocks(i);
-          const toBlocks = (chars: number) =>
-            text.length > 0 ? Math.floor((blocks * Math.min(chars, text.length)) / text.length) : 0;
-          if (overlaps[i] < 0) {
-            // No KV events from this worker: estimate from what this server sent it.
-            approx ??= tree.match(text, ids);
-            overlaps[i] = toBlocks(approx[i]);
-          }
-          if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
-          if (pending && path && bridged) {
-            const nodes = Math.max(pending.match(ids[i], path), scope.peers?.match(ids[i], path) ?? 0); // peer replicas' (src/router/peers)
-            const b = nodes > 0 ? toBlocks(nodes * p.chunkChars) : 0;
-            if (b > overlaps[i]) {
-              bridged[i] = b - overlaps[i];
-              overlaps[i] = b;
-            }
-          }
-        }
-        return { overlaps, ranks, bridged };
-      },
-      held: (id) => (index?.hasWorker(id) ? index.blockCount(id) : tree.size(id)),
-      onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle) {
-        recent?.insert(req.promptText(), worker.record.id);
-        if (pending && bridge) {
-          const path = bridgePath(req.promptText());
-          // Announced before the entry exists, so a retraction (when it ends) always follows it.
-          scope.peers?.announce(worker.record.id, path, req.promptTokens().length); // peer replicas
-          const entry = pending.add(worker.record.id, path, {
-            probe: index ? probeOf(index, req, worker.record.id) : null,
-          });
-          // Without a claim (a caller that sends nothing through one) nobody would end the
-          // entry: it lives only its grace, or until the events confirm it.
-          if (route) route.watch(entry);
-          else entry.prefilled();
-        }
-        // The long-lived fallback tree is only needed for workers that publish no KV events.
-        if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
-      },
-      onWorkerRemoved(id) {
-        tree.removeWorker(id);
-        recent?.removeWorker(id);
-        pending?.removeWorker(id);
-      },
-    };
-    return src;
-  });
+      // The long-lived fallback tree is only needed for workers that publish no KV events.
+      if (!index?.hasWorker(worker.record.id)) tree.insert(req.promptText(), worker.record.id);
+    },
+    onWorkerRemoved(id) {
+      tree.removeWorker(id);
+      recent?.removeWorker(id);
+      pending?.removeWorker(id);
+    },
+  };
+  return src;
+}
+
+/** Each candidate's cached blocks of the prompt: the index's, else estimates (fallback tree, recent routing, the bridge). */
+function overlapsOf(parts: SourceParts, ctx: StepContext): OverlapResult {
+  const { scope, index, tree, recent, pending } = parts;
+  const { req, all } = ctx;
+  const n = all.length;
+  const ids = all.map((c) => c.record.id);
+  const tokens = req.promptTokens();
+  const lora = index?.isLora(req.model) ? req.model : null;
+  const ranks = new Int32Array(n);
+  const overlaps = index
+    ? index.overlaps(tokens, ids, req.cacheSalt, lora, ranks)
+    : new Int32Array(n).fill(-1);
+  let missing = false;
+  for (let i = 0; i < n; i++) if (overlaps[i] < 0) missing = true;
+  const text = recent || pending || missing ? req.promptText() : "";
+  const fresh = recent ? recent.match(text, ids) : null;
+  const path = parts.bridgePath ? parts.bridgePath(text) : null;
+  let approx: Int32Array | null = null;
+  const bridged = pending ? new Int32Array(n) : undefined;
+  for (let i = 0; i < n; i++) {
+    const blocks = ctx.promptBlocks(i);
+    const toBlocks = (chars: number) =>
+      text.length > 0 ? Math.floor((blocks * Math.min(chars, text.length)) / text.length) : 0;
+    if (overlaps[i] < 0) {
+      // No KV events from this worker: estimate from what this server sent it.
+      approx ??= tree.match(text, ids);
+      overlaps[i] = toBlocks(approx[i]);
+    }
+    if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
+    if (pending && path && bridged) {
+      const nodes = Math.max(pending.match(ids[i], path), scope.peers?.match(ids[i], path) ?? 0); // peer replicas' (src/router/peers)
+      const b = nodes > 0 ? toBlocks(nodes * parts.chunkChars) : 0;
+      if (b > overlaps[i]) {
+        bridged[i] = b - overlaps[i];
+        overlaps[i] = b;
+      }
+    }
+  }
+  return { overlaps, ranks, bridged };
 }
 
 /** What the index holds of `req`'s prompt on `id` now, against its full blocks (the bridge's confirmation). */
