@@ -93,14 +93,20 @@ test("stopLeftovers stops what a test left running", async () => {
   assert.equal(alive(pid), false);
 });
 
-test("a test file that forgets a tracked child ends, and the child with it", async () => {
-  const fixture = join(import.meta.dirname, "fixtures/leaky.fixture.ts");
+/** Runs a fixture test file with `node --test`; its exit, output and the child pid it printed. */
+async function runFixture(
+  name: string,
+): Promise<{ code: number | null; signal: string | null; out: string; pid: number }> {
   // Without this file's NODE_TEST_CONTEXT, which makes a nested `node --test` skip its files.
   const { NODE_TEST_CONTEXT: _, ...env } = process.env;
-  const run = spawn(process.execPath, ["--test", "--test-reporter=tap", fixture], {
-    stdio: ["ignore", "pipe", "pipe"],
-    env,
-  });
+  const run = spawn(
+    process.execPath,
+    ["--test", "--test-reporter=tap", join(import.meta.dirname, "fixtures", name)],
+    {
+      stdio: ["ignore", "pipe", "pipe"],
+      env,
+    },
+  );
   let out = "";
   run.stdout.on("data", (d: Buffer) => {
     out += d.toString();
@@ -116,8 +122,21 @@ test("a test file that forgets a tracked child ends, and the child with it", asy
   clearTimeout(killer);
   const pid = Number(/LEAKED_PID=(\d+)/.exec(out)?.[1]);
   if (pid > 0 && alive(pid)) process.kill(pid, "SIGKILL");
+  return { code, signal, out, pid };
+}
+
+test("a test file that forgets a tracked child ends, and the child with it", async () => {
+  const { code, signal, out, pid } = await runFixture("leaky.fixture.ts");
   assert.equal(signal, null, `the fixture's run hung and was killed:\n${out}`);
   assert.equal(code, 0, out);
   assert.ok(pid > 0, out);
   assert.equal(alive(pid), false, "the forgotten child still runs");
+});
+
+test("a file's own after hooks still find its tracked children running", async () => {
+  const { code, signal, out, pid } = await runFixture("order.fixture.ts");
+  assert.equal(signal, null, `the fixture's run hung and was killed:\n${out}`);
+  assert.equal(code, 0, out);
+  assert.match(out, /OWN_AFTER_SAW_CHILD_RUNNING/);
+  assert.equal(alive(pid), false, "the child outlived the file");
 });

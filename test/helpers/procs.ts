@@ -7,9 +7,10 @@
  *   a lost port) stops the child it spawned (SIGTERM, SIGKILL after a short grace) before the
  *   error propagates, so a failed `before` leaks nothing.
  * - a root-level `after` hook, registered when this module is first imported by a test file,
- *   stops every tracked child still running once the file's tests are done (a test that threw
- *   before its own clean-up, a handle a test forgot).
- * - `killOnExit` (src/util/child-process.ts): SIGKILL from the process's 'exit' event.
+ *   releases every tracked child still running once the file's tests are done (a test that
+ *   threw before its own clean-up, a handle a test forgot): they no longer keep the file's
+ *   process alive, so it exits once its own `after` hooks are done,
+ * - and then `killOnExit` (src/util/child-process.ts) SIGKILLs them from the 'exit' event.
  *
  * Benches import some of these helpers too; they get the first and last nets, not the hook
  * (calling a node:test hook would start a test run inside the bench).
@@ -68,10 +69,24 @@ export function runningPids(): number[] {
   return [...tracked].filter(isRunning).map((c) => c.pid as number);
 }
 
+/**
+ * Lets this process exit although `child` still runs: the child and its stdio pipes no longer
+ * hold the event loop open. The 'exit' hook of `killOnExit` then SIGKILLs it.
+ */
+function release(child: ChildProcess): void {
+  child.unref();
+  for (const s of [child.stdin, child.stdout, child.stderr]) (s as { unref?: () => void } | null)?.unref?.();
+}
+
 // `node --test` runs each file in a process with NODE_TEST_CONTEXT set; a file run directly
-// (`node x.test.ts`) is recognised by its name. Imported at module load, the hook is the root's.
+// (`node x.test.ts`) is recognised by its name. Registered when this module is first imported,
+// the hook is the root's and the first of the file's root `after` hooks, so it must not stop
+// anything: the file's own clean-up still needs its processes (stopping a nats-server under a
+// client not yet closed made that client write after end). It only releases what is still
+// tracked; once the file's hooks are done and nothing else is pending the process exits, and
+// the exit hook kills the leftovers.
 if (process.env.NODE_TEST_CONTEXT !== undefined || /\.test\.[cm]?[jt]s$/.test(process.argv[1] ?? "")) {
-  after(async () => {
-    await stopLeftovers();
+  after(() => {
+    for (const c of tracked) if (isRunning(c)) release(c);
   });
 }
