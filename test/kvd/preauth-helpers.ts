@@ -63,7 +63,9 @@ export async function startKvdProcess(
   });
   const deadline = Date.now() + timeoutMs;
   await startedOrStopped(child, async () => {
-    while (!existsSync(socket) || !(await canConnect(tcpPort))) {
+    // The metrics listener too: it opens after the TCP one, and tests read it at once
+    // (ECONNREFUSED on the metrics port seen on a loaded box).
+    while (!existsSync(socket) || !(await canConnect(tcpPort)) || !(await canConnect(metricsPort))) {
       if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
       if (Date.now() > deadline) throw new Error("kvd did not start in time");
       await new Promise((r) => setTimeout(r, 50));
