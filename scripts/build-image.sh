@@ -131,10 +131,18 @@ fi
 # `npm ci` downloads nothing twice.
 npm_cache=$(npm config get cache 2>/dev/null || echo "$HOME/.npm")
 mkdir -p "$npm_cache"
+# The base image has no CA bundle, and a machine whose registry access goes through a TLS proxy
+# trusts that proxy's CA only in its own bundle: the build stage's npm gets the host's bundle
+# (npm's `cafile`, else NODE_EXTRA_CA_CERTS, else Debian's), mounted for the build only (volumes
+# are not part of any layer), so a package the cache lacks can still be fetched.
+ca=$(npm config get cafile 2>/dev/null || true)
+[ -n "$ca" ] && [ "$ca" != "null" ] && [ "$ca" != "undefined" ] || ca=${NODE_EXTRA_CA_CERTS:-/etc/ssl/certs/ca-certificates.crt}
+CAV=()
+[ -s "$ca" ] && CAV=(-v "$(readlink -f "$ca"):/etc/infera-build-ca.crt:ro")
 echo "build-image: building $IMAGE from $NODE_IMAGE"
 pm build "${RUNF[@]}" --network host --layers --format docker \
   --build-arg "NODE_IMAGE=$NODE_IMAGE" \
-  -v "$npm_cache:/root/.npm" \
+  -v "$npm_cache:/root/.npm" "${CAV[@]}" \
   -f deploy/Containerfile -t "$IMAGE" .
 
 # 5. An engine image stand-in: no Node, python3 with pyzmq and msgpack from Debian.

@@ -81,11 +81,18 @@ interface ServerFlags extends NatsCliValues {
   modelGoneRetry?: string;
   tokenizer?: string;
   scrapeInterval?: string;
+  scrapeIdleInterval?: string;
+  otlpEndpoint?: string;
   maxRetries?: string;
   requestPlane?: string;
   peers?: string[];
   peersBind?: string;
   peersSecretFile?: string;
+  flow?: boolean;
+  flowMaxQueue?: string;
+  flowMaxWait?: string;
+  flowTenantHeader?: boolean;
+  flowReplicas?: string;
   printConfig?: boolean;
 }
 
@@ -128,11 +135,18 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   "upstream.bodyTimeoutMs": "--upstream-body-timeout",
   tokenizer: "--tokenizer",
   scrapeIntervalMs: "--scrape-interval",
+  scrapeIdleIntervalMs: "--scrape-idle-interval",
+  otlpEndpoint: "--otlp-endpoint",
   maxRetries: "--max-retries",
   requestPlane: "--request-plane",
   "peers.connect": "--peers",
   "peers.bind": "--peers-bind",
   "peers.secretFile": "--peers-secret-file",
+  "flow.enabled": "--flow",
+  "flow.maxQueue": "--flow-max-queue",
+  "flow.maxWaitMs": "--flow-max-wait",
+  "flow.tenantHeader": "--flow-tenant-header",
+  "flow.replicas": "--flow-replicas",
   eventPlane: "--event-plane",
   "nats.url": "--nats-url",
   "nats.token": "--nats-token",
@@ -193,10 +207,13 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     },
     tokenizer: f.tokenizer,
     scrapeIntervalMs: optNum(f.scrapeInterval),
+    scrapeIdleIntervalMs: optNum(f.scrapeIdleInterval),
+    otlpEndpoint: f.otlpEndpoint,
     maxRetries: optNum(f.maxRetries),
     requestPlane: f.requestPlane,
     eventPlane: f.eventPlane,
     peers: peerFlags(f),
+    flow: flowFlags(f),
     nats: natsFlags(f),
     discovery: {
       kind: f.discovery,
@@ -236,6 +253,18 @@ function natsFlags(f: ServerFlags): Record<string, unknown> | undefined {
 function peerFlags(f: ServerFlags): Record<string, unknown> | undefined {
   const connect = f.peers?.flatMap((p) => p.split(",").map((s) => s.trim())).filter(Boolean);
   const o = { connect, bind: f.peersBind, secretFile: f.peersSecretFile };
+  return Object.values(o).some((v) => v !== undefined) ? o : undefined;
+}
+
+/** --flow and --flow-*; undefined when none given. */
+function flowFlags(f: ServerFlags): Record<string, unknown> | undefined {
+  const o = {
+    enabled: f.flow,
+    maxQueue: optNum(f.flowMaxQueue),
+    maxWaitMs: optNum(f.flowMaxWait),
+    tenantHeader: f.flowTenantHeader,
+    replicas: optNum(f.flowReplicas),
+  };
   return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }
 
@@ -324,6 +353,14 @@ export function registerServer(program: Command): void {
     )
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
+    .option(
+      "--scrape-idle-interval <ms>",
+      "scrape interval of an idle, unchanged worker (default 20000; 0 = always --scrape-interval)",
+    )
+    .option(
+      "--otlp-endpoint <url>",
+      "OTLP/HTTP collector for request traces, e.g. http://collector:4318 (default: tracing off)",
+    )
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
     .option("--request-plane <kind>", "http (default; nats with --nats-url) or another registered plane")
     .option(
@@ -333,6 +370,14 @@ export function registerServer(program: Command): void {
     )
     .option("--peers-bind <endpoint>", "this replica's announcement endpoint (default tcp://127.0.0.1:*)")
     .option("--peers-secret-file <file>", "shared secret signing announcements (or INFERA_PEERS_SECRET)")
+    .option(
+      "--flow",
+      "flow control: admission queue, priority bands, tenant fairness and limits (config `flow`)",
+    )
+    .option("--flow-max-queue <n>", "requests queued for admission at most, this replica (default 1000)")
+    .option("--flow-max-wait <ms>", "a queued request's maximum wait before 429 (default 30000)")
+    .option("--flow-tenant-header", "key flows by the x-infera-tenant header (else by API key)")
+    .option("--flow-replicas <n>", "server replicas the per-key RPM/TPM limits are split among (default 1)")
     .option("--print-config", "print the merged, validated config as YAML (secrets as ***) and exit")
     .action(async (given: ServerFlags, cmd: Command) => {
       const { resolveServerConfig } = await import("../server/config.ts");

@@ -1,5 +1,5 @@
 /**
- * The MoRIIO proxy-registration socket (engine-protocols.md §4c): a ZMQ ROUTER bound on
+ * The MoRIIO proxy-registration socket (docs/engine-protocols.md#pd-moriio): a ZMQ ROUTER bound on
  * `proxy_ping_port` (36367 by default) where vLLM MoRIIOConnector workers announce
  * themselves by re-sending a msgpack map every few seconds. Presented as a
  * `DiscoveryWatcher`, so a server can follow MoRIIO workers without etcd: each registration

@@ -105,6 +105,10 @@ export const workerRecordSchema = z
       .regex(/^[0-9a-f]{8,64}$/)
       .optional(),
     labels: z.record(z.string().max(64 * 1024)).optional(),
+    routes: z
+      .array(z.string().regex(/^\/[A-Za-z0-9_/.-]{1,200}$/))
+      .max(64)
+      .optional(),
   })
   .superRefine((r, ctx) => {
     if (r.dpRank !== undefined && r.dpRank >= r.dpSize)

@@ -83,6 +83,14 @@ export interface WorkerRecord {
   natsKvEpoch?: string;
   /** Free-form labels (zone, gpu, version). */
   labels?: Record<string, string>;
+  /**
+   * POST routes the engine serves beyond chat and completions, as paths (`/v1/responses`,
+   * `/v1/messages`, `/v1/embeddings`, `/v1/rerank`, `/v1/score`, `/tokenize`, `/detokenize`).
+   * The server sends pass-through requests only to workers that list their route, and
+   * Responses / Messages requests natively to those that list theirs (translating to chat for
+   * the others). Absent: none (src/server/api/README.md).
+   */
+  routes?: string[];
 }
 
 export type DiscoveryEvent =

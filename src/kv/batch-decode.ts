@@ -1,6 +1,6 @@
 /**
  * The hot path of KV event decoding: an `EventBatch` read straight from the msgpack bytes into
- * events, for the layouts the engines send (engine-protocols.md §3):
+ * events, for the layouts the engines send (docs/engine-protocols.md#kv-events-payload):
  * - the batch as an array `[ts, events, dp_rank?]` (SGLang, ATOM, older vLLM) or a map
  *   `{ts, events, data_parallel_rank?}` (vLLM's `EventBatch`, omit_defaults map form);
  * - each event as an array `[tag, ...fields]` (array_like structs) or a map with the tag under

@@ -1,6 +1,6 @@
 /**
- * The decoded KV events (engine-protocols.md §3) and the general decoder of one event, from a
- * generic msgpack value: `decodeEvent` takes either encoding (a positional array `[tag,
+ * The decoded KV events (docs/engine-protocols.md#kv-events-payload) and the general decoder of
+ * one event, from a generic msgpack value: `decodeEvent` takes either encoding (a positional array `[tag,
  * ...fields]` or a map with the tag under `type`) and never throws. The builders
  * (`storedEvent`, `removedEvent`, `transferredEvent`, `cleared`) are shared with the batch
  * decoder (./batch-decode.ts), which reads the hot fields straight from the bytes, so that both
@@ -137,7 +137,7 @@ const FIELDS: Record<string, string[]> = {
   BlockTransferred: ["block_hashes", "from_medium", "to_medium", "group_idx"],
 };
 
-/** Field names of each tag, in positional order (engine-protocols.md §3). */
+/** Field names of each tag, in positional order (docs/engine-protocols.md#kv-events-payload). */
 export const EVENT_FIELDS: Readonly<Record<string, readonly string[]>> = FIELDS;
 
 function blockStored(

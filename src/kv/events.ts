@@ -1,5 +1,5 @@
 /**
- * Decoder for the engines' KV-cache event messages (engine-protocols.md §3).
+ * Decoder for the engines' KV-cache event messages (docs/engine-protocols.md#kv-events).
  *
  * Framing: vLLM and SGLang send 3 frames `[topic, seq (8-byte BE), payload]`; ATOM sends
  * `[payload]` (empty topic) or `[topic, payload]`. The payload is a msgpack `EventBatch`

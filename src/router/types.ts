@@ -14,20 +14,22 @@ import type {
   EndpointKind,
   FailureKind,
   RequestExecutor,
+  RoutedEndpoint,
   SendOptions,
   UpstreamResponse,
 } from "../transport/types.ts";
 import type { AbortLike } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
+import type { RequestTrace } from "./trace.ts";
 
 // The request plane's contract, re-exported for the modules that read it from the router.
-export type { EndpointKind, RequestExecutor, SendOptions, UpstreamResponse };
+export type { EndpointKind, RequestExecutor, RoutedEndpoint, SendOptions, UpstreamResponse };
 
 export interface RoutingRequest {
   requestId: string;
   /** The model name the client asked for. */
   model: string;
-  endpoint: EndpointKind;
+  endpoint: RoutedEndpoint;
   /** The validated OpenAI body; routers copy it before adding fields. */
   body: Readonly<Record<string, unknown>>;
   stream: boolean;
@@ -37,6 +39,20 @@ export interface RoutingRequest {
   promptText(): string;
   /** Token ids of the templated prompt with the model's tokenizer, computed once on first use. */
   promptTokens(): readonly number[];
+  /** The request's trace when tracing is on (./trace.ts); undefined otherwise. */
+  trace?: RequestTrace;
+  /** Flow control's admission (src/router/flow/queue.ts), when the request passed the queue. */
+  admission?: RouteAdmission;
+}
+
+/**
+ * What the admission queue tells the router and wants to hear back: the workers that had
+ * headroom when the request was let through (the MixedRouter keeps to them while any is a
+ * candidate), and the worker picked (headroom signals count it).
+ */
+export interface RouteAdmission {
+  readonly fits: ReadonlySet<string>;
+  routed(worker: WorkerState): void;
 }
 
 /** The server's live view of one worker. */

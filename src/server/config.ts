@@ -15,6 +15,7 @@ import { parse as parseYaml } from "yaml";
 import { ENV_TABLE, type EnvVarSpec, envVar } from "../config/env-table.ts";
 import type { DiscoveryConfig } from "../discovery/index.ts";
 import type { RouterMode } from "../router/auto.ts";
+import type { FlowConfigLayer } from "../router/flow/config-schema.ts";
 import type { ProfilesConfig } from "../router/pipeline/config-schema.ts";
 import type { BreakerOptions } from "../router/worker-set.ts";
 import type { HttpExecutorOptions } from "../transport/http.ts";
@@ -86,6 +87,14 @@ export interface ServerConfig {
   tokenizer?: string;
   /** Engine `/metrics` scrape interval; 0 disables the scraper. */
   scrapeIntervalMs: number;
+  /**
+   * Scrape interval of a worker seen idle (nothing running or waiting, nothing in flight from this
+   * server, the same load as last time); at most this long between its scrapes. 0 = always
+   * `scrapeIntervalMs`.
+   */
+  scrapeIdleIntervalMs: number;
+  /** OTLP/HTTP collector for request traces (src/server/tracing.ts); tracing is off when absent. */
+  otlpEndpoint?: string;
   /** Retries on another worker after a connection failure before the first byte. */
   maxRetries: number;
   breaker: Partial<BreakerOptions>;
@@ -102,6 +111,8 @@ export interface ServerConfig {
   ingest: IngestConfig;
   /** Routing state shared by server replicas (src/router/peers). */
   peers: PeersConfig;
+  /** Flow control: admission queue, priority bands, tenant fairness and limits (src/router/flow). */
+  flow?: FlowConfigLayer;
 }
 
 /** One layer: every key optional, nested objects partial. */
@@ -138,6 +149,7 @@ export const defaultServerConfig: ServerConfig = {
   modelGoneRetryS: 300,
   metricsPublic: false,
   scrapeIntervalMs: 2000,
+  scrapeIdleIntervalMs: 20_000,
   maxRetries: 2,
   breaker: {},
   // A non-streamed answer's headers come only when it is complete, hence 10 minutes; a stream

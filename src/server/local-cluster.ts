@@ -16,6 +16,7 @@ import { fileURLToPath } from "node:url";
 import { envVar } from "../config/env-table.ts";
 import { completeRecord } from "../discovery/static.ts";
 import type { WorkerRecord } from "../discovery/types.ts";
+import { probeRoutes } from "../engine/launcher/routes-probe.ts";
 import type { FleetManifest } from "../engine/sim/fleet.ts";
 import { stopChild } from "../util/child-process.ts";
 import { type InferaServer, startServer } from "./app.ts";
@@ -204,10 +205,13 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
       restartTimer.unref?.();
     });
     const manifest = await waitManifest(child, file, 60_000 + 500 * o.workers, fleet.stderrTail);
+    // The fleet's engines are one binary with one command line: what the first serves, all do.
+    const first = manifest.engines[0];
+    const routes = first ? await probeRoutes(first.url) : [];
     sims.length = 0;
     const every = o.workers <= 16 ? 1 : 16;
     for (const e of manifest.engines) {
-      const sim = simChildOf(e, o.model, child, manifest.pid);
+      const sim = simChildOf(e, o.model, child, manifest.pid, routes);
       memory.put(sim.record);
       sims.push(sim);
       const ready = sims.length;
@@ -281,6 +285,7 @@ function simChildOf(
   model: string,
   child: ChildProcess,
   pid: number,
+  routes: readonly string[],
 ): SimChild & { record: WorkerRecord } {
   const kv = e.kvRanks[0];
   return {
@@ -310,6 +315,7 @@ function simChildOf(
           }
         : {}),
       labels: { pid: String(pid) },
+      ...(routes.length > 0 ? { routes: [...routes] } : {}),
     }),
   };
 }

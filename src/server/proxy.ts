@@ -9,11 +9,12 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
+import type { TraceSpan } from "../router/trace.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   contentTypeOf,
-  type EndpointKind,
   type RequestExecutor,
+  type RoutedEndpoint,
   setRawBody,
   type UpstreamResponse,
 } from "../transport/types.ts";
@@ -27,12 +28,14 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
+import type { FlowGate, FlowTicket } from "./flow-gate.ts";
 import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
 import { type PromptLimits, ServerRoutingRequest } from "./routing-request.ts";
 import { SseUsageFilter, type Usage } from "./sse.ts";
+import type { RequestTracer, ServerRequestTrace } from "./tracing.ts";
 
 export { pump } from "./pump.ts";
 
@@ -54,6 +57,10 @@ export interface ProxyContext {
   bodyParser?: BodyParserPool;
   /** The aborts of requests in flight: a drain whose grace period ran out cuts them (DrainCutError). */
   inFlight?: Set<RequestAbort>;
+  /** OpenTelemetry (./tracing.ts); absent when tracing is off, and then nothing is traced. */
+  tracer?: RequestTracer;
+  /** Flow control (config `flow`): limits and the admission queue in front of the router. */
+  flow?: FlowGate;
 }
 
 /**
@@ -68,14 +75,14 @@ export class DrainCutError extends Error {
 
 const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
 
-function requestIdOf(req: IncomingMessage): string {
+export function requestIdOf(req: IncomingMessage): string {
   const given = req.headers["x-request-id"];
   return typeof given === "string" && REQUEST_ID_RE.test(given) ? given : randomUUID();
 }
 
 export async function handleCompletion(
   ctx: ProxyContext,
-  endpoint: EndpointKind,
+  endpoint: RoutedEndpoint,
   req: IncomingMessage,
   res: ServerResponse,
 ): Promise<void> {
@@ -87,6 +94,11 @@ export async function handleCompletion(
   let raw: Buffer | null = null;
   /** The upstream answer's status, once one came (0: none). */
   let answered = 0;
+  const tr: ServerRequestTrace | undefined = ctx.tracer?.start(req.headers, requestId, endpoint);
+  const intake = tr?.phase("intake");
+  let relay: TraceSpan | undefined;
+  let ticket: FlowTicket | null = null;
+  let usage: Usage | null = null;
   try {
     ctx.auth.check(req.headers);
     raw = await readBody(req, ctx.maxBodyBytes);
@@ -121,6 +133,11 @@ export async function handleCompletion(
       ctx.tokenizer,
       ctx.promptLimits,
     );
+    if (tr) {
+      intake!.end();
+      tr.root.setAttribute("gen_ai.request.model", model);
+      rreq.trace = tr;
+    }
     const abort = new RequestAbort();
     ac = abort;
     ctx.inFlight?.add(abort);
@@ -132,6 +149,18 @@ export async function handleCompletion(
       if (pending) await pending;
     }
     if (res.destroyed) return;
+    // Flow control: waits here, no headers sent, until a worker has headroom. Nothing may await
+    // between this and router.handle, which claims the worker synchronously (the queue's next
+    // dispatch must see that claim).
+    if (ctx.flow) {
+      const tokens = ctx.preparePrompt ? rreq.promptTokens().length : Math.ceil(raw.length / 4);
+      const queued = tr?.phase("queue");
+      try {
+        ticket = await ctx.flow.ticket(rreq, tokens, req.headers, abort);
+      } finally {
+        queued?.end();
+      }
+    }
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
     if (abort.aborted) {
@@ -139,10 +168,25 @@ export async function handleCompletion(
       throw abort.reason;
     }
     // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
-    const usage =
+    relay = tr?.phase("stream");
+    usage =
       stream && up.status === 200
-        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
+        ? await relayStream(
+            ctx,
+            res,
+            up,
+            requestId,
+            model,
+            started,
+            !clientWantsUsage,
+            abort,
+            ticket?.onFirst,
+          )
         : await relayWhole(ctx, res, up, requestId, abort);
+    if (tr) {
+      relay!.end();
+      tr.finish(up.status);
+    }
     if (usage) {
       const mm = ctx.metrics.forModel(model);
       if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
@@ -151,6 +195,11 @@ export async function handleCompletion(
     ctx.metrics.countRequest(model, endpointLabel, up.status);
     ctx.metrics.observeE2e(model, endpointLabel, (performance.now() - started) / 1000);
   } catch (err) {
+    if (tr) {
+      intake!.end();
+      relay?.end(err);
+      tr.finish((err as { status?: number }).status ?? 499, err);
+    }
     if (ac?.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
       sendError(res, new DrainCutAnswer(), requestId, ctx.logger);
       return;
@@ -170,6 +219,7 @@ export async function handleCompletion(
     sendError(res, err, requestId, ctx.logger);
   } finally {
     if (ac) ctx.inFlight?.delete(ac);
+    ticket?.end(answered, usage?.completion_tokens);
     // A large body's buffer serves the next one once nothing can read it. undici writes a
     // Buffer body with one socket.write, which may still be sending from it after the call;
     // but an attempt that failed destroyed its connection (a connection error, an abort), and
@@ -210,6 +260,7 @@ async function relayStream(
   started: number,
   stripUsage: boolean,
   signal: RequestAbort,
+  onFirst?: () => void,
 ): Promise<Usage | null> {
   res.writeHead(up.status, {
     "content-type": contentTypeOf(up) ?? "text/event-stream",
@@ -231,8 +282,10 @@ async function relayStream(
         setImmediate(uncorkResponse, res);
       }
       const now = performance.now();
-      if (last === 0) mm.ttft.observe((now - started) / 1000);
-      else mm.itl.observe((now - last) / 1000);
+      if (last === 0) {
+        mm.ttft.observe((now - started) / 1000);
+        onFirst?.();
+      } else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
       if (filter?.invalid) {

@@ -10,6 +10,11 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { echoInput, InferaError, NotFoundError } from "../protocol/errors.ts";
+import type { EndpointKind } from "../transport/types.ts";
+import { messagesTranslation } from "./api/messages.ts";
+import { handlePassthrough } from "./api/passthrough.ts";
+import { responsesTranslation } from "./api/responses.ts";
+import { handleTranslated, type Translation } from "./api/translated.ts";
 import { DASHBOARD_PATHS, handleDashboard } from "./dashboard/routes.ts";
 import { sendError } from "./http-util.ts";
 import type { RequestTracker } from "./lifecycle.ts";
@@ -23,6 +28,18 @@ export interface Route {
   handler: RouteHandler;
 }
 
+/** Translated APIs (./api/translated.ts); the handler answers its own errors. */
+const translated =
+  (t: Translation): RouteHandler =>
+  (c, req, res) =>
+    void handleTranslated(c.proxy, t, req, res);
+
+/** Pass-through routes (./api/passthrough.ts); the handler answers its own errors. */
+const pass =
+  (kind: EndpointKind): RouteHandler =>
+  (c, req, res) =>
+    void handlePassthrough(c.proxy, c.workers, kind, req, res);
+
 /** The OpenAI completion endpoints (./proxy.ts); the handler answers its own errors. */
 const completions =
   (kind: "chat" | "completion"): RouteHandler =>
@@ -32,6 +49,13 @@ const completions =
 export const ROUTES: readonly Route[] = [
   { method: "POST", path: "/v1/chat/completions", handler: completions("chat") },
   { method: "POST", path: "/v1/completions", handler: completions("completion") },
+  { method: "POST", path: "/v1/responses", handler: translated(responsesTranslation) },
+  { method: "POST", path: "/v1/messages", handler: translated(messagesTranslation) },
+  { method: "POST", path: "/v1/embeddings", handler: pass("embeddings") },
+  { method: "POST", path: "/v1/rerank", handler: pass("rerank") },
+  { method: "POST", path: "/v1/score", handler: pass("score") },
+  { method: "POST", path: "/tokenize", handler: pass("tokenize") },
+  { method: "POST", path: "/detokenize", handler: pass("detokenize") },
   { method: "GET", path: "/health", handler: status.health },
   { method: "GET", path: "/ready", handler: status.ready },
   { method: "GET", path: "/metrics", handler: status.metrics },
@@ -72,6 +96,7 @@ export function createDispatcher(
         if (path.startsWith("/dashboard") && handleDashboard(ctx.dashboard, path, query, req, res)) return;
         const h = byPath.get(path)?.get("GET");
         if (h) return h(ctx, req, res, query);
+        if (path.startsWith(status.MODEL_CARD_PREFIX)) return status.model(ctx, req, res, query);
       }
       if (KNOWN.has(path)) {
         throw new InferaError(405, `Method ${echoInput(method ?? "")} is not allowed on ${path}.`, {

@@ -6,7 +6,8 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 
-import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import type { RequestTrace } from "../router/trace.ts";
+import type { RouteAdmission, RoutedEndpoint, RoutingRequest } from "../router/types.ts";
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
@@ -46,19 +47,25 @@ const DEFAULT_LIMITS: PromptLimits = { budgetMs: BUDGET_MS, cache: null };
 export class ServerRoutingRequest implements RoutingRequest {
   readonly requestId: string;
   readonly model: string;
-  readonly endpoint: EndpointKind;
+  readonly endpoint: RoutedEndpoint;
   readonly body: Readonly<Record<string, unknown>>;
   readonly stream: boolean;
   readonly cacheSalt: string | undefined;
+  /** Set by the server when tracing is on; always present in the shape, so the class stays monomorphic. */
+  trace: RequestTrace | undefined = undefined;
+  /** Set by the admission queue when flow control let the request through. */
+  admission?: RouteAdmission;
   private readonly tokenizer: Tokenizer;
   private readonly limits: PromptLimits;
   private text: string | undefined;
   private tokens: readonly number[] | undefined;
+  /** False once the tokens are known to be only the prompt's head (a cap or the budget cut them). */
+  private whole = true;
 
   constructor(
     requestId: string,
     model: string,
-    endpoint: EndpointKind,
+    endpoint: RoutedEndpoint,
     body: Readonly<Record<string, unknown>>,
     stream: boolean,
     cacheSalt: string | undefined,
@@ -135,8 +142,22 @@ export class ServerRoutingRequest implements RoutingRequest {
     return this.cacheSalt ? null : this.limits.cache;
   }
 
+  /**
+   * The prompt's token count as routing counts it (tokenized now, within routing's caps and
+   * budget, if the policy did not need it), or undefined when routing saw only its head.
+   */
+  wholePromptTokenCount(): number | undefined {
+    this.promptTokens();
+    if (this.tokens === undefined || !this.whole || this.text === undefined) return undefined;
+    // capText and headMessages cut a little below the cap (at a word's edge).
+    if (this.text.length >= ROUTING_TEXT_CAP - PIECE_CHARS || this.tokens.length >= ROUTING_TOKEN_CAP)
+      return undefined;
+    return this.tokens.length;
+  }
+
   private counted(r: BoundedTokens): number[] {
     this.limits.stats?.note(r.complete);
+    if (!r.complete) this.whole = false;
     return r.ids;
   }
 }

@@ -3,6 +3,8 @@
  * model and worker lists, and the last routing decisions. Listed in the route table
  * (./routes.ts).
  */
+import type { WorkerRecord } from "../discovery/types.ts";
+import { BadRequestError, echoInput, NotFoundError } from "../protocol/errors.ts";
 import type { DecisionLog } from "../router/pipeline/decisions.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import { maskUrlsDeep } from "../util/mask.ts";
@@ -57,20 +59,44 @@ export const decisions: RouteHandler = (ctx, req, res, query) => {
   sendJson(res, 200, decisionList(ctx.decisions, query));
 };
 
+/** The path prefix of `GET /v1/models/{id}` (the dispatcher's one prefix route). */
+export const MODEL_CARD_PREFIX = "/v1/models/";
+
+/**
+ * `GET /v1/models/{id}`: the card of one served name (it may contain `/`), or 404
+ * `model_not_found` as SGLang answers it (sgl-project/sglang
+ * python/sglang/srt/entrypoints/http_server.py @ 0025436eab0556737d615b36a4dd3e1e26e82f3d
+ * `retrieve_model`).
+ */
+export const model: RouteHandler = (ctx, req, res) => {
+  ctx.auth.check(req.headers);
+  const url = req.url ?? "";
+  const q = url.indexOf("?");
+  let id: string;
+  try {
+    id = decodeURIComponent((q < 0 ? url : url.slice(0, q)).slice(MODEL_CARD_PREFIX.length));
+  } catch {
+    throw new BadRequestError("The model id in the path is not valid percent-encoding.", "model");
+  }
+  const g = ctx.workers.group(id);
+  if (!g) throw new NotFoundError(`The model '${echoInput(id)}' does not exist.`, "model_not_found", "model");
+  sendJson(res, 200, modelCard(id, g.all[0]!.record));
+};
+
+function modelCard(id: string, first: WorkerRecord) {
+  return {
+    id,
+    object: "model",
+    created: Math.floor(Date.parse(first.startedAt) / 1000) || 0,
+    owned_by: "infera",
+    root: first.model,
+    max_model_len: first.maxModelLen || undefined,
+  };
+}
+
 function modelList(workers: WorkerSet) {
   const data = [];
-  for (const name of workers.modelNames()) {
-    const g = workers.group(name)!;
-    const first = g.all[0]!.record;
-    data.push({
-      id: name,
-      object: "model",
-      created: Math.floor(Date.parse(first.startedAt) / 1000) || 0,
-      owned_by: "infera",
-      root: first.model,
-      max_model_len: first.maxModelLen || undefined,
-    });
-  }
+  for (const name of workers.modelNames()) data.push(modelCard(name, workers.group(name)!.all[0]!.record));
   return { object: "list", data };
 }
 

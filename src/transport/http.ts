@@ -14,6 +14,7 @@ import { type BodySource, PushBody } from "./push-body.ts";
 
 import {
   connectionFailureKind,
+  ENDPOINT_PATHS,
   type EndpointKind,
   type RequestExecutor,
   rawBodyOf,
@@ -32,8 +33,6 @@ export interface HttpExecutorOptions {
   bodyTimeoutMs?: number;
   keepAliveTimeoutMs?: number;
 }
-
-const PATHS: Record<EndpointKind, string> = { chat: "/v1/chat/completions", completion: "/v1/completions" };
 
 // The client's bytes of a body forwarded as it came (or with PD fields appended) skip a
 // JSON.stringify (./types.ts, rawBodyOf).
@@ -79,7 +78,7 @@ export class HttpExecutor implements RequestExecutor {
       const { pool, prefix } = this.pool(url);
       pool.dispatch(
         {
-          path: prefix + PATHS[endpoint],
+          path: prefix + ENDPOINT_PATHS[endpoint],
           method: "POST",
           headers,
           body: rawBodyOf(body) ?? JSON.stringify(body),

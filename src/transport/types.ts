@@ -14,7 +14,47 @@ import type { WorkerRecord } from "../discovery/types.ts";
 import { InferaError, UpstreamError } from "../protocol/errors.ts";
 import type { AbortLike } from "../util/abort.ts";
 
-export type EndpointKind = "chat" | "completion";
+/**
+ * The engine routes a request can go to. `chat` and `completion` are routed by the scheduling
+ * pipeline; `responses` and `messages` go to an engine that serves them natively; the others
+ * are pass-through routes (src/server/api/passthrough.ts). Paths as the engines serve them:
+ * vLLM vllm/entrypoints/openai/responses/api_router.py @ f6e93254b87059a005c9043f4c72322994aff95a
+ * (`/v1/responses`), vllm/entrypoints/anthropic/api_router.py @
+ * 01540b75e3b1c58a3bf586ee6defbdde6e0a2c1b (`/v1/messages`); SGLang
+ * python/sglang/srt/entrypoints/http_server.py @ 0025436eab0556737d615b36a4dd3e1e26e82f3d
+ * (`/v1/responses`, `/v1/rerank`, `/v1/score`, `/tokenize`, `/detokenize`; vLLM serves the same
+ * pooling and tokenizer paths).
+ */
+export type EndpointKind =
+  | "chat"
+  | "completion"
+  | "responses"
+  | "messages"
+  | "embeddings"
+  | "rerank"
+  | "score"
+  | "tokenize"
+  | "detokenize";
+
+/** The endpoints the scheduling pipeline routes (a prompt to place on a worker). */
+export type RoutedEndpoint = "chat" | "completion";
+
+export const ENDPOINT_PATHS: Readonly<Record<EndpointKind, string>> = {
+  chat: "/v1/chat/completions",
+  completion: "/v1/completions",
+  responses: "/v1/responses",
+  messages: "/v1/messages",
+  embeddings: "/v1/embeddings",
+  rerank: "/v1/rerank",
+  score: "/v1/score",
+  tokenize: "/tokenize",
+  detokenize: "/detokenize",
+};
+
+/** The endpoint a wire name (a NATS header) names, or undefined. */
+export function endpointKindOf(name: string | undefined): EndpointKind | undefined {
+  return name !== undefined && Object.hasOwn(ENDPOINT_PATHS, name) ? (name as EndpointKind) : undefined;
+}
 
 /** What an executor needs of a worker: its discovery record (URL, NATS subject, model). */
 export interface SendTarget {

@@ -15,7 +15,7 @@ import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { completeRecord } from "../../src/discovery/static.ts";
 import { InvalidJsonError } from "../../src/protocol/errors.ts";
 import { MAX_BODY_DEPTH } from "../../src/protocol/openai.ts";
-import type { EndpointKind } from "../../src/router/types.ts";
+import type { RoutedEndpoint } from "../../src/router/types.ts";
 import {
   BodyParserBusyError,
   BodyParserFailedError,
@@ -165,7 +165,7 @@ describe("BodyParserPool", () => {
     const tok = getDefaultTokenizer();
     // Past the routing cap (1 Mi characters), so a head is kept apart.
     const long = "word, 😀 中文 ".repeat(120_000);
-    const bodies: [EndpointKind, Record<string, unknown>][] = [
+    const bodies: [RoutedEndpoint, Record<string, unknown>][] = [
       [
         "chat",
         {

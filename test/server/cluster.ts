@@ -3,6 +3,7 @@ import OpenAI from "openai";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { completeRecord } from "../../src/discovery/static.ts";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
+import { probeRoutes } from "../../src/engine/launcher/routes-probe.ts";
 import { type InferaServer, type ServerConfigInput, startServer } from "../../src/server/index.ts";
 import { parseMetric, type SimProcess, startSim } from "../helpers/sim.ts";
 
@@ -28,7 +29,13 @@ export function simRecord(sim: SimProcess, i: number, model = sim.model): Worker
 
 export async function startCluster(
   n: number,
-  opts: { simArgs?: string[]; config?: ServerConfigInput; model?: string } = {},
+  opts: {
+    simArgs?: string[];
+    config?: ServerConfigInput;
+    model?: string;
+    /** Fill each record's `routes` from the launcher's probe of its sim (as `infera engine` does). */
+    probeRoutes?: boolean;
+  } = {},
 ): Promise<Cluster> {
   const sims = await Promise.all(
     Array.from({ length: n }, () =>
@@ -39,7 +46,12 @@ export async function startCluster(
       }),
     ),
   );
-  const records = sims.map((s, i) => simRecord(s, i));
+  const records = await Promise.all(
+    sims.map(async (s, i) => {
+      const r = simRecord(s, i);
+      return opts.probeRoutes ? { ...r, routes: await probeRoutes(s.url) } : r;
+    }),
+  );
   const memory = new MemoryDiscovery(records);
   const server = await startServer({ port: 0, scrapeIntervalMs: 0, ...opts.config }, { discovery: memory });
   const client = new OpenAI({

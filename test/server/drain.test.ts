@@ -145,6 +145,35 @@ describe("infera server: SIGTERM drains", () => {
     assert.equal(await s.exited, 0, s.output());
   });
 
+  it("past the grace period a translated stream ends with its API's failure event, not a reset", async (t) => {
+    const s = await server("1");
+    t.after(() => s.proc.kill("SIGKILL"));
+    const open = (path: string, body: object) =>
+      fetch(`${s.url}${path}`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: sim.model, stream: true, ...body }),
+      });
+    const [messages, responses] = await Promise.all([
+      open("/v1/messages", { max_tokens: 400, messages: [{ role: "user", content: "cut" }] }),
+      open("/v1/responses", { max_output_tokens: 400, input: "cut" }),
+    ]);
+    const read = async (res: Response) => {
+      assert.equal(res.status, 200);
+      let text = "";
+      for await (const c of res.body!) text += Buffer.from(c).toString();
+      return text.split("\n\n").filter(Boolean);
+    };
+    const reading = [read(messages), read(responses)];
+    await new Promise((r) => setTimeout(r, 300));
+    s.proc.kill("SIGTERM");
+    const [m, r] = await Promise.all(reading);
+    // Anthropic's stream parser throws on `event: error` (anthropic-sdk-typescript src/core/streaming.ts).
+    assert.match(m!.at(-1)!, /^event: error\ndata: .*"api_error".*drain grace period over/s);
+    assert.match(r!.at(-1)!, /^event: response\.failed\n/);
+    assert.equal(await s.exited, 0, s.output());
+  });
+
   it("a keep-alive connection with a request in flight at SIGTERM gets its answer with connection: close", async (t) => {
     const s = await server("30");
     t.after(() => s.proc.kill("SIGKILL"));

@@ -66,6 +66,14 @@ describe("infera up", () => {
     assert.ok(
       workers.data.every((w) => w.engine === "sim" && w.kvEvents.endpoint.startsWith("tcp://127.0.0.1:")),
     );
+    // The fleet's routes were asked of its engines: /tokenize passes through to them.
+    const tok = await fetch(`${url}/tokenize`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "sim-model", prompt: "Hello!" }),
+    });
+    assert.equal(tok.status, 200);
+    assert.ok(((await tok.json()) as { count: number }).count > 0);
 
     child.kill("SIGINT");
     assert.equal(await exited, 0);

@@ -3,8 +3,9 @@
  * [--tensor-parallel-size N] [--data-parallel-size N] [--kv_cache_dtype bf16|fp8]
  * [--block-size 16] [--max-model-len N] --host H --server-port P [--kv-transfer-config
  * '{"kv_role":…,"kv_connector":"moriio"|"mooncake","handshake_port":6301,"http_port":P}']`,
- * KV events through ATOM_KV_EVENTS_* only (engine-protocols.md §1, §3, §4e; flag spellings
- * from ATOM's atom/model_engine/arg_utils.py and atom/entrypoints/openai/api_server.py).
+ * KV events through ATOM_KV_EVENTS_* only (docs/engine-protocols.md#launch, #kv-events-enable,
+ * #pd-atom; flag spellings from ATOM's atom/model_engine/arg_utils.py and
+ * atom/entrypoints/openai/api_server.py).
  * ATOM's `--port` is an internal engine port, so the HTTP port is `--server-port`. Events
  * carry no sequence frame (framing "atom"), no replay.
  */

@@ -11,6 +11,7 @@ import type { Logger } from "../../util/log.ts";
 import { waitForDrain } from "./drain.ts";
 import { reportedKvBlocks, reportedMaxModelLen } from "./facts.ts";
 import { buildWorkerRecord } from "./record.ts";
+import { probeRoutes } from "./routes-probe.ts";
 import type { EngineAdapter, EngineCommand, LaunchSpec } from "./types.ts";
 
 export interface LifecycleOptions {
@@ -236,6 +237,7 @@ class EngineRun {
       startedAt: new Date(),
       maxModelLen: spec.maxModelLen ?? (await reportedMaxModelLen(base)),
       kvBlocks: await reportedKvBlocks(spec, base, spec.blockSize ?? adapter.defaultBlockSize),
+      routes: await probeRoutes(base),
     });
     log.info({ id: rec.id, url: rec.url, healthyAfterMs: Date.now() - t0 }, "engine healthy");
     if (!registrar) {

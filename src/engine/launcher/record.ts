@@ -9,6 +9,8 @@ export interface RecordFacts {
   maxModelLen?: number;
   /** KV blocks of one DP rank's pool, when the engine (or `--num-gpu-blocks-override`) said. */
   kvBlocks?: number;
+  /** The extra routes the engine answered (./routes-probe.ts). */
+  routes?: string[];
 }
 
 export function buildWorkerRecord(
@@ -35,6 +37,7 @@ export function buildWorkerRecord(
     labels,
   };
   if (facts.kvBlocks !== undefined) rec.kvBlocks = facts.kvBlocks;
+  if (facts.routes && facts.routes.length > 0) rec.routes = [...facts.routes];
   const kv = adapter.kvEvents(spec);
   if (kv) rec.kvEvents = kv;
   return rec;

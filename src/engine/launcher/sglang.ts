@@ -3,12 +3,13 @@
  * '{...}' [--disaggregation-mode prefill|decode --disaggregation-transfer-backend
  * mooncake|nixl|mori --disaggregation-bootstrap-port 8998 [--disaggregation-ib-device D]]
  * [--tp-size N] [--dp-size N] [--quantization Q] [--kv-cache-dtype D] --enable-metrics`
- * (engine-protocols.md §2, §3, §4d). The record's connector is the SGLang bootstrap protocol
- * whatever the transfer backend; the backend goes into the `transferBackend` label.
+ * (docs/engine-protocols.md#load-metrics, #kv-events-enable, #pd-sglang). The record's
+ * connector is the SGLang bootstrap protocol whatever the transfer backend; the backend goes
+ * into the `transferBackend` label.
  */
 import type { ConnectorInfo } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
-import { dpSize, opt, rdmaEnv, requireBackend, wildcardEndpoint } from "./common.ts";
+import { dpSize, OTLP_HTTP_ENV, opt, rdmaEnv, requireBackend, wildcardEndpoint } from "./common.ts";
 import type { EngineAdapter, LaunchSpec, TransferBackend } from "./types.ts";
 import { seqKvEvents } from "./vllm.ts";
 
@@ -84,8 +85,16 @@ export const sglangAdapter: EngineAdapter = {
     opt(argv, "--kv-cache-dtype", sglangKvCacheDtype(spec.kvCacheDtype));
     opt(argv, "--page-size", spec.blockSize);
     opt(argv, "--context-length", spec.maxModelLen);
+    const env = rdmaEnv(spec);
+    // SGLang traces with `--enable-trace --otlp-traces-endpoint`; an HTTP endpoint takes
+    // OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf and the full /v1/traces URL
+    // (sgl-project/sglang docs/references/production_request_trace.md @ 93d04878cfb9b08645fae7b11bd340ee33b34acf).
+    if (spec.otlpTracesUrl) {
+      argv.push("--enable-trace", "--otlp-traces-endpoint", spec.otlpTracesUrl);
+      Object.assign(env, OTLP_HTTP_ENV);
+    }
     argv.push("--enable-metrics", ...spec.extraArgs);
-    return { argv, env: rdmaEnv(spec) };
+    return { argv, env };
   },
   connector(spec): ConnectorInfo {
     if (spec.role === "mixed") return { kind: "none" };

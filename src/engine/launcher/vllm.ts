@@ -1,7 +1,8 @@
 /**
  * vLLM: `vllm serve MODEL --host H --port P [--served-model-name N...] [...] --kv-events-config
- * '{...}' [--kv-transfer-config '{...}']` (engine-protocols.md §3, §4a–c). The simulated
- * engine takes the same command line, so `sim.ts` reuses this builder.
+ * '{...}' [--kv-transfer-config '{...}']` (docs/engine-protocols.md#kv-events-enable, #pd-nixl,
+ * #pd-mooncake, #pd-moriio). The simulated engine takes the same command line, so `sim.ts`
+ * reuses this builder.
  */
 import type { ConnectorInfo, KvEventsInfo } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
@@ -10,6 +11,7 @@ import {
   dpSize,
   kvEventRanks,
   kvRole,
+  OTLP_HTTP_ENV,
   opt,
   rdmaEnv,
   requireBackend,
@@ -116,6 +118,10 @@ export function vllmArgs(spec: LaunchSpec): EngineCommand {
   if (transfer) {
     argv.push("--kv-transfer-config", JSON.stringify(transfer.config));
     Object.assign(env, transfer.env);
+  }
+  if (spec.otlpTracesUrl) {
+    argv.push("--otlp-traces-endpoint", spec.otlpTracesUrl);
+    Object.assign(env, OTLP_HTTP_ENV);
   }
   argv.push(...spec.extraArgs);
   return { argv, env };

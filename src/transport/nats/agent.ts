@@ -17,7 +17,7 @@ import {
 import { Pool } from "undici";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { splitBaseUrl } from "../base-url.ts";
-import { connectionFailureKind } from "../types.ts";
+import { connectionFailureKind, ENDPOINT_PATHS, type EndpointKind, endpointKindOf } from "../types.ts";
 import {
   CTL_ABORT,
   CTL_CREDIT,
@@ -191,7 +191,7 @@ export class NatsRequestAgent {
     const inbox = msg.reply;
     if (!inbox) return; // nowhere to answer: not ours to handle
     const h = msg.headers;
-    const endpoint = h?.get(H_ENDPOINT) === "completion" ? "completion" : "chat";
+    const endpoint = endpointKindOf(h?.get(H_ENDPOINT)) ?? "chat";
     const window = positiveInt(h?.get(H_WINDOW), DEFAULT_WINDOW);
     const pingMs = positiveInt(h?.get(H_PING_MS), 1000);
     const fwd: Record<string, string> = { "content-type": "application/json" };
@@ -216,12 +216,12 @@ export class NatsRequestAgent {
 
   private async run(
     st: AgentStream,
-    endpoint: "chat" | "completion",
+    endpoint: EndpointKind,
     headers: Record<string, string>,
     body: Uint8Array,
   ): Promise<void> {
     if (st.done) return;
-    const path = this.pathPrefix + (endpoint === "completion" ? "/v1/completions" : "/v1/chat/completions");
+    const path = this.pathPrefix + ENDPOINT_PATHS[endpoint];
     let res: Awaited<ReturnType<Pool["request"]>>;
     try {
       res = await this.pool.request({ path, method: "POST", headers, body, signal: st.ac.signal });

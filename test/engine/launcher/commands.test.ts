@@ -1,6 +1,6 @@
 /**
  * Table-driven: every engine × role × connector produces the command line and environment
- * engine-protocols.md lists (§1 ATOM launch, §3 KV events, §4a–e PD launch flags, §5 RDMA).
+ * docs/engine-protocols.md lists (#launch, #kv-events-enable, the PD launch flags of #pd, #rdma).
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";

@@ -119,6 +119,10 @@ describe("infera engine lifecycle (real etcd, real sim)", () => {
     assert.equal(rec?.kvEvents?.framing, "seq");
     assert.match(rec?.kvEvents?.endpoint ?? "", /^tcp:\/\/127\.0\.0\.1:\d+$/);
     assert.ok((rec?.maxModelLen ?? 0) > 0, "max_model_len read from /v1/models");
+    // The routes the engine answered (src/engine/launcher/routes-probe.ts): the sim, a generative
+    // model in vLLM's personality, serves Responses, Messages and the tokenizer routes, and no
+    // pooling route.
+    assert.deepEqual(rec?.routes, ["/v1/responses", "/v1/messages", "/tokenize", "/detokenize"]);
 
     const t0 = Date.now();
     l.proc.kill("SIGTERM");

@@ -1,4 +1,4 @@
-/** Each PD protocol's body transforms, table-driven (engine-protocols.md §4). No I/O. */
+/** Each PD protocol's body transforms, table-driven (docs/engine-protocols.md#pd). No I/O. */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { pdProtocols } from "../../../src/router/disagg/protocols/index.ts";

@@ -113,6 +113,27 @@ test("non-streamed completion over NATS matches HTTP (text and usage)", async ()
   assert.deepEqual(b.usage, a.usage);
 });
 
+test("pass-through routes over NATS reach the engine's own path (/tokenize, /detokenize)", async () => {
+  // The agent maps the endpoint header to the engine's path (ENDPOINT_PATHS); before, anything
+  // but `completion` went to /v1/chat/completions.
+  const tok = await nexec.send(
+    worker,
+    "tokenize",
+    { model: MODEL, prompt: "hello world" },
+    { signal: signal() },
+  );
+  assert.equal(tok.status, 200);
+  const t = (await tok.json()) as { tokens: number[]; count: number };
+  assert.equal(t.count, t.tokens.length);
+  const viaHttp = (await (
+    await hexec.send(worker, "tokenize", { model: MODEL, prompt: "hello world" }, { signal: signal() })
+  ).json()) as { tokens: number[] };
+  assert.deepEqual(t.tokens, viaHttp.tokens);
+  const de = await nexec.send(worker, "detokenize", { model: MODEL, tokens: t.tokens }, { signal: signal() });
+  assert.equal(de.status, 200);
+  assert.equal(typeof ((await de.json()) as { prompt: string }).prompt, "string");
+});
+
 test("streamed chat over NATS matches HTTP (text, finish reason, usage)", async () => {
   const body = {
     model: MODEL,

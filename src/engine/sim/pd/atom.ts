@@ -1,5 +1,5 @@
 /**
- * ATOM's serial relay (engine-protocols.md §4e). P's answer is ATOM's
+ * ATOM's serial relay (docs/engine-protocols.md#pd-atom). P's answer is ATOM's
  * `seq.kv_transfer_params_output` (ROCm/ATOM atom/kv_transfer/disaggregation/moriio/
  * moriio_connector.py @ ffdf3bb5d, scheduler-side `request_finished`): `remote_port` is the
  * scheduler's own handshake port (never the HTTP port), `remote_handshake_port` the configured

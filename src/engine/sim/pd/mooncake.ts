@@ -1,5 +1,6 @@
 /**
- * vLLM MooncakeConnector, concurrent, D pulls via P's bootstrap (engine-protocols.md §4b).
+ * vLLM MooncakeConnector, concurrent, D pulls via P's bootstrap
+ * (docs/engine-protocols.md#pd-mooncake).
  * Everything below follows vllm-project/vllm
  * vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py
  * @ 00f4240ee6458263d76cf51ca7901ce1350bb4d1 and mooncake_utils.py @ e7ad92e5308e67c9657fc06f351ff4326848f130:

@@ -1,5 +1,5 @@
 /**
- * vLLM MoRIIOConnector (engine-protocols.md §4c), as vllm-project/vllm
+ * vLLM MoRIIOConnector (docs/engine-protocols.md#pd-moriio), as vllm-project/vllm
  * vllm/distributed/kv_transfer/kv_connector/v1/moriio/moriio_connector.py
  * @ 0158326ccc22cff86725bbaa452df5e6be966c5c and moriio_common.py
  * @ 028a39c286ca87e0d302e66eda00bdb1a00b8c03 define it:

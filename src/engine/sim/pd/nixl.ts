@@ -1,6 +1,6 @@
 /**
- * vLLM NixlConnector, serial, D pulls (engine-protocols.md §4a). P listens on its side-channel
- * port (`VLLM_NIXL_SIDE_CHANNEL_PORT`, default 5600, + dp rank; the sim also reads
+ * vLLM NixlConnector, serial, D pulls (docs/engine-protocols.md#pd-nixl). P listens on its
+ * side-channel port (`VLLM_NIXL_SIDE_CHANNEL_PORT`, default 5600, + dp rank; the sim also reads
  * `kv_connector_extra_config.side_channel_port`, 0 = any free port) and answers the prefill
  * with the params D needs; D pulls exactly `remote_block_ids` of `remote_request_id` from
  * `remote_host:remote_port`.

@@ -1,5 +1,6 @@
 /**
- * SGLang bootstrap disaggregation, concurrent with identical bodies (engine-protocols.md §4d).
+ * SGLang bootstrap disaggregation, concurrent with identical bodies
+ * (docs/engine-protocols.md#pd-sglang).
  * The router adds `bootstrap_host`, `bootstrap_port`, `bootstrap_room` at the top level of the
  * body and sends it to P and D at once. P serves the bootstrap server on
  * `--disaggregation-bootstrap-port` (read from the kv-transfer config's `bootstrap_port` /

@@ -10,7 +10,8 @@ function header(req: IncomingMessage, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
-function readJson(req: IncomingMessage): Promise<Record<string, unknown>> {
+/** A JSON object body (empty: `{}`); anything else is a 400. Shared with native-apis.ts. */
+export function readJson(req: IncomingMessage): Promise<Record<string, unknown>> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));

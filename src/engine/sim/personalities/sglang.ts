@@ -9,6 +9,7 @@ import { type SimConfig, zmqBindsFor } from "../config.ts";
 import { SGLANG_FLAGS } from "../engine-flags.ts";
 import { METRIC_NAMES } from "../metric-names.ts";
 import { sglangToolCallId } from "../request-plan.ts";
+import { responsesRoute } from "./native-apis.ts";
 import { noModelCheck, openAiErrorAnswer } from "./openai-errors.ts";
 import { handleGenerate } from "./sglang-generate.ts";
 import type { Personality } from "./types.ts";
@@ -119,7 +120,7 @@ export const sglang: Personality = {
   errorAnswer: openAiErrorAnswer,
   healthBody: null,
   getRoutes,
-  postRoutes: { "/generate": handleGenerate },
+  postRoutes: { "/generate": handleGenerate, "/v1/responses": responsesRoute },
   requests: {
     tools: true,
     // python/sglang/srt/entrypoints/openai/serving_chat.py @ 002897c23becbd522d88b8115a763a21765f978a

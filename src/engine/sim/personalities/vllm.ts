@@ -7,6 +7,7 @@ import { zmqBindsFor } from "../config.ts";
 import { VLLM_FLAGS } from "../engine-flags.ts";
 import { METRIC_NAMES } from "../metric-names.ts";
 import { vllmToolCallId } from "../request-plan.ts";
+import { messagesRoute, responsesRoute } from "./native-apis.ts";
 import { noModelCheck, openAiErrorAnswer } from "./openai-errors.ts";
 import type { Personality } from "./types.ts";
 
@@ -39,7 +40,7 @@ export const vllm: Personality = {
   errorAnswer: openAiErrorAnswer,
   healthBody: null,
   getRoutes: () => ({}),
-  postRoutes: {},
+  postRoutes: { "/v1/responses": responsesRoute, "/v1/messages": messagesRoute },
   requests: {
     tools: true,
     // vllm/entrypoints/openai/chat_completion/serving.py @ 5e918640d7b65820db5beaa98c2a99925bff7c17

@@ -1,5 +1,5 @@
 /**
- * ATOM serial relay (engine-protocols.md §4e): P's `kv_transfer_params` to D, plus
+ * ATOM serial relay (docs/engine-protocols.md#pd-atom): P's `kv_transfer_params` to D, plus
  * `remote_dp_size` / `remote_tp_size` from P's `GET /kv_transfer_info` and `remote_dp_rank`.
  */
 import type { WorkerRecord } from "../../../discovery/types.ts";

@@ -1,5 +1,5 @@
 /**
- * vLLM MooncakeConnector (engine-protocols.md §4b): concurrent. P gets the prefill-only body
+ * vLLM MooncakeConnector (docs/engine-protocols.md#pd-mooncake): concurrent. P gets the prefill-only body
  * with `transfer_id`; D gets the client's body with P's bootstrap address, the engine id P's
  * bootstrap `GET /query` reports, P's dp rank and the same `transfer_id`.
  */

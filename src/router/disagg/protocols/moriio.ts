@@ -1,5 +1,5 @@
 /**
- * vLLM MoRIIOConnector (engine-protocols.md §4c), as vLLM's own router prepares it
+ * vLLM MoRIIOConnector (docs/engine-protocols.md#pd-moriio), as vLLM's own router prepares it
  * (vllm-project/router src/routers/http/moriio_pd_router.rs @ a9e5c52):
  *
  * - Both halves carry the same `transfer_id` (`tx-<uuid>`): current vLLM reads

@@ -1,4 +1,4 @@
-/** vLLM NixlConnector: serial, D pulls from P's side channel (engine-protocols.md §4a). */
+/** vLLM NixlConnector: serial, D pulls from P's side channel (docs/engine-protocols.md#pd-nixl). */
 import { prefillOnlyBody, type SerialProtocol, withKvParams } from "./types.ts";
 
 export const nixlProtocol: SerialProtocol = {

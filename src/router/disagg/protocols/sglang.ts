@@ -1,5 +1,5 @@
 /**
- * SGLang bootstrap (engine-protocols.md §4d): concurrent, identical bodies carrying P's
+ * SGLang bootstrap (docs/engine-protocols.md#pd-sglang): concurrent, identical bodies carrying P's
  * `bootstrap_host`, `bootstrap_port` and a random `bootstrap_room`.
  *
  * A batched request carries one of each per item, as SGLang's gateway prepares PD requests

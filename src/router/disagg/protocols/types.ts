@@ -1,5 +1,5 @@
 /**
- * One PD protocol per connector (engine-protocols.md §4), behind one interface. A protocol is
+ * One PD protocol per connector (docs/engine-protocols.md#pd), behind one interface. A protocol is
  * pure body/param shaping: the DisaggRouter does the I/O (sending, racing, retrying). Serial
  * protocols (Nixl, MoRIIO read, ATOM) build D's body from P's answer; concurrent ones
  * (Mooncake, SGLang bootstrap) build both bodies up front and the router fires them together.

@@ -1,0 +1,296 @@
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { InferaError, UpstreamError } from "../../protocol/errors.ts";
+import { parseChatRequest } from "../../protocol/openai.ts";
+import {
+  ENDPOINT_PATHS,
+  type EndpointKind,
+  type RequestExecutor,
+  type UpstreamResponse,
+} from "../../transport/types.ts";
+import type { RequestAbort } from "../../util/abort.ts";
+import { BodyAbortedError, discardRefusedBody, sendJson } from "../http-util.ts";
+import { DrainCutError, type ProxyContext, requestIdOf } from "../proxy.ts";
+import { pump } from "../pump.ts";
+import { relayWhole } from "../relay-whole.ts";
+import { ServerRoutingRequest } from "../routing-request.ts";
+import { type ChatChunk, type ChatCompletion, type ChatUsage, chatChunks } from "./chat-sse.ts";
+import { readObjectBody, requestAbort } from "./intake.ts";
+
+/** Writes one API's stream from the engine's chat chunks. */
+export interface Streamer {
+  /**
+   * The events before the first token (e.g. `response.created`, `message_start`);
+   * `promptTokens` gives routing's count of the whole prompt (undefined past its caps).
+   */
+  start(promptTokens: () => number | undefined): string;
+  chunk(c: ChatChunk): string;
+  /** The closing events, with the stream's usage; `failed` names an engine failure mid-way. */
+  end(usage: ChatUsage | null, failed?: string): string;
+}
+
+export interface Translation {
+  /** The metrics' endpoint label. */
+  readonly label: string;
+  /** The engine route that serves this API natively (a worker's record lists it in `routes`). */
+  readonly native: EndpointKind;
+  /** The client's body → a chat-completions body; throws BadRequestError for what it cannot carry. */
+  toChat(body: Record<string, unknown>): Record<string, unknown>;
+  /** A whole chat answer → this API's answer. */
+  whole(chat: ChatCompletion, body: Record<string, unknown>): unknown;
+  streamer(body: Record<string, unknown>): Streamer;
+  /** An error in this API's shape (status kept). */
+  errorBody(e: InferaError): unknown;
+}
+
+/** Whether a worker's record says its engine serves `kind`'s route itself. */
+export function servesRoute(record: { routes?: string[] }, kind: EndpointKind): boolean {
+  return record.routes?.includes(ENDPOINT_PATHS[kind]) === true;
+}
+
+export async function handleTranslated(
+  ctx: ProxyContext,
+  t: Translation,
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<void> {
+  const started = performance.now();
+  const requestId = requestIdOf(req);
+  let model = "";
+  const abort = requestAbort(ctx, res);
+  try {
+    ctx.auth.check(req.headers);
+    const { body: client } = await readObjectBody(ctx, req);
+    const chat = t.toChat(client);
+    const stream = chat.stream === true;
+    // Usage is always asked for: the translated answers carry it.
+    if (stream) chat.stream_options = { include_usage: true };
+    const body = parseChatRequest(chat);
+    model = body.model;
+    const router = ctx.router.routerFor(model);
+    const rreq = new ServerRoutingRequest(
+      requestId,
+      model,
+      "chat",
+      body,
+      stream,
+      typeof body.cache_salt === "string" ? body.cache_salt : undefined,
+      ctx.tokenizer,
+      ctx.promptLimits,
+    );
+    let native = false;
+    const exec: RequestExecutor =
+      ctx.router.kindFor(model) === "mixed"
+        ? {
+            send: (w, endpoint, b, opts) => {
+              native = servesRoute(w.record, t.native);
+              return native
+                ? ctx.executor.send(w, t.native, client, opts)
+                : ctx.executor.send(w, endpoint, b, opts);
+            },
+          }
+        : ctx.executor;
+    if (ctx.preparePrompt) await rreq.prepare();
+    if (res.destroyed) return;
+    const up = await router.handle(rreq, exec, abort);
+    if (abort.aborted) {
+      up.abort();
+      throw abort.reason;
+    }
+    let usage: ChatUsage | null = null;
+    if (native) await relayNative(ctx, res, up, requestId, stream, abort);
+    else if (up.status !== 200) throw await engineError(up);
+    else if (stream) {
+      const s = t.streamer(client);
+      usage = await relayTranslatedStream(
+        res,
+        up,
+        s,
+        s.start(() => rreq.wholePromptTokenCount()),
+        requestId,
+        abort,
+      );
+    } else {
+      const answer = (await readAnswer(up, ctx.maxResponseBufferBytes)) as ChatCompletion;
+      usage = answer.usage ?? null;
+      sendJson(res, 200, t.whole(answer, client), { "x-request-id": requestId });
+    }
+    if (usage) countUsage(ctx, model, usage);
+    ctx.metrics.countRequest(model, t.label, up.status);
+    ctx.metrics.observeE2e(model, t.label, (performance.now() - started) / 1000);
+  } catch (err) {
+    // A drain whose grace ran out: an answer not started gets a 503 in the API's shape.
+    if (abort.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
+      const e = new InferaError(503, DRAIN_CUT_MESSAGE, { code: "server_draining" });
+      sendJson(res, 503, t.errorBody(e), { "x-request-id": requestId });
+      return;
+    }
+    if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
+      ctx.metrics.clientAborts.inc({ model });
+      if (!res.destroyed) res.destroy();
+      return;
+    }
+    const e = err instanceof InferaError ? err : new UpstreamError("Internal error.", 500, "internal_error");
+    if (e.status >= 500) ctx.logger.warn({ requestId, err: (err as Error).message }, `${t.label} failed`);
+    const known = model !== "" && ctx.router.knows(model);
+    ctx.metrics.countRequest(known ? model : "", t.label, e.status);
+    // A refused upload may still be arriving: read and drop it (bounded), as the chat route does.
+    if (e.status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    sendJson(res, e.status, t.errorBody(e), { ...e.headers, "x-request-id": requestId });
+  } finally {
+    ctx.inFlight?.delete(abort);
+  }
+}
+
+function countUsage(ctx: ProxyContext, model: string, usage: ChatUsage): void {
+  const mm = ctx.metrics.forModel(model);
+  if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
+  if (usage.completion_tokens) mm.completionTokens.inc(usage.completion_tokens);
+}
+
+/** An engine's error answer (OpenAI's shape, or vLLM's older flat `ErrorResponse`) as an InferaError. */
+async function engineError(up: UpstreamResponse): Promise<InferaError> {
+  let body: unknown = null;
+  try {
+    body = await up.json();
+  } catch {
+    up.abort();
+  }
+  const o = (body ?? {}) as { error?: { message?: unknown; code?: unknown }; message?: unknown };
+  const msg = o.error?.message ?? o.message;
+  const message = typeof msg === "string" ? msg : `The worker answered with status ${up.status}.`;
+  const status = up.status >= 400 && up.status <= 599 ? up.status : 502;
+  return new InferaError(status, message, {
+    code: typeof o.error?.code === "string" ? o.error.code : null,
+  });
+}
+
+/**
+ * A whole chat answer to translate: read up to the server's response buffer limit
+ * (`maxResponseBufferBytes`, the limit a relayed chat answer is checked within). A chat answer
+ * past it is relayed unchecked; one to translate must be held whole, so past it the worker's
+ * answer is dropped with a 502 rather than buffered without bound.
+ */
+async function readAnswer(up: UpstreamResponse, limit: number): Promise<unknown> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const c of up.body) {
+      size += c.byteLength;
+      if (size > limit) {
+        up.abort();
+        throw new UpstreamError(
+          `The worker's answer is larger than this server translates (${limit} bytes, maxResponseBufferBytes).`,
+          502,
+          "upstream_response_too_large",
+        );
+      }
+      chunks.push(Buffer.isBuffer(c) ? c : Buffer.from(c.buffer, c.byteOffset, c.byteLength));
+    }
+  } catch (err) {
+    up.abort();
+    if (err instanceof InferaError) throw err;
+    throw new UpstreamError("The worker's answer was cut off.", 502, "upstream_invalid_response");
+  }
+  try {
+    const v: unknown = JSON.parse(Buffer.concat(chunks, size).toString("utf8"));
+    if (v !== null && typeof v === "object" && !Array.isArray(v)) return v;
+  } catch {
+    // Falls through to the 502 below.
+  }
+  throw new UpstreamError("The worker's answer is not valid JSON.", 502, "upstream_invalid_response");
+}
+
+/** A native answer (the engine served the API itself): relayed as it came. */
+async function relayNative(
+  ctx: ProxyContext,
+  res: ServerResponse,
+  up: UpstreamResponse,
+  requestId: string,
+  stream: boolean,
+  abort: RequestAbort,
+): Promise<void> {
+  if (!stream || up.status !== 200) {
+    await relayWhole(ctx, res, up, requestId, abort);
+    return;
+  }
+  res.writeHead(200, {
+    "content-type": up.contentType ?? up.headers["content-type"] ?? "text/event-stream",
+    "cache-control": "no-cache",
+    "x-request-id": requestId,
+  });
+  try {
+    await pump(up.body, res, (chunk) => abort.aborted || res.write(chunk));
+  } catch (err) {
+    up.abort();
+    if (abort.aborted) throw err;
+    res.destroy();
+    return;
+  }
+  res.end();
+}
+
+/** The engine's chat stream, translated event by event, with backpressure. */
+async function relayTranslatedStream(
+  res: ServerResponse,
+  up: UpstreamResponse,
+  s: Streamer,
+  head: string,
+  requestId: string,
+  abort: RequestAbort,
+): Promise<ChatUsage | null> {
+  res.writeHead(200, {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "x-request-id": requestId,
+  });
+  res.write(head);
+  let usage: ChatUsage | null = null;
+  try {
+    for await (const c of chatChunks(up.body)) {
+      if (abort.aborted) break;
+      if (c.error) throw new UpstreamError(c.error.message ?? "The worker failed mid-stream.");
+      if (c.usage) usage = c.usage;
+      const out = s.chunk(c);
+      if (out !== "" && !res.write(out)) await drained(res);
+    }
+  } catch (err) {
+    up.abort();
+    if (abort.reason instanceof DrainCutError) return endCut(res, s, usage);
+    if (abort.aborted) throw abort.reason;
+    res.end(s.end(usage, (err as Error).message || "the worker failed mid-stream"));
+    return usage;
+  }
+  if (abort.aborted) {
+    up.abort();
+    if (abort.reason instanceof DrainCutError) return endCut(res, s, usage);
+    throw abort.reason;
+  }
+  res.end(s.end(usage));
+  return usage;
+}
+
+const DRAIN_CUT_MESSAGE =
+  "This server shut down before the answer was complete (drain grace period over); retry.";
+
+/** A stream cut by the drain: closed with the API's failure events rather than a reset. */
+function endCut(res: ServerResponse, s: Streamer, usage: ChatUsage | null): ChatUsage | null {
+  if (!res.destroyed && !res.writableEnded) res.end(s.end(usage, DRAIN_CUT_MESSAGE));
+  return usage;
+}
+
+/** Resolves when the response drains, or closes (the client left: the abort ends the loop). */
+function drained(res: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = (): void => {
+      res.off("drain", done);
+      res.off("close", done);
+      resolve();
+    };
+    res.once("drain", done);
+    res.once("close", done);
+  });
+}
