@@ -32,31 +32,31 @@ describe("pullKv error mapping", () => {
   });
   after(() => new Promise<void>((r) => server.close(() => r())));
 
-  test("a waiting pull answered kv_not_found times out (504)", async () => {
-    const err = await pullKv(sideChannelUrl("127.0.0.1", port, "missing"), {
+  /** What a pull of `key` (waiting `waitMs` when given) is rejected with. */
+  const pullError = (key: string, waitMs?: number): Promise<unknown> =>
+    pullKv(sideChannelUrl("127.0.0.1", port, key), {
       signal: new AbortController().signal,
       timeoutMs: 10_000,
-      waitMs: 1500,
-    }).catch((e: unknown) => e);
+      ...(waitMs !== undefined ? { waitMs } : {}),
+    }).then(
+      () => assert.fail("the pull succeeded"),
+      (e: unknown) => e,
+    );
+
+  test("a waiting pull answered kv_not_found times out (504)", async () => {
+    const err = await pullError("missing", 1500);
     assert.ok(err instanceof TimeoutError, String(err));
     assert.equal(err.status, 504);
   });
 
   test("a pull that does not wait, answered kv_not_found, fails (502)", async () => {
-    const err = await pullKv(sideChannelUrl("127.0.0.1", port, "missing"), {
-      signal: new AbortController().signal,
-      timeoutMs: 10_000,
-    }).catch((e: unknown) => e);
+    const err = await pullError("missing");
     assert.ok(err instanceof UpstreamError, String(err));
     assert.equal(err.status, 502);
   });
 
   test("a waiting pull answered another error still fails (502)", async () => {
-    const err = await pullKv(sideChannelUrl("127.0.0.1", port, "other"), {
-      signal: new AbortController().signal,
-      timeoutMs: 10_000,
-      waitMs: 1500,
-    }).catch((e: unknown) => e);
+    const err = await pullError("other", 1500);
     assert.ok(err instanceof UpstreamError, String(err));
     assert.equal(err.status, 502);
   });
