@@ -330,6 +330,8 @@ export class BatchDecoder {
    * anywhere, so the hot fields are read whatever it is; one this reader does not take sends
    * the event the general way, which is then right whether the tag needs the field or not.
    */
+  // long: the hot path for vLLM's map-form events; each field lands in a local the builder
+  // call then takes, so no per-event fields object is allocated or passed between helpers.
   private mapEvent(n: number): KvEvent | null {
     // Tag ids of `type` and `tag`: 0 when absent or nil (then `type ?? tag`, as the general
     // decoder reads them); any other value sends the event the general way.

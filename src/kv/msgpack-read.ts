@@ -50,6 +50,14 @@ export class MsgpackReader {
     if (this.pos + n > this.buf.length) throw new RangeError("msgpack: truncated input");
   }
 
+  /** Checks `n` more bytes are there, steps over them and returns where they start. */
+  private take(n: number): number {
+    this.need(n);
+    const p = this.pos;
+    this.pos += n;
+    return p;
+  }
+
   private str(n: number): string {
     this.need(n);
     const b = this.buf;
@@ -113,7 +121,6 @@ export class MsgpackReader {
     if (t < 0xa0) return this.array(t & 0x0f);
     if (t < 0xc0) return this.str(t & 0x1f);
     if (t >= 0xe0) return t - 0x100;
-    let p = this.pos;
     switch (t) {
       case 0xc0:
         return null;
@@ -122,106 +129,76 @@ export class MsgpackReader {
       case 0xc3:
         return true;
       case 0xc4:
-        this.need(1);
-        this.pos++;
-        return this.bin(v.getUint8(p));
+        return this.bin(v.getUint8(this.take(1)));
       case 0xc5:
-        this.need(2);
-        this.pos += 2;
-        return this.bin(v.getUint16(p));
+        return this.bin(v.getUint16(this.take(2)));
       case 0xc6:
-        this.need(4);
-        this.pos += 4;
-        return this.bin(v.getUint32(p));
+        return this.bin(v.getUint32(this.take(4)));
       case 0xca:
-        this.need(4);
-        this.pos += 4;
-        return v.getFloat32(p);
+        return v.getFloat32(this.take(4));
       case 0xcb:
-        this.need(8);
-        this.pos += 8;
-        return v.getFloat64(p);
+        return v.getFloat64(this.take(8));
       case 0xcc:
-        this.need(1);
-        this.pos++;
-        return v.getUint8(p);
+        return v.getUint8(this.take(1));
       case 0xcd:
-        this.need(2);
-        this.pos += 2;
-        return v.getUint16(p);
+        return v.getUint16(this.take(2));
       case 0xce:
-        this.need(4);
-        this.pos += 4;
-        return v.getUint32(p);
-      case 0xcf:
-        this.need(8);
-        this.pos += 8;
+        return v.getUint32(this.take(4));
+      case 0xcf: {
+        const p = this.take(8);
         return v.getUint32(p) * TWO32 + v.getUint32(p + 4);
-      case 0xd0:
-        this.need(1);
-        this.pos++;
-        return v.getInt8(p);
-      case 0xd1:
-        this.need(2);
-        this.pos += 2;
-        return v.getInt16(p);
-      case 0xd2:
-        this.need(4);
-        this.pos += 4;
-        return v.getInt32(p);
-      case 0xd3:
-        this.need(8);
-        this.pos += 8;
-        return v.getInt32(p) * TWO32 + v.getUint32(p + 4);
-      case 0xd9:
-        this.need(1);
-        this.pos++;
-        return this.str(v.getUint8(p));
-      case 0xda:
-        this.need(2);
-        this.pos += 2;
-        return this.str(v.getUint16(p));
-      case 0xdb:
-        this.need(4);
-        this.pos += 4;
-        return this.str(v.getUint32(p));
-      case 0xdc:
-        this.need(2);
-        this.pos += 2;
-        return this.array(v.getUint16(p));
-      case 0xdd:
-        this.need(4);
-        this.pos += 4;
-        return this.array(v.getUint32(p));
-      case 0xde:
-        this.need(2);
-        this.pos += 2;
-        return this.map(v.getUint16(p));
-      case 0xdf:
-        this.need(4);
-        this.pos += 4;
-        return this.map(v.getUint32(p));
-      default: {
-        // ext types (timestamps etc.): skipped as opaque bytes.
-        let n: number;
-        if (t >= 0xd4 && t <= 0xd8) n = 1 << (t - 0xd4);
-        else if (t === 0xc7) {
-          this.need(1);
-          n = v.getUint8(p);
-          p += 1;
-        } else if (t === 0xc8) {
-          this.need(2);
-          n = v.getUint16(p);
-          p += 2;
-        } else if (t === 0xc9) {
-          this.need(4);
-          n = v.getUint32(p);
-          p += 4;
-        } else throw new RangeError(`msgpack: unsupported type byte 0x${t.toString(16)}`);
-        this.pos = p + 1; // the ext type byte
-        return this.bin(n);
       }
+      case 0xd0:
+        return v.getInt8(this.take(1));
+      case 0xd1:
+        return v.getInt16(this.take(2));
+      case 0xd2:
+        return v.getInt32(this.take(4));
+      case 0xd3: {
+        const p = this.take(8);
+        return v.getInt32(p) * TWO32 + v.getUint32(p + 4);
+      }
+      case 0xd9:
+        return this.str(v.getUint8(this.take(1)));
+      case 0xda:
+        return this.str(v.getUint16(this.take(2)));
+      case 0xdb:
+        return this.str(v.getUint32(this.take(4)));
+      case 0xdc:
+        return this.array(v.getUint16(this.take(2)));
+      case 0xdd:
+        return this.array(v.getUint32(this.take(4)));
+      case 0xde:
+        return this.map(v.getUint16(this.take(2)));
+      case 0xdf:
+        return this.map(v.getUint32(this.take(4)));
+      default:
+        return this.ext(t);
     }
+  }
+
+  /** Skips an ext value (timestamps etc.) as opaque bytes; `t` was just read. Kept out of
+   *  read() because no KV event carries one: the cold path stays off the hot switch. */
+  private ext(t: number): Uint8Array {
+    const v = this.view;
+    let p = this.pos;
+    let n: number;
+    if (t >= 0xd4 && t <= 0xd8) n = 1 << (t - 0xd4);
+    else if (t === 0xc7) {
+      this.need(1);
+      n = v.getUint8(p);
+      p += 1;
+    } else if (t === 0xc8) {
+      this.need(2);
+      n = v.getUint16(p);
+      p += 2;
+    } else if (t === 0xc9) {
+      this.need(4);
+      n = v.getUint32(p);
+      p += 4;
+    } else throw new RangeError(`msgpack: unsupported type byte 0x${t.toString(16)}`);
+    this.pos = p + 1; // the ext type byte
+    return this.bin(n);
   }
 }
 

@@ -15,13 +15,11 @@ import {
   contentTypeOf,
   type RequestExecutor,
   type RoutedEndpoint,
-  setRawBody,
   type UpstreamResponse,
 } from "../transport/types.ts";
 import { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ApiKeyAuth } from "./auth.ts";
-import { isLent } from "./body-buffers.ts";
 import {
   type BodyParserPool,
   bodyParserPool,
@@ -29,6 +27,7 @@ import {
   parseBodySync,
 } from "./body-parser-pool.ts";
 import type { FlowGate, FlowTicket } from "./flow-gate.ts";
+import { setForwardBody } from "./forward-body.ts";
 import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
@@ -113,16 +112,7 @@ export async function handleCompletion(
     model = body.model;
     const router = ctx.router.routerFor(model);
     const stream = body.stream === true;
-    const clientWantsUsage = stream && body.stream_options?.include_usage === true;
-    // Ask for usage on every stream so the server's token metrics are complete; the usage
-    // chunk is removed again below when the client did not ask for it.
-    if (stream && !clientWantsUsage) {
-      const had = body.stream_options !== undefined;
-      body.stream_options = { ...body.stream_options, include_usage: true };
-      // Fast-path bodies (the parsed object itself) are forwarded as the client's bytes, with
-      // the one added field spliced in before the closing brace; anything else is re-serialised.
-      if (body === parsed && !had) setRawBody(body, withIncludeUsage(raw));
-    } else if (body === parsed) setRawBody(body, raw);
+    const clientWantsUsage = setForwardBody(body, parsed, raw);
     const rreq = new ServerRoutingRequest(
       requestId,
       model,
@@ -138,12 +128,8 @@ export async function handleCompletion(
       tr.root.setAttribute("gen_ai.request.model", model);
       rreq.trace = tr;
     }
-    const abort = new RequestAbort();
+    const abort = watchClient(ctx, res);
     ac = abort;
-    ctx.inFlight?.add(abort);
-    res.once("close", () => {
-      if (!res.writableFinished) abort.abort();
-    });
     if (ctx.preparePrompt) {
       const pending = rreq.prepare();
       if (pending) await pending;
@@ -167,88 +153,115 @@ export async function handleCompletion(
       up.abort();
       throw abort.reason;
     }
-    // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
     relay = tr?.phase("stream");
-    usage =
-      stream && up.status === 200
-        ? await relayStream(
-            ctx,
-            res,
-            up,
-            requestId,
-            model,
-            started,
-            !clientWantsUsage,
-            abort,
-            ticket?.onFirst,
-          )
-        : await relayWhole(ctx, res, up, requestId, abort);
+    usage = await relayAnswer(ctx, res, up, rreq, started, !clientWantsUsage, abort, ticket);
     if (tr) {
       relay!.end();
       tr.finish(up.status);
     }
-    if (usage) {
-      const mm = ctx.metrics.forModel(model);
-      if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
-      if (usage.completion_tokens) mm.completionTokens.inc(usage.completion_tokens);
-    }
-    ctx.metrics.countRequest(model, endpointLabel, up.status);
-    ctx.metrics.observeE2e(model, endpointLabel, (performance.now() - started) / 1000);
+    countAnswered(ctx, model, endpointLabel, up.status, usage, started);
   } catch (err) {
     if (tr) {
       intake!.end();
       relay?.end(err);
       tr.finish((err as { status?: number }).status ?? 499, err);
     }
-    if (ac?.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
-      sendError(res, new DrainCutAnswer(), requestId, ctx.logger);
-      return;
-    }
-    if (err instanceof BodyAbortedError || ac?.aborted || res.destroyed) {
-      ctx.metrics.clientAborts.inc({ model });
-      if (!res.destroyed) res.destroy();
-      return;
-    }
-    const status = (err as { status?: number }).status ?? 500;
-    // Label only models the fleet knows, so arbitrary client strings cannot grow the series.
-    const known = model !== "" && ctx.router.knows(model);
-    ctx.metrics.countRequest(known ? model : "", endpointLabel, status);
-    // A refused upload may still be arriving: read and drop it (bounded) so the client reads
-    // this answer; only one past the bound gets `connection: close`.
-    if (status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
-    sendError(res, err, requestId, ctx.logger);
+    answerFailure(ctx, err, req, res, requestId, model, endpointLabel, ac);
   } finally {
     if (ac) ctx.inFlight?.delete(ac);
     ticket?.end(answered, usage?.completion_tokens);
-    // A large body's buffer serves the next one once nothing can read it. undici writes a
-    // Buffer body with one socket.write, which may still be sending from it after the call;
-    // but an attempt that failed destroyed its connection (a connection error, an abort), and
-    // an engine that answered 2xx had read the whole prompt first. An error answer may come
-    // before the engine read the body, the connection kept and still sending from this
-    // buffer: that one is left to the GC. Over NATS the bytes are copied into nats.js's write
-    // buffer a microtask after the publish, before any answer or failure can reach here.
-    if (raw && (answered === 0 || (answered >= 200 && answered < 300))) releaseBody(raw);
+    if (raw) releaseUnlessSending(raw, answered);
   }
 }
 
-const INCLUDE_USAGE = Buffer.from(',"stream_options":{"include_usage":true}');
-
 /**
- * `raw` (a JSON object with at least one member) with `stream_options` appended as its last
- * member. A pooled body has room after its bytes (its buffer is a power of two): the field is
- * spliced in place, only the bytes after the closing brace moving, where a copy of a 1 MB
- * body was one more fresh megabyte per streamed request.
+ * Returns a body's buffer to the pool once nothing can read it; `answered` is the worker's
+ * status (0: none came). undici writes a Buffer body with one socket.write, which may still be
+ * sending from it after the call; but an attempt that failed destroyed its connection (a
+ * connection error, an abort), and an engine that answered 2xx had read the whole prompt first.
+ * An error answer may come before the engine read the body, the connection kept and still
+ * sending from this buffer: that one is left to the GC. Over NATS the bytes are copied into
+ * nats.js's write buffer a microtask after the publish, before any answer or failure can reach
+ * here.
  */
-function withIncludeUsage(raw: Buffer): Buffer {
-  const close = raw.lastIndexOf(0x7d); // "}"
-  const length = raw.length + INCLUDE_USAGE.length;
-  if (raw.byteOffset === 0 && raw.buffer.byteLength >= length && isLent(raw.buffer)) {
-    const out = Buffer.from(raw.buffer, 0, length);
-    out.copyWithin(close + INCLUDE_USAGE.length, close, raw.length);
-    INCLUDE_USAGE.copy(out, close);
-    return out;
+function releaseUnlessSending(raw: Buffer, answered: number): void {
+  if (answered === 0 || (answered >= 200 && answered < 300)) releaseBody(raw);
+}
+
+/** The request's abort, registered for the drain and fired when the client goes away early. */
+function watchClient(ctx: ProxyContext, res: ServerResponse): RequestAbort {
+  const abort = new RequestAbort();
+  ctx.inFlight?.add(abort);
+  res.once("close", () => {
+    if (!res.writableFinished) abort.abort();
+  });
+  return abort;
+}
+
+/** Relays the worker's answer; only a 200 is an event stream (a worker's error answer to a
+ *  stream request is JSON). Resolves to the answer's usage, when it carried one. */
+function relayAnswer(
+  ctx: ProxyContext,
+  res: ServerResponse,
+  up: UpstreamResponse,
+  rreq: ServerRoutingRequest,
+  started: number,
+  stripUsage: boolean,
+  abort: RequestAbort,
+  ticket: FlowTicket | null,
+): Promise<Usage | null> {
+  const { requestId, model } = rreq;
+  return rreq.stream && up.status === 200
+    ? relayStream(ctx, res, up, requestId, model, started, stripUsage, abort, ticket?.onFirst)
+    : relayWhole(ctx, res, up, requestId, abort);
+}
+
+/** The metrics of a request the worker answered. */
+function countAnswered(
+  ctx: ProxyContext,
+  model: string,
+  endpointLabel: string,
+  status: number,
+  usage: Usage | null,
+  started: number,
+): void {
+  if (usage) {
+    const mm = ctx.metrics.forModel(model);
+    if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
+    if (usage.completion_tokens) mm.completionTokens.inc(usage.completion_tokens);
   }
-  return Buffer.concat([raw.subarray(0, close), INCLUDE_USAGE, raw.subarray(close)]);
+  ctx.metrics.countRequest(model, endpointLabel, status);
+  ctx.metrics.observeE2e(model, endpointLabel, (performance.now() - started) / 1000);
+}
+
+/** Answers (or drops, for a client that left) a request that failed before or while relaying. */
+function answerFailure(
+  ctx: ProxyContext,
+  err: unknown,
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  model: string,
+  endpointLabel: string,
+  ac: RequestAbort | null,
+): void {
+  if (ac?.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
+    sendError(res, new DrainCutAnswer(), requestId, ctx.logger);
+    return;
+  }
+  if (err instanceof BodyAbortedError || ac?.aborted || res.destroyed) {
+    ctx.metrics.clientAborts.inc({ model });
+    if (!res.destroyed) res.destroy();
+    return;
+  }
+  const status = (err as { status?: number }).status ?? 500;
+  // Label only models the fleet knows, so arbitrary client strings cannot grow the series.
+  const known = model !== "" && ctx.router.knows(model);
+  ctx.metrics.countRequest(known ? model : "", endpointLabel, status);
+  // A refused upload may still be arriving: read and drop it (bounded) so the client reads
+  // this answer; only one past the bound gets `connection: close`.
+  if (status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
+  sendError(res, err, requestId, ctx.logger);
 }
 
 async function relayStream(

@@ -166,6 +166,33 @@ function scan(argv: readonly string[], p: Personality): RawArgs {
   return raw;
 }
 
+/** The flags with a fixed set of values, checked in the order argparse reports them. */
+function checkChoices(argv: readonly string[], raw: RawArgs, p: Personality) {
+  const prog = raw.prog;
+  const roleFlag = raw.values.get("role");
+  if (roleFlag !== undefined && !ROLES.includes(roleFlag as WorkerRole)) {
+    throw new ArgParseError(
+      `argument --role: invalid choice: '${roleFlag}' (choose from ${ROLES.join(", ")})`,
+      prog,
+    );
+  }
+  const connectorFlag = raw.values.get("connector");
+  if (connectorFlag !== undefined && !CONNECTORS.includes(connectorFlag as ConnectorKind)) {
+    throw new ArgParseError(
+      `argument --connector: invalid choice: '${connectorFlag}' (choose from ${CONNECTORS.join(", ")})`,
+      prog,
+    );
+  }
+  const explicitEngine = argv.some((a) => a === "--engine" || a.startsWith("--engine="));
+  const encoding = raw.values.get("kv-events-encoding") ?? p.defaultKvEncoding(explicitEngine);
+  if (encoding !== "array" && encoding !== "map")
+    throw new ArgParseError("argument --kv-events-encoding: invalid choice (choose from array, map)", prog);
+  const framing = raw.values.get("kv-events-framing") ?? p.defaultKvFraming;
+  if (!FRAMINGS.includes(framing as KvEventsFraming))
+    throw new ArgParseError("argument --kv-events-framing: invalid choice (choose from seq, atom)", prog);
+  return { roleFlag, connectorFlag, explicitEngine, encoding, framing };
+}
+
 export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = process.env): ParsedArgs {
   const p = personalityOf(engineOf(argv));
   const raw = scan(argv, p);
@@ -177,27 +204,7 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     : {};
   const derived = deriveFromKvTransfer(kvTransferConfig);
 
-  const roleFlag = values.get("role");
-  if (roleFlag !== undefined && !ROLES.includes(roleFlag as WorkerRole)) {
-    throw new ArgParseError(
-      `argument --role: invalid choice: '${roleFlag}' (choose from ${ROLES.join(", ")})`,
-      prog,
-    );
-  }
-  const connectorFlag = values.get("connector");
-  if (connectorFlag !== undefined && !CONNECTORS.includes(connectorFlag as ConnectorKind)) {
-    throw new ArgParseError(
-      `argument --connector: invalid choice: '${connectorFlag}' (choose from ${CONNECTORS.join(", ")})`,
-      prog,
-    );
-  }
-  const explicitEngine = argv.some((a) => a === "--engine" || a.startsWith("--engine="));
-  const encoding = values.get("kv-events-encoding") ?? p.defaultKvEncoding(explicitEngine);
-  if (encoding !== "array" && encoding !== "map")
-    throw new ArgParseError("argument --kv-events-encoding: invalid choice (choose from array, map)", prog);
-  const framing = values.get("kv-events-framing") ?? p.defaultKvFraming;
-  if (!FRAMINGS.includes(framing as KvEventsFraming))
-    throw new ArgParseError("argument --kv-events-framing: invalid choice (choose from seq, atom)", prog);
+  const { roleFlag, connectorFlag, explicitEngine, encoding, framing } = checkChoices(argv, raw, p);
   const int = (flag: string, dflt: number, min = 1): number => {
     const v = values.get(flag);
     return v === undefined ? dflt : toInt(flag, v, min, prog);

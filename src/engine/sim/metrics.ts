@@ -73,6 +73,63 @@ export function itlFamilyFor(
   );
 }
 
+/** The gauges (read at scrape time) and vLLM's cache-config info, under the personality's names. */
+function registerGauges(r: Registry, n: MetricNames, o: SimMetricsOptions, hitRate: () => number): void {
+  const g = o.gauges;
+  const gauge = (name: string | undefined, help: string, read: () => number): void => {
+    if (!name) return;
+    new Gauge({
+      name,
+      help,
+      registers: [r],
+      collect() {
+        this.set(read());
+      },
+    });
+  };
+  gauge(n.running, "Number of running requests.", g.running);
+  gauge(n.waiting, "Number of waiting requests.", g.waiting);
+  gauge(n.kvUsage, "KV-cache usage. 1 means 100 percent usage.", g.kvUsage);
+  gauge(n.blocksUsed, "Number of allocated KV-cache blocks.", () => g.blocksUsed?.() ?? 0);
+  gauge(
+    n.blocksFree,
+    "Number of free KV-cache blocks.",
+    () => (g.blocksTotal?.() ?? 0) - (g.blocksUsed?.() ?? 0),
+  );
+  gauge(n.blocksTotal, "Total number of KV-cache blocks.", () => g.blocksTotal?.() ?? 0);
+  gauge(n.snapshotAvailable, "Whether a runtime metrics snapshot has been collected successfully.", () => 1);
+  gauge(n.cacheHitRate, "The prefix cache hit rate.", hitRate);
+  gauge(n.prefillPrealloc, "The number of requests in the prefill prealloc queue.", () => 0);
+  gauge(
+    n.prefillInflight,
+    "The number of requests in the prefill inflight queue.",
+    () => g.prefillInflight?.() ?? 0,
+  );
+  gauge(
+    n.decodePrealloc,
+    "The number of requests in the decode prealloc queue.",
+    () => g.decodePrealloc?.() ?? 0,
+  );
+  gauge(n.decodeTransfer, "The number of requests in the decode transfer queue.", () => 0);
+  if (n.cacheConfigInfo) {
+    const info = new Gauge({
+      name: n.cacheConfigInfo,
+      help: "Information of the LLMEngine CacheConfig",
+      labelNames: ["block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"],
+      registers: [r],
+    });
+    info.set(
+      {
+        block_size: String(o.cache.blockSize),
+        num_gpu_blocks: String(o.cache.numGpuBlocks),
+        enable_prefix_caching: o.cache.prefixCaching === false ? "False" : "True",
+        cache_dtype: "auto",
+      },
+      1,
+    );
+  }
+}
+
 /**
  * One rank's Prometheus metrics under the personality's names and labels (metric-names.ts).
  * Gauges are read at scrape time; counters and histograms move as requests progress.
@@ -105,65 +162,7 @@ export class SimMetrics implements SchedulerObserver {
     this.n = n;
     const labels = rankLabels(o);
     r.setDefaultLabels(labels);
-    const g = o.gauges;
-    const gauge = (name: string | undefined, help: string, read: () => number): void => {
-      if (!name) return;
-      new Gauge({
-        name,
-        help,
-        registers: [r],
-        collect() {
-          this.set(read());
-        },
-      });
-    };
-    gauge(n.running, "Number of running requests.", g.running);
-    gauge(n.waiting, "Number of waiting requests.", g.waiting);
-    gauge(n.kvUsage, "KV-cache usage. 1 means 100 percent usage.", g.kvUsage);
-    gauge(n.blocksUsed, "Number of allocated KV-cache blocks.", () => g.blocksUsed?.() ?? 0);
-    gauge(
-      n.blocksFree,
-      "Number of free KV-cache blocks.",
-      () => (g.blocksTotal?.() ?? 0) - (g.blocksUsed?.() ?? 0),
-    );
-    gauge(n.blocksTotal, "Total number of KV-cache blocks.", () => g.blocksTotal?.() ?? 0);
-    gauge(
-      n.snapshotAvailable,
-      "Whether a runtime metrics snapshot has been collected successfully.",
-      () => 1,
-    );
-    gauge(n.cacheHitRate, "The prefix cache hit rate.", () =>
-      this.queried > 0 ? this.hit / this.queried : 0,
-    );
-    gauge(n.prefillPrealloc, "The number of requests in the prefill prealloc queue.", () => 0);
-    gauge(
-      n.prefillInflight,
-      "The number of requests in the prefill inflight queue.",
-      () => g.prefillInflight?.() ?? 0,
-    );
-    gauge(
-      n.decodePrealloc,
-      "The number of requests in the decode prealloc queue.",
-      () => g.decodePrealloc?.() ?? 0,
-    );
-    gauge(n.decodeTransfer, "The number of requests in the decode transfer queue.", () => 0);
-    if (n.cacheConfigInfo) {
-      const info = new Gauge({
-        name: n.cacheConfigInfo,
-        help: "Information of the LLMEngine CacheConfig",
-        labelNames: ["block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"],
-        registers: [r],
-      });
-      info.set(
-        {
-          block_size: String(o.cache.blockSize),
-          num_gpu_blocks: String(o.cache.numGpuBlocks),
-          enable_prefix_caching: o.cache.prefixCaching === false ? "False" : "True",
-          cache_dtype: "auto",
-        },
-        1,
-      );
-    }
+    registerGauges(r, n, o, () => (this.queried > 0 ? this.hit / this.queried : 0));
     const counter = (
       name: string | undefined,
       help: string,

@@ -145,6 +145,46 @@ function echoTexts(prompt: unknown, ids: number[][], tok: Tokenizer): string[] {
   return ids.map((p) => tok.decode(p));
 }
 
+/** The prompts' token ids (chat: the templated messages) and the text chat `echo` starts with. */
+function parsePromptIds(
+  kind: "chat" | "completion",
+  body: Obj,
+  tok: Tokenizer,
+): { prompts: number[][]; chatEcho: string | null } {
+  let prompts: number[][];
+  let chatEcho: string | null = null;
+  if (kind === "chat") {
+    const messages = parseMessages(body.messages);
+    // vLLM's chat `echo`: the answer starts with the last message's text when that message is
+    // the assistant's (a continuation); otherwise it echoes nothing.
+    const last = messages[messages.length - 1];
+    if (optBool(body, "echo") && last?.role === "assistant") chatEcho = messageText(last.content);
+    for (const m of messages) messageText(m.content);
+    prompts = [tok.encode(tok.applyChatTemplate(messages), addsSpecialTokens(kind, body))];
+  } else {
+    if (body.prompt === undefined) throw new BadRequestError("'prompt' is required", "prompt");
+    prompts = parsePrompts(body.prompt, tok, addsSpecialTokens(kind, body));
+  }
+  return { prompts, chatEcho };
+}
+
+/** Refuses an empty prompt, and one that leaves no room for the answer in the context. */
+function checkPromptLengths(
+  kind: "chat" | "completion",
+  prompts: number[][],
+  maxTokens: number | null,
+  maxModelLen: number,
+): void {
+  for (const p of prompts) {
+    if (p.length === 0)
+      throw new BadRequestError("The prompt is empty", kind === "chat" ? "messages" : "prompt");
+    const want = maxTokens ?? 1;
+    if (p.length + want > maxModelLen || p.length >= maxModelLen) {
+      throw new ContextLengthError(p.length, maxTokens ?? 0, maxModelLen);
+    }
+  }
+}
+
 export function parseSimRequest(
   kind: "chat" | "completion",
   raw: unknown,
@@ -163,20 +203,7 @@ export function parseSimRequest(
 
   if (body.add_special_tokens !== undefined && typeof body.add_special_tokens !== "boolean")
     throw new BadRequestError("'add_special_tokens' must be a boolean", "add_special_tokens");
-  let prompts: number[][];
-  let chatEcho: string | null = null;
-  if (kind === "chat") {
-    const messages = parseMessages(body.messages);
-    // vLLM's chat `echo`: the answer starts with the last message's text when that message is
-    // the assistant's (a continuation); otherwise it echoes nothing.
-    const last = messages[messages.length - 1];
-    if (optBool(body, "echo") && last?.role === "assistant") chatEcho = messageText(last.content);
-    for (const m of messages) messageText(m.content);
-    prompts = [tok.encode(tok.applyChatTemplate(messages), addsSpecialTokens(kind, body))];
-  } else {
-    if (body.prompt === undefined) throw new BadRequestError("'prompt' is required", "prompt");
-    prompts = parsePrompts(body.prompt, tok, addsSpecialTokens(kind, body));
-  }
+  const { prompts, chatEcho } = parsePromptIds(kind, body, tok);
   for (const k of [
     "temperature",
     "top_p",
@@ -225,14 +252,7 @@ export function parseSimRequest(
   }
   const logprobs = parseLogprobs(kind, body, limits.maxLogprobs);
   const echo = echoAsked;
-  for (const p of prompts) {
-    if (p.length === 0)
-      throw new BadRequestError("The prompt is empty", kind === "chat" ? "messages" : "prompt");
-    const want = maxTokens ?? 1;
-    if (p.length + want > limits.maxModelLen || p.length >= limits.maxModelLen) {
-      throw new ContextLengthError(p.length, maxTokens ?? 0, limits.maxModelLen);
-    }
-  }
+  checkPromptLengths(kind, prompts, maxTokens, limits.maxModelLen);
   return {
     kind,
     model,

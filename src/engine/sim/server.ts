@@ -1,7 +1,8 @@
 import { randomUUID } from "node:crypto";
+import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { loadTokenizer, type Tokenizer } from "../../tokenizer/tokenizer.ts";
-import { createLogger } from "../../util/log.ts";
+import { createLogger, type Logger } from "../../util/log.ts";
 import { createSimServer } from "./api.ts";
 import { parseSimArgs } from "./args.ts";
 import { offsetEndpointPort, parseKvEventsConfig, type SimConfig } from "./config.ts";
@@ -14,6 +15,7 @@ import { OutputVocab } from "./output.ts";
 import { createSimConnector } from "./pd/index.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts";
 import { personalityOf } from "./personalities/index.ts";
+import type { Personality } from "./personalities/types.ts";
 import { SimTracer } from "./tracing.ts";
 
 /** Builds the PD connector; the default is pd/index.ts's createSimConnector (tests inject fakes). */
@@ -86,6 +88,104 @@ export async function startSimEngine(opts: SimStartOptions = {}): Promise<SimHan
   return startWithConfig(cfg, connectorFactory);
 }
 
+/** Binds (or connects) each rank's KV-event publisher, filling `publishers` as they start so a
+ *  failure part-way can close the ones already running. */
+async function startKvPublishers(
+  cfg: SimConfig,
+  personality: Personality,
+  engines: readonly SimEngine[],
+  advertisedHost: string,
+  log: Logger,
+  publishers: KvEventPublisher[],
+  kvRanks: SimHandle["kvRanks"],
+): Promise<void> {
+  const ev = cfg.kvEvents;
+  if (!ev) return;
+  const layout = personality.kvLayout(cfg.kvEventsEncoding);
+  for (const e of engines) {
+    const offset = personality.kvRankPortOffset(e.rank);
+    const endpoint = offsetEndpointPort(ev.endpoint, offset);
+    const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, offset) : null;
+    const publisher = new KvEventPublisher(ev, layout, cfg.kvEventsFraming, e.rank, log);
+    publishers.push(publisher);
+    const mode = cfg.engineExplicit ? personality.kvPubMode(endpoint) : "bind";
+    if (mode === "connect")
+      log.warn({ endpoint }, "KV events endpoint is not a wildcard: the engine connects instead of binding");
+    const bound = await publisher.start(endpoint, replay, mode);
+    e.publisher = publisher;
+    kvRanks.push({
+      rank: e.rank,
+      endpoint: connectable(bound.pub, advertisedHost),
+      replayEndpoint: bound.replay ? connectable(bound.replay, advertisedHost) : null,
+    });
+  }
+}
+
+/** Listens, or rejects with the listen error (EADDRINUSE, ...). */
+function listen(server: Server, port: number, host: string): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+}
+
+/** `close` run once: later calls resolve at once. */
+function closeOnce(close: () => Promise<void>): () => Promise<void> {
+  let closed = false;
+  return async () => {
+    if (closed) return;
+    closed = true;
+    await close();
+  };
+}
+
+/** One engine (scheduler + pool) per data-parallel rank this process serves, and the KV host
+ *  (rank 0's) that PD transfers go through. */
+function startRanks(
+  cfg: SimConfig,
+  personality: Personality,
+  log: Logger,
+): { engines: SimEngine[]; kvHost: SimKvHostImpl; advertisedHost: string } {
+  const ranks = cfg.dpLocal ? Array.from({ length: cfg.dpSize }, (_, r) => r) : [cfg.dpRank];
+  const sharedItl =
+    itlFamilyFor({ ...cfg, personality, modelName: cfg.servedModelNames[0], dpRank: ranks[0] }) ?? undefined;
+  const engines = ranks.map((r) => new SimEngine(cfg, personality, log, r, sharedItl));
+  const engine = engines[0];
+  const engineId = `sim-${randomUUID()}`;
+  const advertisedHost = cfg.host === "0.0.0.0" || cfg.host === "::" ? "127.0.0.1" : cfg.host;
+  const kvHost = new SimKvHostImpl(engine, {
+    engineId,
+    host: advertisedHost,
+    holdTimeoutMs: cfg.holdTimeoutMs,
+  });
+  engine.heldForTransfer = () => kvHost.numHeld;
+  return { engines, kvHost, advertisedHost };
+}
+
+/** Stops what a started engine runs: engines, KV host, PD connector, HTTP server, publishers, tracer. */
+async function stopAll(parts: {
+  engines: readonly SimEngine[];
+  kvHost: SimKvHostImpl;
+  connector: SimConnector | null;
+  server: Server;
+  publishers: readonly KvEventPublisher[];
+  tracer: SimTracer | undefined;
+}): Promise<void> {
+  const { engines, kvHost, connector, server, publishers, tracer } = parts;
+  for (const e of engines) e.close();
+  kvHost.close();
+  await connector?.close();
+  await new Promise<void>((resolve) => {
+    server.close(() => resolve());
+    server.closeAllConnections();
+  });
+  await Promise.all(publishers.map((p) => p.close()));
+  await tracer?.shutdown().catch(() => {});
+}
+
 export async function startWithConfig(
   cfg: SimConfig,
   connectorFactory: ConnectorFactory = createSimConnector,
@@ -99,22 +199,9 @@ export async function startWithConfig(
   });
   const tokenizer = await loadTokenizer(cfg.tokenizerDir);
   const { vocab, lpModel } = outputFor(tokenizer);
-  // One scheduler + pool + KV publisher per data-parallel rank this process serves.
-  const ranks = cfg.dpLocal ? Array.from({ length: cfg.dpSize }, (_, r) => r) : [cfg.dpRank];
   const personality = personalityOf(cfg.engine);
-  const sharedItl =
-    itlFamilyFor({ ...cfg, personality, modelName: cfg.servedModelNames[0], dpRank: ranks[0] }) ?? undefined;
-  const engines = ranks.map((r) => new SimEngine(cfg, personality, log, r, sharedItl));
+  const { engines, kvHost, advertisedHost } = startRanks(cfg, personality, log);
   const engine = engines[0];
-  const engineId = `sim-${randomUUID()}`;
-  const advertisedHost = cfg.host === "0.0.0.0" || cfg.host === "::" ? "127.0.0.1" : cfg.host;
-  const kvHost = new SimKvHostImpl(engine, {
-    engineId,
-    host: advertisedHost,
-    holdTimeoutMs: cfg.holdTimeoutMs,
-  });
-
-  engine.heldForTransfer = () => kvHost.numHeld;
 
   const publishers: KvEventPublisher[] = [];
   const kvRanks: { rank: number; endpoint: string; replayEndpoint: string | null }[] = [];
@@ -125,29 +212,8 @@ export async function startWithConfig(
     await Promise.all(publishers.map((p) => p.close()));
   };
   if (cfg.kvEvents) {
-    const ev = cfg.kvEvents;
-    const layout = personality.kvLayout(cfg.kvEventsEncoding);
     try {
-      for (const e of engines) {
-        const offset = personality.kvRankPortOffset(e.rank);
-        const endpoint = offsetEndpointPort(ev.endpoint, offset);
-        const replay = ev.replay_endpoint ? offsetEndpointPort(ev.replay_endpoint, offset) : null;
-        const publisher = new KvEventPublisher(ev, layout, cfg.kvEventsFraming, e.rank, log);
-        publishers.push(publisher);
-        const mode = cfg.engineExplicit ? personality.kvPubMode(endpoint) : "bind";
-        if (mode === "connect")
-          log.warn(
-            { endpoint },
-            "KV events endpoint is not a wildcard: the engine connects instead of binding",
-          );
-        const bound = await publisher.start(endpoint, replay, mode);
-        e.publisher = publisher;
-        kvRanks.push({
-          rank: e.rank,
-          endpoint: connectable(bound.pub, advertisedHost),
-          replayEndpoint: bound.replay ? connectable(bound.replay, advertisedHost) : null,
-        });
-      }
+      await startKvPublishers(cfg, personality, engines, advertisedHost, log, publishers, kvRanks);
     } catch (err) {
       await abandon();
       throw err;
@@ -173,13 +239,7 @@ export async function startWithConfig(
     startedAt: Date.now(),
   });
   try {
-    await new Promise<void>((resolve, reject) => {
-      server.once("error", reject);
-      server.listen(cfg.port, cfg.host, () => {
-        server.off("error", reject);
-        resolve();
-      });
-    });
+    await listen(server, cfg.port, cfg.host);
   } catch (err) {
     // e.g. EADDRINUSE: nothing may be left running (the KV publisher's sockets would keep a
     // failed process alive).
@@ -189,15 +249,8 @@ export async function startWithConfig(
   const port = (server.address() as AddressInfo).port;
   kvHost.httpPort = port;
   try {
-    connector = connectorFactory(
-      {
-        kind: cfg.connector,
-        role: cfg.role,
-        kvTransferConfig: cfg.kvTransferConfig,
-        holdTimeoutMs: cfg.holdTimeoutMs,
-      },
-      kvHost,
-    );
+    const { connector: kind, role, kvTransferConfig, holdTimeoutMs } = cfg;
+    connector = connectorFactory({ kind, role, kvTransferConfig, holdTimeoutMs }, kvHost);
     await connector?.start();
   } catch (err) {
     server.close();
@@ -217,7 +270,6 @@ export async function startWithConfig(
     },
     "sim engine ready",
   );
-  let closed = false;
   return {
     url,
     port,
@@ -229,18 +281,6 @@ export async function startWithConfig(
     replayEndpoint,
     connector,
     kvHost,
-    async close() {
-      if (closed) return;
-      closed = true;
-      for (const e of engines) e.close();
-      kvHost.close();
-      await connector?.close();
-      await new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        server.closeAllConnections();
-      });
-      await Promise.all(publishers.map((p) => p.close()));
-      await tracer?.shutdown().catch(() => {});
-    },
+    close: closeOnce(() => stopAll({ engines, kvHost, connector, server, publishers, tracer })),
   };
 }
