@@ -138,11 +138,24 @@ export function natsServerEnv(ctx: RenderContext): EnvVar[] {
   }));
 }
 
+/**
+ * A password that nats-server reads back as a string through a `$VAR` reference. It parses the
+ * variable's value as a config value (nats-io/nats-server conf/parse.go, lookupVariable: the
+ * env value is parsed as `pkey=<value>`), so a hex secret such as `2e51ab…` is lexed as a
+ * float and refused ("variable reference … could not be parsed", the server exits 1), and an
+ * all-digit one becomes an integer. Checked with Debian's nats-server: `2e51abc0` refused,
+ * `s2e51abc0` accepted. A leading letter makes any generated value an unquoted string.
+ */
+function natsPassword(ctx: RenderContext): string {
+  const v = ctx.random();
+  return /^[A-Za-z]/.test(v) ? v : `p${v}`;
+}
+
 /** The generated credentials: one key per user, its password. */
 export function natsCredentials(ctx: RenderContext): Record<string, string> {
   const out: Record<string, string> = {};
-  for (const u of natsUsers(ctx)) out[u.user] = ctx.random();
-  if (ctx.spec.planes.natsReplicas > 1) out[ROUTE_NATS_USER] = ctx.random();
+  for (const u of natsUsers(ctx)) out[u.user] = natsPassword(ctx);
+  if (ctx.spec.planes.natsReplicas > 1) out[ROUTE_NATS_USER] = natsPassword(ctx);
   return out;
 }
 
