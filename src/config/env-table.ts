@@ -304,6 +304,13 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "Command printing show_gids output, for the RDMA GID index (`--show-gids-cmd`).",
   ),
   v(
+    "INFERA_KVD_REMOTE_URL",
+    "string",
+    "kvd",
+    "L4 store URL (`--remote`); the way to pass one with a password (argv refuses it), or `--remote-file`.",
+    { secret: true },
+  ),
+  v(
     "INFERA_KVD_TCP_TOKEN",
     "string",
     "kvd",
