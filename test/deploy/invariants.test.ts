@@ -320,7 +320,7 @@ test("NATS planes: StatefulSet with one user per role from a Secret; each pod ge
   const conf = o.find((x) => x.metadata.name === "mixed-nats-config")!.data["nats.conf"] as string;
   assert.match(conf, /user: "server"\n {6}password: \$NATS_PW_SERVER\n/);
   assert.match(conf, /user: "engine-llama-mixed"\n {6}password: \$NATS_PW_ENGINE_LLAMA_MIXED\n/);
-  const secret = o.find((x) => x.kind === "Secret" && x.metadata.name === "mixed-nats-credentials")!;
+  const secret = o.find((x) => x.kind === "Secret" && x.metadata.name.startsWith("mixed-nats-credentials"))!;
   assert.deepEqual(Object.keys(secret.stringData).sort(), ["engine-llama-mixed", "server"]);
   for (const v of Object.values(secret.stringData) as string[]) assert.ok(v.length >= 32);
   for (const w of [...workers(o), o.find((x) => x.kind === "Deployment")!]) {

@@ -21,6 +21,7 @@ import {
   natsAuthorizationBlock,
   natsClientIdentityEnv,
   natsCredentials,
+  natsSecretName,
   natsServerEnv,
   ROUTE_AUTH_LINE,
 } from "./nats-auth.ts";
@@ -199,7 +200,7 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
       : []),
     "",
   ].join("\n");
-  const secretName = names.natsSecret(ctx);
+  const secretName = natsSecretName(ctx);
   const out: (StatefulSet | Service | ConfigMap | Secret)[] = [
     new ConfigMap({ metadata: meta(ctx, "nats", names.natsConfig(ctx)), data: { "nats.conf": conf } }),
     new Service({
