@@ -141,6 +141,25 @@ export async function startFleet(o: FleetOptions): Promise<{ child: Child; manif
   }
 }
 
+/** The static-discovery records of a fleet's engines (vLLM-framed KV events, rank 0). */
+export function workerRecords(m: FleetManifest, model: string, blockSize: number, blocks: number) {
+  return m.engines.map((e) => ({
+    id: `fleet-${e.index}`,
+    url: e.url,
+    model,
+    servedModelNames: [model],
+    engine: "vllm",
+    blockSize,
+    kvBlocks: blocks,
+    kvEvents: {
+      endpoint: e.kvRanks[0].endpoint,
+      ...(e.kvRanks[0].replayEndpoint ? { replayEndpoint: e.kvRanks[0].replayEndpoint } : {}),
+      topic: "kv-events",
+      framing: "seq",
+    },
+  }));
+}
+
 export interface Server extends Child {
   url: string;
 }
@@ -150,12 +169,15 @@ export async function startServer(
   workersFile: string,
   logLevel = "warn",
   scrapeIntervalMs?: number,
+  /** Another checkout's server (a baseline), and node flags (e.g. --cpu-prof). */
+  o: { root?: string; nodeArgs?: string[] } = {},
 ): Promise<Server> {
   const port = await freePort();
   const c = child(
     process.execPath,
     [
-      join(ROOT, "bin/infera.js"),
+      ...(o.nodeArgs ?? []),
+      join(o.root ?? ROOT, "bin/infera.js"),
       ...serverArgs(port),
       "--discovery",
       "static",

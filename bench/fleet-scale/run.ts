@@ -12,7 +12,7 @@
  *
  *   node bench/fleet-scale/run.ts [--workers 256,1000] [--rates 500,1000,2000] [--seconds 20]
  *     [--blocks 256] [--scrape-interval MS] [--max-rss-mib 6000] [--sim-root DIR] [--out bench/fleet-scale/results.json] [--merge]
- *     [--no-balancer]
+ *     [--no-balancer] [--cpu-prof DIR]
  *
  * Progress on stderr; the figures as JSON in --out and a summary on stdout.
  */
@@ -37,13 +37,13 @@ import {
 } from "./measure.ts";
 import {
   type Child,
-  type FleetManifest,
   runLoad,
   type Server,
   startBalancer,
   startFleet,
   startServer,
   waitServerReady,
+  workerRecords,
 } from "./procs.ts";
 
 const argv = process.argv.slice(2);
@@ -67,6 +67,8 @@ const MAX_RSS_MIB = Number(opt("max-rss-mib", "6000"));
  */
 const SCRAPE_MS = argv.includes("--scrape-interval") ? Number(opt("scrape-interval", "2000")) : undefined;
 const SIM_ROOT = argv.includes("--sim-root") ? opt("sim-root", "") : undefined;
+/** `--cpu-prof DIR`: server 1 under `node --cpu-prof` (its profile in DIR when it exits). */
+const CPU_PROF = argv.includes("--cpu-prof") ? opt("cpu-prof", "") : undefined;
 const OUT = opt("out", fileURLToPath(new URL("./results.json", import.meta.url)));
 const MODEL = "sim-model";
 
@@ -77,24 +79,6 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const ms = (s: number) => Number((s * 1000).toFixed(4));
 
 /** The static discovery records of the fleet's engines, with their KV-event sockets. */
-function workerRecords(m: FleetManifest) {
-  return m.engines.map((e) => ({
-    id: `fleet-${e.index}`,
-    url: e.url,
-    model: MODEL,
-    servedModelNames: [MODEL],
-    engine: "vllm",
-    blockSize: BS,
-    kvBlocks: BLOCKS,
-    kvEvents: {
-      endpoint: e.kvRanks[0].endpoint,
-      ...(e.kvRanks[0].replayEndpoint ? { replayEndpoint: e.kvRanks[0].replayEndpoint } : {}),
-      topic: "kv-events",
-      framing: "seq",
-    },
-  }));
-}
-
 interface Sample {
   t: number;
   events: number;
@@ -434,9 +418,11 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
   };
   say(`fleet up: ${JSON.stringify(res.fleet)}`);
   const workersFile = join(dir, "workers.json");
-  writeFileSync(workersFile, JSON.stringify(workerRecords(manifest)));
+  writeFileSync(workersFile, JSON.stringify(workerRecords(manifest, MODEL, BS, BLOCKS)));
 
-  const s1 = await startServer(workersFile, "warn", SCRAPE_MS);
+  const s1 = await startServer(workersFile, "warn", SCRAPE_MS, {
+    nodeArgs: CPU_PROF ? ["--cpu-prof", "--cpu-prof-dir", CPU_PROF] : [],
+  });
   children.push(s1);
   const st = performance.now();
   await waitServerReady(s1, n, 120_000 + n * 200);

@@ -8,7 +8,7 @@
  * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
  *
  *   node bench/router-overhead/run.ts [--requests 2000] [--concurrency 16] [--rounds 2]
- *     [--baseline <checkout>] [--dashboard-poll 1000]
+ *     [--baseline <checkout>] [--dashboard-poll 1000] [--cpu-prof DIR] [--traced 1]
  *
  * `--baseline` adds (f): `infera server` run from another checkout (e.g. a `git worktree` of
  * the previous commit, built like this one), interleaved with the others, so a change to the
@@ -24,6 +24,8 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -51,6 +53,19 @@ const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
 const BASELINE = args.get("baseline");
 const DASHBOARD_POLL_MS = Number(args.get("dashboard-poll") ?? 1000);
+/**
+ * `--cpu-prof DIR`: run (b) and (f) under `node --cpu-prof`, each writing its .cpuprofile into
+ * DIR/b and DIR/f when it exits (summarise with `node scripts/cpu-prof-top.mjs DIR/b`).
+ */
+const CPU_PROF = args.get("cpu-prof");
+/**
+ * `--traced 1`: adds (h), `infera server` with tracing on (`--otlp-endpoint` to a receiver in
+ * this process that accepts and drops every export), to show what tracing costs when on; (b)
+ * beside (f) shows it costs nothing when off.
+ */
+const TRACED = args.get("traced") === "1";
+const profFlags = (sub: string): string[] =>
+  CPU_PROF ? ["--cpu-prof", "--cpu-prof-dir", join(CPU_PROF, sub)] : [];
 
 const children: ChildProcess[] = [];
 function start(cmd: string, argv: string[], env: Record<string, string> = {}, cwd = ROOT): ChildProcess {
@@ -265,6 +280,7 @@ async function main(): Promise<void> {
     const simUrl = `http://127.0.0.1:${simPort}`;
     await waitHttp(`${simUrl}/health`);
     const serverProc = start(process.execPath, [
+      ...profFlags("b"),
       "bin/infera.js",
       ...serverArgs(serverPort),
       "--worker",
@@ -305,7 +321,8 @@ async function main(): Promise<void> {
       | "c_nginx"
       | "d_bare_node"
       | "e_infera_src"
-      | "f_baseline";
+      | "f_baseline"
+      | "h_infera_traced";
     const targets: Partial<Record<Key, string>> = {
       a_direct: simUrl,
       b_infera: serverUrl,
@@ -337,13 +354,44 @@ async function main(): Promise<void> {
       const basePort = await freePort();
       const baseProc = start(
         process.execPath,
-        ["bin/infera.js", ...serverArgs(basePort), "--worker", simUrl, "--scrape-interval", "0"],
+        [
+          ...profFlags("f"),
+          "bin/infera.js",
+          ...serverArgs(basePort),
+          "--worker",
+          simUrl,
+          "--scrape-interval",
+          "0",
+        ],
         {},
         BASELINE,
       );
       targets.f_baseline = `http://127.0.0.1:${basePort}`;
       pids.f_baseline = baseProc.pid!;
       await waitHttp(`${targets.f_baseline}/ready`);
+    }
+    if (TRACED) {
+      const sink = createServer((req, res) => {
+        req.resume();
+        req.on("end", () => res.end("{}"));
+      });
+      await new Promise<void>((r) => sink.listen(0, "127.0.0.1", r));
+      sink.unref();
+      const sinkUrl = `http://127.0.0.1:${(sink.address() as AddressInfo).port}`;
+      const hPort = await freePort();
+      const hProc = start(process.execPath, [
+        "bin/infera.js",
+        ...serverArgs(hPort),
+        "--worker",
+        simUrl,
+        "--scrape-interval",
+        "0",
+        "--otlp-endpoint",
+        sinkUrl,
+      ]);
+      targets.h_infera_traced = `http://127.0.0.1:${hPort}`;
+      pids.h_infera_traced = hProc.pid!;
+      await waitHttp(`${targets.h_infera_traced}/ready`);
     }
     const keys = Object.keys(targets) as Key[];
     const results: Record<string, Record<Key, Agg>> = {};
@@ -404,6 +452,7 @@ async function main(): Promise<void> {
       const d = stat("d_bare_node");
       const e = stat("e_infera_src");
       const f = BASELINE ? stat("f_baseline") : null;
+      const h = TRACED ? stat("h_infera_traced") : null;
       out(`\n${mode}`);
       out(
         "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | read/write syscalls per req | errors |",
@@ -417,6 +466,7 @@ async function main(): Promise<void> {
         ["d bare node:http+undici proxy", d],
         ["e infera server, src (type stripping)", e],
         ...(f ? ([[`f baseline infera server (${BASELINE})`, f]] as const) : []),
+        ...(h ? ([["h = b with tracing on (--otlp-endpoint)", h]] as const) : []),
         ...(g ? ([[`g = b with the dashboard polled every ${DASHBOARD_POLL_MS} ms`, g]] as const) : []),
       ] as const) {
         out(
@@ -435,6 +485,10 @@ async function main(): Promise<void> {
       out(
         `infera CPU per request, b (${serverFrom}) vs e (src, type-stripped): ${b.cpuUs.toFixed(0)} vs ${e.cpuUs.toFixed(0)} µs (b/e ${(b.cpuUs / e.cpuUs).toFixed(2)}); throughput b/e ${(b.rps / e.rps).toFixed(2)}, e/c ${(e.rps / c.rps).toFixed(2)}`,
       );
+      if (h)
+        out(
+          `tracing on (h) vs off (b): CPU ${h.cpuUs.toFixed(0)} vs ${b.cpuUs.toFixed(0)} µs/req (h/b ${(h.cpuUs / b.cpuUs).toFixed(2)}); req/s h/b ${(h.rps / b.rps).toFixed(2)}`,
+        );
       if (f) {
         out(
           `this checkout (b) vs baseline (f): CPU ${b.cpuUs.toFixed(0)} vs ${f.cpuUs.toFixed(0)} µs/req (b/f ${(b.cpuUs / f.cpuUs).toFixed(2)}); req/s ${b.rps.toFixed(0)} vs ${f.rps.toFixed(0)} (b/f ${(b.rps / f.rps).toFixed(2)}); c=1 p50 ${b.l50.toFixed(3)} vs ${f.l50.toFixed(3)} ms, p99 ${b.l99.toFixed(3)} vs ${f.l99.toFixed(3)} ms; f/c ${(f.rps / c.rps).toFixed(2)}`,
@@ -454,8 +508,10 @@ async function main(): Promise<void> {
       );
     }
   } finally {
+    const exited = children.filter(isRunning).map((c) => new Promise((r) => c.once("exit", r)));
     stopAll();
-    await new Promise((r) => setTimeout(r, 300));
+    // A profiled server writes its .cpuprofile as it exits: wait for it (bounded).
+    await Promise.race([Promise.all(exited), new Promise((r) => setTimeout(r, CPU_PROF ? 15_000 : 300))]);
     rmSync(dir, { recursive: true, force: true });
   }
 }

@@ -64,6 +64,10 @@ export function registerEngine(program: Command): void {
     .option("--show-gids-cmd <cmd>", "command printing show_gids output (env INFERA_SHOW_GIDS_CMD)")
     .option("--engine-bin <cmd>", "engine executable, may be several words (e.g. 'sglang serve')")
     .option(
+      "--otlp-endpoint <url>",
+      "OTLP/HTTP collector (e.g. http://collector:4318): the engine traces requests there (vLLM, SGLang)",
+    )
+    .option(
       "--sim",
       "run the simulator in this engine's personality (vllm|sglang|atom): same arguments and " +
         "environment, executable replaced by `node bin/infera-sim.js --engine <kind>`",

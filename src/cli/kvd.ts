@@ -75,6 +75,7 @@ function urlHasPassword(url: string): boolean {
 }
 
 /** `infera kvd`: the tiered KV-cache daemon (RAM arena → disk → remote store). */
+// long: one commander chain, one `.option` per flag; split, the flag list would be harder to read.
 export function registerKvd(program: Command): void {
   program
     .command("kvd")

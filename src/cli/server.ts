@@ -81,6 +81,8 @@ interface ServerFlags extends NatsCliValues {
   modelGoneRetry?: string;
   tokenizer?: string;
   scrapeInterval?: string;
+  scrapeIdleInterval?: string;
+  otlpEndpoint?: string;
   maxRetries?: string;
   requestPlane?: string;
   peers?: string[];
@@ -128,6 +130,8 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   "upstream.bodyTimeoutMs": "--upstream-body-timeout",
   tokenizer: "--tokenizer",
   scrapeIntervalMs: "--scrape-interval",
+  scrapeIdleIntervalMs: "--scrape-idle-interval",
+  otlpEndpoint: "--otlp-endpoint",
   maxRetries: "--max-retries",
   requestPlane: "--request-plane",
   "peers.connect": "--peers",
@@ -193,6 +197,8 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     },
     tokenizer: f.tokenizer,
     scrapeIntervalMs: optNum(f.scrapeInterval),
+    scrapeIdleIntervalMs: optNum(f.scrapeIdleInterval),
+    otlpEndpoint: f.otlpEndpoint,
     maxRetries: optNum(f.maxRetries),
     requestPlane: f.requestPlane,
     eventPlane: f.eventPlane,
@@ -251,6 +257,7 @@ function etcdAuthOptions(f: ServerFlags): Record<string, unknown> | undefined {
   return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }
 
+// long: one commander chain, one `.option` per flag; split, the flag list would be harder to read.
 export function registerServer(program: Command): void {
   program
     .command("server")
@@ -323,6 +330,14 @@ export function registerServer(program: Command): void {
     )
     .option("--tokenizer <dir>", "model directory with tokenizer.json (default: built-in BPE)")
     .option("--scrape-interval <ms>", "engine /metrics scrape interval in ms; 0 = off (default 2000)")
+    .option(
+      "--scrape-idle-interval <ms>",
+      "scrape interval of an idle, unchanged worker (default 20000; 0 = always --scrape-interval)",
+    )
+    .option(
+      "--otlp-endpoint <url>",
+      "OTLP/HTTP collector for request traces, e.g. http://collector:4318 (default: tracing off)",
+    )
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
     .option("--request-plane <kind>", "http (default; nats with --nats-url) or another registered plane")
     .option(

@@ -133,6 +133,20 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     },
   ),
   v(
+    "INFERA_SCRAPE_IDLE_INTERVAL_MS",
+    "integer",
+    "server",
+    "Scrape interval of an idle, unchanged worker; 0 = always the scrape interval (`--scrape-idle-interval`).",
+    { configKey: "scrapeIdleIntervalMs" },
+  ),
+  v(
+    "INFERA_OTLP_ENDPOINT",
+    "string",
+    "server",
+    "OTLP/HTTP collector for request traces; tracing is off when unset (`--otlp-endpoint`).",
+    { configKey: "otlpEndpoint" },
+  ),
+  v(
     "INFERA_MAX_RETRIES",
     "integer",
     "server",
@@ -285,6 +299,12 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "etcd key prefix the engine launcher registers under (`--etcd-prefix`).",
   ),
   v("INFERA_LOG_LEVEL", "string", "all", "pino log level (default info; tests use silent or warn)."),
+  v(
+    "INFERA_KV_ZMQ_NATIVE",
+    "string",
+    "server",
+    "`0`: read KV event SUB sockets with zeromq.js instead of libzmq's C API (src/kv/feeds/zmq-native.ts).",
+  ),
   v(
     "INFERA_MORIIO_PROXY",
     "string",

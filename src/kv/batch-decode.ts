@@ -161,7 +161,8 @@ export class BatchDecoder {
     this.b = payload;
     this.p = 0;
     this.end = payload.length;
-    this.r = new MsgpackReader(payload);
+    // One reader for every payload (reset, not made anew); it keeps a view of the last one.
+    this.r.reset(payload);
     try {
       const out = this.batch();
       return this.p === this.end ? out : null;
@@ -170,7 +171,6 @@ export class BatchDecoder {
       return null;
     } finally {
       this.b = EMPTY;
-      this.r = EMPTY_READER;
     }
   }
 
@@ -680,4 +680,3 @@ export class BatchDecoder {
 }
 
 const EMPTY = new Uint8Array(0);
-const EMPTY_READER = new MsgpackReader(EMPTY);

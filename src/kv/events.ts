@@ -149,6 +149,20 @@ const EPOCH_MARKER = "sgl-kv-epoch=";
  * `_live_topic` / `_snapshot_barrier_topic`).
  */
 export function splitTopic(frame: Uint8Array): { topic: string; epoch: string | null } {
+  // Every message of a feed carries the same topic frame: the last answer is kept.
+  const last = lastTopic;
+  if (last.bytes.length === frame.length && Buffer.compare(last.bytes, frame) === 0) return last.split;
+  const split = splitTopicUncached(frame);
+  lastTopic = { bytes: Buffer.from(frame), split };
+  return split;
+}
+
+let lastTopic: { bytes: Buffer; split: { topic: string; epoch: string | null } } = {
+  bytes: Buffer.alloc(0),
+  split: { topic: "", epoch: null },
+};
+
+function splitTopicUncached(frame: Uint8Array): { topic: string; epoch: string | null } {
   const nul = frame.indexOf(0);
   if (nul < 0) return { topic: Buffer.from(frame).toString("utf8"), epoch: null };
   const topic = Buffer.from(frame.subarray(0, nul)).toString("utf8");

@@ -19,6 +19,10 @@
  * Each rank is capped (`capFor`): an engine cannot hold more blocks than its pool, so past the
  * cap the index has missed removals, and new stores are dropped (counted) rather than letting
  * one publisher grow the heap without bound.
+ *
+ * Length (≈ 540 lines, over the ~400 guide): one class whose parts share the per-rank state
+ * (engine-hash map, cap, sync, holder ids) and must change together; the storage structures
+ * it builds on are already split out (block-table, engine-block-map, holder-sets, walk).
  */
 import { BlockTable } from "./block-table.ts";
 import { EngineBlockMap, MAX_VALUE as MAX_ENTRY } from "./engine-block-map.ts";
@@ -171,7 +175,7 @@ export class KvIndex implements PrefixIndex {
     return this.workers.has(id);
   }
 
-  /** Records a rank's sync state (src/kv/subscriber.ts); `synced` is also what no record means. */
+  /** Records a rank's sync state (a feed: src/kv/feeds/); `synced` is also what no record means. */
   setSync(id: string, rank: number, state: IndexSync): void {
     let ranks = this.sync.get(id);
     if (!ranks) {

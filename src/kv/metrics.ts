@@ -1,4 +1,5 @@
 import { Counter, Gauge, type Registry } from "prom-client";
+import type { EventBatch } from "./event-model.ts";
 
 /** Counters of KV event ingestion, registered on the service's own Registry. */
 export class KvIngestMetrics {
@@ -11,20 +12,30 @@ export class KvIngestMetrics {
   readonly capped: Counter<"worker">;
   readonly refused: Counter<"worker" | "reason">;
   readonly workers: Gauge;
+  /**
+   * Applied batches and events counted here and added to the two counters when they are read
+   * (their `collect`), not per batch: a labelled `inc()` hashes its labels each time, which at
+   * 200k batches/s is a sizeable part of a core. Reads see exact counts.
+   */
+  private readonly pendingBatches = new Map<string, number>();
+  private pendingEvents: Record<string, number> = {};
 
   constructor(registry: Registry) {
     const registers = [registry];
+    const flush = () => this.flush();
     this.batches = new Counter({
       name: "infera_kv_event_batches_total",
       help: "KV event batches applied to the index",
       labelNames: ["worker"],
       registers,
+      collect: flush,
     });
     this.events = new Counter({
       name: "infera_kv_events_total",
       help: "KV events applied to the index, by type",
       labelNames: ["type"],
       registers,
+      collect: flush,
     });
     this.malformed = new Counter({
       name: "infera_kv_malformed_messages_total",
@@ -73,5 +84,20 @@ export class KvIngestMetrics {
       help: "Workers whose KV events this server subscribes to",
       registers,
     });
+  }
+
+  /** One batch applied for `worker`: counts it and its events by type. */
+  applied(worker: string, batch: EventBatch): void {
+    this.pendingBatches.set(worker, (this.pendingBatches.get(worker) ?? 0) + 1);
+    const ev = this.pendingEvents;
+    for (const e of batch.events) ev[e.type] = (ev[e.type] ?? 0) + 1;
+  }
+
+  private flush(): void {
+    for (const [worker, n] of this.pendingBatches) this.batches.inc({ worker }, n);
+    this.pendingBatches.clear();
+    const ev = this.pendingEvents;
+    this.pendingEvents = {};
+    for (const type in ev) this.events.inc({ type }, ev[type]);
   }
 }

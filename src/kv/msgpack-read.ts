@@ -10,13 +10,26 @@ const TWO32 = 4294967296;
 const BLOCK_STORED = new TextEncoder().encode("BlockStored");
 
 export class MsgpackReader {
-  private readonly buf: Uint8Array;
+  private buf: Uint8Array;
   private pos = 0;
-  private readonly view: DataView;
+  private view: DataView;
 
   constructor(buf: Uint8Array) {
     this.buf = buf;
-    this.view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+    // To the end of the underlying buffer, so `reset` can keep it; reads stop at `buf`'s end.
+    this.view = new DataView(buf.buffer, buf.byteOffset);
+  }
+
+  /**
+   * Reads `buf` from its start. The DataView is kept when `buf` starts where the last one did
+   * (a receive buffer reused message after message): one object less per payload.
+   */
+  reset(buf: Uint8Array): void {
+    this.buf = buf;
+    this.pos = 0;
+    const v = this.view;
+    if (v.buffer !== buf.buffer || v.byteOffset !== buf.byteOffset || v.byteLength < buf.byteLength)
+      this.view = new DataView(buf.buffer, buf.byteOffset);
   }
 
   /** Where the next value starts. */

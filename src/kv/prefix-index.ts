@@ -4,7 +4,7 @@
  * interface only, so the index's representation can change without touching a scorer.
  */
 /**
- * How far the index's view of a worker rank can be believed (src/kv/subscriber.ts sets it):
+ * How far the index's view of a worker rank can be believed (a feed in src/kv/feeds/ sets it):
  * - `syncing`: the start-up (or post-restart) replay of the engine's buffer is still running;
  * - `synced`: the index holds what the engine's events say the rank holds;
  * - `unknown`: the rank's history could not be had (no replay socket, the replay failed, or the

@@ -1,6 +1,6 @@
 /**
  * One worker rank's index sync (IndexSync, ./prefix-index.ts), the rules both event planes'
- * subscribers share (ZMQ: ./subscriber.ts, NATS: src/transport/nats/kv-ingest.ts):
+ * feeds share (ZMQ: ./feeds/zmq.ts, NATS: ./feeds/nats.ts):
  * - `syncing` while the start-up (or post-restart) replay runs; `settle()` ends it;
  * - a hole in the rank's history (no replay, a failed one, a buffer that no longer reaches back)
  *   makes it `unknown`: routed as untracked, never as empty;

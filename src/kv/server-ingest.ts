@@ -8,7 +8,7 @@
 
 import { Counter, Histogram } from "prom-client";
 import type { KvIngestFactory, KvIngest as ServerKvIngest } from "../server/extension-api.ts";
-import { KvIngest } from "./ingest.ts";
+import { KvIngest } from "./feeds/zmq-ingest.ts";
 
 export interface ServerKvIngestHandle extends ServerKvIngest {
   /** The ingest itself. */

@@ -14,7 +14,7 @@ import {
   defaultMaxTcpConnections,
 } from "./conn-guard.ts";
 import { createKvdMetrics } from "./metrics.ts";
-import { serveConnection } from "./server.ts";
+import { type ServeContext, serveConnection } from "./server.ts";
 import { newSocketReadStats } from "./socket-reader.ts";
 import { TieredStore } from "./store.ts";
 import { DiskTier } from "./tiers/disk.ts";
@@ -81,7 +81,6 @@ export function isLoopbackHost(host: string): boolean {
 export const DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024;
 
 export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")): Promise<KvdDaemon> {
-  const maxFrameBytes = cfg.maxFrameBytes ?? 256 * 1024 * 1024;
   const tcpToken = cfg.tcpToken === "" ? undefined : cfg.tcpToken;
   // The TCP port answers every op on every namespace to whoever reaches it; without a token
   // only processes on this host can.
@@ -92,88 +91,23 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
     );
   const ais = probeAis(cfg.ais ?? envVar("INFERA_KVD_AIS") === "1");
   log.info({ ais }, ais.active ? "kvd AIS GPU-direct path on" : "kvd AIS GPU-direct path off");
+  const { arena, disk, remote, store } = await openTiers(cfg, log);
+  const { ctx, clients } = serveContext(cfg, store, ais, tcpToken, log);
+  const { guard, stats } = ctx;
 
-  const arena: ArenaMapping = createArena(cfg.ramBytes);
-  log.info({ bytes: cfg.ramBytes, fd: arena.fd }, "kvd L2 arena created (memfd, sealed, MAP_SHARED)");
-  let disk: DiskTier | undefined;
-  if (cfg.diskDir && !cfg.ephemeral && cfg.diskBytes > 0) {
-    disk = new DiskTier(cfg.diskDir, cfg.diskBytes, log);
-    disk.open();
-  }
-  let remote: RemoteTier | undefined;
-  if (cfg.remoteUrl && !cfg.ephemeral) {
-    remote = await openRemote(cfg.remoteUrl);
-    log.info({ url: cfg.remoteUrl }, "kvd L4 remote store connected");
-  }
-  const store = new TieredStore({ arena, disk, remote, ephemeral: cfg.ephemeral, log });
-
-  let clients = 0;
-  const reads = newSocketReadStats();
-  const stats = () => ({
-    ...store.stats(),
-    clients,
-    ais,
-    tcp: { connections: guard.tcp, refused: { ...guard.refused } },
-    socket_reads: {
-      direct_connections: reads.directConnections,
-      data_event_connections: reads.dataEventConnections,
-      into_reservation_bytes: reads.intoSinkBytes,
-      copied_bytes: reads.copiedBytes,
-    },
-  });
-  const guard = new ConnGuard(
-    {
-      maxTcpConnections: cfg.maxTcpConnections ?? defaultMaxTcpConnections(),
-      maxTcpPerPeer: cfg.maxTcpPerPeer ?? DEFAULT_MAX_TCP_PER_PEER,
-      authTimeoutMs: cfg.authTimeoutMs ?? DEFAULT_AUTH_TIMEOUT_MS,
-      preAuthFrameBytes: cfg.preAuthFrameBytes ?? DEFAULT_PRE_AUTH_FRAME_BYTES,
-    },
-    log,
-  );
-  const ctx = {
-    store,
-    guard,
-    log,
-    maxFrameBytes,
-    stats,
-    directRead: cfg.directRead ?? envVar("INFERA_KVD_DIRECT_READ") !== "0",
-    reads,
-    tcpToken,
-    maxQueuedBytes: cfg.maxQueuedBytes ?? DEFAULT_MAX_QUEUED_BYTES,
-    onClientCount: (d: number) => {
-      clients += d;
-    },
-  };
   const servers: net.Server[] = [];
   const sockets = new Set<net.Socket>();
   const track = (s: net.Socket) => {
     sockets.add(s);
     s.on("close", () => sockets.delete(s));
   };
-
   if (cfg.socketPath) {
-    await clearStaleSocket(cfg.socketPath);
-    const srv = net.createServer((s) => {
-      track(s);
-      serveConnection(s, ctx, "unix");
-    });
-    // The socket file is created by bind(): a tight umask makes it 0600 from its first
-    // instant, so there is no window in which another user could connect.
-    // Node binds a pipe synchronously inside listen(), so the umask is restored before any
-    // other code of this process runs.
-    const old = process.umask(0o177);
-    let listening: Promise<void>;
-    try {
-      listening = listen(srv, cfg.socketPath);
-    } finally {
-      process.umask(old);
-    }
-    await listening;
-    if (cfg.socketGroup) {
-      chownSync(cfg.socketPath, process.getuid?.() ?? 0, resolveGid(cfg.socketGroup));
-      chmodSync(cfg.socketPath, 0o660);
-    } else chmodSync(cfg.socketPath, 0o600);
-    servers.push(srv);
+    servers.push(
+      await listenUnix(cfg.socketPath, cfg.socketGroup, (s) => {
+        track(s);
+        serveConnection(s, ctx, "unix");
+      }),
+    );
   }
   let tcpPort: number | undefined;
   if (cfg.tcp) {
@@ -187,23 +121,11 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
     tcpPort = (srv.address() as net.AddressInfo).port;
     servers.push(srv);
   }
-  let metricsServer: http.Server | undefined;
-  let metricsPort: number | undefined;
-  if (cfg.metricsPort !== undefined) {
-    const registry = createKvdMetrics(store, () => clients, ais, guard);
-    metricsServer = http.createServer((req, res) => {
-      if (req.url === "/metrics") {
-        registry.metrics().then(
-          (body) => res.writeHead(200, { "content-type": registry.contentType }).end(body),
-          () => res.writeHead(500).end(),
-        );
-      } else if (req.url === "/health")
-        res.writeHead(200, { "content-type": "application/json" }).end('{"ok":true}');
-      else res.writeHead(404).end();
-    });
-    await listen(metricsServer, { host: cfg.metricsHost ?? "127.0.0.1", port: cfg.metricsPort });
-    metricsPort = (metricsServer.address() as net.AddressInfo).port;
-  }
+  const metricsServer =
+    cfg.metricsPort === undefined
+      ? undefined
+      : await listenMetrics(createKvdMetrics(store, clients, ais, guard), cfg.metricsHost, cfg.metricsPort);
+  const metricsPort = metricsServer ? (metricsServer.address() as net.AddressInfo).port : undefined;
   const sweep = setInterval(() => store.sweep(), cfg.sweepMs ?? 1000);
   sweep.unref();
 
@@ -245,4 +167,117 @@ export async function startKvd(cfg: KvdConfig, log: Logger = createLogger("kvd")
       return closing;
     },
   };
+}
+
+/** L2 (the arena), L3 (disk) and L4 (remote) as configured, and the store over them. */
+async function openTiers(cfg: KvdConfig, log: Logger) {
+  const arena: ArenaMapping = createArena(cfg.ramBytes);
+  log.info({ bytes: cfg.ramBytes, fd: arena.fd }, "kvd L2 arena created (memfd, sealed, MAP_SHARED)");
+  let disk: DiskTier | undefined;
+  if (cfg.diskDir && !cfg.ephemeral && cfg.diskBytes > 0) {
+    disk = new DiskTier(cfg.diskDir, cfg.diskBytes, log);
+    disk.open();
+  }
+  let remote: RemoteTier | undefined;
+  if (cfg.remoteUrl && !cfg.ephemeral) {
+    remote = await openRemote(cfg.remoteUrl);
+    log.info({ url: cfg.remoteUrl }, "kvd L4 remote store connected");
+  }
+  const store = new TieredStore({ arena, disk, remote, ephemeral: cfg.ephemeral, log });
+  return { arena, disk, remote, store };
+}
+
+/** What every connection shares: the store, the TCP guard, limits, counters and STATS. */
+function serveContext(
+  cfg: KvdConfig,
+  store: TieredStore,
+  ais: AisStatus,
+  tcpToken: string | undefined,
+  log: Logger,
+): { ctx: ServeContext; clients: () => number } {
+  let clients = 0;
+  const reads = newSocketReadStats();
+  const guard = new ConnGuard(
+    {
+      maxTcpConnections: cfg.maxTcpConnections ?? defaultMaxTcpConnections(),
+      maxTcpPerPeer: cfg.maxTcpPerPeer ?? DEFAULT_MAX_TCP_PER_PEER,
+      authTimeoutMs: cfg.authTimeoutMs ?? DEFAULT_AUTH_TIMEOUT_MS,
+      preAuthFrameBytes: cfg.preAuthFrameBytes ?? DEFAULT_PRE_AUTH_FRAME_BYTES,
+    },
+    log,
+  );
+  const stats = () => ({
+    ...store.stats(),
+    clients,
+    ais,
+    tcp: { connections: guard.tcp, refused: { ...guard.refused } },
+    socket_reads: {
+      direct_connections: reads.directConnections,
+      data_event_connections: reads.dataEventConnections,
+      into_reservation_bytes: reads.intoSinkBytes,
+      copied_bytes: reads.copiedBytes,
+    },
+  });
+  const ctx: ServeContext = {
+    store,
+    guard,
+    log,
+    maxFrameBytes: cfg.maxFrameBytes ?? 256 * 1024 * 1024,
+    stats,
+    directRead: cfg.directRead ?? envVar("INFERA_KVD_DIRECT_READ") !== "0",
+    reads,
+    tcpToken,
+    maxQueuedBytes: cfg.maxQueuedBytes ?? DEFAULT_MAX_QUEUED_BYTES,
+    onClientCount: (d: number) => {
+      clients += d;
+    },
+  };
+  return { ctx, clients: () => clients };
+}
+
+/** The Unix socket, mode 0600 from its first instant (0660 with a group). */
+async function listenUnix(
+  path: string,
+  group: string | undefined,
+  onConnection: (s: net.Socket) => void,
+): Promise<net.Server> {
+  await clearStaleSocket(path);
+  const srv = net.createServer(onConnection);
+  // The socket file is created by bind(): a tight umask makes it 0600 from its first
+  // instant, so there is no window in which another user could connect.
+  // Node binds a pipe synchronously inside listen(), so the umask is restored before any
+  // other code of this process runs.
+  const old = process.umask(0o177);
+  let listening: Promise<void>;
+  try {
+    listening = listen(srv, path);
+  } finally {
+    process.umask(old);
+  }
+  await listening;
+  if (group) {
+    chownSync(path, process.getuid?.() ?? 0, resolveGid(group));
+    chmodSync(path, 0o660);
+  } else chmodSync(path, 0o600);
+  return srv;
+}
+
+/** GET /metrics (Prometheus) and /health, on their own port. */
+async function listenMetrics(
+  registry: ReturnType<typeof createKvdMetrics>,
+  host: string | undefined,
+  port: number,
+): Promise<http.Server> {
+  const server = http.createServer((req, res) => {
+    if (req.url === "/metrics") {
+      registry.metrics().then(
+        (body) => res.writeHead(200, { "content-type": registry.contentType }).end(body),
+        () => res.writeHead(500).end(),
+      );
+    } else if (req.url === "/health")
+      res.writeHead(200, { "content-type": "application/json" }).end('{"ok":true}');
+    else res.writeHead(404).end();
+  });
+  await listen(server, { host: host ?? "127.0.0.1", port });
+  return server;
 }

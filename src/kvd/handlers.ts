@@ -177,82 +177,14 @@ export async function handle(
   sinkToken?: number,
 ): Promise<Reply> {
   switch (op) {
-    case Op.PUT: {
-      if (sinkToken !== undefined) return commitSunkPut(store, st, sinkToken);
-      const m = parse(schemas.put, meta);
-      const n = nsOf(st, m.ns);
-      const total = m.items.reduce((s, i) => s + i.size, 0);
-      if (total !== data.length)
-        throw new BadRequestError(`item sizes sum to ${total}, data has ${data.length}`);
-      const stored: boolean[] = [];
-      let off = 0;
-      for (const it of m.items) {
-        stored.push(await store.put(n, it.key, data.subarray(off, off + it.size), optsOf(it, m)));
-        off += it.size;
-      }
-      return { meta: { stored } };
-    }
-    case Op.ALLOC: {
-      const m = parse(schemas.put, meta);
-      const n = nsOf(st, m.ns);
-      if (!st.arena) throw new BadRequestError("ALLOC needs the arena (Unix socket, HELLO with arena)");
-      const allocs = m.items.map((it) => {
-        const r = store.reserve(n, it.key, it.size, optsOf(it, m));
-        if (!r) return null;
-        const handle = st.nextHandle++;
-        st.reservations.set(handle, r);
-        return { handle, offset: r.ext.offset, size: it.size };
-      });
-      return { meta: { allocs } };
-    }
-    case Op.COMMIT: {
-      const m = parse(schemas.commit, meta);
-      const committed = m.handles.map((h) => {
-        const r = st.reservations.get(h);
-        if (!r) return false;
-        st.reservations.delete(h);
-        if (m.abort) {
-          store.abort(r);
-          return false;
-        }
-        return store.commit(r);
-      });
-      return { meta: { committed } };
-    }
-    case Op.GET: {
-      const m = parse(schemas.keys, meta);
-      const n = nsOf(st, m.ns);
-      const copy = m.copy === true || !st.arena;
-      const items: Record<string, unknown>[] = [];
-      const parts: Buffer[] = [];
-      const held: L2Entry[] = [];
-      for (const k of m.keys) {
-        const r = await store.get(n, k);
-        if (!r) items.push({ found: false });
-        else if ("data" in r) {
-          items.push({ found: true, tier: r.tier, size: r.data.length, inline: true });
-          parts.push(r.data);
-        } else if (copy) {
-          // Held until the socket has taken the bytes: they are read from the arena itself.
-          store.l2.acquire(r.entry);
-          held.push(r.entry);
-          items.push({ found: true, tier: r.tier, size: r.entry.size, inline: true });
-          parts.push(store.l2.view(r.entry));
-        } else {
-          store.l2.acquire(r.entry);
-          const lease = st.nextHandle++;
-          st.leases.set(lease, r.entry);
-          items.push({ found: true, tier: r.tier, offset: r.entry.ext.offset, size: r.entry.size, lease });
-        }
-      }
-      return {
-        meta: { items },
-        data: parts,
-        afterWrite: () => {
-          for (const e of held) store.l2.release(e);
-        },
-      };
-    }
+    case Op.PUT:
+      return sinkToken !== undefined ? commitSunkPut(store, st, sinkToken) : await put(store, st, meta, data);
+    case Op.ALLOC:
+      return alloc(store, st, meta);
+    case Op.COMMIT:
+      return commit(store, st, meta);
+    case Op.GET:
+      return await get(store, st, meta);
     case Op.RELEASE: {
       const m = parse(schemas.release, meta);
       let released = 0;
@@ -304,4 +236,91 @@ export function releaseConn(store: TieredStore, st: ConnState): void {
   for (const r of st.reservations.values()) store.abort(r);
   st.leases.clear();
   st.reservations.clear();
+}
+
+/** PUT with the data inline in the frame (a PUT into a reservation is commitSunkPut). */
+async function put(
+  store: TieredStore,
+  st: ConnState,
+  meta: Record<string, unknown>,
+  data: Buffer,
+): Promise<Reply> {
+  const m = parse(schemas.put, meta);
+  const n = nsOf(st, m.ns);
+  const total = m.items.reduce((s, i) => s + i.size, 0);
+  if (total !== data.length) throw new BadRequestError(`item sizes sum to ${total}, data has ${data.length}`);
+  const stored: boolean[] = [];
+  let off = 0;
+  for (const it of m.items) {
+    stored.push(await store.put(n, it.key, data.subarray(off, off + it.size), optsOf(it, m)));
+    off += it.size;
+  }
+  return { meta: { stored } };
+}
+
+/** ALLOC: arena reservations the client writes through its mapping, then COMMITs. */
+function alloc(store: TieredStore, st: ConnState, meta: Record<string, unknown>): Reply {
+  const m = parse(schemas.put, meta);
+  const n = nsOf(st, m.ns);
+  if (!st.arena) throw new BadRequestError("ALLOC needs the arena (Unix socket, HELLO with arena)");
+  const allocs = m.items.map((it) => {
+    const r = store.reserve(n, it.key, it.size, optsOf(it, m));
+    if (!r) return null;
+    const handle = st.nextHandle++;
+    st.reservations.set(handle, r);
+    return { handle, offset: r.ext.offset, size: it.size };
+  });
+  return { meta: { allocs } };
+}
+
+/** COMMIT (or abort) ALLOC reservations. */
+function commit(store: TieredStore, st: ConnState, meta: Record<string, unknown>): Reply {
+  const m = parse(schemas.commit, meta);
+  const committed = m.handles.map((h) => {
+    const r = st.reservations.get(h);
+    if (!r) return false;
+    st.reservations.delete(h);
+    if (m.abort) {
+      store.abort(r);
+      return false;
+    }
+    return store.commit(r);
+  });
+  return { meta: { committed } };
+}
+
+/** GET: inline bytes (copied, or read from the arena while held), or arena leases. */
+async function get(store: TieredStore, st: ConnState, meta: Record<string, unknown>): Promise<Reply> {
+  const m = parse(schemas.keys, meta);
+  const n = nsOf(st, m.ns);
+  const copy = m.copy === true || !st.arena;
+  const items: Record<string, unknown>[] = [];
+  const parts: Buffer[] = [];
+  const held: L2Entry[] = [];
+  for (const k of m.keys) {
+    const r = await store.get(n, k);
+    if (!r) items.push({ found: false });
+    else if ("data" in r) {
+      items.push({ found: true, tier: r.tier, size: r.data.length, inline: true });
+      parts.push(r.data);
+    } else if (copy) {
+      // Held until the socket has taken the bytes: they are read from the arena itself.
+      store.l2.acquire(r.entry);
+      held.push(r.entry);
+      items.push({ found: true, tier: r.tier, size: r.entry.size, inline: true });
+      parts.push(store.l2.view(r.entry));
+    } else {
+      store.l2.acquire(r.entry);
+      const lease = st.nextHandle++;
+      st.leases.set(lease, r.entry);
+      items.push({ found: true, tier: r.tier, offset: r.entry.ext.offset, size: r.entry.size, lease });
+    }
+  }
+  return {
+    meta: { items },
+    data: parts,
+    afterWrite: () => {
+      for (const e of held) store.l2.release(e);
+    },
+  };
 }

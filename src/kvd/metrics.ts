@@ -5,6 +5,7 @@ import { type ConnGuard, REFUSAL_REASONS } from "./conn-guard.ts";
 import type { TieredStore } from "./store.ts";
 import type { TierName } from "./types.ts";
 
+// long: one declaration per metric (name, help, collect), read as a list.
 export function createKvdMetrics(
   store: TieredStore,
   clients: () => number,

@@ -76,8 +76,19 @@ function tokenMatches(given: string | undefined, expected: string): boolean {
 }
 
 export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: "unix" | "tcp"): void {
-  const { store, log } = ctx;
-  const st: ConnState = {
+  new Connection(sock, ctx, transport).start();
+}
+
+/**
+ * One client connection: its state (namespace, leases, reservations), the auth state of a TCP
+ * connection, the ordered chain of requests being answered, and the backpressure that pauses
+ * reading while too much waits.
+ */
+class Connection {
+  private readonly sock: net.Socket;
+  private readonly ctx: ServeContext;
+  private readonly transport: "unix" | "tcp";
+  private readonly st: ConnState = {
     namespace: null,
     arena: false,
     leases: new Map(),
@@ -85,63 +96,107 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     nextHandle: 1,
   };
   /** A TCP connection with a token configured answers nothing but HELLO until it sent the token. */
-  let authed = transport === "unix" || ctx.tcpToken === undefined;
-  const decoder = new FrameDecoder(ctx.maxFrameBytes, false, (op, meta, len) =>
-    closed || !authed ? null : putSink(store, st, op, meta, len),
-  );
-  let chain: Promise<void> = Promise.resolve();
-  let closed = false;
+  private authed: boolean;
   /** A TCP connection whose HELLO has not been accepted yet (see ServeContext.guard). */
-  let preAuth = transport === "tcp";
-  if (preAuth) decoder.frameLimit = ctx.guard.limits.preAuthFrameBytes;
-  const authTimer = preAuth
-    ? setTimeout(() => {
-        if (closed || !preAuth) return;
-        ctx.guard.refuse("auth_timeout", sock.remoteAddress);
-        close();
-      }, ctx.guard.limits.authTimeoutMs)
-    : undefined;
-  authTimer?.unref();
-  const endPreAuth = () => {
-    preAuth = false;
-    decoder.frameLimit = undefined;
-    clearTimeout(authTimer);
-  };
-  ctx.onClientCount(1);
-  // Copy-path GET answers leave in fewer partial writes (see SEND_BUFFER_BYTES).
-  if (transport === "unix") widenSendBuffer(sock);
+  private preAuth: boolean;
+  private readonly decoder: FrameDecoder;
+  private readonly authTimer: NodeJS.Timeout | undefined;
+  private chain: Promise<void> = Promise.resolve();
+  private closed = false;
+  /** Frames taken by `chain` and not yet answered (and drained), and their data bytes. */
+  private queued = 0;
+  private queuedBytes = 0;
+  private paused = false;
 
-  const close = (why?: string) => {
-    if (closed) return;
-    closed = true;
-    clearTimeout(authTimer);
-    if (why) log.warn({ transport, why }, "kvd closed a connection after a malformed frame");
-    sock.destroy();
-    releaseConn(store, st);
-    ctx.onClientCount(-1);
-  };
+  constructor(sock: net.Socket, ctx: ServeContext, transport: "unix" | "tcp") {
+    this.sock = sock;
+    this.ctx = ctx;
+    this.transport = transport;
+    this.authed = transport === "unix" || ctx.tcpToken === undefined;
+    this.decoder = new FrameDecoder(ctx.maxFrameBytes, false, (op, meta, len) =>
+      this.closed || !this.authed ? null : putSink(ctx.store, this.st, op, meta, len),
+    );
+    this.preAuth = transport === "tcp";
+    if (this.preAuth) this.decoder.frameLimit = ctx.guard.limits.preAuthFrameBytes;
+    this.authTimer = this.preAuth
+      ? setTimeout(() => {
+          if (this.closed || !this.preAuth) return;
+          ctx.guard.refuse("auth_timeout", sock.remoteAddress);
+          this.close();
+        }, ctx.guard.limits.authTimeoutMs)
+      : undefined;
+    this.authTimer?.unref();
+  }
+
+  start(): void {
+    const { sock, ctx } = this;
+    ctx.onClientCount(1);
+    // Copy-path GET answers leave in fewer partial writes (see SEND_BUFFER_BYTES).
+    if (this.transport === "unix") widenSendBuffer(sock);
+    readFrames(sock, {
+      decoder: this.decoder,
+      stats: ctx.reads,
+      direct: ctx.directRead,
+      closed: () => this.closed,
+      onViolation: (why, err) =>
+        err instanceof FrameTooLargeError ? this.refuseOversize(err) : this.close(why),
+      onFrames: (frames) => {
+        for (const f of frames) {
+          if (this.closed) return;
+          if (this.queued === 0 && f.sinkToken !== undefined && f.op === Op.PUT) this.putNow(f);
+          else this.enqueue(f);
+        }
+        this.throttle();
+      },
+    });
+    sock.on("drain", this.unthrottle);
+    sock.on("error", () => this.close());
+    sock.on("close", () => this.close());
+  }
+
+  private endPreAuth(): void {
+    this.preAuth = false;
+    this.decoder.frameLimit = undefined;
+    clearTimeout(this.authTimer);
+  }
+
+  private close(why?: string): void {
+    if (this.closed) return;
+    this.closed = true;
+    clearTimeout(this.authTimer);
+    if (why)
+      this.ctx.log.warn(
+        { transport: this.transport, why },
+        "kvd closed a connection after a malformed frame",
+      );
+    this.sock.destroy();
+    releaseConn(this.ctx.store, this.st);
+    this.ctx.onClientCount(-1);
+  }
 
   /**
    * Sends a last frame and closes: ends the socket so the frame is delivered, and destroys it
    * a little later whatever happens (a peer that does not read must not hold it open).
    */
-  const closeAfter = (parts: Buffer[]) => {
-    if (closed) return;
-    send(parts);
-    closed = true;
-    clearTimeout(authTimer);
+  private closeAfter(parts: Buffer[]): void {
+    if (this.closed) return;
+    this.send(parts);
+    this.closed = true;
+    clearTimeout(this.authTimer);
+    const sock = this.sock;
     sock.end();
     setTimeout(() => sock.destroy(), 2000).unref();
-    releaseConn(store, st);
-    ctx.onClientCount(-1);
-  };
+    releaseConn(this.ctx.store, this.st);
+    this.ctx.onClientCount(-1);
+  }
 
   /** Writes a frame's parts; false when the socket's buffer is full (wait for drainage). */
-  const send = (parts: Buffer[], after?: () => void): boolean => {
-    if (closed) {
+  private send(parts: Buffer[], after?: () => void): boolean {
+    if (this.closed) {
       after?.();
       return true;
     }
+    const sock = this.sock;
     const cb = after ? () => after() : undefined;
     // One part (header and meta, no data) is one plain write; more are corked into a writev.
     if (parts.length === 1) return sock.write(parts[0]!, cb);
@@ -151,11 +206,12 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
       ok = sock.write(parts[i]!, i === parts.length - 1 ? cb : undefined);
     sock.uncork();
     return ok;
-  };
+  }
 
-  const drained = (): Promise<void> =>
+  private readonly drained = (): Promise<void> =>
     new Promise((resolve) => {
-      if (closed) return resolve();
+      if (this.closed) return resolve();
+      const sock = this.sock;
       const done = () => {
         sock.off("drain", done);
         sock.off("close", done);
@@ -166,104 +222,111 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
     });
 
   // Backpressure: the next request is not processed until the socket drained.
-  const write = async (parts: Buffer[], after?: () => void): Promise<void> => {
-    if (!send(parts, after)) await drained();
-  };
+  private async write(parts: Buffer[], after?: () => void): Promise<void> {
+    if (!this.send(parts, after)) await this.drained();
+  }
 
-  const errorFrame = (f: Frame, err: unknown): Buffer[] => {
+  private errorFrame(f: Frame, err: unknown): Buffer[] {
     const e = toInferaError(err);
-    if (!(err instanceof InferaError)) log.error({ err: String(err), op: f.op }, "kvd handler failed");
+    if (!(err instanceof InferaError))
+      this.ctx.log.error({ err: String(err), op: f.op }, "kvd handler failed");
     return encodeFrame(f.op, FLAG_RESPONSE | FLAG_ERROR, f.id, { error: e.toJSON().error, status: e.status });
-  };
+  }
 
-  const hello = async (f: Frame): Promise<void> => {
+  private async hello(f: Frame): Promise<void> {
+    const { ctx, st, sock } = this;
     const m = helloSchema.safeParse(f.meta);
     if (!m.success) throw new ProtocolError("invalid HELLO");
-    if (!authed) {
+    if (!this.authed) {
       if (!tokenMatches(m.data.token, ctx.tcpToken!)) {
         ctx.guard.refuse("bad_token", sock.remoteAddress);
-        return closeAfter(errorFrame(f, unauthenticated("kvd: missing or wrong token in HELLO")));
+        return this.closeAfter(this.errorFrame(f, unauthenticated("kvd: missing or wrong token in HELLO")));
       }
-      authed = true;
+      this.authed = true;
     }
     if (m.data.namespace?.includes("\0"))
       throw new BadRequestError("namespace must not contain NUL", "namespace", "invalid_namespace");
     if (m.data.namespace) st.namespace = m.data.namespace;
-    endPreAuth();
-    const wantFd = m.data.arena !== false && transport === "unix";
+    this.endPreAuth();
+    const wantFd = m.data.arena !== false && this.transport === "unix";
     const meta = {
       version: PROTOCOL_VERSION,
       arena: wantFd,
-      arena_bytes: store.l2.arena.bytes,
+      arena_bytes: ctx.store.l2.arena.bytes,
       namespace: st.namespace,
       max_frame_bytes: ctx.maxFrameBytes,
-      ephemeral: store.ephemeral,
+      ephemeral: ctx.store.ephemeral,
     };
     const frame = Buffer.concat(encodeFrame(Op.HELLO, FLAG_RESPONSE, f.id, meta));
     if (wantFd) {
       // The fd-carrying reply bypasses `net`'s write queue: let earlier replies leave first.
       if (sock.writableLength > 0) await new Promise((r) => sock.once("drain", r));
-      await sendWithFds(sock, frame, [store.l2.arena.fd]);
+      await sendWithFds(sock, frame, [ctx.store.l2.arena.fd]);
       st.arena = true;
-    } else await write([frame]);
-  };
+    } else await this.write([frame]);
+  }
 
-  const process1 = async (f: Frame): Promise<void> => {
+  private async process1(f: Frame): Promise<void> {
     let reply: Reply;
     try {
-      if (f.op === Op.HELLO) return await hello(f);
-      if (!authed) return closeAfter(errorFrame(f, unauthenticated("kvd: send HELLO with the token first")));
+      if (f.op === Op.HELLO) return await this.hello(f);
+      if (!this.authed)
+        return this.closeAfter(this.errorFrame(f, unauthenticated("kvd: send HELLO with the token first")));
       // Without a token there is nothing to authenticate: the first frame ends the pre-auth state.
-      if (preAuth) endPreAuth();
+      if (this.preAuth) this.endPreAuth();
       reply =
         f.op === Op.STATS
-          ? { meta: ctx.stats() }
-          : await handle(store, st, f.op, f.meta, f.data, f.sinkToken);
+          ? { meta: this.ctx.stats() }
+          : await handle(this.ctx.store, this.st, f.op, f.meta, f.data, f.sinkToken);
     } catch (err) {
       if (err instanceof ProtocolError) throw err;
-      await write(errorFrame(f, err));
+      await this.write(this.errorFrame(f, err));
       return;
     }
-    await write(encodeFrame(f.op, FLAG_RESPONSE, f.id, reply.meta, reply.data), reply.afterWrite);
+    await this.write(encodeFrame(f.op, FLAG_RESPONSE, f.id, reply.meta, reply.data), reply.afterWrite);
+  }
+
+  /** Stops reading while too much waits on this connection (see ServeContext.maxQueuedBytes). */
+  private throttle(): void {
+    if (this.paused || this.closed) return;
+    if (
+      this.queued > MAX_QUEUED_FRAMES ||
+      this.queuedBytes + this.sock.writableLength > this.ctx.maxQueuedBytes
+    ) {
+      this.paused = true;
+      this.sock.pause();
+    }
+  }
+
+  private readonly unthrottle = (): void => {
+    if (!this.paused || this.closed) return;
+    if (
+      this.queued <= MAX_QUEUED_FRAMES / 2 &&
+      this.queuedBytes + this.sock.writableLength <= this.ctx.maxQueuedBytes / 2
+    ) {
+      this.paused = false;
+      this.sock.resume();
+    }
   };
 
-  /** Frames taken by `chain` and not yet answered (and drained), and their data bytes. */
-  let queued = 0;
-  let queuedBytes = 0;
-  let paused = false;
-  /** Stops reading while too much waits on this connection (see ServeContext.maxQueuedBytes). */
-  const throttle = () => {
-    if (paused || closed) return;
-    if (queued > MAX_QUEUED_FRAMES || queuedBytes + sock.writableLength > ctx.maxQueuedBytes) {
-      paused = true;
-      sock.pause();
-    }
-  };
-  const unthrottle = () => {
-    if (!paused || closed) return;
-    if (queued <= MAX_QUEUED_FRAMES / 2 && queuedBytes + sock.writableLength <= ctx.maxQueuedBytes / 2) {
-      paused = false;
-      sock.resume();
-    }
-  };
-  const enqueue = (f: Frame) => {
-    queued++;
+  private enqueue(f: Frame): void {
+    this.queued++;
     const n = f.data.length;
-    queuedBytes += n;
-    chain = chain
+    this.queuedBytes += n;
+    this.chain = this.chain
       .then(() =>
-        closed
+        this.closed
           ? undefined
-          : process1(f).catch((e) =>
-              close(e instanceof ProtocolError ? e.message : `request failed: ${String(e)}`),
+          : this.process1(f).catch((e) =>
+              this.close(e instanceof ProtocolError ? e.message : `request failed: ${String(e)}`),
             ),
       )
       .then(() => {
-        queued--;
-        queuedBytes -= n;
-        unthrottle();
+        this.queued--;
+        this.queuedBytes -= n;
+        this.unthrottle();
       });
-  };
+  }
 
   /**
    * A PUT received into its reservation needs nothing asynchronous: committed and answered
@@ -271,25 +334,30 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
    * nothing is queued before it, so answers stay in request order; if the answer fills the
    * socket's buffer, whatever comes next waits on the chain until it drained.
    */
-  const putNow = (f: Frame) => {
+  private putNow(f: Frame): void {
     let parts: Buffer[];
     try {
-      parts = encodeFrame(f.op, FLAG_RESPONSE, f.id, commitSunkPut(store, st, f.sinkToken!).meta);
+      parts = encodeFrame(
+        f.op,
+        FLAG_RESPONSE,
+        f.id,
+        commitSunkPut(this.ctx.store, this.st, f.sinkToken!).meta,
+      );
     } catch (err) {
-      parts = errorFrame(f, err);
+      parts = this.errorFrame(f, err);
     }
-    if (send(parts)) return;
-    queued++;
-    chain = chain.then(drained).then(() => {
-      queued--;
-      unthrottle();
+    if (this.send(parts)) return;
+    this.queued++;
+    this.chain = this.chain.then(this.drained).then(() => {
+      this.queued--;
+      this.unthrottle();
     });
-  };
+  }
 
   /** An oversized frame: say so (413, with the request's op and id), then close. */
-  const refuseOversize = (e: FrameTooLargeError) => {
-    if (closed) return;
-    sock.pause();
+  private refuseOversize(e: FrameTooLargeError): void {
+    if (this.closed) return;
+    this.sock.pause();
     const err = new InferaError(413, e.message, { code: "frame_too_large", param: "data_length" });
     const parts = encodeFrame(e.op, FLAG_RESPONSE | FLAG_ERROR, e.id, {
       error: err.toJSON().error,
@@ -297,30 +365,15 @@ export function serveConnection(sock: net.Socket, ctx: ServeContext, transport: 
       max_frame_bytes: e.limit,
     });
     // After the answers to what came before it, so responses stay in request order.
-    const beforeAuth = preAuth;
-    chain = chain.then(() => {
-      if (beforeAuth) ctx.guard.refuse("preauth_frame", sock.remoteAddress);
-      else log.warn({ transport, why: e.message }, "kvd closed a connection after an oversized frame");
-      closeAfter(parts);
+    const beforeAuth = this.preAuth;
+    this.chain = this.chain.then(() => {
+      if (beforeAuth) this.ctx.guard.refuse("preauth_frame", this.sock.remoteAddress);
+      else
+        this.ctx.log.warn(
+          { transport: this.transport, why: e.message },
+          "kvd closed a connection after an oversized frame",
+        );
+      this.closeAfter(parts);
     });
-  };
-
-  readFrames(sock, {
-    decoder,
-    stats: ctx.reads,
-    direct: ctx.directRead,
-    closed: () => closed,
-    onViolation: (why, err) => (err instanceof FrameTooLargeError ? refuseOversize(err) : close(why)),
-    onFrames: (frames) => {
-      for (const f of frames) {
-        if (closed) return;
-        if (queued === 0 && f.sinkToken !== undefined && f.op === Op.PUT) putNow(f);
-        else enqueue(f);
-      }
-      throttle();
-    },
-  });
-  sock.on("drain", unthrottle);
-  sock.on("error", () => close());
-  sock.on("close", () => close());
+  }
 }

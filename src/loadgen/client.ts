@@ -114,66 +114,9 @@ export async function sendRequest(
       rec.error_message = errText;
       return { record: rec, text };
     }
-    let usage: Usage | null = null;
-    if (cfg.stream) {
-      const parser = new SseParser();
-      let done = false;
-      let last = 0;
-      const onData = (data: string) => {
-        if (done) return;
-        if (data === "[DONE]") {
-          done = true;
-          return;
-        }
-        let chunk: Record<string, unknown>;
-        try {
-          chunk = JSON.parse(data) as Record<string, unknown>;
-        } catch {
-          throw new Malformed(`bad JSON in stream: ${data.slice(0, 120)}`);
-        }
-        if (chunk.error) throw new Malformed(JSON.stringify(chunk.error).slice(0, 300), "stream_error");
-        if (chunk.usage) usage = chunk.usage as Usage;
-        const piece = chunkText(chunk, cfg.endpoint);
-        if (piece) {
-          const now = performance.now();
-          if (rec.chunks === 0) rec.ttft_ms = now - t0;
-          else rec.itl_ms.push(us(now - last));
-          last = now;
-          rec.chunks++;
-          text += piece;
-        }
-      };
-      for await (const buf of res.body) for (const d of parser.push(buf as Buffer)) onData(d);
-      for (const d of parser.end()) onData(d);
-      if (!done) throw new Malformed("stream ended without [DONE]");
-    } else {
-      const raw = await res.body.text();
-      let obj: Record<string, unknown>;
-      try {
-        obj = JSON.parse(raw) as Record<string, unknown>;
-      } catch {
-        throw new Malformed(`bad JSON body: ${raw.slice(0, 120)}`);
-      }
-      if (!Array.isArray(obj.choices) || obj.choices.length === 0)
-        throw new Malformed("answer has no choices");
-      text = completeText(obj, cfg.endpoint);
-      usage = (obj.usage as Usage | undefined) ?? null;
-      rec.chunks = 1;
-    }
-    const end = performance.now();
-    rec.e2e_ms = us(end - t0);
-    rec.ttft_ms = rec.ttft_ms === null ? rec.e2e_ms : us(rec.ttft_ms);
-    const u = usage as Usage | null;
-    if (u) {
-      rec.usage_reported = true;
-      rec.prompt_tokens = u.prompt_tokens ?? null;
-      rec.completion_tokens = u.completion_tokens ?? null;
-      rec.cached_tokens = u.prompt_tokens_details?.cached_tokens ?? 0;
-    } else if (cfg.stream) {
-      rec.completion_tokens = rec.chunks;
-    }
-    const outTok = rec.completion_tokens ?? 0;
-    if (outTok >= 2) rec.tpot_ms = us((rec.e2e_ms - rec.ttft_ms) / (outTok - 1));
+    const read = cfg.stream ? await readStream(res.body, cfg, rec, t0) : await readWhole(res.body, cfg, rec);
+    text = read.text;
+    measured(rec, read.usage, t0, cfg.stream);
     rec.ok = true;
     return { record: rec, text };
   } catch (e) {
@@ -187,6 +130,86 @@ export async function sendRequest(
     clearTimeout(timer);
     signal?.removeEventListener("abort", onCancel);
   }
+}
+
+type Body = AsyncIterable<unknown> & { text(): Promise<string> };
+
+/** A streamed answer: TTFT and ITL from its content chunks, its usage chunk if any. */
+async function readStream(
+  body: Body,
+  cfg: ClientConfig,
+  rec: RequestRecord,
+  t0: number,
+): Promise<{ text: string; usage: Usage | null }> {
+  const parser = new SseParser();
+  let text = "";
+  let usage: Usage | null = null;
+  let done = false;
+  let last = 0;
+  const onData = (data: string) => {
+    if (done) return;
+    if (data === "[DONE]") {
+      done = true;
+      return;
+    }
+    let chunk: Record<string, unknown>;
+    try {
+      chunk = JSON.parse(data) as Record<string, unknown>;
+    } catch {
+      throw new Malformed(`bad JSON in stream: ${data.slice(0, 120)}`);
+    }
+    if (chunk.error) throw new Malformed(JSON.stringify(chunk.error).slice(0, 300), "stream_error");
+    if (chunk.usage) usage = chunk.usage as Usage;
+    const piece = chunkText(chunk, cfg.endpoint);
+    if (piece) {
+      const now = performance.now();
+      if (rec.chunks === 0) rec.ttft_ms = now - t0;
+      else rec.itl_ms.push(us(now - last));
+      last = now;
+      rec.chunks++;
+      text += piece;
+    }
+  };
+  for await (const buf of body) for (const d of parser.push(buf as Buffer)) onData(d);
+  for (const d of parser.end()) onData(d);
+  if (!done) throw new Malformed("stream ended without [DONE]");
+  return { text, usage };
+}
+
+/** A whole (non-streamed) answer: one chunk. */
+async function readWhole(
+  body: Body,
+  cfg: ClientConfig,
+  rec: RequestRecord,
+): Promise<{ text: string; usage: Usage | null }> {
+  const raw = await body.text();
+  let obj: Record<string, unknown>;
+  try {
+    obj = JSON.parse(raw) as Record<string, unknown>;
+  } catch {
+    throw new Malformed(`bad JSON body: ${raw.slice(0, 120)}`);
+  }
+  if (!Array.isArray(obj.choices) || obj.choices.length === 0) throw new Malformed("answer has no choices");
+  const text = completeText(obj, cfg.endpoint);
+  rec.chunks = 1;
+  return { text, usage: (obj.usage as Usage | undefined) ?? null };
+}
+
+/** E2E, TTFT, token counts (from usage, else content chunks when streamed) and TPOT. */
+function measured(rec: RequestRecord, u: Usage | null, t0: number, stream: boolean): void {
+  const end = performance.now();
+  rec.e2e_ms = us(end - t0);
+  rec.ttft_ms = rec.ttft_ms === null ? rec.e2e_ms : us(rec.ttft_ms);
+  if (u) {
+    rec.usage_reported = true;
+    rec.prompt_tokens = u.prompt_tokens ?? null;
+    rec.completion_tokens = u.completion_tokens ?? null;
+    rec.cached_tokens = u.prompt_tokens_details?.cached_tokens ?? 0;
+  } else if (stream) {
+    rec.completion_tokens = rec.chunks;
+  }
+  const outTok = rec.completion_tokens ?? 0;
+  if (outTok >= 2) rec.tpot_ms = us((rec.e2e_ms - rec.ttft_ms) / (outTok - 1));
 }
 
 /** Milliseconds rounded to the microsecond: finer digits are noise and bloat the JSON. */

@@ -106,12 +106,7 @@ function workloadRecord(w: BenchOptions["workload"]): BenchConfigRecord["workloa
  */
 export async function runBench(opts: BenchOptions): Promise<BenchResult> {
   const seed = opts.seed ?? 0;
-  if (opts.rate !== undefined && !(opts.rate > 0)) throw new BadRequestError("rate must be > 0");
-  if (opts.timeScale !== undefined && !(opts.timeScale > 0 && Number.isFinite(opts.timeScale)))
-    throw new BadRequestError("timeScale must be a finite number > 0");
-  if (opts.concurrency !== undefined && !(Number.isInteger(opts.concurrency) && opts.concurrency > 0)) {
-    throw new BadRequestError("concurrency must be a positive integer");
-  }
+  checkOptions(opts);
   const given = Array.isArray(opts.workload) ? (opts.workload as readonly BenchRequest[]) : null;
   const n = opts.requests ?? given?.length ?? 100;
   const reqs = given
@@ -207,32 +202,7 @@ export async function runBench(opts: BenchOptions): Promise<BenchResult> {
   opts.signal?.removeEventListener("abort", onUserAbort);
   await dispatcher.close().catch(() => {});
   records.sort((a, b) => a.index - b.index);
-  const slo = opts.slo ?? {};
-  return {
-    schema_version: SCHEMA_VERSION,
-    tool: "infera-bench",
-    created_at: new Date().toISOString(),
-    config: {
-      url: opts.url,
-      model: opts.model,
-      endpoint: cfg.endpoint,
-      workload: workloadRecord(opts.workload),
-      requests: reqs.length,
-      seed,
-      rate: opts.rate !== undefined && Number.isFinite(opts.rate) ? opts.rate : null,
-      concurrency: opts.concurrency ?? null,
-      time_scale: opts.timeScale ?? 1,
-      stream: cfg.stream,
-      max_tokens: opts.maxTokens ?? null,
-      timeout_ms: timeoutMs,
-      duration_cap_s: opts.durationS ?? null,
-      slo,
-      percentile_method: PERCENTILE_METHOD,
-      label: opts.label ?? null,
-    },
-    summary: summarize(records, { requested: reqs.length, durationMs: lastEnd, slo }),
-    requests: records,
-  };
+  return resultOf(opts, cfg, { requests: reqs.length, seed, timeoutMs }, records, lastEnd);
 }
 
 /** Multi-turn with actual replies: puts the server's earlier answers into this turn's history. */
@@ -244,4 +214,49 @@ function withReplies(req: BenchRequest, texts: ReadonlyMap<number, string>): Ben
     if (t && messages[ref.messageIndex]) messages[ref.messageIndex].content = t;
   }
   return { ...req, messages };
+}
+
+function checkOptions(opts: BenchOptions): void {
+  if (opts.rate !== undefined && !(opts.rate > 0)) throw new BadRequestError("rate must be > 0");
+  if (opts.timeScale !== undefined && !(opts.timeScale > 0 && Number.isFinite(opts.timeScale)))
+    throw new BadRequestError("timeScale must be a finite number > 0");
+  if (opts.concurrency !== undefined && !(Number.isInteger(opts.concurrency) && opts.concurrency > 0)) {
+    throw new BadRequestError("concurrency must be a positive integer");
+  }
+}
+
+/** The --output JSON of a finished run. */
+function resultOf(
+  opts: BenchOptions,
+  cfg: ClientConfig,
+  run: { requests: number; seed: number; timeoutMs: number },
+  records: RequestRecord[],
+  lastEnd: number,
+): BenchResult {
+  const slo = opts.slo ?? {};
+  return {
+    schema_version: SCHEMA_VERSION,
+    tool: "infera-bench",
+    created_at: new Date().toISOString(),
+    config: {
+      url: opts.url,
+      model: opts.model,
+      endpoint: cfg.endpoint,
+      workload: workloadRecord(opts.workload),
+      requests: run.requests,
+      seed: run.seed,
+      rate: opts.rate !== undefined && Number.isFinite(opts.rate) ? opts.rate : null,
+      concurrency: opts.concurrency ?? null,
+      time_scale: opts.timeScale ?? 1,
+      stream: cfg.stream,
+      max_tokens: opts.maxTokens ?? null,
+      timeout_ms: run.timeoutMs,
+      duration_cap_s: opts.durationS ?? null,
+      slo,
+      percentile_method: PERCENTILE_METHOD,
+      label: opts.label ?? null,
+    },
+    summary: summarize(records, { requested: run.requests, durationMs: lastEnd, slo }),
+    requests: records,
+  };
 }

@@ -28,6 +28,7 @@ import {
   type SendOptions,
   type UpstreamResponse,
 } from "../transport/types.ts";
+import type { RequestTrace, UpstreamRole, UpstreamSpan } from "./trace.ts";
 import type { ClaimWatcher, RouteLifecycle, WorkerState } from "./types.ts";
 
 /** Where a claim reports what its worker did: the circuit breaker's inputs. Both optional. */
@@ -57,6 +58,10 @@ export class WorkerClaim implements RouteLifecycle {
   private watchers: ClaimWatcher[] | null = null;
   /** `json()` is reading the answer: the body's close waits for it (see `holdWhile`). */
   private holding = false;
+  /** The attempt's span when the request is traced (`traceAs`); ends with the claim. */
+  private span: UpstreamSpan | null = null;
+  private spanTrace: RequestTrace | null = null;
+  private spanRole: UpstreamRole = "mixed";
 
   /** Claims `worker` at once: `inFlight`, `routed` (where kept) and `prefillTokens` pending prefill. */
   constructor(worker: WorkerState, health: HealthReporter, prefillTokens = 0) {
@@ -67,6 +72,16 @@ export class WorkerClaim implements RouteLifecycle {
     if (worker.routed !== undefined) worker.routed++;
     worker.pendingPrefillTokens += prefillTokens;
     this.prefillPending = prefillTokens > 0;
+  }
+
+  /**
+   * Traces the claim's attempt as `role` under `t`: `send` opens an `upstream` span, sends its
+   * `traceparent`, and the claim's end ends it. Only called for traced requests.
+   */
+  traceAs(t: RequestTrace, role: UpstreamRole): this {
+    this.spanTrace = t;
+    this.spanRole = role;
+    return this;
   }
 
   /** True once the claim ended. */
@@ -134,6 +149,7 @@ export class WorkerClaim implements RouteLifecycle {
     this.released = true;
     this.endPending();
     this.worker.inFlight--;
+    if (this.span !== null) this.span.end(this.cancelled ? "cancelled" : undefined);
     const ws = this.watchers;
     this.watchers = null;
     if (ws && !this.prefillDone) for (const w of ws) w.dropped(this.cancelled ? "cancelled" : "failed");
@@ -165,9 +181,14 @@ export class WorkerClaim implements RouteLifecycle {
     opts: SendOptions,
   ): Promise<UpstreamResponse> {
     let up: UpstreamResponse;
+    if (this.spanTrace !== null) {
+      this.span = this.spanTrace.upstream(this.spanRole, this.worker, opts.headers ?? {});
+      opts = { ...opts, headers: this.span.headers };
+    }
     try {
       up = await exec.send(this.worker, endpoint, body, opts);
     } catch (err) {
+      this.span?.end(err);
       if (opts.signal.aborted) this.cancelled = true;
       this.release();
       if (!opts.signal.aborted) {
@@ -177,6 +198,7 @@ export class WorkerClaim implements RouteLifecycle {
       throw err;
     }
     this.status = up.status;
+    this.span?.status(up.status);
     if (up.status >= 500) this.report("5xx");
     return up;
   }

@@ -57,10 +57,13 @@ export class MixedRouter implements ModelRouter {
       }
       // Out of candidates (possibly after failed attempts): the fleet cannot serve now.
       if (cands.length === 0) throw new NoWorkerError(o.model);
+      const rs = req.trace?.route("mixed", cands);
       const sel = o.policy.select(req, cands);
       const w = sel.worker as LiveWorker;
+      rs?.chose(w, sel.reason, { "infera.route.policy": o.policy.name, "infera.route.attempt": attempt });
       o.observer?.onDecision?.(o.model, o.policy.name, "mixed", sel);
       const claim = new WorkerClaim(w, o.workers, o.trackPrefill ? req.promptTokens().length : 0);
+      if (req.trace) claim.traceAs(req.trace, "mixed");
       // The claim reports how the prompt's prefill ends (the pending bridge listens).
       o.policy.onRouted?.(req, w, claim);
       let up: UpstreamResponse;

@@ -19,6 +19,7 @@ import type {
 } from "../transport/types.ts";
 import type { AbortLike } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
+import type { RequestTrace } from "./trace.ts";
 
 // The request plane's contract, re-exported for the modules that read it from the router.
 export type { EndpointKind, RequestExecutor, SendOptions, UpstreamResponse };
@@ -37,6 +38,8 @@ export interface RoutingRequest {
   promptText(): string;
   /** Token ids of the templated prompt with the model's tokenizer, computed once on first use. */
   promptTokens(): readonly number[];
+  /** The request's trace when tracing is on (./trace.ts); undefined otherwise. */
+  trace?: RequestTrace;
 }
 
 /** The server's live view of one worker. */

@@ -100,6 +100,7 @@ export async function startServer(
       await w.peers?.close();
       await w.workers.close();
       await w.executor.close?.();
+      await w.proxy.tracer?.shutdown().catch(() => {});
       if (w.ownsDiscovery) await w.discovery.close();
     },
   );

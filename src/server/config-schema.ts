@@ -252,6 +252,8 @@ export const serverConfigLayerSchema = z
     upstream: upstreamSchema,
     breaker: breakerSchema,
     scrapeIntervalMs: ms("scrape interval"),
+    scrapeIdleIntervalMs: ms("idle scrape interval"),
+    otlpEndpoint: str("OTLP endpoint"),
     maxRetries: num("max retries", { int: true, min: 0 }),
     // routing
     router: z.enum(ROUTER_MODES, {

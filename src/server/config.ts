@@ -5,6 +5,10 @@
  * (`--config x.yaml: port: ...`, `env INFERA_PORT: ...`, `--port: ...`); then the layers merge
  * field by field (nested objects too, arrays replace) and the result is validated once more.
  * The CLI passes only the flags the user gave, so defaults never mask the file or environment.
+ *
+ * Over 400 lines on purpose: a config key is added here (the interface and its default, side
+ * by side) and its layering rules sit below, so one file answers "where does this value come
+ * from". The schema (./config-schema.ts) and the printing (./config-print.ts) are already out.
  */
 import { readFileSync } from "node:fs";
 import { parse as parseYaml } from "yaml";
@@ -82,6 +86,14 @@ export interface ServerConfig {
   tokenizer?: string;
   /** Engine `/metrics` scrape interval; 0 disables the scraper. */
   scrapeIntervalMs: number;
+  /**
+   * Scrape interval of a worker seen idle (nothing running or waiting, nothing in flight from this
+   * server, the same load as last time); at most this long between its scrapes. 0 = always
+   * `scrapeIntervalMs`.
+   */
+  scrapeIdleIntervalMs: number;
+  /** OTLP/HTTP collector for request traces (src/server/tracing.ts); tracing is off when absent. */
+  otlpEndpoint?: string;
   /** Retries on another worker after a connection failure before the first byte. */
   maxRetries: number;
   breaker: Partial<BreakerOptions>;
@@ -134,6 +146,7 @@ export const defaultServerConfig: ServerConfig = {
   modelGoneRetryS: 300,
   metricsPublic: false,
   scrapeIntervalMs: 2000,
+  scrapeIdleIntervalMs: 20_000,
   maxRetries: 2,
   breaker: {},
   // A non-streamed answer's headers come only when it is complete, hence 10 minutes; a stream

@@ -112,32 +112,62 @@ export function parseEngineLoad(text: string, now = Date.now(), engine?: EngineK
   return load;
 }
 
+/**
+ * Scrapes each worker on its own schedule: every `intervalMs` while it is busy or changing, every
+ * `idleIntervalMs` once it is seen idle — nothing running or waiting, nothing in flight from this
+ * server, and the same load as the scrape before. A request this server sends there makes it
+ * busy at once (its `inFlight`), so the next tick scrapes it at the fast pace again. An idle
+ * fleet of N workers then costs N / idleIntervalMs scrapes per second instead of N / intervalMs,
+ * on this server and on the engines, per replica. One timer ticks every `intervalMs` and scrapes
+ * only the workers that are due (within half a tick, so timer drift does not skip one).
+ *
+ * Caveat: traffic that other replicas send to an idle worker shows at its next slow scrape (at
+ * most `idleIntervalMs` late); from then on it is scraped at the fast pace while it stays busy.
+ */
 export class LoadScraper {
   private readonly workers: WorkerSet;
   private readonly intervalMs: number;
+  private readonly idleIntervalMs: number;
   private timer: NodeJS.Timeout | null = null;
   private readonly busy = new Set<LiveWorker>();
+  /** When each worker is next due (ms since the epoch), and whether it was idle last time. */
+  private readonly due = new WeakMap<LiveWorker, number>();
+  /** Scrapes started (for tests and the bench). */
+  scrapes = 0;
 
-  constructor(workers: WorkerSet, intervalMs: number) {
+  constructor(workers: WorkerSet, intervalMs: number, idleIntervalMs = 0) {
     this.workers = workers;
     this.intervalMs = intervalMs;
+    this.idleIntervalMs = Math.max(idleIntervalMs, intervalMs);
   }
 
   start(): void {
     if (this.intervalMs <= 0 || this.timer) return;
-    this.timer = setInterval(() => void this.scrapeAll(), this.intervalMs);
+    this.timer = setInterval(() => this.tick(), this.intervalMs);
     this.timer.unref();
     void this.scrapeAll();
   }
 
+  /** Scrapes every worker now, whatever its schedule. */
   async scrapeAll(): Promise<void> {
     await Promise.all(this.workers.list().map((w) => this.scrape(w)));
+  }
+
+  /** Scrapes the workers that are due, or busy now (a request went there since). */
+  private tick(): void {
+    const now = Date.now();
+    for (const w of this.workers.list()) {
+      const at = this.due.get(w);
+      if (at === undefined || at <= now + this.intervalMs / 2 || w.inFlight > 0) void this.scrape(w);
+    }
   }
 
   private async scrape(w: LiveWorker): Promise<void> {
     if (this.busy.has(w)) return;
     this.busy.add(w);
+    this.scrapes++;
     const timeout = Math.max(250, Math.min(this.intervalMs || 2000, 2000));
+    const before = w.engineLoad;
     try {
       const res = await request(`${w.record.url}/metrics`, {
         method: "GET",
@@ -155,6 +185,13 @@ export class LoadScraper {
       // Unreachable or slow: keep the last load; the breaker handles dead workers.
     } finally {
       this.busy.delete(w);
+      // Idle paces are jittered (±25 %): workers scraped together at start-up would otherwise
+      // stay in step and come due all at once, a burst every idle interval.
+      const idle = isIdle(w, before);
+      this.due.set(
+        w,
+        Date.now() + (idle ? this.idleIntervalMs * (0.75 + 0.5 * Math.random()) : this.intervalMs),
+      );
     }
   }
 
@@ -162,4 +199,17 @@ export class LoadScraper {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
   }
+}
+
+/** Nothing runs or waits there, this server sends it nothing, and the load is as it was. */
+function isIdle(w: LiveWorker, before: EngineLoad | undefined): boolean {
+  const l = w.engineLoad;
+  if (!l || !before || w.inFlight > 0) return false;
+  return (
+    l.running === 0 &&
+    l.waiting === 0 &&
+    before.running === 0 &&
+    before.waiting === 0 &&
+    l.kvUsage === before.kvUsage
+  );
 }

@@ -138,14 +138,7 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
   if (!Number.isInteger(o.workers) || o.workers < 1)
     throw new Error(`--workers must be ≥ 1, got ${o.workers}`);
   const progress = o.progress ?? ((l: string) => process.stderr.write(`${l}\n`));
-  const server = await startServer({
-    host: o.host,
-    port: o.port,
-    policy: o.policy,
-    apiKeys: [...o.apiKeys],
-    discovery: { kind: "memory" },
-    ...(o.modelGoneRetryS !== undefined ? { modelGoneRetryS: o.modelGoneRetryS } : {}),
-  });
+  const server = await upServer(o);
   const memory = server.memory!;
   const sims: SimChild[] = [];
   const dir = mkdtempSync(join(tmpdir(), "infera-up-"));
@@ -214,36 +207,7 @@ export async function startLocalCluster(o: UpOptions): Promise<LocalCluster> {
     sims.length = 0;
     const every = o.workers <= 16 ? 1 : 16;
     for (const e of manifest.engines) {
-      const kv = e.kvRanks[0];
-      const sim: SimChild = {
-        index: e.index,
-        url: e.url,
-        port: e.port,
-        kvPort: portOf(kv?.endpoint),
-        replayPort: portOf(kv?.replayEndpoint),
-        proc: child,
-        exited: false,
-      };
-      sim.record = completeRecord({
-        id: `sim-${e.index}@127.0.0.1:${e.port}`,
-        url: e.url,
-        model: o.model,
-        servedModelNames: [o.model],
-        engine: "sim",
-        role: "mixed",
-        blockSize: BLOCK_SIZE,
-        ...(kv
-          ? {
-              kvEvents: {
-                endpoint: kv.endpoint,
-                ...(kv.replayEndpoint ? { replayEndpoint: kv.replayEndpoint } : {}),
-                topic: TOPIC,
-                framing: "seq" as const,
-              },
-            }
-          : {}),
-        labels: { pid: String(manifest.pid) },
-      });
+      const sim = simChildOf(e, o.model, child, manifest.pid);
       memory.put(sim.record);
       sims.push(sim);
       const ready = sims.length;
@@ -309,4 +273,55 @@ export async function runUp(o: UpOptions): Promise<void> {
   };
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
+}
+
+/** One engine of the fleet's manifest as a worker: its ports and its discovery record. */
+function simChildOf(
+  e: FleetManifest["engines"][number],
+  model: string,
+  child: ChildProcess,
+  pid: number,
+): SimChild & { record: WorkerRecord } {
+  const kv = e.kvRanks[0];
+  return {
+    index: e.index,
+    url: e.url,
+    port: e.port,
+    kvPort: portOf(kv?.endpoint),
+    replayPort: portOf(kv?.replayEndpoint),
+    proc: child,
+    exited: false,
+    record: completeRecord({
+      id: `sim-${e.index}@127.0.0.1:${e.port}`,
+      url: e.url,
+      model,
+      servedModelNames: [model],
+      engine: "sim",
+      role: "mixed",
+      blockSize: BLOCK_SIZE,
+      ...(kv
+        ? {
+            kvEvents: {
+              endpoint: kv.endpoint,
+              ...(kv.replayEndpoint ? { replayEndpoint: kv.replayEndpoint } : {}),
+              topic: TOPIC,
+              framing: "seq" as const,
+            },
+          }
+        : {}),
+      labels: { pid: String(pid) },
+    }),
+  };
+}
+
+/** The server in front of the local fleet: in-memory discovery, the fleet's engines added to it. */
+function upServer(o: UpOptions): Promise<InferaServer> {
+  return startServer({
+    host: o.host,
+    port: o.port,
+    policy: o.policy,
+    apiKeys: [...o.apiKeys],
+    discovery: { kind: "memory" },
+    ...(o.modelGoneRetryS !== undefined ? { modelGoneRetryS: o.modelGoneRetryS } : {}),
+  });
 }

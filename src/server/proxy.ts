@@ -9,6 +9,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
 import type { AutoRouter } from "../router/auto.ts";
+import type { TraceSpan } from "../router/trace.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   contentTypeOf,
@@ -33,6 +34,7 @@ import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
 import { type PromptLimits, ServerRoutingRequest } from "./routing-request.ts";
 import { SseUsageFilter, type Usage } from "./sse.ts";
+import type { RequestTracer, ServerRequestTrace } from "./tracing.ts";
 
 export { pump } from "./pump.ts";
 
@@ -54,6 +56,8 @@ export interface ProxyContext {
   bodyParser?: BodyParserPool;
   /** The aborts of requests in flight: a drain whose grace period ran out cuts them (DrainCutError). */
   inFlight?: Set<RequestAbort>;
+  /** OpenTelemetry (./tracing.ts); absent when tracing is off, and then nothing is traced. */
+  tracer?: RequestTracer;
 }
 
 /**
@@ -87,6 +91,9 @@ export async function handleCompletion(
   let raw: Buffer | null = null;
   /** The upstream answer's status, once one came (0: none). */
   let answered = 0;
+  const tr: ServerRequestTrace | undefined = ctx.tracer?.start(req.headers, requestId, endpoint);
+  const intake = tr?.phase("intake");
+  let relay: TraceSpan | undefined;
   try {
     ctx.auth.check(req.headers);
     raw = await readBody(req, ctx.maxBodyBytes);
@@ -121,6 +128,11 @@ export async function handleCompletion(
       ctx.tokenizer,
       ctx.promptLimits,
     );
+    if (tr) {
+      intake!.end();
+      tr.root.setAttribute("gen_ai.request.model", model);
+      rreq.trace = tr;
+    }
     const abort = new RequestAbort();
     ac = abort;
     ctx.inFlight?.add(abort);
@@ -139,10 +151,15 @@ export async function handleCompletion(
       throw abort.reason;
     }
     // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
+    relay = tr?.phase("stream");
     const usage =
       stream && up.status === 200
         ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
         : await relayWhole(ctx, res, up, requestId, abort);
+    if (tr) {
+      relay!.end();
+      tr.finish(up.status);
+    }
     if (usage) {
       const mm = ctx.metrics.forModel(model);
       if (usage.prompt_tokens) mm.promptTokens.inc(usage.prompt_tokens);
@@ -151,6 +168,11 @@ export async function handleCompletion(
     ctx.metrics.countRequest(model, endpointLabel, up.status);
     ctx.metrics.observeE2e(model, endpointLabel, (performance.now() - started) / 1000);
   } catch (err) {
+    if (tr) {
+      intake!.end();
+      relay?.end(err);
+      tr.finish((err as { status?: number }).status ?? 499, err);
+    }
     if (ac?.reason instanceof DrainCutError && !res.headersSent && !res.destroyed) {
       sendError(res, new DrainCutAnswer(), requestId, ctx.logger);
       return;

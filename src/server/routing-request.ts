@@ -5,7 +5,7 @@
  * is tokenized by `prepare()` in event-loop slices before routing, reusing the ids of an earlier
  * prompt it starts with (./token-prefix-cache.ts).
  */
-
+import type { RequestTrace } from "../router/trace.ts";
 import type { EndpointKind, RoutingRequest } from "../router/types.ts";
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { longStringHead } from "./body-parser-pool.ts";
@@ -50,6 +50,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   readonly body: Readonly<Record<string, unknown>>;
   readonly stream: boolean;
   readonly cacheSalt: string | undefined;
+  /** Set by the server when tracing is on; always present in the shape, so the class stays monomorphic. */
+  trace: RequestTrace | undefined = undefined;
   private readonly tokenizer: Tokenizer;
   private readonly limits: PromptLimits;
   private text: string | undefined;

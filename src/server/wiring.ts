@@ -27,6 +27,7 @@ import type { ProxyContext } from "./proxy.ts";
 import type { RouteContext } from "./route-context.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
+import { RequestTracer } from "./tracing.ts";
 
 /**
  * How long /ready holds a new server out (503) while a rank's start-up KV replay still runs: long
@@ -127,7 +128,7 @@ export async function wire(
     scheduling,
     decisions,
   });
-  const scraper = new LoadScraper(workers, config.scrapeIntervalMs);
+  const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
   // Engine load is scraped only when a plugin reads it (every PD decode step does).
   if (needs.has("engineLoad")) scraper.start();
 
@@ -181,6 +182,8 @@ function proxyContext(
     logger,
     bodyParser: opts.bodyParser,
     inFlight: new Set(),
+    // Tracing only when asked for: otherwise no tracer exists and requests carry no trace.
+    tracer: config.otlpEndpoint ? new RequestTracer({ endpoint: config.otlpEndpoint }) : undefined,
   };
 }
 

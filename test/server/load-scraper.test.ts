@@ -134,3 +134,42 @@ describe("parseEngineLoad", () => {
     assert.equal(parseEngineLoad("other_metric 1\n"), null);
   });
 });
+
+describe("LoadScraper scrapes adaptively (issue #32)", () => {
+  // vLLM's gauge names (vllm/v1/metrics/loggers.py @ a6f0308, as above); a page that can change.
+  it("an idle, unchanged worker is scraped at the idle pace; a busy or changing one at the fast pace", async () => {
+    const hits: Record<string, number> = { idle: 0, busy: 0, routed: 0 };
+    const page = (running: number) =>
+      [
+        `vllm:num_requests_running{model_name="m",engine="0"} ${running}`,
+        'vllm:num_requests_waiting{model_name="m",engine="0"} 0',
+        'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0',
+      ].join("\n");
+    const srv = createServer((req, res) => {
+      const id = (req.url ?? "").split("/")[1] ?? "";
+      hits[id] = (hits[id] ?? 0) + 1;
+      res.end(page(id === "busy" ? 1 : 0));
+    });
+    await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
+    const recs = ["idle", "busy", "routed"].map((id) =>
+      mixedRecord({ id, model: "m", url: `${url}/${id}`, engine: "vllm" }),
+    );
+    const ws = new WorkerSet(new MemoryDiscovery(recs), { logger });
+    ws.attach();
+    // Fast pace 50 ms, idle pace 10 s: over ~1 s an idle worker is scraped twice (the first scrape,
+    // and the second that sees the same idle load), a busy one about 20 times.
+    const scraper = new LoadScraper(ws, 50, 10_000);
+    scraper.start();
+    // This server has a request in flight on "routed" (idle by its gauges): it stays fast.
+    ws.get("routed")!.inFlight = 1;
+    await new Promise((r) => setTimeout(r, 1000));
+    scraper.stop();
+    ws.get("routed")!.inFlight = 0;
+    await ws.close();
+    await new Promise<void>((r) => srv.close(() => r()));
+    assert.ok(hits.idle <= 3, `idle worker scraped ${hits.idle} times in 1 s (idle pace 10 s)`);
+    assert.ok(hits.busy >= 8, `busy worker scraped ${hits.busy} times in 1 s (fast pace 50 ms)`);
+    assert.ok(hits.routed >= 8, `worker with requests in flight scraped ${hits.routed} times`);
+  });
+});

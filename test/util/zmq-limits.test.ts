@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { context, Subscriber } from "zeromq";
-import "../../src/kv/subscriber.ts";
+import "../../src/kv/feeds/zmq.ts";
 
 describe("zmq socket limit", () => {
   it("the KV subscriber's import lets a process hold more than libzmq's default 1023 sockets", () => {

@@ -39,6 +39,7 @@ const NATS_SERVER_TLS_DIR = "/etc/nats-tls";
 const sha256 = (text: string): string => createHash("sha256").update(text).digest("hex");
 
 /** A single- or multi-member etcd StatefulSet behind a headless Service (stable peer names). */
+// long: the manifests as one literal, in the shape kubectl shows them; pieces would hide the object.
 export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
   const e = ctx.spec.etcd;
   if (e.external) return [];
@@ -143,11 +144,6 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
   return [svc, sts];
 }
 
-/**
- * NATS with one user per role and subject permissions (nats-auth.ts). The config file names
- * environment variables (NATS config syntax `$VAR`), filled from the credentials Secret, so no
- * secret lands in a ConfigMap.
- */
 /** nats-server's /healthz on its loopback-only monitor port, run in the NATS container. */
 export const NATS_HEALTH_CHECK = [
   "wget",
@@ -157,6 +153,12 @@ export const NATS_HEALTH_CHECK = [
   `http://127.0.0.1:${NATS_MONITOR_PORT}/healthz`,
 ];
 
+/**
+ * NATS with one user per role and subject permissions (nats-auth.ts). The config file names
+ * environment variables (NATS config syntax `$VAR`), filled from the credentials Secret, so no
+ * secret lands in a ConfigMap.
+ */
+// long: the manifests as one literal, in the shape kubectl shows them; pieces would hide the object.
 export function natsObjects(ctx: RenderContext): (StatefulSet | Service | ConfigMap | Secret)[] {
   const p = ctx.spec.planes;
   if (p.kind !== "nats") return [];

@@ -39,6 +39,17 @@ export const KVD_DISK_DIR = "/var/lib/infera-kvd";
 /** Where the token Secret is mounted (key `token`). */
 export const KVD_TOKEN_DIR = "/etc/infera-kvd";
 
+/**
+ * The L4 URL goes in the env, never in args (argv is public on the node; kvd refuses a URL with a
+ * password there): a plain one as a value, one with a password from its Secret.
+ */
+function remoteEnv(k: RenderContext["spec"]["kvd"]): { env?: IEnvVar[] } {
+  if (k.remote) return { env: [{ name: "INFERA_KVD_REMOTE_URL", value: k.remote }] };
+  if (!k.remoteSecret) return {};
+  const { name, key } = k.remoteSecret;
+  return { env: [{ name: "INFERA_KVD_REMOTE_URL", valueFrom: { secretKeyRef: { name, key } } }] };
+}
+
 export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
   const k = ctx.spec.kvd;
   if (!k.enabled) return [];
@@ -78,15 +89,6 @@ export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
     volumes.push({ name: "disk", hostPath: { path: k.disk.hostPath, type: "DirectoryOrCreate" } });
     chownDirs.push(KVD_DISK_DIR);
   }
-  // The L4 URL goes in the env, never in args (argv is public on the node; kvd refuses a URL
-  // with a password there): a plain one as a value, one with a password from its Secret.
-  const env: IEnvVar[] = [];
-  if (k.remote) env.push({ name: "INFERA_KVD_REMOTE_URL", value: k.remote });
-  else if (k.remoteSecret)
-    env.push({
-      name: "INFERA_KVD_REMOTE_URL",
-      valueFrom: { secretKeyRef: { name: k.remoteSecret.name, key: k.remoteSecret.key } },
-    });
   const out: (DaemonSet | Secret)[] = [
     new DaemonSet({
       metadata: meta(ctx, "kvd", names.kvd(ctx)),
@@ -118,7 +120,7 @@ export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
                 name: "kvd",
                 image: ctx.spec.image,
                 command: commandWords(command),
-                ...(env.length > 0 ? { env } : {}),
+                ...remoteEnv(k),
                 ports: [
                   { name: "kvd", containerPort: k.port },
                   { name: "metrics", containerPort: KVD_METRICS_PORT },

@@ -56,6 +56,7 @@ export function serverConfigFile(ctx: RenderContext): Record<string, unknown> {
   };
 }
 
+// long: the manifests as one literal, in the shape kubectl shows them; pieces would hide the object.
 export function serverObjects(ctx: RenderContext) {
   const s = ctx.spec.server;
   const name = names.server(ctx);

@@ -95,6 +95,7 @@ export function engineCommand(ctx: RenderContext, m: ModelSpec, p: PoolSpec): st
   return commandWords(argv);
 }
 
+// long: the manifests as one literal, in the shape kubectl shows them; pieces would hide the object.
 export function workerObjects(ctx: RenderContext, m: ModelSpec, p: PoolSpec): (StatefulSet | Service)[] {
   const name = workerObjectName(ctx, m, p);
   const labels = workerLabels(ctx, m, p);

@@ -120,3 +120,11 @@ export function requireBackend(spec: LaunchSpec, allowed: readonly string[]): vo
     throw new BadRequestError(`${spec.engine}: role '${spec.role}' needs a KV connector`, "connector");
   }
 }
+
+/**
+ * Tracing: vLLM exports its request spans to `--otlp-traces-endpoint`, over gRPC unless
+ * OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is `http/protobuf`, when the URL is used as it is
+ * (vllm-project/vllm vllm/tracing/otel.py `get_span_exporter` @
+ * 40eeb0c5e942e511bf73359f99265d72470c2f59); infera's collector is OTLP/HTTP, so both are set.
+ */
+export const OTLP_HTTP_ENV = { OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: "http/protobuf" } as const;

@@ -69,102 +69,152 @@ export function exitStatus(info: ExitInfo): number {
 }
 
 export async function runLifecycle(opts: LifecycleOptions): Promise<number> {
-  const { spec, adapter, command, registrar, log } = opts;
-  const [bin, ...args] = command.argv as [string, ...string[]];
-  const base = healthBaseUrl(spec);
-  log.info({ argv: command.argv, env: command.env }, "starting engine");
-  let exit: ExitInfo | null = null;
-  // Same process group as the launcher, so a supervisor that kills the group (kill -9 -PGID)
-  // takes the engine along. A terminal's Ctrl-C then reaches both at once; the launcher still
-  // deregisters first thing, and forwarding a second SIGINT is harmless to the engines.
-  const child: ChildProcess = spawn(bin, args, { env: { ...process.env, ...command.env }, stdio: "inherit" });
-  // If the launcher itself goes down (uncaught error, process.exit), take the engine along.
-  const killOnExit = () => {
-    if (exit === null) child.kill("SIGKILL");
-  };
-  process.once("exit", killOnExit);
-  const exited = new Promise<ExitInfo>((resolve) => {
-    child.once("exit", (code, signal) => {
-      exit = { code, signal };
-      resolve(exit);
-    });
-    child.once("error", (err) => {
-      log.error({ err: err.message, bin }, "engine could not be started");
-      exit = { code: 127, signal: null };
-      resolve(exit);
-    });
-  });
+  return await new EngineRun(opts).run();
+}
 
+/** One run of the engine: the child, its exit, the registration and the stop in progress. */
+class EngineRun {
+  private readonly opts: LifecycleOptions;
+  private readonly log: Logger;
+  private readonly base: string;
+  private exit: ExitInfo | null = null;
+  private child!: ChildProcess;
+  private exited!: Promise<ExitInfo>;
   // Registrar calls run one after another, so a stop never races a (re-)registration.
-  let chain: Promise<void> = Promise.resolve();
-  const serial = (fn: () => Promise<void>): Promise<void> => {
-    chain = chain.then(fn, fn);
-    return chain;
+  private chain: Promise<void> = Promise.resolve();
+  private registered = false;
+  private stopping = false;
+  private monitor: NodeJS.Timeout | null = null;
+  // If the launcher itself goes down (uncaught error, process.exit), take the engine along.
+  private readonly killOnExit = () => {
+    if (this.exit === null) this.child.kill("SIGKILL");
   };
-  let registered = false;
-  let stopping = false;
-  const deregister = () =>
-    serial(async () => {
-      if (!registrar || !registered) return;
-      registered = false;
-      await registrar.deregister().catch((err: Error) => log.warn({ err: err.message }, "deregister failed"));
-    });
+  private readonly sigint = () => this.onSignal("SIGINT");
+  private readonly sigterm = () => this.onSignal("SIGTERM");
 
-  const onSignal = (sig: NodeJS.Signals) => {
-    if (stopping) {
+  constructor(opts: LifecycleOptions) {
+    this.opts = opts;
+    this.log = opts.log;
+    this.base = healthBaseUrl(opts.spec);
+  }
+
+  async run(): Promise<number> {
+    this.spawn();
+    process.on("SIGINT", this.sigint);
+    process.on("SIGTERM", this.sigterm);
+    try {
+      // 1. Wait for health.
+      const t0 = Date.now();
+      const up = await this.waitHealthy(t0);
+      if (up === "timeout") return 1;
+      // 2. Register (retrying while etcd is unreachable), then watch health.
+      if (up === "up" && this.exit === null && !this.stopping) await this.registerAndWatch(t0);
+      // 3. The engine's exit ends the launcher; the record goes at once.
+      const info = await this.exited;
+      if (this.monitor) clearInterval(this.monitor);
+      if (!this.stopping) this.log.warn({ ...info }, "engine exited");
+      else this.log.info({ ...info }, "engine stopped");
+      await this.deregister();
+      return exitStatus(info);
+    } finally {
+      if (this.monitor) clearInterval(this.monitor);
+      process.off("SIGINT", this.sigint);
+      process.off("SIGTERM", this.sigterm);
+      process.off("exit", this.killOnExit);
+      if (this.opts.registrar) await this.opts.registrar.close().catch(() => undefined);
+    }
+  }
+
+  private spawn(): void {
+    const { command, log } = this.opts;
+    const [bin, ...args] = command.argv as [string, ...string[]];
+    log.info({ argv: command.argv, env: command.env }, "starting engine");
+    // Same process group as the launcher, so a supervisor that kills the group (kill -9 -PGID)
+    // takes the engine along. A terminal's Ctrl-C then reaches both at once; the launcher still
+    // deregisters first thing, and forwarding a second SIGINT is harmless to the engines.
+    const child = spawn(bin, args, { env: { ...process.env, ...command.env }, stdio: "inherit" });
+    this.child = child;
+    process.once("exit", this.killOnExit);
+    this.exited = new Promise<ExitInfo>((resolve) => {
+      child.once("exit", (code, signal) => {
+        this.exit = { code, signal };
+        resolve(this.exit);
+      });
+      child.once("error", (err) => {
+        log.error({ err: err.message, bin }, "engine could not be started");
+        this.exit = { code: 127, signal: null };
+        resolve(this.exit);
+      });
+    });
+  }
+
+  private serial(fn: () => Promise<void>): Promise<void> {
+    this.chain = this.chain.then(fn, fn);
+    return this.chain;
+  }
+
+  private deregister(): Promise<void> {
+    return this.serial(async () => {
+      const registrar = this.opts.registrar;
+      if (!registrar || !this.registered) return;
+      this.registered = false;
+      await registrar
+        .deregister()
+        .catch((err: Error) => this.log.warn({ err: err.message }, "deregister failed"));
+    });
+  }
+
+  private onSignal(sig: NodeJS.Signals): void {
+    const { opts, log, child } = this;
+    if (this.stopping) {
       log.warn({ signal: sig }, "second signal: killing the engine");
       child.kill("SIGKILL");
       return;
     }
-    stopping = true;
+    this.stopping = true;
     const drainMs = sig === "SIGTERM" ? (opts.drainTimeoutMs ?? 0) : 0;
     log.info(
       { signal: sig, drainTimeoutMs: drainMs },
       "stopping: deregistering, draining, then forwarding the signal to the engine",
     );
-    void deregister()
+    const { base, exited } = this;
+    void this.deregister()
       .then(() =>
-        drainMs > 0 && exit === null
-          ? waitForDrain({ base, engine: spec.engine, timeoutMs: drainMs, log, gone: exited })
+        drainMs > 0 && this.exit === null
+          ? waitForDrain({ base, engine: opts.spec.engine, timeoutMs: drainMs, log, gone: exited })
           : undefined,
       )
       .then(() => {
-        if (exit === null) child.kill(sig);
+        if (this.exit === null) child.kill(sig);
         setTimeout(() => {
-          if (exit === null) {
+          if (this.exit === null) {
             log.warn({ stopTimeoutMs: opts.stopTimeoutMs ?? 30_000 }, "engine did not stop in time: SIGKILL");
             child.kill("SIGKILL");
           }
         }, opts.stopTimeoutMs ?? 30_000).unref();
       });
-  };
-  const sigint = () => onSignal("SIGINT");
-  const sigterm = () => onSignal("SIGTERM");
-  process.on("SIGINT", sigint);
-  process.on("SIGTERM", sigterm);
+  }
 
-  let monitor: NodeJS.Timeout | null = null;
-  try {
-    // 1. Wait for health.
-    const t0 = Date.now();
+  /**
+   * Polls /health until it answers, the engine exits or a stop begins ("gone"), or the health
+   * timeout passes: then the engine is stopped and "timeout" returned once it exited.
+   */
+  private async waitHealthy(t0: number): Promise<"up" | "gone" | "timeout"> {
+    const { opts, log, base, child } = this;
     let lastProgress = t0;
-    let up = false;
-    while (exit === null && !stopping) {
-      if (await healthy(base)) {
-        up = true;
-        break;
-      }
+    while (this.exit === null && !this.stopping) {
+      if (await healthy(base)) return "up";
       const now = Date.now();
       if (now - t0 > opts.healthTimeoutMs) {
         log.error(
           { url: `${base}/health`, timeoutMs: opts.healthTimeoutMs },
           "engine not healthy in time; stopping it",
         );
-        stopping = true;
+        this.stopping = true;
         child.kill("SIGTERM");
-        setTimeout(() => exit === null && child.kill("SIGKILL"), 5000).unref();
-        await exited;
-        return 1;
+        setTimeout(() => this.exit === null && child.kill("SIGKILL"), 5000).unref();
+        await this.exited;
+        return "timeout";
       }
       if (now - lastProgress >= (opts.progressEveryMs ?? 5000)) {
         lastProgress = now;
@@ -173,69 +223,57 @@ export async function runLifecycle(opts: LifecycleOptions): Promise<number> {
           "waiting for engine health",
         );
       }
-      await Promise.race([sleep(opts.healthPollMs ?? 250), exited]);
+      await Promise.race([sleep(opts.healthPollMs ?? 250), this.exited]);
     }
+    return "gone";
+  }
 
-    // 2. Register (retrying while etcd is unreachable), then watch health.
-    if (up && exit === null && !stopping) {
-      const rec = buildWorkerRecord(spec, adapter, {
-        startedAt: new Date(),
-        maxModelLen: spec.maxModelLen ?? (await reportedMaxModelLen(base)),
-        kvBlocks: await reportedKvBlocks(spec, base, spec.blockSize ?? adapter.defaultBlockSize),
-      });
-      log.info({ id: rec.id, url: rec.url, healthyAfterMs: Date.now() - t0 }, "engine healthy");
-      if (registrar) {
-        const register = () =>
-          serial(async () => {
-            let delay = 200;
-            while (!stopping && exit === null && !registered) {
-              try {
-                await registrar.register(rec);
-                registered = true;
-                opts.onRegistered?.(rec);
-              } catch (err) {
-                log.warn({ err: (err as Error).message, retryMs: delay }, "registration failed; retrying");
-                await Promise.race([sleep(delay), exited]);
-                delay = Math.min(delay * 2, 5000);
-              }
-            }
-          });
-        await register();
-        const every = opts.healthIntervalMs ?? 5000;
-        let failures = 0;
-        if (every > 0) {
-          monitor = setInterval(() => {
-            void healthy(base).then((ok) => {
-              if (stopping || exit !== null) return;
-              if (ok) {
-                if (failures >= 3) log.info({ id: rec.id }, "engine healthy again; re-registering");
-                failures = 0;
-                if (!registered) void register();
-              } else if (++failures === 3) {
-                log.warn({ id: rec.id }, "engine failed 3 health checks; deregistering until it recovers");
-                void deregister();
-              }
-            });
-          }, every);
-          monitor.unref();
+  /** Builds the record, registers it (retrying), and re-checks health every healthIntervalMs. */
+  private async registerAndWatch(t0: number): Promise<void> {
+    const { opts, log, base } = this;
+    const { spec, adapter, registrar } = opts;
+    const rec = buildWorkerRecord(spec, adapter, {
+      startedAt: new Date(),
+      maxModelLen: spec.maxModelLen ?? (await reportedMaxModelLen(base)),
+      kvBlocks: await reportedKvBlocks(spec, base, spec.blockSize ?? adapter.defaultBlockSize),
+    });
+    log.info({ id: rec.id, url: rec.url, healthyAfterMs: Date.now() - t0 }, "engine healthy");
+    if (!registrar) {
+      opts.onRegistered?.(rec);
+      return;
+    }
+    const register = () =>
+      this.serial(async () => {
+        let delay = 200;
+        while (!this.stopping && this.exit === null && !this.registered) {
+          try {
+            await registrar.register(rec);
+            this.registered = true;
+            opts.onRegistered?.(rec);
+          } catch (err) {
+            log.warn({ err: (err as Error).message, retryMs: delay }, "registration failed; retrying");
+            await Promise.race([sleep(delay), this.exited]);
+            delay = Math.min(delay * 2, 5000);
+          }
         }
-      } else {
-        opts.onRegistered?.(rec);
-      }
-    }
-
-    // 3. The engine's exit ends the launcher; the record goes at once.
-    const info = await exited;
-    if (monitor) clearInterval(monitor);
-    if (!stopping) log.warn({ ...info }, "engine exited");
-    else log.info({ ...info }, "engine stopped");
-    await deregister();
-    return exitStatus(info);
-  } finally {
-    if (monitor) clearInterval(monitor);
-    process.off("SIGINT", sigint);
-    process.off("SIGTERM", sigterm);
-    process.off("exit", killOnExit);
-    if (registrar) await registrar.close().catch(() => undefined);
+      });
+    await register();
+    const every = opts.healthIntervalMs ?? 5000;
+    let failures = 0;
+    if (every <= 0) return;
+    this.monitor = setInterval(() => {
+      void healthy(base).then((ok) => {
+        if (this.stopping || this.exit !== null) return;
+        if (ok) {
+          if (failures >= 3) log.info({ id: rec.id }, "engine healthy again; re-registering");
+          failures = 0;
+          if (!this.registered) void register();
+        } else if (++failures === 3) {
+          log.warn({ id: rec.id }, "engine failed 3 health checks; deregistering until it recovers");
+          void this.deregister();
+        }
+      });
+    }, every);
+    this.monitor.unref();
   }
 }

@@ -4,11 +4,13 @@
  * per-DP-rank KV-event ports that cannot collide, `--sim`, and `--gid-index auto` through
  * show_gids.
  */
+
 import { randomUUID } from "node:crypto";
 import { hostname, networkInterfaces } from "node:os";
 import { envVar } from "../../config/env-table.ts";
 import type { EngineKind, WorkerRole } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
+import { otlpTracesUrl } from "../../util/otlp-url.ts";
 import { splitCommand } from "./common.ts";
 import { detectGidIndex } from "./gid.ts";
 import { engineAdapters } from "./index.ts";
@@ -18,6 +20,7 @@ import type { LaunchSpec, TransferBackend } from "./types.ts";
 /** Flag values as commander hands them over (strings unless noted). */
 export interface LaunchFlags {
   model?: string;
+  otlpEndpoint?: string;
   servedModelName?: string[];
   host?: string;
   port?: string;
@@ -150,6 +153,7 @@ export async function buildLaunchSpec(
     ibDevice: flags.ibDevice,
     engineBin: flags.engineBin ? splitCommand(flags.engineBin) : undefined,
     sim: flags.sim === true,
+    otlpTracesUrl: flags.otlpEndpoint ? otlpTracesUrl(flags.otlpEndpoint) : undefined,
     extraArgs,
   };
   if (spec.engineBin?.length === 0) throw new BadRequestError("--engine-bin is empty", "engine-bin");

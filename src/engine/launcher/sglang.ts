@@ -8,7 +8,7 @@
  */
 import type { ConnectorInfo } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
-import { dpSize, opt, rdmaEnv, requireBackend, wildcardEndpoint } from "./common.ts";
+import { dpSize, OTLP_HTTP_ENV, opt, rdmaEnv, requireBackend, wildcardEndpoint } from "./common.ts";
 import type { EngineAdapter, LaunchSpec, TransferBackend } from "./types.ts";
 import { seqKvEvents } from "./vllm.ts";
 
@@ -84,8 +84,16 @@ export const sglangAdapter: EngineAdapter = {
     opt(argv, "--kv-cache-dtype", sglangKvCacheDtype(spec.kvCacheDtype));
     opt(argv, "--page-size", spec.blockSize);
     opt(argv, "--context-length", spec.maxModelLen);
+    const env = rdmaEnv(spec);
+    // SGLang traces with `--enable-trace --otlp-traces-endpoint`; an HTTP endpoint takes
+    // OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf and the full /v1/traces URL
+    // (sgl-project/sglang docs/references/production_request_trace.md @ 93d04878cfb9b08645fae7b11bd340ee33b34acf).
+    if (spec.otlpTracesUrl) {
+      argv.push("--enable-trace", "--otlp-traces-endpoint", spec.otlpTracesUrl);
+      Object.assign(env, OTLP_HTTP_ENV);
+    }
     argv.push("--enable-metrics", ...spec.extraArgs);
-    return { argv, env: rdmaEnv(spec) };
+    return { argv, env };
   },
   connector(spec): ConnectorInfo {
     if (spec.role === "mixed") return { kind: "none" };

@@ -59,6 +59,8 @@ export interface LaunchSpec {
   engineBin?: string[];
   /** `--sim`: the simulator runs in this engine's personality with this engine's command line. */
   sim: boolean;
+  /** OTLP traces URL (`--otlp-endpoint` with `/v1/traces`): the engine's own tracing flags. */
+  otlpTracesUrl?: string;
   /** Everything after `--`, appended untouched. */
   extraArgs: string[];
 }

@@ -10,6 +10,7 @@ import {
   dpSize,
   kvEventRanks,
   kvRole,
+  OTLP_HTTP_ENV,
   opt,
   rdmaEnv,
   requireBackend,
@@ -116,6 +117,10 @@ export function vllmArgs(spec: LaunchSpec): EngineCommand {
   if (transfer) {
     argv.push("--kv-transfer-config", JSON.stringify(transfer.config));
     Object.assign(env, transfer.env);
+  }
+  if (spec.otlpTracesUrl) {
+    argv.push("--otlp-traces-endpoint", spec.otlpTracesUrl);
+    Object.assign(env, OTLP_HTTP_ENV);
   }
   argv.push(...spec.extraArgs);
   return { argv, env };

@@ -23,6 +23,7 @@ import type { PdRequestInfo, SimConnector } from "./pd/types.ts";
 import type { Personality } from "./personalities/types.ts";
 import { type AnswerPlan, planAnswer } from "./request-plan.ts";
 import { RequestResponder } from "./response.ts";
+import type { SimTracer } from "./tracing.ts";
 
 const MAX_BODY = 64 * 1024 * 1024;
 
@@ -40,6 +41,8 @@ export interface ApiDeps {
   connector: () => SimConnector | null;
   log: Logger;
   startedAt: number;
+  /** Set when started with `--otlp-traces-endpoint` (./tracing.ts). */
+  tracer?: SimTracer;
 }
 
 /**
@@ -268,6 +271,19 @@ async function handleCompletion(
     echoOnly: r.echoOnly,
     lpModel: r.logprobs !== null || r.echoTexts ? deps.lpModel : null,
   });
+  if (deps.tracer && req.headers.traceparent !== undefined) {
+    const tracer = deps.tracer;
+    const arrival = Date.now() - (performance.now() - arrivalMs);
+    res.once("close", () =>
+      tracer.request(
+        req.headers,
+        requestId,
+        arrival,
+        { "gen_ai.usage.prompt_tokens": r.prompts[0]?.length ?? 0, "infera.sim.pd_phase": phase ?? "none" },
+        !responder.finished,
+      ),
+    );
+  }
   res.on("close", () => {
     if (responder.finished) return;
     gone = true;

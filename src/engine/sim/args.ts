@@ -244,6 +244,7 @@ export function parseSimArgs(argv: readonly string[], env: NodeJS.ProcessEnv = p
     kvEventsFraming: framing as KvEventsFraming,
     kvTransferConfig,
     tokenizerDir: values.get("tokenizer"),
+    otlpTracesEndpoint: values.get("otlp-traces-endpoint"),
     speed,
     seed: int("seed", 0, 0),
     profile,

@@ -44,6 +44,8 @@ export interface SimConfig {
   kvEventsFraming: KvEventsFraming;
   kvTransferConfig: Record<string, unknown>;
   tokenizerDir?: string;
+  /** vLLM's `--otlp-traces-endpoint`: export a span per request (./tracing.ts). */
+  otlpTracesEndpoint?: string;
   speed: number;
   seed: number;
   profile: SimProfile;

@@ -74,6 +74,7 @@ export const VLLM_FLAGS: Table = {
   "--stream-interval": v("stream-interval"),
   "--max-logprobs": v("max-logprobs"),
   "--enable-prefix-caching": b("prefix-caching-on"),
+  "--otlp-traces-endpoint": v("otlp-traces-endpoint"),
   "--no-enable-prefix-caching": b("prefix-caching-off"),
   // Tool calling and scheduling (personalities/vllm.ts reads them per request).
   "--enable-auto-tool-choice": b("enable-auto-tool-choice"),
@@ -151,7 +152,6 @@ export const VLLM_FLAGS: Table = {
       "--structured-outputs-config",
       "--max-cudagraph-capture-size",
       "--cuda-graph-sizes",
-      "--otlp-traces-endpoint",
       "--collect-detailed-traces",
       "--ray-workers-use-nsight",
       "--num-scheduler-steps",
@@ -227,6 +227,10 @@ export const SGLANG_FLAGS: Table = {
   "--max-prefill-tokens": v(),
   "--context-length": v("max-model-len"),
   "--kv-events-config": v("kv-events-config"),
+  // Tracing flags accepted, not modelled: SGLang's spans follow its own `trace_context` header
+  // (sgl-project/sglang docs/references/production_request_trace.md @ 93d0487), not traceparent.
+  "--enable-trace": b(),
+  "--otlp-traces-endpoint": v(),
   "--tokenizer-path": v("tokenizer"),
   "--tp-size": v("tp"),
   "--tensor-parallel-size": v("tp"),

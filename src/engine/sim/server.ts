@@ -14,6 +14,7 @@ import { OutputVocab } from "./output.ts";
 import { createSimConnector } from "./pd/index.ts";
 import type { SimConnector, SimConnectorOptions, SimKvHost } from "./pd/types.ts";
 import { personalityOf } from "./personalities/index.ts";
+import { SimTracer } from "./tracing.ts";
 
 /** Builds the PD connector; the default is pd/index.ts's createSimConnector (tests inject fakes). */
 export type ConnectorFactory = (opts: SimConnectorOptions, host: SimKvHost) => SimConnector | null;
@@ -155,7 +156,11 @@ export async function startWithConfig(
   const kvEndpoint = kvRanks[0]?.endpoint ?? null;
   const replayEndpoint = kvRanks[0]?.replayEndpoint ?? null;
   let connector: SimConnector | null = null;
+  const tracer = cfg.otlpTracesEndpoint
+    ? new SimTracer(cfg.otlpTracesEndpoint, `${cfg.engine}-sim`)
+    : undefined;
   const server = createSimServer({
+    tracer,
     cfg,
     personality,
     engines,
@@ -235,6 +240,7 @@ export async function startWithConfig(
         server.closeAllConnections();
       });
       await Promise.all(publishers.map((p) => p.close()));
+      await tracer?.shutdown().catch(() => {});
     },
   };
 }

@@ -13,10 +13,12 @@
  * ordinary request; otherwise a 502. D failing after P → a clean 502 (504 on timeouts); P
  * frees the held blocks on its own hold timeout (or when D's aborted pull ends).
  */
+
 import { InferaError, NoWorkerError, TimeoutError, UpstreamError } from "../../protocol/errors.ts";
 import type { RequestExecutor, UpstreamResponse } from "../../transport/types.ts";
 import { type AbortLike, toAbortSignal } from "../../util/abort.ts";
 import { WorkerClaim } from "../dispatch.ts";
+import type { RequestTrace } from "../trace.ts";
 import type { DisaggFactoryContext, ModelRouter, RoutingRequest, WorkerState } from "../types.ts";
 import { PeerInfoCache } from "./peer-info.ts";
 import {
@@ -85,7 +87,13 @@ export class DisaggRouter implements ModelRouter {
     const failures: PrefillFailure[] = [];
     const attempts = this.o.maxPrefillAttempts ?? 3;
     while (failures.length < attempts) {
-      const pair = choosePair(req, ctx.prefillWorkers(), ctx.decodeWorkers(), ctx.policy, excluded);
+      const pCands = ctx.prefillWorkers();
+      const rs = req.trace?.route("pd", pCands);
+      const pair = choosePair(req, pCands, ctx.decodeWorkers(), ctx.policy, excluded);
+      rs?.chose(pair?.prefill.worker ?? null, pair ? pair.prefill.reason : "no_pair", {
+        "infera.route.decode": pair?.decode.record.id ?? "",
+        "infera.route.connector": pair?.kind ?? "",
+      });
       if (!pair) break;
       const p = pair.prefill.worker;
       ctx.logger.debug(
@@ -101,6 +109,10 @@ export class DisaggRouter implements ModelRouter {
       // Claimed before any await, so concurrent requests see each other's choices.
       const pClaim = new WorkerClaim(p, ctx, this.prefillTokens(req));
       const dClaim = new WorkerClaim(pair.decode, ctx);
+      if (req.trace) {
+        pClaim.traceAs(req.trace, "prefill");
+        dClaim.traceAs(req.trace, "decode");
+      }
       // P's claim reports how its prefill ends (the pending bridge listens).
       ctx.policy.onRouted?.(req, p, pClaim);
       try {
@@ -225,6 +237,7 @@ export class DisaggRouter implements ModelRouter {
     } finally {
       pClaim.release();
     }
+    if (req.trace) traceKvTransfer(req.trace, input, dClaim);
     try {
       return await this.decode(req, exec, signal, dClaim, proto.decodeBody(input, params), headers);
     } catch (err) {
@@ -317,6 +330,7 @@ export class DisaggRouter implements ModelRouter {
     }
     pClaim.succeed();
     pClaim.firstByte();
+    if (req.trace) traceKvTransfer(req.trace, input, dClaim);
     // P's claim (and its prompt's pending prefill) ends with its half.
     void drain(pUp).finally(pClaim.releaser());
     try {
@@ -340,6 +354,7 @@ export class DisaggRouter implements ModelRouter {
     const headers = { "x-request-id": req.requestId };
     // An ordinary request, dispatched like the MixedRouter's (without its retries).
     const claim = new WorkerClaim(d, this.ctx, this.prefillTokens(req));
+    if (req.trace) claim.traceAs(req.trace, "mixed");
     const up = await claim.send(exec, req.endpoint, req.body as Record<string, unknown>, {
       signal,
       headers,
@@ -348,6 +363,18 @@ export class DisaggRouter implements ModelRouter {
     if (up.status < 500) claim.succeed();
     return claim.wrap(up);
   }
+}
+
+/**
+ * The KV transfer's bookkeeping as a span: from P's answer (its blocks ready to be pulled) to
+ * D's first byte (D has them and generates), or D's claim ending without one.
+ */
+function traceKvTransfer(t: RequestTrace, input: PdInput, dClaim: WorkerClaim): void {
+  const span = t.phase("kv_transfer");
+  span.set("infera.prefill", input.prefill.id);
+  span.set("infera.decode", input.decode.id);
+  if (input.transferId !== undefined) span.set("infera.transfer_id", String(input.transferId));
+  dClaim.watch({ prefilled: () => span.end(), dropped: (reason) => span.end(reason) });
 }
 
 function decodeError(d: WorkerState, err: unknown): Error {

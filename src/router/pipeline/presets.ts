@@ -39,7 +39,7 @@ export const PRESET_OPTIONS = [
 
 /**
  * Options read elsewhere from the same `policyOptions` bag: the DisaggRouter
- * (src/router/disagg/router.ts) and the KV ingest (src/kv/ingest.ts, server-ingest.ts).
+ * (src/router/disagg/router.ts) and the KV ingest (src/kv/feeds/, src/kv/server-ingest.ts).
  * (`trackPrefill` is retired: the config drops it with a warning, src/server/config.ts.)
  */
 export const SERVER_OPTIONS = [

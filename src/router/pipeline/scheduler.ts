@@ -221,6 +221,7 @@ export class StepPolicy implements RoutingPolicy {
     if (filterReason !== undefined) ctx.reason = filterReason;
     else if (ctx.reason === undefined)
       ctx.reason = this.source ? (ctx.overlaps()[ctx.winner] > 0 ? "overlap" : "load") : "score";
+    req.trace?.scores(this.step, all, at, this.scorerNames, values, totals);
     this.log?.record(
       req.requestId,
       this.scope.model,

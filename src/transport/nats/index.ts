@@ -16,10 +16,5 @@ export {
   type NatsTlsOptions,
 } from "./connection.ts";
 export { type KvRelayOptions, NatsKvRelay, startKvRelay } from "./kv-relay.ts";
-export {
-  type KvBatchSink,
-  type KvSubscriberOptions,
-  NatsKvSubscriber,
-  startKvSubscriber,
-} from "./kv-subscriber.ts";
+export { NatsKvSubscriber, type NatsKvSubscriberOptions, startKvSubscriber } from "./kv-subscriber.ts";
 export { controlSubject, kvReplaySubject, kvSubject, requestSubject, subjectToken } from "./subjects.ts";

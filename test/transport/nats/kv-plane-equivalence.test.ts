@@ -3,7 +3,7 @@ import { after, before, test } from "node:test";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
-import { KvIngest } from "../../../src/kv/ingest.ts";
+import { KvIngest } from "../../../src/kv/feeds/zmq-ingest.ts";
 import type { WorkerState } from "../../../src/router/types.ts";
 import { ServerRoutingRequest } from "../../../src/server/routing-request.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";

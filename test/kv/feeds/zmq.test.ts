@@ -1,11 +1,11 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
-import { MemoryDiscovery } from "../../src/discovery/memory.ts";
-import type { WorkerRecord } from "../../src/discovery/types.ts";
-import { KvIndex } from "../../src/kv/index.ts";
-import { KvIngest } from "../../src/kv/ingest.ts";
-import { createLogger } from "../../src/util/log.ts";
-import { FakePublisher, removedEv, storedEv, waitFor } from "./fake-publisher.ts";
+import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
+import type { WorkerRecord } from "../../../src/discovery/types.ts";
+import { KvIngest } from "../../../src/kv/feeds/zmq-ingest.ts";
+import { KvIndex } from "../../../src/kv/index.ts";
+import { createLogger } from "../../../src/util/log.ts";
+import { FakePublisher, removedEv, storedEv, waitFor } from "../fake-publisher.ts";
 
 const BS = 4;
 const logger = createLogger("test", {});

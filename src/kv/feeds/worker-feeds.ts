@@ -1,11 +1,11 @@
 /**
  * One feed per worker that a DiscoveryWatcher lists, kept in step with the registry: what both
- * KV ingests (ZMQ: src/kv/ingest.ts, NATS: src/transport/nats/kv-ingest.ts) share. A put opens a
+ * KV ingests (./ingest.ts, for ZMQ and NATS feeds alike) share. A put opens a
  * feed (or reopens it when its key changed), a delete or a worker missing after "restored" closes
  * it, and every removal also drops the worker from the index so stale entries never outlive it.
  * What a feed is and how it is opened stays with the caller.
  */
-import type { DiscoveryEvent, DiscoveryWatcher, KvEventsRank, WorkerRecord } from "../discovery/types.ts";
+import type { DiscoveryEvent, DiscoveryWatcher, KvEventsRank, WorkerRecord } from "../../discovery/types.ts";
 
 /** Every rank's sockets: `kvEvents.ranks`, or the single endpoint as rank 0 (or the record's dpRank). */
 export function rankSockets(rec: WorkerRecord): KvEventsRank[] {

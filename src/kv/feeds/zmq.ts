@@ -3,7 +3,7 @@
  * the shared KvIndex (under that rank) in sequence order. At start it replays the engine's
  * buffer from seq 0 (so a new server replica builds the full index, not only what it routed
  * itself); a gap in `seq` replays the missing range through a DEALER on the replay socket
- * (./replay.ts: streamed, resumed after drops, a stall timeout rather than a total one).
+ * (../replay.ts: streamed, resumed after drops, a stall timeout rather than a total one).
  *
  * Sync state (IndexSync, reported to the index, which routes a rank that is not `synced` as
  * untracked): `syncing` while the start-up replay runs; `synced` once it reached the end of a
@@ -23,20 +23,27 @@
  * with a new `sgl-kv-epoch` in the topic. The rank is then reset and rebuilt from the new
  * engine's replay buffer, and the case is counted. A live batch that merely repeats one the
  * replay delivered is skipped. Nothing a worker sends can throw out of here.
+ *
+ * Length (≈ 500 lines, over the ~400 guide): the sequence rules above are one state machine
+ * (last seq, last live seq, replayed payloads, reconnect flag) that every path reads and
+ * writes; reading the socket (./zmq-reader.ts), the replay protocol (../replay.ts) and the sync
+ * rule (../rank-sync.ts) are already out of it.
  */
-import { Dealer, Subscriber } from "zeromq";
+import { Dealer } from "zeromq";
 // Before any socket: one KV socket set per worker/engine passes libzmq's default 1023.
-import "../util/zmq-limits.ts";
-import type { KvEventsInfo } from "../discovery/types.ts";
-import type { Logger } from "../util/log.ts";
-import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "./events.ts";
-import type { KvIndex } from "./index.ts";
-import type { KvIngestMetrics } from "./metrics.ts";
-import type { IndexSync } from "./prefix-index.ts";
-import { RankSync } from "./rank-sync.ts";
-import { streamReplay } from "./replay.ts";
+import "../../util/zmq-limits.ts";
+import type { KvEventsInfo } from "../../discovery/types.ts";
+import type { Logger } from "../../util/log.ts";
+import { decodeBatch, decodeMessage, type EventBatch, encodeSeq, isDecodeError, readSeq } from "../events.ts";
+import type { KvIndex } from "../index.ts";
+import type { KvIngestMetrics } from "../metrics.ts";
+import type { IndexSync } from "../prefix-index.ts";
+import { RankSync } from "../rank-sync.ts";
+import { streamReplay } from "../replay.ts";
+import type { KvFeed, KvZmqReader } from "./types.ts";
+import { openZmqReader, type ZmqReader } from "./zmq-reader.ts";
 
-export interface KvSubscriberOptions {
+export interface ZmqKvFeedOptions {
   workerId: string;
   /** Sockets and framing; `endpoint`/`replayEndpoint` are this rank's. */
   events: KvEventsInfo;
@@ -56,9 +63,14 @@ export interface KvSubscriberOptions {
   replayTimeoutMs?: number;
   /** Replay the engine's buffer from seq 0 at start (default true). */
   replayOnStart?: boolean;
+  /**
+   * How the SUB socket is read (./zmq-reader.ts): `native` (libzmq's C API, many messages per
+   * wake-up) when it loads, else `zeromq` (zeromq.js, one promise per message). Default `native`.
+   */
+  reader?: KvZmqReader;
 }
 
-export interface KvSubscriberStats {
+export interface ZmqKvFeedStats {
   batches: number;
   events: number;
   malformed: number;
@@ -77,15 +89,14 @@ export interface KvSubscriberStats {
   syncMs: number;
 }
 
-/** Yield to the event loop after this much continuous work, so /health stays responsive. */
-const YIELD_AFTER_MS = 20;
-
 /** Replayed batches remembered to tell a live duplicate from a restarted engine's batch. */
 const REPLAYED_KEPT = 256;
 
-export class KvSubscriber {
-  private readonly opts: KvSubscriberOptions;
-  private readonly sub = new Subscriber({ linger: 0 });
+export class ZmqKvFeed implements KvFeed {
+  private readonly opts: ZmqKvFeedOptions;
+  private sub: ZmqReader | null = null;
+  /** Reused copy of the last live payload, when the reader's frames are overwritten. */
+  private keepBuf = Buffer.alloc(0);
   private closed = false;
   private lastSeq = -1;
   /** Last seq received on the SUB socket itself (-1: none yet). */
@@ -101,12 +112,11 @@ export class KvSubscriber {
   private lastPayload: Uint8Array | null = null;
   /** Set when the PUB connection dropped: the engine may have restarted behind it. */
   private reconnected = false;
-  private workStart = 0;
   private syncedResolve!: () => void;
   /** Resolves once the start-up replay is done and live events are being applied. */
   readonly synced: Promise<void>;
   private loop: Promise<void> | null = null;
-  readonly stats: KvSubscriberStats = {
+  readonly stats: ZmqKvFeedStats = {
     batches: 0,
     events: 0,
     malformed: 0,
@@ -120,10 +130,10 @@ export class KvSubscriber {
     sync: "syncing",
     syncMs: -1,
   };
-  /** The rank's sync state and the rebuild rule (./rank-sync.ts); made by start(). */
+  /** The rank's sync state and the rebuild rule (../rank-sync.ts); made by start(). */
   private rs: RankSync | null = null;
 
-  constructor(opts: KvSubscriberOptions) {
+  constructor(opts: ZmqKvFeedOptions) {
     this.opts = opts;
     this.synced = new Promise((r) => {
       this.syncedResolve = r;
@@ -138,9 +148,18 @@ export class KvSubscriber {
     return this.opts.dpRank ?? 0;
   }
 
+  /** How the SUB socket is read (known once started). */
+  get reader(): KvZmqReader {
+    return this.sub?.kind ?? "zeromq";
+  }
+
   /** The rank's sync state. */
   get sync(): IndexSync {
     return this.rs?.state ?? "syncing";
+  }
+
+  get syncMs(): number {
+    return this.stats.syncMs;
   }
 
   start(): void {
@@ -166,24 +185,25 @@ export class KvSubscriber {
     this.closed = true;
     this.rs?.close();
     this.syncedResolve();
-    try {
-      this.sub.close();
-    } catch {
-      // already closed
-    }
+    this.sub?.close();
     await this.loop;
   }
 
   private async run(): Promise<void> {
     const { events } = this.opts;
-    // A dropped connection is how a restart looks from here when the new engine's first
-    // sequence numbers happen to continue ours; the next batch is checked against the replay.
-    this.sub.events.on("disconnect", () => {
-      this.reconnected = true;
+    this.sub = openZmqReader(events.endpoint, events.topic ?? "", this.opts.reader, {
+      message: (frames) => this.handle(frames),
+      // A dropped connection is how a restart looks from here when the new engine's first
+      // sequence numbers happen to continue ours; the next batch is checked against the replay.
+      disconnected: () => {
+        this.reconnected = true;
+      },
+      malformed: (e) => this.malformed(e),
+      failed: (err) => {
+        if (!this.closed)
+          this.opts.logger.error({ err, worker: this.opts.workerId }, "kv subscriber stopped");
+      },
     });
-    this.sub.connect(events.endpoint);
-    if (events.topic) this.sub.subscribe(events.topic);
-    else this.sub.subscribe();
     if (events.framing === "seq" && events.replayEndpoint && this.opts.replayOnStart !== false) {
       await this.replay(0);
       this.settle();
@@ -196,26 +216,15 @@ export class KvSubscriber {
       this.rs?.settle();
     }
     this.syncedResolve();
-    this.workStart = performance.now();
-    while (!this.closed) {
-      let frames: Buffer[];
-      try {
-        frames = await this.sub.receive();
-      } catch (err) {
-        if (this.closed) return;
-        throw err;
-      }
-      await this.handle(frames);
-      // Queued messages resolve receive() without a trip through the event loop; a publisher
-      // flooding the socket must not starve timers and HTTP (/health).
-      if (performance.now() - this.workStart > YIELD_AFTER_MS) {
-        await new Promise<void>((r) => setImmediate(r));
-        this.workStart = performance.now();
-      }
-    }
+    if (!this.closed) this.sub.start();
   }
 
-  private async handle(frames: Buffer[]): Promise<void> {
+  /**
+   * One live message. Synchronous unless it needs a replay, a restart or the reconnect check:
+   * then a promise the reader waits for before reading on. When the reader reuses its frames,
+   * the slow paths take copies first.
+   */
+  private handle(frames: Uint8Array[]): Promise<void> | undefined {
     const { events, workerId } = this.opts;
     const msg = decodeMessage(frames, events.framing);
     if (isDecodeError(msg)) {
@@ -232,8 +241,7 @@ export class KvSubscriber {
     if (msg.epoch !== null) {
       if (this.epoch !== null && msg.epoch !== this.epoch) {
         this.epoch = msg.epoch;
-        await this.restart("epoch", msg.seq, frames);
-        return;
+        return this.restart("epoch", msg.seq, this.own(frames));
       }
       this.epoch = msg.epoch;
     }
@@ -242,9 +250,12 @@ export class KvSubscriber {
       this.reconnected = false;
       // ATOM numbers nothing, so any batch seen before the drop makes the check necessary.
       const seen = this.lastSeq >= 0 || (seq === null && this.stats.batches > 0);
-      if (seen && !(await this.sameEngine())) {
-        await this.restart("reconnect", seq, frames);
-        return;
+      if (seen) {
+        // Handled again once the engine is known to be the same (the flag is down by then).
+        const own = this.own(frames);
+        return this.sameEngine().then((same) =>
+          same ? this.handle(own) : this.restart("reconnect", seq, own),
+        );
       }
     }
     if (seq === null) {
@@ -257,14 +268,13 @@ export class KvSubscriber {
       if (seq === 0 && this.rs?.open && this.stats.batches === 0) this.clearHole();
       this.apply(msg.batch);
       this.setSeq(seq);
-      this.lastPayload = frames[2];
+      this.keep(frames[2]);
       return;
     }
     if (seq <= this.lastSeq) {
       if (seq <= lastLive) {
         // The live stream itself went backwards: a new publisher numbering from 0 again.
-        await this.restart("backward", seq, frames);
-        return;
+        return this.restart("backward", seq, this.own(frames));
       }
       // Delivered by the replay already: the same bytes are a duplicate, other bytes mean the
       // engine restarted after the replay answered (its first batches perhaps missed).
@@ -277,7 +287,7 @@ export class KvSubscriber {
         known !== undefined &&
         !Buffer.from(known.buffer, known.byteOffset, known.byteLength).equals(frames[2])
       )
-        await this.restart("restart", seq, frames);
+        return this.restart("restart", seq, this.own(frames));
       return;
     }
     this.replayed.clear();
@@ -288,19 +298,51 @@ export class KvSubscriber {
         "kv event gap",
       );
       this.opts.metrics?.sequence.inc({ kind: "gap" });
-      if (events.replayEndpoint) await this.replay(this.lastSeq + 1);
-      if (seq <= this.lastSeq) return;
-      if (seq > this.lastSeq + 1) {
-        // A jump the replay could not fill (no replay socket, or it failed): what the index
-        // holds may be long gone from the engine, and what it lacks cannot be had.
-        this.opts.metrics?.sequence.inc({ kind: "jump" });
-        this.reset("jump");
-        this.markHole();
+      if (events.replayEndpoint) {
+        const own = this.own(frames);
+        return this.replay(this.lastSeq + 1).then(() => {
+          const again = decodeMessage(own, events.framing);
+          if (!isDecodeError(again)) this.afterGap(seq, own, again.batch);
+        });
       }
+      this.afterGap(seq, frames, msg.batch);
+      return;
     }
     this.apply(msg.batch);
     this.setSeq(seq);
-    this.lastPayload = frames[2];
+    this.keep(frames[2]);
+  }
+
+  /** After a gap and its replay (if any): a jump still there resets the rank; then the batch. */
+  private afterGap(seq: number, frames: Uint8Array[], batch: EventBatch): void {
+    if (seq <= this.lastSeq) return;
+    if (seq > this.lastSeq + 1) {
+      // A jump the replay could not fill (no replay socket, or it failed): what the index
+      // holds may be long gone from the engine, and what it lacks cannot be had.
+      this.opts.metrics?.sequence.inc({ kind: "jump" });
+      this.reset("jump");
+      this.markHole();
+    }
+    this.apply(batch);
+    this.setSeq(seq);
+    this.keep(frames[2]);
+  }
+
+  /** Frames that outlive the next read: the native reader's are copied. */
+  private own(frames: Uint8Array[]): Uint8Array[] {
+    return this.sub?.reusesFrames ? frames.map((f) => Buffer.from(f)) : frames;
+  }
+
+  /** Remembers the last live payload (for the check after a reconnect), copied when native. */
+  private keep(payload: Uint8Array): void {
+    if (!this.sub?.reusesFrames) {
+      this.lastPayload = payload;
+      return;
+    }
+    if (this.keepBuf.length < payload.length)
+      this.keepBuf = Buffer.allocUnsafe(Math.max(payload.length, 2 * this.keepBuf.length, 256));
+    this.keepBuf.set(payload);
+    this.lastPayload = this.keepBuf.subarray(0, payload.length);
   }
 
   /**
@@ -331,7 +373,7 @@ export class KvSubscriber {
    * engine's replay buffer (which holds the batch that revealed the restart); without a replay
    * socket, start again from that batch.
    */
-  private async restart(kind: string, seq: number | null, frames: Buffer[]): Promise<void> {
+  private async restart(kind: string, seq: number | null, frames: Uint8Array[]): Promise<void> {
     this.stats.restarts++;
     this.opts.metrics?.sequence.inc({ kind });
     this.opts.logger.warn(
@@ -373,10 +415,7 @@ export class KvSubscriber {
     this.stats.batches++;
     this.stats.events += batch.events.length;
     if (batch.skipped > 0) this.malformed(`${batch.skipped} undecodable events in a batch`);
-    if (metrics) {
-      metrics.batches.inc({ worker: workerId });
-      for (const ev of batch.events) metrics.events.inc({ type: ev.type });
-    }
+    metrics?.applied(workerId, batch);
   }
 
   private markHole(): void {

@@ -1,0 +1,162 @@
+/**
+ * The native SUB reader (src/kv/feeds/zmq-native.ts) against zeromq.js' reader: the same
+ * vLLM-framed stream, the same outcome. Frames follow vLLM's ZmqEventPublisher
+ * (vllm-project/vllm vllm/distributed/kv_events.py @ 0181ea3173e53eea8cf04a86891488e3dc89bb34:
+ * `send_multipart((topic, seq.to_bytes(8, "big"), payload))`, replay over a ROUTER).
+ */
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+import { Registry } from "prom-client";
+import { Publisher } from "zeromq";
+import { encodeSeq } from "../../../src/kv/events.ts";
+import type { KvZmqReader } from "../../../src/kv/feeds/types.ts";
+import { ZmqKvFeed } from "../../../src/kv/feeds/zmq.ts";
+import { loadNativeZmq, NativeSub } from "../../../src/kv/feeds/zmq-native.ts";
+import { KvIndex } from "../../../src/kv/index.ts";
+import { KvIngestMetrics } from "../../../src/kv/metrics.ts";
+import { createLogger } from "../../../src/util/log.ts";
+import { freePort } from "../../helpers/ports.ts";
+import { FakePublisher, storedEv, waitFor } from "../fake-publisher.ts";
+
+const BS = 4;
+const logger = createLogger("test", {});
+logger.level = "silent";
+const toks = (n: number, base: number) => Array.from({ length: n }, (_, i) => base + i);
+// INFERA_KV_ZMQ_NATIVE=0 turns the native reader off (zeromq.js is then the only one).
+const native = process.platform === "linux" && process.env.INFERA_KV_ZMQ_NATIVE !== "0";
+
+const closers: (() => Promise<void> | void)[] = [];
+after(async () => {
+  for (const c of closers.reverse()) await c();
+});
+
+function subscriber(
+  pub: FakePublisher,
+  reader: KvZmqReader,
+  index: KvIndex,
+  metrics?: KvIngestMetrics,
+): ZmqKvFeed {
+  const sub = new ZmqKvFeed({
+    workerId: "w",
+    events: { endpoint: pub.endpoint, replayEndpoint: pub.replayEndpoint, topic: pub.topic, framing: "seq" },
+    blockSize: BS,
+    index,
+    logger,
+    reader,
+    replayTimeoutMs: 1000,
+    metrics,
+  });
+  sub.start();
+  closers.push(() => sub.close());
+  return sub;
+}
+
+test("the native reader is the default on Linux and reads a burst of 3,000 in order", {
+  skip: !native,
+}, async () => {
+  const pub = new FakePublisher();
+  await pub.start();
+  closers.push(() => pub.close());
+  const index = new KvIndex();
+  const metrics = new KvIngestMetrics(new Registry());
+  const sub = subscriber(pub, "native", index, metrics);
+  assert.equal(sub.reader, "native");
+  const dflt = new ZmqKvFeed({
+    workerId: "d",
+    events: { endpoint: pub.endpoint, topic: pub.topic, framing: "seq" },
+    blockSize: BS,
+    index: new KvIndex(),
+    logger,
+  });
+  dflt.start();
+  closers.push(() => dflt.close());
+  assert.equal(dflt.reader, "native");
+  await sub.synced;
+  await new Promise((r) => setTimeout(r, 300)); // the SUB's subscription reaches the PUB
+  const n = 3000;
+  for (let i = 0; i < n; i++) await pub.publish([storedEv([10_000 + i], null, toks(4, 4 * i), BS)]);
+  await waitFor(() => sub.stats.lastSeq === n - 1, 10_000, "every batch applied");
+  assert.equal(sub.stats.batches, n);
+  assert.equal(sub.stats.gaps, 0);
+  assert.equal(sub.stats.malformed, 0);
+  assert.equal(index.blockCount("w"), n);
+  // Counted in bulk (KvIngestMetrics.applied), exact whenever read.
+  assert.deepEqual(
+    (await metrics.batches.get()).values.map((v) => [v.labels.worker, v.value]),
+    [["w", n]],
+  );
+  assert.deepEqual(
+    (await metrics.events.get()).values.map((v) => [v.labels.type, v.value]),
+    [["BlockStored", n]],
+  );
+});
+
+test("both readers agree: gap filled by replay, malformed frames, a message of 5 frames, a restart", async () => {
+  const pub = new FakePublisher();
+  await pub.start();
+  closers.push(() => pub.close());
+  const readers: KvZmqReader[] = native ? ["native", "zeromq"] : ["zeromq"];
+  const runs = readers.map((r) => {
+    const index = new KvIndex();
+    return { index, sub: subscriber(pub, r, index) };
+  });
+  for (const r of runs) await r.sub.synced;
+  await new Promise((r) => setTimeout(r, 300));
+  const p = toks(16, 7000);
+  await pub.publish([storedEv([1], null, p.slice(0, 4), BS)]); // seq 0
+  await pub.publish([storedEv([2], 1, p.slice(4, 8), BS)], { drop: true }); // seq 1, missed live
+  await pub.publish([storedEv([3], 2, p.slice(8, 12), BS)]); // seq 2: a gap, replayed
+  await pub.sendRaw([pub.topic, Buffer.alloc(3), Buffer.from([0x90])]); // a 3-byte seq frame
+  await pub.sendRaw([pub.topic, encodeSeq(99), Buffer.alloc(1), Buffer.alloc(1), Buffer.alloc(1)]);
+  await pub.publish([storedEv([4], 3, p.slice(12, 16), BS)]); // seq 3
+  for (const r of runs) await waitFor(() => r.sub.stats.lastSeq === 3, 5000, "seq 3 applied");
+  // The engine restarts and numbers from 0 again: a backward live seq.
+  await pub.resend(0);
+  for (const r of runs) await waitFor(() => r.sub.stats.restarts === 1, 5000, "restart seen");
+  for (const r of runs) await waitFor(() => r.sub.stats.lastSeq === 3, 5000, "rebuilt by replay");
+  const [a, b] = runs;
+  for (const r of runs) {
+    assert.equal(r.sub.stats.gaps, 1);
+    assert.equal(r.sub.stats.malformed, 2);
+    assert.equal(r.index.overlaps(p, ["w"])[0], 4);
+  }
+  if (b) {
+    const strip = (s: ZmqKvFeed["stats"]) => ({ ...s, syncMs: 0 });
+    assert.deepEqual(strip(a.sub.stats), strip(b.sub.stats));
+  }
+});
+
+test("NativeSub reads whole messages, counts frames past four, and resumes at the next message", {
+  skip: !native,
+}, async () => {
+  const z = loadNativeZmq();
+  assert.ok(z, "libzmq's C API loads on Linux");
+  const endpoint = `tcp://127.0.0.1:${await freePort()}`;
+  const pub = new Publisher({ linger: 0 });
+  await pub.bind(endpoint);
+  closers.push(() => pub.close());
+  const sub = new NativeSub(z, endpoint, "t");
+  closers.push(() => sub.close());
+  await new Promise((r) => setTimeout(r, 300));
+  await pub.send(["t", "a", "b", "c", "d", "e"]);
+  await pub.send(["t", "x", Buffer.alloc(70_000, 7)]);
+  await pub.send(["other-topic", "y"]);
+  await pub.send(["t"]);
+  const got: { count: number; frames: number[][] }[] = [];
+  await waitFor(
+    () => {
+      for (let f = sub.read(); f; f = sub.read())
+        got.push({ count: f.count, frames: f.views.map((v) => [...v.subarray(0, 2)]) });
+      return got.length === 3;
+    },
+    3000,
+    "three messages",
+  );
+  assert.deepEqual(
+    got.map((g) => g.count),
+    [6, 3, 1],
+  );
+  assert.equal(got[0].frames.length, 4); // views of the first four frames only
+  assert.deepEqual(got[1].frames[2], [7, 7]);
+  assert.equal(sub.read(), null);
+});
