@@ -128,6 +128,7 @@ export async function wire(
     scheduling,
     decisions,
   });
+  metrics.watchBridges(() => router.bridgeCounters());
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
   // Engine load is scraped only when a plugin reads it (every PD decode step does).
   if (needs.has("engineLoad")) scraper.start();
