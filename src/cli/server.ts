@@ -88,6 +88,11 @@ interface ServerFlags extends NatsCliValues {
   peers?: string[];
   peersBind?: string;
   peersSecretFile?: string;
+  flow?: boolean;
+  flowMaxQueue?: string;
+  flowMaxWait?: string;
+  flowTenantHeader?: boolean;
+  flowReplicas?: string;
   printConfig?: boolean;
 }
 
@@ -137,6 +142,11 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   "peers.connect": "--peers",
   "peers.bind": "--peers-bind",
   "peers.secretFile": "--peers-secret-file",
+  "flow.enabled": "--flow",
+  "flow.maxQueue": "--flow-max-queue",
+  "flow.maxWaitMs": "--flow-max-wait",
+  "flow.tenantHeader": "--flow-tenant-header",
+  "flow.replicas": "--flow-replicas",
   eventPlane: "--event-plane",
   "nats.url": "--nats-url",
   "nats.token": "--nats-token",
@@ -203,6 +213,7 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     requestPlane: f.requestPlane,
     eventPlane: f.eventPlane,
     peers: peerFlags(f),
+    flow: flowFlags(f),
     nats: natsFlags(f),
     discovery: {
       kind: f.discovery,
@@ -242,6 +253,18 @@ function natsFlags(f: ServerFlags): Record<string, unknown> | undefined {
 function peerFlags(f: ServerFlags): Record<string, unknown> | undefined {
   const connect = f.peers?.flatMap((p) => p.split(",").map((s) => s.trim())).filter(Boolean);
   const o = { connect, bind: f.peersBind, secretFile: f.peersSecretFile };
+  return Object.values(o).some((v) => v !== undefined) ? o : undefined;
+}
+
+/** --flow and --flow-*; undefined when none given. */
+function flowFlags(f: ServerFlags): Record<string, unknown> | undefined {
+  const o = {
+    enabled: f.flow,
+    maxQueue: optNum(f.flowMaxQueue),
+    maxWaitMs: optNum(f.flowMaxWait),
+    tenantHeader: f.flowTenantHeader,
+    replicas: optNum(f.flowReplicas),
+  };
   return Object.values(o).some((v) => v !== undefined) ? o : undefined;
 }
 
@@ -347,6 +370,14 @@ export function registerServer(program: Command): void {
     )
     .option("--peers-bind <endpoint>", "this replica's announcement endpoint (default tcp://127.0.0.1:*)")
     .option("--peers-secret-file <file>", "shared secret signing announcements (or INFERA_PEERS_SECRET)")
+    .option(
+      "--flow",
+      "flow control: admission queue, priority bands, tenant fairness and limits (config `flow`)",
+    )
+    .option("--flow-max-queue <n>", "requests queued for admission at most, this replica (default 1000)")
+    .option("--flow-max-wait <ms>", "a queued request's maximum wait before 429 (default 30000)")
+    .option("--flow-tenant-header", "key flows by the x-infera-tenant header (else by API key)")
+    .option("--flow-replicas <n>", "server replicas the per-key RPM/TPM limits are split among (default 1)")
     .option("--print-config", "print the merged, validated config as YAML (secrets as ***) and exit")
     .action(async (given: ServerFlags, cmd: Command) => {
       const { resolveServerConfig } = await import("../server/config.ts");

@@ -57,10 +57,18 @@ export class MixedRouter implements ModelRouter {
       }
       // Out of candidates (possibly after failed attempts): the fleet cannot serve now.
       if (cands.length === 0) throw new NoWorkerError(o.model);
+      // Flow control let the request through for the workers that had headroom: keep to them
+      // while any is still a candidate (src/router/flow/queue.ts).
+      const adm = req.admission;
+      if (adm && adm.fits.size > 0 && adm.fits.size < cands.length) {
+        const kept = cands.filter((c) => adm.fits.has(c.id));
+        if (kept.length > 0) cands = kept;
+      }
       const rs = req.trace?.route("mixed", cands);
       const sel = o.policy.select(req, cands);
       const w = sel.worker as LiveWorker;
       rs?.chose(w, sel.reason, { "infera.route.policy": o.policy.name, "infera.route.attempt": attempt });
+      adm?.routed(w);
       o.observer?.onDecision?.(o.model, o.policy.name, "mixed", sel);
       const claim = new WorkerClaim(w, o.workers, o.trackPrefill ? req.promptTokens().length : 0);
       if (req.trace) claim.traceAs(req.trace, "mixed");

@@ -40,6 +40,18 @@ export interface RoutingRequest {
   promptTokens(): readonly number[];
   /** The request's trace when tracing is on (./trace.ts); undefined otherwise. */
   trace?: RequestTrace;
+  /** Flow control's admission (src/router/flow/queue.ts), when the request passed the queue. */
+  admission?: RouteAdmission;
+}
+
+/**
+ * What the admission queue tells the router and wants to hear back: the workers that had
+ * headroom when the request was let through (the MixedRouter keeps to them while any is a
+ * candidate), and the worker picked (headroom signals count it).
+ */
+export interface RouteAdmission {
+  readonly fits: ReadonlySet<string>;
+  routed(worker: WorkerState): void;
 }
 
 /** The server's live view of one worker. */

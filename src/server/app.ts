@@ -8,6 +8,7 @@
 import type { Server } from "node:http";
 import { MemoryDiscovery } from "../discovery/memory.ts";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
+import { DrainingError } from "../protocol/errors.ts";
 import type { AutoRouter } from "../router/auto.ts";
 import type { PeerPlane } from "../router/peers/types.ts";
 import { buildScheduling, type Scheduling } from "../router/pipeline/build.ts";
@@ -104,7 +105,9 @@ export async function startServer(
       if (w.ownsDiscovery) await w.discovery.close();
     },
   );
-  const drain = drainer({ tracker, httpServer, logger, inFlight: w.proxy.inFlight, close });
+  // Requests queued for admission go to another replica at once (503 server_draining).
+  const closeQueue = () => w.flow?.queue.close(new DrainingError());
+  const drain = drainer({ tracker, httpServer, logger, inFlight: w.proxy.inFlight, closeQueue, close });
   return {
     url,
     host: config.host,

@@ -9,6 +9,15 @@ import { AuthenticationError } from "../protocol/errors.ts";
 
 const digest = (s: string): Buffer => createHash("sha256").update(s).digest();
 
+/** The API key a request carries: `Authorization: Bearer <key>`, else `x-api-key`. */
+export function apiKeyOf(headers: IncomingHttpHeaders): string | undefined {
+  const auth = headers.authorization;
+  if (typeof auth === "string" && auth.length > 7 && auth.slice(0, 7).toLowerCase() === "bearer ")
+    return auth.slice(7).trim();
+  const x = headers["x-api-key"];
+  return typeof x === "string" ? x : undefined;
+}
+
 export class ApiKeyAuth {
   private readonly digests: Buffer[];
   /** Signs dashboard sessions; per process, so a restart ends them. */
@@ -48,13 +57,7 @@ export class ApiKeyAuth {
   /** Throws AuthenticationError unless the request carries a configured key. */
   check(headers: IncomingHttpHeaders): void {
     if (this.digests.length === 0) return;
-    const auth = headers.authorization;
-    let key: string | undefined;
-    if (typeof auth === "string" && auth.length > 7 && auth.slice(0, 7).toLowerCase() === "bearer ") {
-      key = auth.slice(7).trim();
-    } else if (typeof headers["x-api-key"] === "string") {
-      key = headers["x-api-key"];
-    }
+    const key = apiKeyOf(headers);
     if (!key) throw new AuthenticationError("Missing API key: send `Authorization: Bearer <key>`.");
     const d = digest(key);
     let ok = false;

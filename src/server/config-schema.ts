@@ -8,6 +8,7 @@
  * know (a plug-in's), whose options only that backend can check. etcd's and moriio's are strict.
  */
 import { type ZodTypeAny, z } from "zod";
+import { flowConfigSchema } from "../router/flow/config-schema.ts";
 import { profilesConfigSchema } from "../router/pipeline/config-schema.ts";
 
 const MAX = Number.MAX_SAFE_INTEGER;
@@ -266,6 +267,8 @@ export const serverConfigLayerSchema = z
     disagg: disaggSchema,
     ingest: ingestSchema,
     peers: peersSchema,
+    // flow control (src/router/flow)
+    flow: flowConfigSchema,
   })
   .partial()
   .strict();

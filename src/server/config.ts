@@ -15,6 +15,7 @@ import { parse as parseYaml } from "yaml";
 import { ENV_TABLE, type EnvVarSpec, envVar } from "../config/env-table.ts";
 import type { DiscoveryConfig } from "../discovery/index.ts";
 import type { RouterMode } from "../router/auto.ts";
+import type { FlowConfigLayer } from "../router/flow/config-schema.ts";
 import type { ProfilesConfig } from "../router/pipeline/config-schema.ts";
 import type { BreakerOptions } from "../router/worker-set.ts";
 import type { HttpExecutorOptions } from "../transport/http.ts";
@@ -110,6 +111,8 @@ export interface ServerConfig {
   ingest: IngestConfig;
   /** Routing state shared by server replicas (src/router/peers). */
   peers: PeersConfig;
+  /** Flow control: admission queue, priority bands, tenant fairness and limits (src/router/flow). */
+  flow?: FlowConfigLayer;
 }
 
 /** One layer: every key optional, nested objects partial. */

@@ -118,6 +118,8 @@ export interface DrainParts {
   logger: Logger;
   /** The requests in flight, cut (an error event, a 503) when the grace period is over. */
   inFlight: ReadonlySet<RequestAbort> | undefined;
+  /** Answers the requests still queued for admission (flow control) at once: a 503 to retry elsewhere. */
+  closeQueue?: () => void;
   close: () => Promise<void>;
 }
 
@@ -137,6 +139,7 @@ export function drainer(p: DrainParts): (graceMs: number) => Promise<number> {
       );
       // Stops the listener and closes idle keep-alive connections (Node >= 19).
       p.httpServer.close();
+      p.closeQueue?.();
       // A keep-alive connection with a request in flight gets its answer, then is closed:
       // `connection: close` on answers not started, an end after those already streaming.
       for (const res of tracker.open) {

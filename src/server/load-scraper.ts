@@ -134,6 +134,8 @@ export class LoadScraper {
   private readonly due = new WeakMap<LiveWorker, number>();
   /** Scrapes started (for tests and the bench). */
   scrapes = 0;
+  /** Called after each round of scrapes (flow control re-checks headroom then). */
+  onScraped: (() => void) | null = null;
 
   constructor(workers: WorkerSet, intervalMs: number, idleIntervalMs = 0) {
     this.workers = workers;
@@ -151,6 +153,7 @@ export class LoadScraper {
   /** Scrapes every worker now, whatever its schedule. */
   async scrapeAll(): Promise<void> {
     await Promise.all(this.workers.list().map((w) => this.scrape(w)));
+    this.onScraped?.();
   }
 
   /** Scrapes the workers that are due, or busy now (a request went there since). */

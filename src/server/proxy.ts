@@ -28,6 +28,7 @@ import {
   OFF_LOOP_BODY_BYTES,
   parseBodySync,
 } from "./body-parser-pool.ts";
+import type { FlowGate, FlowTicket } from "./flow-gate.ts";
 import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { pump } from "./pump.ts";
@@ -58,6 +59,8 @@ export interface ProxyContext {
   inFlight?: Set<RequestAbort>;
   /** OpenTelemetry (./tracing.ts); absent when tracing is off, and then nothing is traced. */
   tracer?: RequestTracer;
+  /** Flow control (config `flow`): limits and the admission queue in front of the router. */
+  flow?: FlowGate;
 }
 
 /**
@@ -94,6 +97,8 @@ export async function handleCompletion(
   const tr: ServerRequestTrace | undefined = ctx.tracer?.start(req.headers, requestId, endpoint);
   const intake = tr?.phase("intake");
   let relay: TraceSpan | undefined;
+  let ticket: FlowTicket | null = null;
+  let usage: Usage | null = null;
   try {
     ctx.auth.check(req.headers);
     raw = await readBody(req, ctx.maxBodyBytes);
@@ -144,6 +149,18 @@ export async function handleCompletion(
       if (pending) await pending;
     }
     if (res.destroyed) return;
+    // Flow control: waits here, no headers sent, until a worker has headroom. Nothing may await
+    // between this and router.handle, which claims the worker synchronously (the queue's next
+    // dispatch must see that claim).
+    if (ctx.flow) {
+      const tokens = ctx.preparePrompt ? rreq.promptTokens().length : Math.ceil(raw.length / 4);
+      const queued = tr?.phase("queue");
+      try {
+        ticket = await ctx.flow.ticket(rreq, tokens, req.headers, abort);
+      } finally {
+        queued?.end();
+      }
+    }
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
     if (abort.aborted) {
@@ -152,9 +169,19 @@ export async function handleCompletion(
     }
     // Only a 200 is an event stream; a worker's error answer to a stream request is JSON.
     relay = tr?.phase("stream");
-    const usage =
+    usage =
       stream && up.status === 200
-        ? await relayStream(ctx, res, up, requestId, model, started, !clientWantsUsage, abort)
+        ? await relayStream(
+            ctx,
+            res,
+            up,
+            requestId,
+            model,
+            started,
+            !clientWantsUsage,
+            abort,
+            ticket?.onFirst,
+          )
         : await relayWhole(ctx, res, up, requestId, abort);
     if (tr) {
       relay!.end();
@@ -192,6 +219,7 @@ export async function handleCompletion(
     sendError(res, err, requestId, ctx.logger);
   } finally {
     if (ac) ctx.inFlight?.delete(ac);
+    ticket?.end(answered, usage?.completion_tokens);
     // A large body's buffer serves the next one once nothing can read it. undici writes a
     // Buffer body with one socket.write, which may still be sending from it after the call;
     // but an attempt that failed destroyed its connection (a connection error, an abort), and
@@ -232,6 +260,7 @@ async function relayStream(
   started: number,
   stripUsage: boolean,
   signal: RequestAbort,
+  onFirst?: () => void,
 ): Promise<Usage | null> {
   res.writeHead(up.status, {
     "content-type": contentTypeOf(up) ?? "text/event-stream",
@@ -253,8 +282,10 @@ async function relayStream(
         setImmediate(uncorkResponse, res);
       }
       const now = performance.now();
-      if (last === 0) mm.ttft.observe((now - started) / 1000);
-      else mm.itl.observe((now - last) / 1000);
+      if (last === 0) {
+        mm.ttft.observe((now - started) / 1000);
+        onFirst?.();
+      } else mm.itl.observe((now - last) / 1000);
       last = now;
       const out = filter ? filter.push(chunk) : chunk;
       if (filter?.invalid) {

@@ -6,7 +6,7 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 import type { RequestTrace } from "../router/trace.ts";
-import type { EndpointKind, RoutingRequest } from "../router/types.ts";
+import type { EndpointKind, RouteAdmission, RoutingRequest } from "../router/types.ts";
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { longStringHead } from "./body-parser-pool.ts";
 import {
@@ -52,6 +52,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   readonly cacheSalt: string | undefined;
   /** Set by the server when tracing is on; always present in the shape, so the class stays monomorphic. */
   trace: RequestTrace | undefined = undefined;
+  /** Set by the admission queue when flow control let the request through. */
+  admission?: RouteAdmission;
   private readonly tokenizer: Tokenizer;
   private readonly limits: PromptLimits;
   private text: string | undefined;

@@ -20,6 +20,7 @@ import { builtinExtensions } from "./builtin-extensions.ts";
 import type { ServerConfig } from "./config.ts";
 import { DashboardState } from "./dashboard/state.ts";
 import type { KvIngest, ManagedExecutor, ServerComponentContext, ServerExtensions } from "./extension-api.ts";
+import { createFlowGate, type FlowGate } from "./flow-gate.ts";
 import type { RequestTracker } from "./lifecycle.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
@@ -63,6 +64,8 @@ export interface Wired {
   decisions: DecisionLog;
   router: AutoRouter;
   scraper: LoadScraper;
+  /** Flow control (config `flow`), when on. */
+  flow: FlowGate | undefined;
   auth: ApiKeyAuth;
   proxy: ProxyContext;
 }
@@ -130,12 +133,14 @@ export async function wire(
   });
   metrics.watchBridges(() => router.bridgeCounters());
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
-  // Engine load is scraped only when a plugin reads it (every PD decode step does).
-  if (needs.has("engineLoad")) scraper.start();
+  const flow = createFlowGate(config.flow, workers, metrics.registry, scraper);
+  // Engine load is scraped only when a plugin reads it (every PD decode step does), or for
+  // flow control's headroom.
+  if (needs.has("engineLoad") || flow) scraper.start();
 
   const auth = new ApiKeyAuth(config.apiKeys);
   const parts = { tokenizer, discovery, ownsDiscovery, workers, metrics, kvIngest, kvSyncWaitUntil, peers };
-  const built = { ...parts, executor, decisions, router, scraper, auth };
+  const built = { ...parts, executor, decisions, router, scraper, flow, auth };
   return { ...built, proxy: proxyContext(config, scheduling, logger, opts, built) };
 }
 
@@ -185,6 +190,7 @@ function proxyContext(
     inFlight: new Set(),
     // Tracing only when asked for: otherwise no tracer exists and requests carry no trace.
     tracer: config.otlpEndpoint ? new RequestTracer({ endpoint: config.otlpEndpoint }) : undefined,
+    flow: w.flow,
   };
 }
 
@@ -208,6 +214,7 @@ export function routeContext(
       kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
       kvSync: () => kvIngest?.syncReport?.(),
       draining: () => tracker.draining,
+      flow: w.flow ? w.flow.snapshot.bind(w.flow) : undefined,
       // Waiting and KV usage need the engines' load: scraped from the first look on.
       onView: () => w.scraper.start(),
     }),

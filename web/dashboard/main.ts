@@ -11,6 +11,7 @@ import "./style.css";
 import type {
   CandidateExplanation,
   DecisionExplanationJson as Decision,
+  FlowView,
   DashboardModel as ModelView,
   DashboardSnapshot as Snapshot,
   TrafficPoint,
@@ -321,6 +322,49 @@ function explanation(d: Decision): HTMLElement {
   );
 }
 
+/** Flow control: queue depth per band and flow, waits, refusals (absent without `flow`). */
+function flowPanel(f: FlowView): HTMLElement {
+  const rows: HTMLTableRowElement[] = [];
+  for (const b of f.bands) {
+    const depth = b.flows.reduce((a, x) => a + x.depth, 0);
+    rows.push(
+      h(
+        "tr",
+        { class: "band" },
+        h("td", {}, b.band),
+        h("td", {}, "all"),
+        h("td", {}, String(depth)),
+        h("td", {}, depth ? `${b.oldestMs} ms` : "—"),
+        h("td", {}, ""),
+      ),
+    );
+    for (const fl of b.flows)
+      rows.push(
+        h(
+          "tr",
+          {},
+          h("td", {}, ""),
+          h("td", {}, fl.flow),
+          h("td", {}, String(fl.depth)),
+          h("td", {}, ""),
+          h("td", {}, String(fl.counter)),
+        ),
+      );
+  }
+  const rejected = Object.entries(f.rejected)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(" · ");
+  const w = f.waits;
+  return h(
+    "section",
+    { class: "panel flow", id: "flow" },
+    h("h3", {}, `Admission queue · ${f.depth} waiting`),
+    table("flow-table", ["band", "flow", "queued", "oldest wait", "VTC tokens"], rows),
+    h("p", {}, `waits (last ${w.count}): p50 ${fmt(w.p50)} ms · p90 ${fmt(w.p90)} ms · max ${fmt(w.max)} ms`),
+    h("p", {}, `rejections: ${rejected || "none"}`),
+  );
+}
+
 const modelBoxes = new Map<string, { root: HTMLElement; traffic: HTMLElement; body: HTMLElement }>();
 
 function render(): void {
@@ -345,6 +389,12 @@ function render(): void {
     box.body.replaceChildren(fleet(m), pd(m));
     traffic(m, box.traffic);
   }
+  const oldFlow = document.getElementById("flow");
+  if (s.flow) {
+    const panel = flowPanel(s.flow);
+    if (oldFlow) oldFlow.replaceWith(panel);
+    else app.prepend(panel);
+  } else oldFlow?.remove();
   let feed = document.getElementById("feed");
   if (!feed) {
     feed = h("div", { id: "feed" });

@@ -18,6 +18,7 @@ import type {
   DashboardModel,
   DashboardSnapshotValue,
   DashboardWorker,
+  FlowView,
   PdTransfer,
   WorkerHealth,
 } from "./wire.ts";
@@ -32,6 +33,8 @@ export interface DashboardSources {
   /** Per-rank KV index sync (the KV ingest's report). */
   kvSync?: () => KvSyncReport | undefined;
   draining: () => boolean;
+  /** Flow control's queue view, when the server runs it. */
+  flow?: () => FlowView;
   /** Called on every snapshot (the server starts its engine-load scraper here). */
   onView?: () => void;
 }
@@ -77,12 +80,14 @@ export class DashboardState {
     }
     const limit = opts.limit ?? 50;
     const kvIndex = this.src.kvSync?.();
+    const flow = this.src.flow?.();
     return {
       object: "dashboard.state",
       at: Date.now(),
       server: { policy: this.src.policy, draining, decisionCapacity: this.src.decisions.capacity },
       models,
       ...(kvIndex ? { kvIndex } : {}),
+      ...(flow ? { flow } : {}),
       decisions: recent.slice(Math.max(0, recent.length - limit)).reverse(),
     };
   }

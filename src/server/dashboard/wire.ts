@@ -81,6 +81,22 @@ export interface DashboardModel {
   traffic: TrafficView;
 }
 
+/** Flow control's admission queue (src/router/flow), when the server runs it. */
+export interface FlowView {
+  /** Requests waiting now. */
+  depth: number;
+  /** Highest band first; flows are tenant names or `key-<digest>` (never a key itself). */
+  bands: Array<{
+    band: string;
+    oldestMs: number;
+    flows: Array<{ flow: string; depth: number; counter: number }>;
+  }>;
+  /** Refusals since start by reason (queue_full, queue_timeout, rate_limit_rpm, rate_limit_tpm, no_worker, cancelled). */
+  rejected: Record<string, number>;
+  /** Queue waits (ms) of the last ≤ 200 requests that waited. */
+  waits: { count: number; p50: number | null; p90: number | null; max: number | null };
+}
+
 /**
  * The snapshot. `D` is the decisions' form: `DecisionExplanation` as the server builds it, the
  * JSON form (a filtered candidate's NaN total read back as null) as the page parses it; the
@@ -93,6 +109,8 @@ export interface DashboardSnapshot<D extends DecisionExplanationJson = DecisionE
   models: DashboardModel[];
   /** Per-rank KV index sync; absent when the server ingests no KV events. */
   kvIndex?: KvIndexSyncView;
+  /** The admission queue; absent without flow control. */
+  flow?: FlowView;
   /** The newest routing decisions, newest first. */
   decisions: D[];
 }

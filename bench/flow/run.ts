@@ -1,0 +1,215 @@
+/**
+ * Flow control (issue #29 goals: two priority bands, a heavy tenant): one `infera-sim --fleet N`
+ * and two `infera server`s on it, side by side in one run — today's default (kv-aware, no
+ * queue) and the same with `flow` on (the `load` signal at GIE's defaults, 200 ms scrapes).
+ *
+ *   node bench/flow/run.ts [--workers 2] [--speed 0.25] [--duration-s 20] [--prompt 512]
+ *     [--output 64] [--cal-clients 32] [--out bench/flow/results.json]
+ *
+ * 1. Capacity: closed loop, `--cal-clients` (32) clients per worker, `--duration-s`: completed
+ *    requests per second (a floor of the fleet's capacity: more clients may get more through).
+ * 2. Bands: high band at 0.4 × capacity alone (unloaded), then high 0.4 + low 1.6 (2× capacity),
+ *    Poisson arrivals: high TTFT p90, low band completed / offered, preemptions.
+ * 3. Tenants: three light tenants at 0.2 × capacity each, alone, then with a heavy one at 1.0
+ *    (4× a fair share of 0.25): the light ones' TTFT p90; then all four at 1.0 (backlogged):
+ *    Jain's index of served output tokens.
+ * Latencies are wall time on this box (model time = wall × --speed); print `uptime` beside them.
+ */
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
+import { handleFatalSignals, killOnExit } from "../../src/util/child-process.ts";
+import { serverArgs, spawnInfera } from "../../test/helpers/infera.ts";
+import { freePort } from "../../test/helpers/ports.ts";
+import { waitFor200 } from "../../test/helpers/wait.ts";
+import { engineCounters, startEngines } from "../fleet-routing/engines.ts";
+import { MODEL, writeWorkersFile } from "../fleet-routing/servers.ts";
+import { exitWithUsageIfAsked } from "../usage.ts";
+
+const args = process.argv.slice(2);
+exitWithUsageIfAsked(import.meta.url, args);
+const opt = (name: string, def: string) => {
+  const i = args.indexOf(`--${name}`);
+  return i >= 0 && args[i + 1] !== undefined ? args[i + 1] : def;
+};
+const WORKERS = Number(opt("workers", "2"));
+const SPEED = Number(opt("speed", "0.25"));
+const DURATION_S = Number(opt("duration-s", "20"));
+const PROMPT = Number(opt("prompt", "512"));
+const OUTPUT = Number(opt("output", "64"));
+const OUT = opt("out", join(import.meta.dirname, "results.json"));
+const CAL_CLIENTS = Number(opt("cal-clients", "32"));
+
+interface Shot {
+  band: string;
+  tenant: string;
+  status: number;
+  ttftMs: number | null;
+  outputTokens: number;
+}
+
+const words = (n: number, seed: number) =>
+  Array.from({ length: n }, (_, i) => `w${(i * 7 + seed) % 997}`).join(" ");
+
+async function shot(url: string, band: string, tenant: string, seed: number): Promise<Shot> {
+  const t0 = performance.now();
+  try {
+    const r = await fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-infera-priority": band, "x-infera-tenant": tenant },
+      body: JSON.stringify({
+        model: MODEL,
+        prompt: words(PROMPT, seed),
+        max_tokens: OUTPUT,
+        ignore_eos: true,
+        stream: true,
+      }),
+      signal: AbortSignal.timeout(120_000),
+    });
+    if (r.status !== 200 || !r.body) {
+      await r.text();
+      return { band, tenant, status: r.status, ttftMs: null, outputTokens: 0 };
+    }
+    let ttft: number | null = null;
+    let chunks = 0;
+    for await (const c of r.body) {
+      if (ttft === null) ttft = performance.now() - t0;
+      chunks += (
+        Buffer.from(c)
+          .toString()
+          .match(/"text"/g) ?? []
+      ).length;
+    }
+    return { band, tenant, status: 200, ttftMs: ttft, outputTokens: chunks };
+  } catch {
+    return { band, tenant, status: 0, ttftMs: null, outputTokens: 0 };
+  }
+}
+
+/** Poisson arrivals of each stream for `DURATION_S`; resolves when every request ended. */
+async function openLoop(
+  url: string,
+  streams: Array<{ band: string; tenant: string; rps: number }>,
+): Promise<Shot[]> {
+  const all: Promise<Shot>[] = [];
+  let seed = Math.floor(Math.random() * 1e6);
+  await Promise.all(
+    streams.map(async (s) => {
+      const end = performance.now() + DURATION_S * 1000;
+      while (performance.now() < end) {
+        all.push(shot(url, s.band, s.tenant, seed++));
+        await new Promise((r) => setTimeout(r, (-Math.log(1 - Math.random()) / s.rps) * 1000));
+      }
+    }),
+  );
+  return Promise.all(all);
+}
+
+async function capacity(url: string): Promise<number> {
+  const end = performance.now() + DURATION_S * 1000;
+  let done = 0;
+  let seed = 0;
+  await Promise.all(
+    Array.from({ length: CAL_CLIENTS * WORKERS }, async () => {
+      while (performance.now() < end) if ((await shot(url, "normal", "cal", seed++)).status === 200) done++;
+    }),
+  );
+  return done / DURATION_S;
+}
+
+const p90 = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? Math.round(s[Math.min(s.length - 1, Math.floor(0.9 * s.length))]) : null;
+};
+const ttfts = (shots: Shot[], f: (s: Shot) => boolean) =>
+  shots.filter((s) => f(s) && s.ttftMs !== null).map((s) => s.ttftMs as number);
+const jain = (xs: number[]) => {
+  const sum = xs.reduce((a, b) => a + b, 0);
+  const sq = xs.reduce((a, b) => a + b * b, 0);
+  return sq === 0 ? null : Number(((sum * sum) / (xs.length * sq)).toFixed(3));
+};
+
+async function main(): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), "infera-flow-bench-"));
+  const engines = await startEngines(WORKERS, ["--speed", String(SPEED)]);
+  const kill: Array<() => void> = [() => void engines.close()];
+  handleFatalSignals();
+  const workersFile = writeWorkersFile(dir, engines.engines, 16);
+  const server = async (flow: boolean) => {
+    const port = await freePort();
+    const cfg = join(dir, `cfg-${port}.json`);
+    const bands = [{ name: "high" }, { name: "normal" }, { name: "low" }];
+    writeFileSync(
+      cfg,
+      JSON.stringify({ flow: { enabled: flow, tenantHeader: true, maxWaitMs: 20_000, bands } }),
+    );
+    const { proc, output } = spawnInfera(
+      serverArgs(
+        port,
+        "--workers-file",
+        workersFile,
+        "--policy",
+        "kv-aware",
+        "--scrape-interval",
+        "200",
+        "--config",
+        cfg,
+      ),
+      { logLevel: "warn", keepChars: 4000 },
+    );
+    killOnExit(proc);
+    kill.push(() => proc.kill("SIGKILL"));
+    const url = `http://127.0.0.1:${port}`;
+    await waitFor200(`${url}/ready`, { timeoutMs: 60_000, what: "server", output });
+    return url;
+  };
+  const servers = { "kv-aware": await server(false), "kv-aware+flow": await server(true) };
+  const load = () => loadavg()[0].toFixed(1);
+  const cap = await capacity(servers["kv-aware"]);
+  console.log(`capacity ${cap.toFixed(2)} req/s (wall), load ${load()}`);
+  const results: Record<string, unknown> = { workers: WORKERS, speed: SPEED, capacityRps: cap };
+  for (const [name, url] of Object.entries(servers)) {
+    const pre0 = (await engineCounters(engines.engines)).reduce((a, c) => a + c.preemptions, 0);
+    const alone = await openLoop(url, [{ band: "high", tenant: "h", rps: 0.4 * cap }]);
+    const mixed = await openLoop(url, [
+      { band: "high", tenant: "h", rps: 0.4 * cap },
+      { band: "low", tenant: "l", rps: 1.6 * cap },
+    ]);
+    const pre1 = (await engineCounters(engines.engines)).reduce((a, c) => a + c.preemptions, 0);
+    const lows = mixed.filter((s) => s.band === "low");
+    const bands = {
+      highTtftP90UnloadedMs: p90(ttfts(alone, () => true)),
+      highTtftP90LoadedMs: p90(ttfts(mixed, (s) => s.band === "high")),
+      lowCompleted: Number(
+        (lows.filter((s) => s.status === 200).length / Math.max(1, lows.length)).toFixed(3),
+      ),
+      preemptions: pre1 - pre0,
+      load: load(),
+    };
+    const light = ["a", "b", "c"].map((t) => ({ band: "normal", tenant: t, rps: 0.2 * cap }));
+    const lightAlone = await openLoop(url, light);
+    const withHeavy = await openLoop(url, [...light, { band: "normal", tenant: "heavy", rps: 1.0 * cap }]);
+    const backlogged = await openLoop(
+      url,
+      ["a", "b", "c", "d"].map((t) => ({ band: "normal", tenant: t, rps: 1.0 * cap })),
+    );
+    const tenants = {
+      lightTtftP90AloneMs: p90(ttfts(lightAlone, () => true)),
+      lightTtftP90WithHeavyMs: p90(ttfts(withHeavy, (s) => s.tenant !== "heavy")),
+      jainBacklogged: jain(
+        ["a", "b", "c", "d"].map((t) =>
+          backlogged.filter((s) => s.tenant === t).reduce((a, s) => a + s.outputTokens, 0),
+        ),
+      ),
+      load: load(),
+    };
+    results[name] = { bands, tenants };
+    console.log(name, JSON.stringify({ bands, tenants }));
+  }
+  writeFileSync(OUT, `${JSON.stringify(results, null, 2)}\n`);
+  for (const k of kill) k();
+  rmSync(dir, { recursive: true, force: true });
+}
+
+await main();
+process.exit(0);
