@@ -24,7 +24,10 @@ describe("docs/plugins.md", () => {
     const arch = readFileSync(ARCH, "utf8");
     assert.equal(arch, renderPluginList(arch));
     // The filters the list once missed (issue #33): load-ceiling and hot-spread among them.
-    assert.match(arch, new RegExp(`- filters \\(${registered.filter.size}\\): .*\`hot-spread\`.*\`load-ceiling\``));
+    assert.match(
+      arch,
+      new RegExp(`- filters \\(${registered.filter.size}\\): .*\`hot-spread\`.*\`load-ceiling\``),
+    );
   });
 
   it("names every registered plugin under its kind, with each param's default", () => {
