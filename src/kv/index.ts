@@ -30,6 +30,7 @@ import { FULL_KINDS, isGpu, saltFromExtraKeys } from "./event-keys.ts";
 import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
 import { hashBlockInto, rootSeedInto } from "./hash.ts";
 import type { IndexSync, PrefixIndex } from "./prefix-index.ts";
+import { OffloadTiers, type Resolve, type TierOverlaps } from "./tiers.ts";
 import { FleetWalk, plan, type WalkPlan } from "./walk.ts";
 
 interface RankBlocks {
@@ -126,7 +127,11 @@ export class KvIndex implements PrefixIndex {
   /** Told of every decision of an overlap-aware step (a profile with `kv-prefix`); the server hangs its metrics here. */
   decisionObserver?: (reason: string, overlapBlocks: number, promptBlocks: number) => void;
 
+  /** Offloaded (host, disk) copies of the workers' blocks: ./tiers.ts. */
+  private readonly tiers: OffloadTiers;
+
   constructor(opts: KvIndexOptions = {}) {
+    this.tiers = new OffloadTiers(() => new KvIndex(opts));
     this.defaultMax =
       opts.defaultMaxBlocks && opts.defaultMaxBlocks > 0 ? opts.defaultMaxBlocks : DEFAULT_MAX_BLOCKS;
     this.margin = opts.capMargin !== undefined && opts.capMargin >= 0 ? opts.capMargin : 0.25;
@@ -160,6 +165,11 @@ export class KvIndex implements PrefixIndex {
   onRemoval(fn: (workerId: string) => void): () => void {
     this.removalListeners.add(fn);
     return () => this.removalListeners.delete(fn);
+  }
+
+  /** How many `onRemoval` listeners are subscribed (leak checks). */
+  get removalListenerCount(): number {
+    return this.removalListeners.size;
   }
 
   private removed(workerId: string): void {
@@ -225,6 +235,7 @@ export class KvIndex implements PrefixIndex {
     const w = this.workers.get(id);
     if (!w) return;
     for (const r of w.rankList) this.dropRank(r);
+    this.tiers.removeWorker(id);
     this.workers.delete(id);
     this.sync.delete(id);
     this.unsynced.delete(id);
@@ -236,6 +247,7 @@ export class KvIndex implements PrefixIndex {
   clearWorker(id: string, rank?: number): void {
     const w = this.workers.get(id);
     if (!w) return;
+    this.tiers.clearWorker(id, rank);
     if (rank === undefined) {
       for (const r of w.rankList) this.dropRank(r);
       w.ranks.clear();
@@ -283,7 +295,7 @@ export class KvIndex implements PrefixIndex {
       w = this.workers.get(workerId)!;
     }
     const r = this.rankOf(w, rank);
-    for (let i = 0; i < events.length; i++) this.applyTo(workerId, w, r, events[i]);
+    for (let i = 0; i < events.length; i++) this.applyTo(workerId, w, r, events[i], rank);
   }
 
   apply(workerId: string, ev: KvEvent, defaultBlockSize = 16, rank = 0): void {
@@ -334,18 +346,82 @@ export class KvIndex implements PrefixIndex {
     return groupIdx === null || groupIdx === (r.fullGroup ?? 0);
   }
 
-  private applyTo(workerId: string, w: WorkerBlocks, r: RankBlocks, ev: KvEvent): void {
+  /** A rank's router hash for an engine hash, for the offloaded tiers' hash-only stores. */
+  private resolver(r: RankBlocks): Resolve {
+    return (eh) => {
+      const slot = r.engine.find(eh);
+      if (slot < 0) return null;
+      const e = r.engine.valueAt(slot);
+      return { lo: this.table.loOf(e), hi: this.table.hiOf(e) };
+    };
+  }
+
+  /**
+   * Holds router hash (lo, hi) under engine hash `eh` on a worker's rank (an offloaded tier's
+   * index adopting a block its GPU rank resolved). False at the rank's cap.
+   */
+  adopt(
+    workerId: string,
+    rank: number,
+    blockSize: number,
+    eh: EngineBlockHash,
+    lo: number,
+    hi: number,
+  ): boolean {
+    if (!this.workers.has(workerId)) this.addWorker(workerId, blockSize);
+    const w = this.workers.get(workerId)!;
+    const r = this.rankOf(w, rank);
+    const slot = r.engine.find(eh);
+    if (slot >= 0) {
+      const old = r.engine.valueAt(slot);
+      if (this.table.loOf(old) === lo && this.table.hiOf(old) === hi) return true;
+      this.table.release(old, r.hid);
+      r.engine.deleteAt(slot);
+    }
+    if (r.engine.size >= w.cap) return false;
+    const e = this.table.acquire(lo, hi, r.hid);
+    if (e === 0) return false;
+    r.engine.insertNew(eh, e);
+    this.counters.stored++;
+    return true;
+  }
+
+  /**
+   * Leading prompt blocks each worker holds in host memory and on disk (./tiers.ts); null when
+   * no offloaded block is known (the common case costs nothing).
+   */
+  tierOverlaps(
+    tokens: ArrayLike<number>,
+    workerIds: readonly string[],
+    cacheSalt?: string | null,
+    loraName?: string | null,
+  ): TierOverlaps | null {
+    return this.tiers.overlaps(tokens, workerIds, cacheSalt, loraName);
+  }
+
+  /** Offloaded blocks held per tier, all workers together. */
+  tierBlocks(): { host: number; disk: number } {
+    return this.tiers.blocks();
+  }
+
+  private applyTo(workerId: string, w: WorkerBlocks, r: RankBlocks, ev: KvEvent, rank: number): void {
     const c = this.counters;
+    // Another medium than GPU memory (CPU offload, disk): the offloaded tiers (./tiers.ts).
+    const medium = ev.type === "BlockTransferred" ? null : (ev.medium ?? null);
+    if (medium !== null && !isGpu(medium)) {
+      if (!this.tiers.apply(workerId, rank, w.blockSize, ev, medium, this.resolver(r))) c.ignored++;
+      return;
+    }
     switch (ev.type) {
       case "BlockStored":
-        if (!isGpu(ev.medium) || !this.inFullGroup(r, ev.groupIdx, ev.kvCacheSpecKind ?? null)) {
+        if (!this.inFullGroup(r, ev.groupIdx, ev.kvCacheSpecKind ?? null)) {
           c.ignored++;
           return;
         }
         this.store(workerId, w, r, ev);
         return;
       case "BlockRemoved": {
-        if (!isGpu(ev.medium) || !this.inFullGroup(r, ev.groupIdx, null)) {
+        if (!this.inFullGroup(r, ev.groupIdx, null)) {
           c.ignored++;
           return;
         }
@@ -357,16 +433,13 @@ export class KvIndex implements PrefixIndex {
         // Only a move out of GPU memory changes what a GPU prefix hit can use; a move in carries
         // no token ids, so the router cannot hash it.
         if (isGpu(ev.fromMedium) && ev.toMedium !== null && !isGpu(ev.toMedium)) {
+          this.tiers.moved(workerId, rank, w.blockSize, ev.blockHashes, ev.toMedium, this.resolver(r));
           this.removeHashes(r, ev.blockHashes);
           this.removed(workerId);
         } else c.ignored++;
         return;
       }
       case "AllBlocksCleared":
-        if (!isGpu(ev.medium ?? null)) {
-          c.ignored++;
-          return;
-        }
         this.emptyRank(r);
         c.cleared++;
         this.removed(workerId);

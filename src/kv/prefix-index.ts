@@ -60,6 +60,16 @@ export interface PrefixIndex {
     bestRank?: Int32Array,
   ): Int32Array;
   /**
+   * For each of `workerIds`, the leading blocks of `tokens` it holds offloaded in host memory and
+   * on disk (src/kv/tiers.ts); null when the index knows of no offloaded block at all.
+   */
+  tierOverlaps?(
+    tokens: ArrayLike<number>,
+    workerIds: readonly string[],
+    cacheSalt?: string | null,
+    loraName?: string | null,
+  ): { host: Int32Array; disk: Int32Array } | null;
+  /**
    * Calls `fn` with a worker's id whenever the index drops blocks of that worker (BlockRemoved,
    * a move out of GPU memory, AllBlocksCleared, a reset or removal); returns the unsubscribe.
    * The pending bridge listens, so that an eviction is never overridden by its credit.

@@ -15,6 +15,7 @@ import { mixedCandidates, PdOrMixedRouter } from "./pd-or-mixed.ts";
 import type { PeerRouting } from "./peers/types.ts";
 import type { Scheduling } from "./pipeline/build.ts";
 import type { DecisionLog } from "./pipeline/decisions.ts";
+import type { TtftPredictor } from "./predict/ttft.ts";
 import type { DisaggRouterFactory, DisaggSettings, ModelRouter, RoutingPolicy } from "./types.ts";
 import type { LiveWorker, WorkerSet } from "./worker-set.ts";
 
@@ -36,6 +37,8 @@ export interface AutoRouterOptions {
   logger: Logger;
   /** Where each decision is explained (the server's /debug/decisions ring). */
   decisions?: DecisionLog;
+  /** The server's TTFT predictor (src/router/predict), shared by every model's scheduler. */
+  ttft?: TtftPredictor;
   /** The KV prefix index of a model, when the server ingests KV events (needs `kvIndex`). */
   kvIndexFor?: (model: string) => PrefixIndex | undefined;
   /** Peer replicas' routed prefixes for a model (src/router/peers), when shared. */
@@ -128,6 +131,19 @@ export class AutoRouter {
 
   close(): void {
     this.unsubscribe();
+    for (const p of this.modelPolicies.values()) p.close?.();
+    this.modelPolicies.clear();
+    this.entries.clear();
+  }
+
+  /** Per model, its policy's pending-bridge counters (models whose policy has a bridge). */
+  bridgeCounters(): [model: string, counters: Readonly<Record<string, number>>][] {
+    const out: [string, Readonly<Record<string, number>>][] = [];
+    for (const [model, p] of this.modelPolicies) {
+      const c = p.bridgeCounters?.();
+      if (c) out.push([model, c]);
+    }
+    return out;
   }
 
   policyFor(model: string): RoutingPolicy {
@@ -139,6 +155,7 @@ export class AutoRouter {
         kvIndex: this.o.kvIndexFor?.(model),
         peers: this.o.peersFor?.(model),
         decisions: this.o.decisions,
+        ttft: this.o.ttft,
       });
       this.modelPolicies.set(model, p);
     }

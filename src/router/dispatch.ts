@@ -252,8 +252,14 @@ class ClaimedAnswer implements UpstreamResponse {
     const src = up.body;
     if (isRelayBody(src)) {
       // onClose follows end, failure or destroy; the first byte is seen by a thin sink.
-      src.onClose(claim.releaser());
-      this.body = claim.isPrefillPending ? new FirstByteBody(src, claim) : src;
+      if (claim.isPrefillPending) {
+        const fb = new FirstByteBody(src, claim);
+        src.onClose(() => fb.closed());
+        this.body = fb;
+      } else {
+        src.onClose(claim.releaser());
+        this.body = src;
+      }
     } else if (!claim.isPrefillPending && isReadable(src)) {
       // 'close' follows end, error or destroy.
       src.once("close", claim.releaser());
@@ -285,11 +291,18 @@ class ClaimedAnswer implements UpstreamResponse {
   }
 }
 
+/** How long a claim whose answer closed before anyone read it waits for a reader (then it ends). */
+const EARLY_CLOSE_MS = 10_000;
+
 /** A relay body whose first chunk ends its claim's pending prefill; everything else is passed on. */
 class FirstByteBody implements RelayBody, BodySink {
   private readonly src: RelayBody;
   private readonly claim: WorkerClaim;
   private sink: BodySink | null = null;
+  /** Set while the source has closed before a reader attached (see `closed`). */
+  private early: ReturnType<typeof setTimeout> | null = null;
+  /** Read by async iteration (the iterator reads the source itself). */
+  private reading = false;
 
   constructor(src: RelayBody, claim: WorkerClaim) {
     this.src = src;
@@ -299,6 +312,33 @@ class FirstByteBody implements RelayBody, BodySink {
   attach(sink: BodySink): void {
     this.sink = sink;
     this.src.attach(this);
+    // Closed before this reader came: the queued chunks (the first byte among them) and the end
+    // were replayed by the attach above; now the claim ends.
+    this.settleEarly();
+  }
+
+  /** Ends the claim if its source closed before the reader came (see `closed`). */
+  private settleEarly(): void {
+    if (this.early !== null) {
+      clearTimeout(this.early);
+      this.early = null;
+      this.claim.release();
+    }
+  }
+
+  /**
+   * The source closed. A short answer often arrives whole (head, chunks and end in one socket
+   * read) before the relay attaches: its chunks wait in the body, and ending the claim now
+   * would tell the watchers `dropped` for an answer that succeeded (the pending bridge dropped
+   * its entry, the TTFT predictor lost the sample). Then the claim ends when the reader attaches
+   * (after the replay), or after `EARLY_CLOSE_MS` if none ever does.
+   */
+  closed(): void {
+    if (this.sink !== null || this.reading) this.claim.release();
+    else if (this.early === null) {
+      this.early = setTimeout(this.claim.releaser(), EARLY_CLOSE_MS);
+      this.early.unref?.();
+    }
   }
 
   onData(chunk: Uint8Array): boolean {
@@ -327,17 +367,23 @@ class FirstByteBody implements RelayBody, BodySink {
   }
 
   [Symbol.asyncIterator](): AsyncIterator<Uint8Array> {
-    return firstByteChunks(this.src, this.claim);
+    this.reading = true;
+    return firstByteChunks(this.src, this.claim, () => this.settleEarly());
   }
 }
 
 async function* firstByteChunks(
   src: AsyncIterable<Uint8Array>,
   claim: WorkerClaim,
+  done: () => void,
 ): AsyncGenerator<Uint8Array> {
-  for await (const chunk of src) {
-    claim.firstByte();
-    yield chunk;
+  try {
+    for await (const chunk of src) {
+      claim.firstByte();
+      yield chunk;
+    }
+  } finally {
+    done();
   }
 }
 

@@ -39,6 +39,12 @@ export interface RoutingRequest {
   promptText(): string;
   /** Token ids of the templated prompt with the model's tokenizer, computed once on first use. */
   promptTokens(): readonly number[];
+  /**
+   * One of the client's request headers (lower-case name; the first value when repeated), for
+   * plugins that take per-request hints (`x-infera-ttft-target-ms`, `x-session-id`); absent
+   * where requests do not come from HTTP.
+   */
+  header?(name: string): string | undefined;
   /** The request's trace when tracing is on (./trace.ts); undefined otherwise. */
   trace?: RequestTrace;
   /** Flow control's admission (src/router/flow/queue.ts), when the request passed the queue. */
@@ -128,6 +134,10 @@ export interface RoutingPolicy {
    */
   onRouted?(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void;
   onWorkerRemoved?(workerId: string): void;
+  /** Releases listeners it holds on shared state (the KV index); the router calls it on close. */
+  close?(): void;
+  /** Its pending bridges' counters summed (a pipeline Scheduler with `bridgePending`), for /metrics. */
+  bridgeCounters?(): Readonly<Record<string, number>> | undefined;
 }
 
 /** MixedRouter and DisaggRouter implement this; AutoRouter picks one per model. */

@@ -13,6 +13,7 @@ import type { AutoRouter } from "../router/auto.ts";
 import type { PeerPlane } from "../router/peers/types.ts";
 import { buildScheduling, type Scheduling } from "../router/pipeline/build.ts";
 import type { DecisionLog } from "../router/pipeline/decisions.ts";
+import type { TtftPredictor } from "../router/predict/ttft.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { createLogger, type Logger } from "../util/log.ts";
@@ -22,6 +23,7 @@ import { closeOnce, createHttpServer, drainer, listen, RequestTracker } from "./
 import type { LoadScraper } from "./load-scraper.ts";
 import type { ServerMetrics } from "./metrics.ts";
 import { createDispatcher } from "./routes.ts";
+import type { TtftReport } from "./ttft-sink.ts";
 import { routeContext, type WireOptions, wire } from "./wiring.ts";
 
 export interface StartServerOptions extends WireOptions {
@@ -49,6 +51,9 @@ export interface InferaServer {
   scheduling: Scheduling;
   /** The last routing decisions, explained (GET /debug/decisions). */
   decisions: DecisionLog;
+  /** The TTFT predictor (src/router/predict) and its error report (metric, dashboard). */
+  ttft: TtftPredictor;
+  ttftReport: TtftReport;
   httpServer: Server;
   /**
    * Graceful stop (SIGTERM): stop accepting, answer /ready 503 and new requests 503 on
@@ -125,6 +130,8 @@ export async function startServer(
     tokenizer: w.tokenizer,
     scheduling,
     decisions: w.decisions,
+    ttft: w.ttft,
+    ttftReport: w.ttftReport,
     httpServer,
     drain,
     close,

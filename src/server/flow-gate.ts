@@ -24,6 +24,7 @@ import type { HeadroomRequest, HeadroomScope, HeadroomSignal } from "../router/f
 import { FlowRejectedError, RateLimiter } from "../router/flow/limits.ts";
 import { type Admission, FlowQueue } from "../router/flow/queue.ts";
 import { headroomSignals } from "../router/flow/registry.ts";
+import type { TtftPredictor } from "../router/predict/ttft.ts";
 import type { RoutingRequest } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { AbortLike } from "../util/abort.ts";
@@ -52,7 +53,11 @@ export class FlowGate {
   private readonly waits: number[] = [];
   private readonly rejections: Counter<"band" | "reason">;
 
-  constructor(cfg: FlowConfig, workers: WorkerSet, registry: Registry) {
+  /** The server's TTFT predictor, for the `predicted-ttft` signal (HeadroomScope.ttft). */
+  private readonly ttft: TtftPredictor | undefined;
+
+  constructor(cfg: FlowConfig, workers: WorkerSet, registry: Registry, ttft?: TtftPredictor) {
+    this.ttft = ttft;
     this.cfg = cfg;
     this.limiter = new RateLimiter(cfg.replicas);
     const registers = [registry];
@@ -188,6 +193,7 @@ export class FlowGate {
       const store = new Map<string, unknown>();
       const scope: HeadroomScope = {
         model,
+        ttft: this.ttft,
         shared<T>(key: string, make: () => T): T {
           if (!store.has(key)) store.set(key, make());
           return store.get(key) as T;
@@ -303,10 +309,11 @@ export function createFlowGate(
   workers: WorkerSet,
   registry: Registry,
   scraper: LoadScraper,
+  ttft?: TtftPredictor,
 ): FlowGate | undefined {
   const cfg = resolveFlowConfig(layer);
   if (!cfg.enabled) return undefined;
-  const gate = new FlowGate(cfg, workers, registry);
+  const gate = new FlowGate(cfg, workers, registry, ttft);
   scraper.onScraped = () => gate.wake();
   return gate;
 }

@@ -123,6 +123,7 @@ export async function handleCompletion(
       ctx.tokenizer,
       ctx.promptLimits,
     );
+    rreq.headers = req.headers;
     if (tr) {
       intake!.end();
       tr.root.setAttribute("gen_ai.request.model", model);

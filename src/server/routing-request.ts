@@ -6,6 +6,7 @@
  * prompt it starts with (./token-prefix-cache.ts).
  */
 
+import type { IncomingHttpHeaders } from "node:http";
 import type { RequestTrace } from "../router/trace.ts";
 import type { RouteAdmission, RoutedEndpoint, RoutingRequest } from "../router/types.ts";
 import { addsSpecialTokens, type ChatMessageLike, type Tokenizer } from "../tokenizer/tokenizer.ts";
@@ -61,6 +62,8 @@ export class ServerRoutingRequest implements RoutingRequest {
   private tokens: readonly number[] | undefined;
   /** False once the tokens are known to be only the prompt's head (a cap or the budget cut them). */
   private whole = true;
+  /** The client's headers (set by the proxy), read by `header()`. */
+  headers: IncomingHttpHeaders | undefined;
 
   constructor(
     requestId: string,
@@ -80,6 +83,11 @@ export class ServerRoutingRequest implements RoutingRequest {
     this.cacheSalt = cacheSalt;
     this.tokenizer = tokenizer;
     this.limits = limits;
+  }
+
+  header(name: string): string | undefined {
+    const v = this.headers?.[name];
+    return Array.isArray(v) ? v[0] : v;
   }
 
   /** The templated prompt's head (at most ROUTING_TEXT_CAP characters). */

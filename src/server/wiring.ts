@@ -10,6 +10,7 @@ import { AutoRouter } from "../router/auto.ts";
 import type { PeerPlane } from "../router/peers/types.ts";
 import type { Scheduling } from "../router/pipeline/build.ts";
 import { DecisionLog } from "../router/pipeline/decisions.ts";
+import { TtftPredictor } from "../router/predict/ttft.ts";
 import { WorkerSet } from "../router/worker-set.ts";
 import { loadTokenizer, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { HttpExecutor } from "../transport/http.ts";
@@ -29,6 +30,7 @@ import type { RouteContext } from "./route-context.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";
 import { RequestTracer } from "./tracing.ts";
+import { TtftReport } from "./ttft-sink.ts";
 
 /**
  * How long /ready holds a new server out (503) while a rank's start-up KV replay still runs: long
@@ -62,6 +64,9 @@ export interface Wired {
   peers: PeerPlane | null;
   executor: ManagedExecutor;
   decisions: DecisionLog;
+  /** The TTFT predictor (src/router/predict) and where it reports (metric, decisions, dashboard). */
+  ttft: TtftPredictor;
+  ttftReport: TtftReport;
   router: AutoRouter;
   scraper: LoadScraper;
   /** Flow control (config `flow`), when on. */
@@ -117,6 +122,9 @@ export async function wire(
   // One index serves every model (worker ids are unique across models).
   const syncIndex = kvIngest?.indexFor("");
   if (syncIndex?.syncOf) decisions.syncOf = (id) => syncIndex.syncOf?.(id) ?? null;
+  // The TTFT predictor: passive until a profile's predicted-ttft / ttft-saturation uses it.
+  const ttftReport = new TtftReport(metrics.registry, decisions);
+  const ttft = new TtftPredictor({ sink: ttftReport });
   const router = new AutoRouter({
     workers,
     disagg: config.disagg,
@@ -130,16 +138,18 @@ export async function wire(
     observer: metrics,
     scheduling,
     decisions,
+    ttft,
   });
+  metrics.watchBridges(() => router.bridgeCounters());
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
-  const flow = createFlowGate(config.flow, workers, metrics.registry, scraper);
+  const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft);
   // Engine load is scraped only when a plugin reads it (every PD decode step does), or for
   // flow control's headroom.
   if (needs.has("engineLoad") || flow) scraper.start();
 
   const auth = new ApiKeyAuth(config.apiKeys);
   const parts = { tokenizer, discovery, ownsDiscovery, workers, metrics, kvIngest, kvSyncWaitUntil, peers };
-  const built = { ...parts, executor, decisions, router, scraper, flow, auth };
+  const built = { ...parts, executor, decisions, ttft, ttftReport, router, scraper, flow, auth };
   return { ...built, proxy: proxyContext(config, scheduling, logger, opts, built) };
 }
 
@@ -213,6 +223,7 @@ export function routeContext(
       kvIndexFor: kvIngest ? (m) => kvIngest.indexFor(m) : undefined,
       kvSync: () => kvIngest?.syncReport?.(),
       draining: () => tracker.draining,
+      ttftErrors: () => w.ttftReport.summary(),
       flow: w.flow ? w.flow.snapshot.bind(w.flow) : undefined,
       // Waiting and KV usage need the engines' load: scraped from the first look on.
       onView: () => w.scraper.start(),

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { networkInterfaces, tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
@@ -83,13 +83,16 @@ async function subscriptionError(sub: Subscription): Promise<string> {
   }
 }
 
+let monitorPort = 0;
+
 before(async () => {
   if (skip) return;
   const port = await freePort();
   const monitor = await freePort();
+  monitorPort = monitor;
   const conf = (find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string)
     .replace("port: 4222", `listen: "127.0.0.1:${port}"`)
-    .replace("http_port: 8222", `http: "127.0.0.1:${monitor}"`);
+    .replace(`http: "127.0.0.1:8222"`, `http: "127.0.0.1:${monitor}"`);
   const file = join(dir, "nats.conf");
   writeFileSync(file, conf);
   const env = containerEnv(find("StatefulSet", "mixed-nats").spec.template.spec.containers[0], objs);
@@ -115,6 +118,41 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
+test("the monitor port (no auth in nats-server) listens on loopback only; the probes reach it from inside", {
+  skip,
+}, async () => {
+  const nats = find("StatefulSet", "mixed-nats").spec.template.spec.containers[0] as Obj;
+  // nats-io/nats-server@1787eee035cf0253c201fa0f05afad92b6f296dc server/opts.go: `http` is
+  // parseListen(v) → HTTPHost/HTTPPort ("host:port"); `http_port` alone binds every address.
+  const conf = find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string;
+  assert.match(conf, /^http: "127\.0\.0\.1:8222"$/m);
+  assert.doesNotMatch(conf, /^(http_port|monitor_port|https?_port):/m);
+  assert.ok(!(nats.ports as Obj[]).some((p) => p.containerPort === 8222), "no pod-IP monitor port");
+  // The kubelet's httpGet would dial the pod IP: the probes run in the container instead.
+  for (const probe of [nats.readinessProbe, nats.livenessProbe] as Obj[]) {
+    assert.equal(probe.httpGet, undefined);
+    const [cmd, ...args] = (probe.exec.command as string[]).map((w) =>
+      w.replace("127.0.0.1:8222", `127.0.0.1:${monitorPort}`),
+    );
+    const r = spawnSync(cmd!, args, { timeout: 10_000 });
+    assert.equal(r.status, 0, `probe ${probe.exec.command.join(" ")}: ${r.stderr}`);
+  }
+  // nats-server with the rendered line (port aside) answers on loopback, not on the host's address.
+  const ext = Object.values(networkInterfaces())
+    .flat()
+    .find((a) => a && a.family === "IPv4" && !a.internal)?.address;
+  if (ext) {
+    const err = await fetch(`http://${ext}:${monitorPort}/healthz`).then(
+      (r) => `answered ${r.status}`,
+      (e: Error) => String((e.cause as Error | undefined)?.message ?? e.message),
+    );
+    assert.match(err, /ECONNREFUSED/);
+  }
+  // And the NetworkPolicy no longer admits anyone to it.
+  const pol = find("NetworkPolicy", "mixed-nats-clients");
+  assert.ok(!JSON.stringify(pol.spec.ingress).includes("8222"), JSON.stringify(pol.spec.ingress));
+});
+
 test("every role has its own user; pods of a pool get only that pool's password", { skip }, () => {
   const server = identityOf("Deployment", "mixed-server");
   const llama = identityOf("StatefulSet", "mixed-llama-mixed");
@@ -131,7 +169,8 @@ test("every role has its own user; pods of a pool get only that pool's password"
   ] as const) {
     const c = find(kind, name).spec.template.spec.containers[0];
     const ref = (c.env as Obj[]).find((e) => e.name === "INFERA_NATS_PASSWORD")?.valueFrom.secretKeyRef;
-    assert.deepEqual(ref, { name: "mixed-nats-credentials", key: user });
+    assert.equal(ref.key, user);
+    assert.match(ref.name, /^mixed-nats-credentials-[0-9a-f]{10}$/);
     assert.ok(!JSON.stringify(c.command ?? []).includes(server.password));
   }
 });

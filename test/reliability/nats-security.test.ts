@@ -142,7 +142,7 @@ test("the rendered NATS config: anonymous clients and an engine identity's reads
       file,
       (find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string)
         .replace("port: 4222", `listen: "127.0.0.1:${port}"`)
-        .replace("http_port: 8222", `http: "127.0.0.1:${monitor}"`),
+        .replace(`http: "127.0.0.1:8222"`, `http: "127.0.0.1:${monitor}"`),
     );
     const proc: ChildProcess = spawnTracked(NATS_SERVER_BIN, ["-c", file], {
       stdio: ["ignore", "ignore", "pipe"],

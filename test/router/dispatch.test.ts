@@ -226,6 +226,33 @@ describe("a claim's watchers (the pending bridge): prefilled or dropped, once", 
     }
   });
 
+  it("a short answer that arrived whole before the relay attached: prefilled, not dropped", async () => {
+    // Head, event and end in one write: undici delivers them in one socket read, so the body
+    // has ended (its chunk queued) before the relay attaches. The claim used to end at that
+    // close, telling the watcher `dropped:failed` for a successful answer.
+    route = (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.end('data: {"x":1}\n\ndata: [DONE]\n\n');
+    };
+    const w = live();
+    const claim = new WorkerClaim(w, {}, 5);
+    const obs = watcher();
+    claim.watch(obs);
+    const up = claim.wrap(await claim.send(exec, "chat", { model: "m" }, { signal: signal() }));
+    // Let the whole answer land before anything reads it.
+    await new Promise((r) => setTimeout(r, 50));
+    let bytes = 0;
+    await pump(up.body, null, (c) => {
+      bytes += c.length;
+      return true;
+    });
+    assert.ok(bytes > 0);
+    assert.deepEqual(obs.log, ["prefilled"]);
+    await waitUntil(() => claim.isReleased, 1000, "the claim ends");
+    assert.equal(w.inFlight, 0);
+    assert.equal(w.pendingPrefillTokens, 0);
+  });
+
   it("a 5xx answer (its error body included) and a broken-off body before any byte: dropped as failed", async () => {
     route = (_req, res) => {
       res.writeHead(500, { "content-type": "application/json" });

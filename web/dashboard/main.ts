@@ -296,6 +296,14 @@ function explanation(d: Decision): HTMLElement {
         { class: "bridge-blocks", "data-bridge": bridge === null ? "" : String(bridge) },
         bridge === null ? "—" : String(bridge),
       ),
+      // The predictor's TTFT for this candidate, and what the winner then observed.
+      h(
+        "td",
+        { class: "ttft", "data-predicted": String(c.predictedTtftMs ?? "") },
+        c.predictedTtftMs === undefined
+          ? "—"
+          : `${fmt(c.predictedTtftMs ?? Number.NaN, 0)}${c.worker === d.winner && d.observedTtftMs != null ? ` (${fmt(d.observedTtftMs, 0)})` : ""}`,
+      ),
     );
   });
   return h(
@@ -316,6 +324,7 @@ function explanation(d: Decision): HTMLElement {
         "total (lower wins)",
         "prompt cached (blocks / prompt blocks)",
         "of which pending bridge (blocks)",
+        "TTFT ms predicted (observed)",
       ],
       rows,
     ),
@@ -401,7 +410,35 @@ function render(): void {
     app.append(feed);
   }
   const chosen = s.decisions.find((d) => d.requestId === selected);
-  feed.replaceChildren(...(chosen ? [explanation(chosen)] : []), decisionsPanel(s.decisions));
+  feed.replaceChildren(
+    ...(s.ttftPrediction?.length ? [predictorPanel(s.ttftPrediction)] : []),
+    ...(chosen ? [explanation(chosen)] : []),
+    decisionsPanel(s.decisions),
+  );
+}
+
+/** The TTFT predictor's error over its last observations, per model. */
+function predictorPanel(rows: NonNullable<Snapshot["ttftPrediction"]>): HTMLElement {
+  const pct = (v: number) => (Number.isFinite(v) ? `${Math.round(v * 100)} %` : "—");
+  return h(
+    "section",
+    { class: "panel predictor" },
+    h("h3", {}, "TTFT predictor: |predicted − observed| / observed"),
+    table(
+      "predictor-table",
+      ["model", "samples", "median", "p90"],
+      rows.map((r) =>
+        h(
+          "tr",
+          { "data-model": r.model },
+          h("td", {}, r.model),
+          h("td", {}, String(r.samples)),
+          h("td", {}, pct(r.median)),
+          h("td", {}, pct(r.p90)),
+        ),
+      ),
+    ),
+  );
 }
 
 async function poll(): Promise<void> {

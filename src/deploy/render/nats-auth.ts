@@ -27,6 +27,7 @@
  * lands in the ConfigMap.
  */
 
+import { createHash } from "node:crypto";
 import { kvSubject, requestSubject } from "../../transport/nats/subjects.ts";
 import type { ModelSpec, PoolSpec } from "../spec.ts";
 import { names, poolName, type RenderContext, workerObjectName } from "./context.ts";
@@ -125,14 +126,34 @@ export const ROUTE_AUTH_LINE = `  authorization { user: ${ROUTE_NATS_USER}, pass
 
 type EnvVar = { name: string; value?: string; valueFrom?: object };
 
-/** The NATS container's env: every user's password from the credentials Secret. */
-export function natsServerEnv(ctx: RenderContext): EnvVar[] {
-  const secret = names.natsSecret(ctx);
-  const users = [
+/** Every key of the credentials Secret: the client users, then the routes' user when clustered. */
+function credentialUsers(ctx: RenderContext): string[] {
+  return [
     ...natsUsers(ctx).map((u) => u.user),
     ...(ctx.spec.planes.natsReplicas > 1 ? [ROUTE_NATS_USER] : []),
   ];
-  return users.map((user) => ({
+}
+
+/**
+ * The credentials Secret's name. One the user supplies (`auth.natsCredentialsSecret`) or creates
+ * by hand is `NAME-nats-credentials`. A generated one also carries a hash of its key set: the
+ * operator may only create Secrets (never read or patch them), so a Secret written once could
+ * never gain the key of a pool added later (its pods would fail on the missing key). With the
+ * key set in the name, a spec that changes the users renders a new, complete Secret (fresh
+ * passwords, and every NATS client and nats-server roll onto it with the changed references),
+ * while a spec that keeps them keeps the Secret and its passwords.
+ */
+export function natsSecretName(ctx: RenderContext): string {
+  const base = names.natsSecret(ctx);
+  if (ctx.spec.auth.natsCredentialsSecret || ctx.secrets !== "generate") return base;
+  const keys = credentialUsers(ctx).sort().join("\n");
+  return `${base}-${createHash("sha256").update(keys).digest("hex").slice(0, 10)}`;
+}
+
+/** The NATS container's env: every user's password from the credentials Secret. */
+export function natsServerEnv(ctx: RenderContext): EnvVar[] {
+  const secret = natsSecretName(ctx);
+  return credentialUsers(ctx).map((user) => ({
     name: envVarOf(user),
     valueFrom: { secretKeyRef: { name: secret, key: user } },
   }));
@@ -154,8 +175,7 @@ function natsPassword(ctx: RenderContext): string {
 /** The generated credentials: one key per user, its password. */
 export function natsCredentials(ctx: RenderContext): Record<string, string> {
   const out: Record<string, string> = {};
-  for (const u of natsUsers(ctx)) out[u.user] = natsPassword(ctx);
-  if (ctx.spec.planes.natsReplicas > 1) out[ROUTE_NATS_USER] = natsPassword(ctx);
+  for (const user of credentialUsers(ctx)) out[user] = natsPassword(ctx);
   return out;
 }
 
@@ -166,6 +186,6 @@ export function natsCredentials(ctx: RenderContext): Record<string, string> {
 export function natsClientIdentityEnv(ctx: RenderContext, user: string): EnvVar[] {
   return [
     { name: "INFERA_NATS_USER", value: user },
-    { name: "INFERA_NATS_PASSWORD", valueFrom: { secretKeyRef: { name: names.natsSecret(ctx), key: user } } },
+    { name: "INFERA_NATS_PASSWORD", valueFrom: { secretKeyRef: { name: natsSecretName(ctx), key: user } } },
   ];
 }

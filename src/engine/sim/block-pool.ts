@@ -24,7 +24,20 @@ export class BlockPool {
   private readonly hashOf: (bigint | null)[];
   private readonly cached = new Map<bigint, number>();
 
-  constructor(numBlocks: number, blockSize: number, enableCaching = true) {
+  /**
+   * vLLM's native CPU offloading (OffloadingConnector, `num_cpu_blocks`): every block the pool
+   * caches is offloaded to a CPU LRU of this many blocks, and reported as the connector reports
+   * it (vllm-project/vllm vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py
+   * @ 0072b0b7443bdddf17824c78d4feae8e1fc12fb4, take_events: BlockStored with medium "CPU", the
+   * block hashes, token_ids [] and no parent; BlockRemoved "CPU" when the LRU drops one). The
+   * offloaded copy is not loaded back on a hit (the sim recomputes): only the events are modelled.
+   */
+  private readonly cpu: Map<bigint, true> | null;
+  private readonly cpuBlocks: number;
+
+  constructor(numBlocks: number, blockSize: number, enableCaching = true, cpuBlocks = 0) {
+    this.cpuBlocks = cpuBlocks;
+    this.cpu = cpuBlocks > 0 ? new Map() : null;
     this.numBlocks = numBlocks;
     this.blockSize = blockSize;
     this.enableCaching = enableCaching;
@@ -146,6 +159,7 @@ export class BlockPool {
         extraKeys,
         salt,
       });
+      if (this.cpu) this.offload(run.hashes);
       run = null;
     };
     for (let b = from; b < to; b++) {
@@ -165,6 +179,37 @@ export class BlockPool {
       run.hashes.push(h);
     }
     flush(to);
+  }
+
+  /** Offloads newly cached blocks to the CPU LRU (see `cpu`), evicting its oldest past capacity. */
+  private offload(hashes: readonly bigint[]): void {
+    const cpu = this.cpu!;
+    const stored: bigint[] = [];
+    for (const h of hashes) {
+      if (cpu.delete(h)) {
+        cpu.set(h, true); // already offloaded: refreshed, no event
+        continue;
+      }
+      cpu.set(h, true);
+      stored.push(h);
+    }
+    const evicted: bigint[] = [];
+    while (cpu.size > this.cpuBlocks) {
+      const oldest = cpu.keys().next().value!;
+      cpu.delete(oldest);
+      evicted.push(oldest);
+    }
+    if (stored.length > 0)
+      this.pending.push({
+        type: "BlockStored",
+        blockHashes: stored,
+        parentBlockHash: null,
+        tokenIds: [],
+        blockSize: this.blockSize,
+        extraKeys: null,
+        medium: "CPU",
+      });
+    if (evicted.length > 0) this.pending.push({ type: "BlockRemoved", blockHashes: evicted, medium: "CPU" });
   }
 
   /** Clears the prefix cache (vLLM reset_prefix_cache); refused while any block is in use. */

@@ -138,9 +138,32 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
 }
 
 /**
+<<<<<<< HEAD
+ * CPU blocks of vLLM's native KV offloading (`--kv-transfer-config '{"kv_connector":
+ * "OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_cpu_blocks":N}}'`),
+ * 0 when not configured. The sim then offloads every block it caches to a CPU LRU of N blocks and
+ * reports it as vLLM's connector does (./block-pool.ts).
+ */
+export function offloadCpuBlocks(cfg: Record<string, unknown>): number {
+  if (cfg.kv_connector !== "OffloadingConnector") return 0;
+  const extra = cfg.kv_connector_extra_config;
+  const n =
+    extra && typeof extra === "object" ? (extra as Record<string, unknown>).num_cpu_blocks : undefined;
+  return typeof n === "number" && Number.isInteger(n) && n > 0 ? n : 0;
+}
+
+/**
+ * Whether the engine binds or connects its KV PUB socket for `endpoint`:
+ * - vLLM: bind only for `*`, `::`, ipc://, inproc:// (vllm-project/vllm
+ *   vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
+ * - SGLang: also `0.0.0.0` (python/sglang/srt/disaggregation/kv_events.py _socket_setup);
+ * - ATOM: always binds (ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5).
+ * Anything else is connect(): no subscriber ever hears such an engine.
+=======
  * Whether a ZMQ publisher binds `endpoint` rather than connecting to it: wildcards (`*`, `::`),
  * ipc:// and inproc://, plus `0.0.0.0` where the engine counts it (SGLang). Each personality's
  * kvPubMode cites its engine's rule.
+>>>>>>> main
  */
 export function zmqBindsFor(endpoint: string, anyIpv4IsWildcard: boolean): boolean {
   return (

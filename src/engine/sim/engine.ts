@@ -1,7 +1,7 @@
 import type { FastHistogramFamily } from "../../util/fast-metrics.ts";
 import type { Logger } from "../../util/log.ts";
 import { BlockPool } from "./block-pool.ts";
-import type { SimConfig } from "./config.ts";
+import { offloadCpuBlocks, type SimConfig } from "./config.ts";
 import type { KvEventPublisher } from "./kv-publisher.ts";
 import { SimMetrics } from "./metrics.ts";
 import type { Personality } from "./personalities/types.ts";
@@ -61,7 +61,12 @@ export class SimEngine {
     this.cfg = cfg;
     this.log = log;
     this.rank = rank;
-    this.pool = new BlockPool(cfg.numGpuBlocks, cfg.blockSize, cfg.enablePrefixCaching);
+    this.pool = new BlockPool(
+      cfg.numGpuBlocks,
+      cfg.blockSize,
+      cfg.enablePrefixCaching,
+      offloadCpuBlocks(cfg.kvTransferConfig),
+    );
     this.metrics = new SimMetrics({
       personality,
       modelName: cfg.servedModelNames[0],

@@ -9,11 +9,14 @@ export interface BlockStoredEvent {
   extraKeys: (string[] | null)[] | null;
   /** The request's cache_salt (SGLang carries it on every page of a salted request). */
   salt?: string | null;
+  /** The medium (absent: "GPU"); "CPU" for vLLM's offloading connector's reports. */
+  medium?: string;
 }
 
 export interface BlockRemovedEvent {
   type: "BlockRemoved";
   blockHashes: bigint[];
+  medium?: string;
 }
 
 export interface AllBlocksClearedEvent {

@@ -34,7 +34,7 @@ function vllmMap(e: KvEvent): unknown[] | Record<string, unknown> {
         token_ids: e.tokenIds,
         block_size: e.blockSize,
         lora_id: null,
-        medium: "GPU",
+        medium: e.medium ?? "GPU",
         lora_name: null,
         // One entry per block: the first block of a salted request holds (lora, mm..., salt).
         extra_keys: e.extraKeys ?? e.blockHashes.map(() => null),
@@ -42,7 +42,7 @@ function vllmMap(e: KvEvent): unknown[] | Record<string, unknown> {
         kv_cache_spec_kind: FULL_ATTENTION,
       };
     case "BlockRemoved":
-      return { type: "BlockRemoved", block_hashes: e.blockHashes, medium: "GPU", group_idx: 0 };
+      return { type: "BlockRemoved", block_hashes: e.blockHashes, medium: e.medium ?? "GPU", group_idx: 0 };
     case "AllBlocksCleared":
       return { type: "AllBlocksCleared" };
   }
@@ -58,13 +58,13 @@ function vllmArray(e: KvEvent): unknown[] {
         e.tokenIds,
         e.blockSize,
         null,
-        "GPU",
+        e.medium ?? "GPU",
         null,
         e.extraKeys,
         0,
       ];
     case "BlockRemoved":
-      return ["BlockRemoved", e.blockHashes, "GPU", 0];
+      return ["BlockRemoved", e.blockHashes, e.medium ?? "GPU", 0];
     case "AllBlocksCleared":
       return ["AllBlocksCleared"];
   }
@@ -103,6 +103,11 @@ function atom(e: KvEvent): unknown[] {
   }
 }
 
+/** vLLM's offloading connector's reports (another medium) exist in vLLM's layouts only. */
+function onGpu(e: KvEvent): boolean {
+  return e.type === "AllBlocksCleared" || (e.medium ?? "GPU") === "GPU";
+}
+
 /** Each layout's EventBatch encoder, by name (the personalities pick the name). */
 const ENCODERS: Readonly<
   Record<KvLayout, (ts: number, events: readonly KvEvent[], dpRank: number) => unknown>
@@ -111,10 +116,10 @@ const ENCODERS: Readonly<
   "vllm-array": (ts, events, dpRank) => [ts, events.map(vllmArray), dpRank],
   sglang: (ts, events, dpRank) => {
     const out: unknown[] = [];
-    for (const e of events) sglang(e, out);
+    for (const e of events) if (onGpu(e)) sglang(e, out);
     return [ts, out, dpRank];
   },
-  atom: (ts, events, dpRank) => [ts, events.map(atom), dpRank],
+  atom: (ts, events, dpRank) => [ts, events.filter(onGpu).map(atom), dpRank],
 };
 
 /** One step's events as the personality's EventBatch. */

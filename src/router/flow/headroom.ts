@@ -13,6 +13,7 @@
  */
 import type { z } from "zod";
 import type { Need } from "../pipeline/types.ts";
+import type { TtftPredictor } from "../predict/ttft.ts";
 import type { WorkerState } from "../types.ts";
 
 /** What a signal is told about the request waiting for admission. */
@@ -79,6 +80,8 @@ export interface HeadroomSignal {
 /** Per-model state a signal may share (same shape as the pipeline's ModelScope.shared). */
 export interface HeadroomScope {
   readonly model: string;
+  /** The server's TTFT predictor (src/router/predict), shared with the pipeline's plugins. */
+  readonly ttft?: TtftPredictor;
   shared<T>(key: string, make: () => T): T;
 }
 

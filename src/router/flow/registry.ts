@@ -5,5 +5,6 @@
 import { headroomSignals } from "./headroom.ts";
 
 import "./load.ts";
+import "./predicted-ttft.ts";
 
 export { headroomSignals };

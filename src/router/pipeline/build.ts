@@ -7,6 +7,7 @@
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { PeerRouting } from "../peers/types.ts";
+import type { TtftPredictor } from "../predict/ttft.ts";
 import { issuePath, type ProfilesConfig, profilesConfigSchema } from "./config-schema.ts";
 import type { DecisionLog } from "./decisions.ts";
 import { checkOptionNames, presetNames, presets } from "./presets.ts";
@@ -42,6 +43,7 @@ export interface Scheduling {
     kvIndex?: PrefixIndex;
     peers?: PeerRouting;
     decisions?: DecisionLog;
+    ttft?: TtftPredictor;
   }): Scheduler;
 }
 

@@ -37,6 +37,12 @@ export interface CandidateExplanation<Total = number> {
    * the profile has no bridge.
    */
   bridgeBlocks: number | null;
+  /**
+   * The TTFT (ms) the server's predictor gave this candidate (src/router/predict): present when a
+   * profile's `predicted-ttft` / `ttft-saturation` followed the request; null when the predictor
+   * knew nothing of the worker yet.
+   */
+  predictedTtftMs?: number | null;
 }
 
 /** One decision, explained: per candidate, each scorer's weighted value and the total. */
@@ -49,6 +55,12 @@ export interface DecisionExplanation<Total = number> {
   candidates: Array<CandidateExplanation<Total>>;
   winner: string;
   reason: string;
+  /**
+   * The TTFT observed on the winner (ms, routing to the first byte of the streamed answer),
+   * beside its `predictedTtftMs`; null until it came (or when it never does: the request failed
+   * or was cancelled first). Present when predictions were recorded.
+   */
+  observedTtftMs?: number | null;
 }
 
 /** A decision as its JSON reads (what the dashboard page and API clients get). */

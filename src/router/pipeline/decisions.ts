@@ -33,6 +33,10 @@ class Slot {
   syncBuf = new Uint8Array(16);
   hasSync = false;
   hasBridge = false;
+  /** predBuf[pos]: the TTFT predicted for the candidate (ms, NaN: none), when `hasPred`. */
+  predBuf = new Float64Array(0);
+  hasPred = false;
+  observedMs = Number.NaN;
   get cached(): Int32Array | null {
     return this.hasOverlap ? this.cachedBuf : null;
   }
@@ -115,6 +119,8 @@ export class DecisionLog {
     s.totals = totals;
     s.winner = winner;
     s.reason = reason;
+    s.hasPred = false;
+    s.observedMs = Number.NaN;
     s.hasOverlap = overlap !== null;
     if (overlap) {
       const n = all.length;
@@ -142,6 +148,31 @@ export class DecisionLog {
     }
   }
 
+  /** The newest slot of `requestId`'s `step` (a routed request's decision is nearly always the newest). */
+  private find(requestId: string, step: string): Slot | null {
+    for (let k = 0; k < this.count; k++) {
+      const s = this.slots[(this.next - 1 - k + this.capacity) % this.capacity]!;
+      if (s.requestId === requestId && s.step === step) return s;
+    }
+    return null;
+  }
+
+  /** The TTFT predicted per candidate position of a recorded decision (copied). */
+  notePredicted(requestId: string, step: string, perCandidate: Float64Array): void {
+    const s = this.find(requestId, step);
+    if (!s) return;
+    if (s.predBuf.length < perCandidate.length)
+      s.predBuf = new Float64Array(Math.max(16, perCandidate.length));
+    s.predBuf.set(perCandidate);
+    s.hasPred = true;
+  }
+
+  /** The TTFT observed on a recorded decision's winner. */
+  noteObserved(requestId: string, step: string, ms: number): void {
+    const s = this.find(requestId, step);
+    if (s) s.observedMs = ms;
+  }
+
   /** Oldest first; `model` filters, `limit` keeps the newest. */
   list(opts: { model?: string; limit?: number } = {}): DecisionExplanation[] {
     const out: DecisionExplanation[] = [];
@@ -156,8 +187,17 @@ export class DecisionLog {
 
 /** The JSON form of one decision. */
 export function explain(
-  s: DecisionRecord & { at?: number; hasSync?: boolean; syncBuf?: Uint8Array },
+  s: DecisionRecord & {
+    at?: number;
+    hasSync?: boolean;
+    syncBuf?: Uint8Array;
+    hasPred?: boolean;
+    predBuf?: Float64Array;
+    observedMs?: number;
+  },
 ): DecisionExplanation {
+  const pred = s.hasPred && s.predBuf ? s.predBuf : null;
+  const ms = (v: number): number | null => (Number.isNaN(v) ? null : Math.round(v * 10) / 10);
   const n = s.kept.length;
   const row = new Map<number, number>();
   for (let k = 0; k < n; k++) row.set(s.kept[k], k);
@@ -172,6 +212,7 @@ export function explain(
       const promptBlocks = s.promptBlocks ? s.promptBlocks[pos] : null;
       const sync = s.hasSync && s.syncBuf ? { indexSync: SYNC_CODES[s.syncBuf[pos]] ?? null } : {};
       const bridgeBlocks = s.bridged ? s.bridged[pos] : null;
+      if (pred) Object.assign(sync, { predictedTtftMs: ms(pred[pos]) });
       if (k === undefined)
         return {
           worker: w.record.id,
@@ -199,5 +240,6 @@ export function explain(
     }),
     winner: s.all[s.winner].record.id,
     reason: s.reason,
+    ...(pred ? { observedTtftMs: ms(s.observedMs ?? Number.NaN) } : {}),
   };
 }

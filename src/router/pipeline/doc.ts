@@ -7,8 +7,17 @@
  */
 import type { z } from "zod";
 import { replaceBetweenMarkers } from "../../util/markers.ts";
+import { headroomSignals } from "../flow/registry.ts";
 import { type AnyPluginDef, registered } from "./plugin.ts";
 import "./registry.ts";
+import type { Need } from "./types.ts";
+
+/** What a section reads of a plugin: pipeline plugins and flow control's headroom signals alike. */
+interface Documented {
+  readonly doc: string;
+  readonly needs: readonly Need[];
+  readonly params: z.ZodTypeAny;
+}
 
 /** What one zod def looks like from here: only the fields this file reads (zod 3's `_def`). */
 interface Def {
@@ -109,7 +118,7 @@ function anchor(kind: string, name: string): string {
   return `${kind}-${name}`.toLowerCase().replace(/[^a-z0-9-]/g, "-");
 }
 
-function pluginSection(kind: string, name: string, p: AnyPluginDef<unknown>): string {
+function pluginSection(kind: string, name: string, p: Documented): string {
   const doc = `${p.doc[0].toUpperCase()}${p.doc.slice(1)}`;
   const lines = [
     `<a id="${anchor(kind, name)}"></a>`,
@@ -181,5 +190,15 @@ export function renderPluginDoc(): string {
     parts.push(names.map((n) => `[\`${n}\`](#${anchor(kind, n)})`).join(" · "), "");
     for (const n of names) parts.push(pluginSection(kind, n, map.get(n) as AnyPluginDef<unknown>));
   }
+  // Flow control's headroom signals (src/router/flow/registry.ts): named by `flow.headroom`, not
+  // by a profile step, so they have their own registry and their own section.
+  const signals = [...headroomSignals.keys()].sort();
+  parts.push(`## Headroom signals (${signals.length})`, "");
+  parts.push(
+    "Flow control's admission queue (config `flow.headroom`, src/router/flow/README.md) asks these whether a worker has room; a worker has headroom when every listed signal says so.",
+    "",
+  );
+  parts.push(signals.map((n) => `[\`${n}\`](#${anchor("headroom", n)})`).join(" · "), "");
+  for (const n of signals) parts.push(pluginSection("headroom", n, headroomSignals.get(n) as Documented));
   return `${parts.join("\n").trimEnd()}\n`;
 }

@@ -12,6 +12,7 @@ import "./filters/health.ts";
 import "./filters/model.ts";
 import "./filters/role.ts";
 import "./filters/connector.ts";
+import "./filters/ttft-saturation.ts";
 
 import "./scorers/kv-prefix.ts";
 import "./scorers/approx-prefix.ts";
@@ -21,6 +22,8 @@ import "./scorers/engine-queue.ts";
 import "./scorers/cache-pressure.ts";
 import "./scorers/lora-affinity.ts";
 import "./scorers/round-robin.ts";
+import "./scorers/predicted-ttft.ts";
+import "./scorers/session-affinity.ts";
 
 import "./pickers/argmin.ts";
 import "./pickers/prefix-threshold.ts";

@@ -10,11 +10,14 @@
  * `StepContext.all` (the list the router handed in), so per-candidate signals computed once
  * (prefix overlap, held blocks) are shared by every plugin of the step without maps.
  */
+
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { PeerRouting } from "../peers/types.ts";
+import type { TtftPredictor } from "../predict/ttft.ts";
 import type { RouteLifecycle, RoutingRequest, WorkerState } from "../types.ts";
 import type { Step } from "./decision-wire.ts";
+import type { BridgeCounters } from "./pending-prefixes.ts";
 
 /** What a plugin reads; the server starts the matching machinery from the union of them. */
 export type Need =
@@ -40,12 +43,18 @@ export interface ModelScope {
   readonly kvIndex?: PrefixIndex;
   /** Peer replicas' routed prefixes (src/router/peers), when the server shares routing state. */
   readonly peers?: PeerRouting;
+  /** The server's TTFT predictor (src/router/predict), when it keeps one (`predictorOf`). */
+  readonly ttft?: TtftPredictor;
   /**
    * The object stored under `key`, made on first use. Plugins that must see the same state in
    * every step (the round-robin turn, the prefill ledger, an approximate tree) share it by key,
    * as the single policy instance of a model did before profiles.
    */
   shared<T>(key: string, make: () => T): T;
+  /** Runs `fn` when the model's scheduler closes (listeners to unsubscribe, timers to stop). */
+  onClose(fn: () => void): void;
+  /** Counters of a pending bridge (pending-prefixes.ts), exported per model at /metrics. */
+  reportBridge(counters: Readonly<BridgeCounters>): void;
 }
 
 /** A per-candidate signal a plugin computes once per step and others read (overlap, held). */
@@ -105,8 +114,11 @@ export interface Filter {
   readonly name: string;
   readonly needs: readonly Need[];
   filter(ctx: StepContext, at: readonly number[]): readonly number[];
-  /** Told after a step of this profile routed a request (filters that keep a history). */
-  onRouted?(req: RoutingRequest, worker: WorkerState): void;
+  /**
+   * Told after a step of this profile routed a request (filters that keep a history); `ctx` is
+   * the step that chose (null when unknown), `route` how the request's prefill there ends.
+   */
+  onRouted?(req: RoutingRequest, worker: WorkerState, ctx?: StepContext | null, route?: RouteLifecycle): void;
   onWorkerRemoved?(id: string): void;
 }
 
@@ -123,7 +135,8 @@ export interface Scorer {
   readonly overlapSource?: OverlapSource;
   /** Provides held blocks (cache pressure) when the profile has no overlap source. */
   readonly cacheView?: { held(id: string): number };
-  onRouted?(req: RoutingRequest, worker: WorkerState, ctx: StepContext | null): void;
+  /** `route`: how the request's prefill on `worker` ends (the dispatch claim), when the router has one. */
+  onRouted?(req: RoutingRequest, worker: WorkerState, ctx: StepContext | null, route?: RouteLifecycle): void;
   onWorkerRemoved?(id: string): void;
 }
 

@@ -33,6 +33,8 @@ export interface DashboardSources {
   /** Per-rank KV index sync (the KV ingest's report). */
   kvSync?: () => KvSyncReport | undefined;
   draining: () => boolean;
+  /** The TTFT predictor's error per model (src/server/ttft-sink.ts). */
+  ttftErrors?: () => Array<{ model: string; samples: number; median: number; p90: number }>;
   /** Flow control's queue view, when the server runs it. */
   flow?: () => FlowView;
   /** Called on every snapshot (the server starts its engine-load scraper here). */
@@ -87,6 +89,7 @@ export class DashboardState {
       server: { policy: this.src.policy, draining, decisionCapacity: this.src.decisions.capacity },
       models,
       ...(kvIndex ? { kvIndex } : {}),
+      ttftPrediction: this.src.ttftErrors?.() ?? [],
       ...(flow ? { flow } : {}),
       decisions: recent.slice(Math.max(0, recent.length - limit)).reverse(),
     };

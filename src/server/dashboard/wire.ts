@@ -109,6 +109,11 @@ export interface DashboardSnapshot<D extends DecisionExplanationJson = DecisionE
   models: DashboardModel[];
   /** Per-rank KV index sync; absent when the server ingests no KV events. */
   kvIndex?: KvIndexSyncView;
+  /**
+   * The TTFT predictor's relative error |predicted − observed| / observed over its last
+   * observations, per model; absent or empty until a profile uses the predictor.
+   */
+  ttftPrediction?: Array<{ model: string; samples: number; median: number; p90: number }>;
   /** The admission queue; absent without flow control. */
   flow?: FlowView;
   /** The newest routing decisions, newest first. */

@@ -38,6 +38,8 @@ const params = z
     bridgeGraceMs: z.number().nonnegative().default(1000),
     bridgeTtlMs: z.number().positive().default(300_000),
     saturationGain: z.number().nonnegative().default(0),
+    hostTierWeight: z.number().min(0).max(1).default(0.5),
+    diskTierWeight: z.number().min(0).max(1).default(0.25),
   })
   .strict();
 
@@ -63,7 +65,7 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
         })
       : null;
     // An eviction the events report ends the bridge's prefilled entries on that worker.
-    if (pending && index?.onRemoval) index.onRemoval((id) => pending.evicted(id));
+    if (pending) watchBridge(scope, index, pending);
     // The bridge keys a prompt by more of its head than the fallback tree walks (issue #28 item 4).
     const bridge = pending
       ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxChars: BRIDGE_TEXT_CAP })
@@ -146,6 +148,15 @@ function source(scope: ModelScope, p: z.output<typeof params>): OverlapSource {
   });
 }
 
+/**
+ * Hooks a bridge to the index's removals and its counters to /metrics. The listener is released
+ * when the scheduler closes: the index outlives it (one per server).
+ */
+function watchBridge(scope: ModelScope, index: PrefixIndex | undefined, pending: PendingPrefixes): void {
+  if (index?.onRemoval) scope.onClose(index.onRemoval((id) => pending.evicted(id)));
+  scope.reportBridge(pending.counters);
+}
+
 /** What the index holds of `req`'s prompt on `id` now, against its full blocks (the bridge's confirmation). */
 function probeOf(index: PrefixIndex, req: RoutingRequest, id: string): BridgeProbe {
   const tokens = req.promptTokens();
@@ -177,6 +188,40 @@ function saturation(ctx: StepContext, at: readonly number[]): number {
   return least > 0 ? least / Math.max(prompt, ctx.blockSize(at[0])) : 0;
 }
 
+/**
+ * Offloaded tiers (src/kv/tiers.ts): blocks a worker holds in host memory or on disk beyond its
+ * GPU overlap count as `hostWeight` / `diskWeight` of a GPU block (loading them is a copy over
+ * PCIe or from NVMe, a fraction of recomputing them), so a prefix evicted from the GPU but
+ * offloaded still attracts its follow-ups. Per position of `ctx.all`; null when nothing is
+ * offloaded (no cost on the common path).
+ */
+function tierCredit(
+  ctx: StepContext,
+  o: Int32Array,
+  hostWeight: number,
+  diskWeight: number,
+): Float64Array | null {
+  const index = ctx.scope.kvIndex;
+  if (!index?.tierOverlaps || (hostWeight === 0 && diskWeight === 0)) return null;
+  const { req, all } = ctx;
+  const lora = index.isLora(req.model) ? req.model : null;
+  const t = index.tierOverlaps(
+    req.promptTokens(),
+    all.map((c) => c.record.id),
+    req.cacheSalt,
+    lora,
+  );
+  if (!t) return null;
+  const out = new Float64Array(all.length);
+  for (let i = 0; i < all.length; i++) {
+    const gpu = Math.max(0, o[i]);
+    const host = Math.max(0, t.host[i] - gpu);
+    const disk = Math.max(0, t.disk[i] - Math.max(gpu, t.host[i]));
+    out[i] = hostWeight * host + diskWeight * disk;
+  }
+  return out;
+}
+
 export default defineScorer("kv-prefix", {
   doc: "uncached prompt blocks on the worker (KV index; approximate tree for workers without events)",
   params,
@@ -190,7 +235,9 @@ export default defineScorer("kv-prefix", {
       score(ctx, at, weight, out) {
         const o = ctx.overlaps();
         const w = p.saturationGain > 0 ? weight * (1 + p.saturationGain * saturation(ctx, at)) : weight;
-        for (let k = 0; k < at.length; k++) out[k] = w * (ctx.promptBlocks(at[k]) - o[at[k]]);
+        const credit = tierCredit(ctx, o, p.hostTierWeight, p.diskTierWeight);
+        for (let k = 0; k < at.length; k++)
+          out[k] = w * (ctx.promptBlocks(at[k]) - o[at[k]] - (credit ? credit[at[k]] : 0));
       },
     };
   },

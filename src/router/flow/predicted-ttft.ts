@@ -1,0 +1,74 @@
+/**
+ * predicted-ttft (headroom signal, issue #29 items 1 and 4): a candidate has headroom while the
+ * server's TTFT predictor (src/router/predict/ttft.ts) predicts this request's TTFT there within
+ * its target (`targetTtftMs`: the `x-infera-ttft-target-ms` header or the flow config, else this
+ * signal's `targetMs`). No target, or no prediction for a candidate yet: it fits (a signal that
+ * cannot judge lets the request through). When none fits, the request waits; the estimate of
+ * the wait is the smallest predicted excess over the target.
+ *
+ * Features are the predictor's (uncached prompt tokens when the queue knows them, else the whole
+ * prompt; this replica's prefill backlog; the engine's queue and batch). The predictor is the
+ * server's, shared with the pipeline's `predicted-ttft` scorer and `ttft-saturation` filter, which
+ * learn from each routed request's first byte; when the profile has neither, this signal learns
+ * from the queue's observations itself (`observeOnce`: never twice for one request).
+ */
+import { z } from "zod";
+import { FEATURES, featuresFrom, predictorOf } from "../predict/ttft.ts";
+import type { WorkerState } from "../types.ts";
+import { defineHeadroom, type HeadroomObservation } from "./headroom.ts";
+
+const params = z
+  .object({
+    /** Target (ms) for requests the header and the flow config give none. */
+    targetMs: z.number().positive().optional(),
+    /** The least wait (ms) a blocked request is told to expect (Retry-After's floor). */
+    minWaitMs: z.number().int().min(1).default(50),
+  })
+  .strict();
+
+export default defineHeadroom("predicted-ttft", {
+  doc: "headroom while the request's predicted TTFT on a worker is within its target (the online per-worker predictor)",
+  params,
+  needs: ["engineLoad"],
+  create: (scope, p) => {
+    const predictor = predictorOf(scope);
+    /** Features at dispatch, per request, until its observation comes (bounded). */
+    const pending = new Map<string, { worker: string; x: Float64Array }>();
+    const x = new Float64Array(FEATURES);
+    const predict = (w: WorkerState, uncached: number): number =>
+      predictor.predictFeatures(scope.model, w.record.id, featuresFrom(uncached, w, x));
+    return {
+      name: "predicted-ttft",
+      needs: ["engineLoad"],
+      check(req, candidates) {
+        const target = req.targetTtftMs ?? p.targetMs;
+        const all = candidates.map((_, i) => i);
+        if (target === undefined) return { fits: all };
+        const fits: number[] = [];
+        let excess = Number.POSITIVE_INFINITY;
+        for (let i = 0; i < candidates.length; i++) {
+          const ms = predict(candidates[i], req.uncachedTokens?.[i] ?? req.promptTokens);
+          if (!(ms > target)) fits.push(i);
+          else excess = Math.min(excess, ms - target);
+        }
+        if (fits.length > 0) return { fits };
+        return { fits, waitMs: Math.max(p.minWaitMs, Math.ceil(excess)), reason: "ttft" };
+      },
+      onDispatched(req, worker) {
+        const f = featuresFrom(req.promptTokens, worker, new Float64Array(FEATURES));
+        pending.set(req.requestId, { worker: worker.record.id, x: f });
+        if (pending.size > 4096) pending.delete(pending.keys().next().value!);
+      },
+      observe(o: HeadroomObservation) {
+        const d = pending.get(o.requestId);
+        pending.delete(o.requestId);
+        if (!d || o.ttftMs === undefined || !o.ok) return;
+        if (o.uncachedTokens !== undefined) d.x[1] = o.uncachedTokens / 1000;
+        predictor.observeOnce(scope.model, d.worker, o.requestId, d.x, o.ttftMs);
+      },
+      onWorkerRemoved(id) {
+        predictor.forget(id);
+      },
+    };
+  },
+});

@@ -1,0 +1,126 @@
+/**
+ * The `predicted-ttft` headroom signal in the admission queue (issue #29 items 1 and 4), through
+ * a real server and a simulated engine: once the predictor has learnt the worker, a request
+ * whose TTFT target is below its prediction waits in the queue (no headers sent) and is answered
+ * 429 `queue_timeout` with Retry-After at its band's maximum wait; one with a reachable target,
+ * and one with none, go through at once.
+ */
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
+import { type InferaServer, startServer } from "../../../src/server/app.ts";
+import { createLogger } from "../../../src/util/log.ts";
+import { mixedRecord } from "../../helpers/records.ts";
+import { type SimProcess, startSim } from "../../helpers/sim.ts";
+
+const MODEL = "sim-model";
+const logger = createLogger("test");
+logger.level = "silent";
+let sim: SimProcess;
+let server: InferaServer;
+
+before(async () => {
+  sim = await startSim({ args: ["--block-size", "16", "--speed", "0.25"] });
+  server = await startServer(
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "round-robin",
+      scrapeIntervalMs: 200,
+      profiles: {
+        mixed: { scorers: [{ name: "predicted-ttft", weight: 1 }], picker: { name: "argmin" } },
+      },
+      flow: { enabled: true, headroom: [{ name: "predicted-ttft" }], maxWaitMs: 600 },
+    },
+    {
+      discovery: new MemoryDiscovery([
+        mixedRecord({ id: "w", model: MODEL, url: sim.url, maxModelLen: 131072 }),
+      ]),
+      logger,
+    },
+  );
+});
+
+after(async () => {
+  await server?.close();
+  await sim?.stop();
+});
+
+let n = 0;
+async function ask(target?: number): Promise<Response> {
+  const words = Array.from({ length: 1500 }, (_, i) => `w${(i * 7 + n) % 101}`).join(" ");
+  n++;
+  return fetch(`${server.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      ...(target === undefined ? {} : { "x-infera-ttft-target-ms": String(target) }),
+    },
+    body: JSON.stringify({
+      model: MODEL,
+      messages: [{ role: "user", content: `${n} ${words}` }],
+      max_tokens: 2,
+      stream: true,
+    }),
+  });
+}
+
+test("without a pipeline plugin using it, the signal teaches the predictor from the queue's observations", async () => {
+  const other = await startServer(
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "round-robin",
+      flow: { enabled: true, headroom: [{ name: "predicted-ttft" }], maxWaitMs: 600 },
+    },
+    {
+      discovery: new MemoryDiscovery([
+        mixedRecord({ id: "w2", model: MODEL, url: sim.url, maxModelLen: 131072 }),
+      ]),
+      logger,
+    },
+  );
+  try {
+    for (let i = 0; i < 3; i++) {
+      const r = await fetch(`${other.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: MODEL,
+          messages: [{ role: "user", content: `q${i}` }],
+          max_tokens: 2,
+          stream: true,
+        }),
+      });
+      assert.equal(r.status, 200);
+      await r.text();
+    }
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(other.ttft.samplesOf("w2"), 3, "each streamed request learnt once");
+  } finally {
+    await other.close();
+  }
+});
+
+test("a target below the worker's predicted TTFT waits, then 429 with Retry-After; reachable ones pass", async () => {
+  for (let i = 0; i < 8; i++) {
+    const r = await ask();
+    assert.equal(r.status, 200);
+    await r.text();
+  }
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(server.ttft.samplesOf("w"), 8, "the scorer and the signal learnt each request once");
+  const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0, 0]));
+  assert.ok(predicted > 5, `learnt: ${predicted} ms for a 3k-token prompt`);
+  const t0 = Date.now();
+  const refused = await ask(1);
+  const waited = Date.now() - t0;
+  assert.equal(refused.status, 429);
+  assert.ok(refused.headers.get("retry-after"), "Retry-After");
+  const body = (await refused.json()) as { error: { code: string } };
+  assert.equal(body.error.code, "queue_timeout");
+  assert.ok(waited >= 500, `it waited its band's maximum wait (${waited} ms)`);
+  const ok = await ask(60_000);
+  assert.equal(ok.status, 200);
+  await ok.text();
+});

@@ -1,0 +1,106 @@
+/**
+ * Offloaded-tier hits through a real server (issue #29 item 6): two simulated vLLM engines with
+ * vLLM's native CPU offloading configured as vLLM takes it (`--kv-transfer-config` with
+ * `OffloadingConnector` and `num_cpu_blocks`: the sim then reports offloads as vLLM's connector
+ * does, hash-only BlockStored with medium "CPU"), a small GPU pool (64 blocks), KV events over
+ * ZMQ. A prompt cached on w-a is pushed out of its GPU by other prompts but stays offloaded: its
+ * follow-up is routed to w-a. Without the tier credit the two workers tie at no GPU overlap and
+ * the tie goes to the worker holding fewer blocks, w-b.
+ */
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
+import type { DecisionExplanationJson } from "../../../src/router/pipeline/decision-wire.ts";
+import { type InferaServer, startServer } from "../../../src/server/app.ts";
+import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
+import { createLogger } from "../../../src/util/log.ts";
+import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
+import { waitUntil } from "../../helpers/wait.ts";
+
+const MODEL = "sim-model";
+const BS = 16;
+const logger = createLogger("test");
+logger.level = "silent";
+const tok = getDefaultTokenizer();
+let sims: SimProcess[] = [];
+let server: InferaServer;
+
+const OFFLOAD = JSON.stringify({
+  kv_connector: "OffloadingConnector",
+  kv_role: "kv_both",
+  kv_connector_extra_config: { num_cpu_blocks: 4096 },
+});
+
+/** About `words` words of a document no other prompt shares. */
+const doc = (tag: string, words: number) =>
+  Array.from({ length: words }, (_, i) => `${tag}${i % 97} w${(i * 31) % 89}`).join(" ");
+
+before(async () => {
+  sims = await Promise.all(
+    ["w-a", "w-b"].map(() =>
+      startSim({
+        args: ["--block-size", String(BS), "--num-gpu-blocks", "64", "--kv-transfer-config", OFFLOAD],
+      }),
+    ),
+  );
+  const memory = new MemoryDiscovery(
+    ["w-a", "w-b"].map((id, i) =>
+      simWorkerRecord(sims[i]!, { id, model: MODEL, maxModelLen: 32768, blockSize: BS }),
+    ),
+  );
+  server = await startServer(
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "round-robin",
+      scrapeIntervalMs: 0,
+      profiles: { mixed: { scorers: [{ name: "kv-prefix", weight: 1 }], picker: { name: "argmin" } } },
+    },
+    { discovery: memory, logger },
+  );
+  await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
+});
+
+after(async () => {
+  await server?.close();
+  await Promise.all(sims.map((s) => s.stop()));
+});
+
+async function direct(sim: SimProcess, prompt: string): Promise<void> {
+  const r = await fetch(`${sim.url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: MODEL, prompt, max_tokens: 1 }),
+  });
+  assert.equal(r.status, 200, await r.text());
+}
+
+test("a prefix evicted from the GPU but offloaded to CPU still attracts its follow-up", async () => {
+  const p = doc("alpha", 100);
+  const tokens = tok.encode(p);
+  const blocks = Math.floor(tokens.length / BS);
+  assert.ok(blocks >= 20 && blocks < 60, `prompt blocks ${blocks}`);
+  await direct(sims[0]!, p);
+  const index = server.kvIngest!.indexFor(MODEL)!;
+  await waitUntil(() => index.overlaps(tokens, ["w-a"])[0]! >= blocks, 5000, "w-a indexed on GPU");
+  // Churn w-a's 64-block GPU pool with other prompts until the first one is evicted there.
+  for (let i = 0; i < 6; i++) await direct(sims[0]!, doc(`churn${i}-`, 100));
+  const gpuOf = () => index.overlaps(tokens, ["w-a"])[0]!;
+  const hostOf = () => index.tierOverlaps?.(tokens, ["w-a"])?.host[0] ?? 0;
+  await waitUntil(() => gpuOf() < blocks / 2 && hostOf() >= blocks, 5000, "evicted on GPU, kept on CPU");
+
+  const r = await fetch(`${server.url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: MODEL, prompt: `${p} and then?`, max_tokens: 1 }),
+  });
+  assert.equal(r.status, 200);
+  const d = (
+    (await (await fetch(`${server.url}/debug/decisions?model=${MODEL}&limit=1`)).json()) as {
+      data: DecisionExplanationJson[];
+    }
+  ).data[0]!;
+  const [a, b] = d.candidates;
+  assert.equal(d.winner, "w-a", JSON.stringify(d.candidates));
+  assert.ok(a!.scores["kv-prefix"]! < b!.scores["kv-prefix"]!, "the host copy lowers w-a's prefill cost");
+});
