@@ -1,6 +1,7 @@
-import type { Command } from "commander";
+import { type Command, Option } from "commander";
 import { envVar } from "../config/env-table.ts";
 import type { KvdConfig } from "../kvd/types.ts";
+import { maskUrlUserinfo } from "../util/mask.ts";
 
 interface KvdFlags {
   socket?: string;
@@ -9,6 +10,7 @@ interface KvdFlags {
   diskDir?: string;
   diskBytes: string;
   remote?: string;
+  remoteFile?: string;
   socketGroup?: string;
   metricsPort?: string;
   metricsHost: string;
@@ -36,6 +38,42 @@ function parseHostPort(v: string): { host: string; port: number } {
   return { host: v.slice(0, i), port };
 }
 
+/** Where a value came from, as commander reports it (`cli`, `env`, `default`, ...). */
+type ValueSource = string | undefined;
+
+/**
+ * The L4 store URL from `--remote` (or INFERA_KVD_REMOTE_URL) or `--remote-file`. A Redis URL may
+ * carry a password, and argv is readable by every user of the host (`ps`, /proc/PID/cmdline):
+ * a URL with a password given on the command line is refused (the message shows it masked), so
+ * the secret can only arrive through the environment or a file.
+ */
+export function resolveKvdRemote(
+  f: Pick<KvdFlags, "remote" | "remoteFile">,
+  remoteSource: ValueSource,
+  readFile: (path: string) => string,
+): string | undefined {
+  if (f.remote !== undefined && f.remoteFile !== undefined)
+    throw new Error("--remote (or INFERA_KVD_REMOTE_URL) and --remote-file are exclusive");
+  const url = f.remoteFile !== undefined ? readFile(f.remoteFile).trim() : f.remote;
+  if (url === undefined || url === "") return undefined;
+  if (remoteSource === "cli" && urlHasPassword(url))
+    throw new Error(
+      `--remote ${maskUrlUserinfo(url)} carries a password on the command line, where any user of ` +
+        "the host can read it: pass the URL in INFERA_KVD_REMOTE_URL or a file (--remote-file)",
+    );
+  return url;
+}
+
+/** A URL whose userinfo has a password (`scheme://user:pass@` or `scheme://:pass@`). */
+function urlHasPassword(url: string): boolean {
+  try {
+    return new URL(url).password !== "";
+  } catch {
+    // Not a URL the parser takes: judge by the shape alone.
+    return /^[a-z][a-z0-9+.-]*:\/\/[^/@\s]*:[^/@\s]+@/i.test(url);
+  }
+}
+
 /** `infera kvd`: the tiered KV-cache daemon (RAM arena → disk → remote store). */
 // long: one commander chain, one `.option` per flag; split, the flag list would be harder to read.
 export function registerKvd(program: Command): void {
@@ -55,7 +93,14 @@ export function registerKvd(program: Command): void {
     .option("--ram-bytes <size>", "L2 arena size, e.g. 1GiB", "1GiB")
     .option("--disk-dir <dir>", "L3 directory (one checksummed file per chunk)")
     .option("--disk-bytes <size>", "L3 budget", "16GiB")
-    .option("--remote <url>", "L4 store, e.g. redis://127.0.0.1:6379/0")
+    .addOption(
+      new Option(
+        "--remote <url>",
+        "L4 store, e.g. redis://127.0.0.1:6379/0. A URL with a password is refused here (argv is " +
+          "public): give it in env INFERA_KVD_REMOTE_URL or --remote-file",
+      ).env("INFERA_KVD_REMOTE_URL"),
+    )
+    .option("--remote-file <file>", "file holding the L4 store URL (for one with a password)")
     .option("--socket-group <group>", "make the socket 0660 and owned by this group")
     .option(
       "--metrics-port <port>",
@@ -106,7 +151,7 @@ export function registerKvd(program: Command): void {
           ramBytes: parseSize(f.ramBytes),
           diskDir: f.diskDir,
           diskBytes: parseSize(f.diskBytes),
-          remoteUrl: f.remote,
+          remoteUrl: resolveKvdRemote(f, cmd.getOptionValueSource("remote"), (p) => readFileSync(p, "utf8")),
           socketGroup: f.socketGroup,
           metricsPort: f.metricsPort !== undefined ? Number(f.metricsPort) : undefined,
           metricsHost: f.metricsHost,

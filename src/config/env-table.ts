@@ -359,6 +359,13 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "Command printing show_gids output, for the RDMA GID index (`--show-gids-cmd`).",
   ),
   v(
+    "INFERA_KVD_REMOTE_URL",
+    "string",
+    "kvd",
+    "L4 store URL (`--remote`); the way to pass one with a password (argv refuses it), or `--remote-file`.",
+    { secret: true },
+  ),
+  v(
     "INFERA_KVD_TCP_TOKEN",
     "string",
     "kvd",
@@ -382,6 +389,12 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "kvd's Unix socket path, set in the worker pods' environment.",
   ),
   v("INFERA_SIM_CPU_PROF", "path", "sim", "Write a V8 CPU profile of the simulator to this file on stop."),
+  v(
+    "INFERA_SIM_EXIT_WITH_PARENT",
+    "boolean",
+    "sim",
+    "1 = stop when the parent process is gone (`infera up` sets it for its fleet).",
+  ),
   v("INFERA_SIM_KV_MAX_TRANSFER_BYTES", "integer", "sim", "Cap on the bytes one simulated KV pull moves."),
   v("INFERA_SIM_KV_PULL_TIMEOUT_MS", "integer", "sim", "How long a simulated D waits for a KV pull."),
   v("INFERA_SIM_KV_HOLD_TIMEOUT_MS", "integer", "sim", "How long a simulated P keeps blocks nobody pulled."),

@@ -144,6 +144,10 @@ const byteSize = z.string().refine(
   { message: "must be a byte size such as 8GiB, 512MiB or 4096" },
 );
 
+const secretRef = z
+  .object({ name: dns1123, key: z.string().regex(/^[-._a-zA-Z0-9]+$/, "must be a Secret key") })
+  .strict();
+
 const kvdSchema = z
   .object({
     enabled: z.boolean().default(false),
@@ -155,12 +159,24 @@ const kvdSchema = z
       })
       .strict()
       .optional(),
-    /** L4 store, e.g. `redis://redis:6379/0`. */
+    /**
+     * L4 store, e.g. `redis://redis:6379/0`. Rendered into the pod's env, not its args; one with a
+     * password belongs in `remoteSecret` (a spec is readable by whoever can read the CR).
+     */
     remote: z
       .string()
       .url()
       .regex(/^[^\s"'`$;|&<>\\]+$/, "must be a URL without spaces or shell metacharacters")
+      .refine((u) => {
+        try {
+          return new URL(u).password === "";
+        } catch {
+          return true;
+        }
+      }, "carries a password: put the URL in a Secret and name it in kvd.remoteSecret")
       .optional(),
+    /** Secret key holding the L4 store URL (one with a password), passed as INFERA_KVD_REMOTE_URL. */
+    remoteSecret: secretRef.optional(),
     port: z.number().int().min(1).max(65535).default(7070),
     /**
      * Secret with key `token`: the shared secret TCP clients send in HELLO (kvd refuses a
@@ -169,11 +185,11 @@ const kvdSchema = z
      */
     tokenSecret: dns1123.optional(),
   })
-  .strict();
-
-const secretRef = z
-  .object({ name: dns1123, key: z.string().regex(/^[-._a-zA-Z0-9]+$/, "must be a Secret key") })
-  .strict();
+  .strict()
+  .refine((k) => !(k.remote && k.remoteSecret), {
+    message: "remote and remoteSecret are exclusive",
+    path: ["remoteSecret"],
+  });
 
 const serverSchema = z
   .object({

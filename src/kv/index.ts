@@ -167,6 +167,11 @@ export class KvIndex implements PrefixIndex {
     return () => this.removalListeners.delete(fn);
   }
 
+  /** How many `onRemoval` listeners are subscribed (leak checks). */
+  get removalListenerCount(): number {
+    return this.removalListeners.size;
+  }
+
   private removed(workerId: string): void {
     for (const fn of this.removalListeners) fn(workerId);
   }

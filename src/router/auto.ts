@@ -131,6 +131,19 @@ export class AutoRouter {
 
   close(): void {
     this.unsubscribe();
+    for (const p of this.modelPolicies.values()) p.close?.();
+    this.modelPolicies.clear();
+    this.entries.clear();
+  }
+
+  /** Per model, its policy's pending-bridge counters (models whose policy has a bridge). */
+  bridgeCounters(): [model: string, counters: Readonly<Record<string, number>>][] {
+    const out: [string, Readonly<Record<string, number>>][] = [];
+    for (const [model, p] of this.modelPolicies) {
+      const c = p.bridgeCounters?.();
+      if (c) out.push([model, c]);
+    }
+    return out;
   }
 
   policyFor(model: string): RoutingPolicy {

@@ -134,6 +134,10 @@ export interface RoutingPolicy {
    */
   onRouted?(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void;
   onWorkerRemoved?(workerId: string): void;
+  /** Releases listeners it holds on shared state (the KV index); the router calls it on close. */
+  close?(): void;
+  /** Its pending bridges' counters summed (a pipeline Scheduler with `bridgePending`), for /metrics. */
+  bridgeCounters?(): Readonly<Record<string, number>> | undefined;
 }
 
 /** MixedRouter and DisaggRouter implement this; AutoRouter picks one per model. */

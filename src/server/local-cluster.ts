@@ -6,7 +6,8 @@
  * SIGTERM drains the server as `infera server` does (requests in flight finish within
  * --drain-timeout), then stops the fleet (TERM, then KILL after a grace period); Ctrl-C stops
  * at once. A fleet that dies is restarted with backoff (1 s doubling to 30 s), said on stderr.
- * An exit handler kills the fleet if it is still alive, so nothing is orphaned.
+ * An exit handler kills the fleet if it is still alive, and the fleet stops by itself when this
+ * process is gone (INFERA_SIM_EXIT_WITH_PARENT: a SIGKILL runs no handler), so nothing is orphaned.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -104,7 +105,12 @@ function spawnFleet(o: UpOptions, manifestFile: string) {
   ];
   const proc = spawn(process.execPath, args, {
     stdio: ["ignore", "ignore", "pipe"],
-    env: { ...process.env, INFERA_LOG_LEVEL: envVar("INFERA_LOG_LEVEL") ?? "warn" },
+    env: {
+      ...process.env,
+      INFERA_LOG_LEVEL: envVar("INFERA_LOG_LEVEL") ?? "warn",
+      // Our exit handler cannot run when we are SIGKILLed: the fleet then stops by itself.
+      INFERA_SIM_EXIT_WITH_PARENT: "1",
+    },
   });
   let tail = "";
   proc.stderr?.on("data", (c: Buffer) => {

@@ -169,6 +169,26 @@ export class ServerMetrics {
     );
   }
 
+  /**
+   * The pending bridges' entries (src/router/pipeline/pending-prefixes.ts) per model: `added`,
+   * then how each left (confirmed by KV events, failed, cancelled, unconfirmed after the grace,
+   * evicted, expired at the TTL, capped). Peers' announcements are counted by the peer mesh
+   * (`infera_peer_announcements_*`).
+   */
+  watchBridges(read: () => Iterable<[model: string, counters: Readonly<Record<string, number>>]>): void {
+    new Counter({
+      name: "infera_routing_bridge_entries_total",
+      help: "Pending-bridge entries per model: added, and by how they ended (confirmed, failed, cancelled, unconfirmed, evicted, expired, capped)",
+      labelNames: ["model", "event"],
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const [model, c] of read())
+          for (const [event, n] of Object.entries(c)) this.inc({ model, event }, n);
+      },
+    });
+  }
+
   forModel(model: string): ModelMetrics {
     let m = this.perModel.get(model);
     if (!m) {

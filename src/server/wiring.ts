@@ -140,6 +140,7 @@ export async function wire(
     decisions,
     ttft,
   });
+  metrics.watchBridges(() => router.bridgeCounters());
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
   const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft);
   // Engine load is scraped only when a plugin reads it (every PD decode step does), or for

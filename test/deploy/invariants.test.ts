@@ -286,7 +286,11 @@ test("kvd: DaemonSet with the socket hostPath shared with workers; workers get I
   const ds = o.find((x) => x.kind === "DaemonSet")!;
   const cmd = ds.spec.template.spec.containers[0].command as string[];
   assert.deepEqual(cmd.slice(0, 4), ["/usr/local/bin/infera", "kvd", "--socket", "/run/infera/kvd.sock"]);
-  assert.ok(cmd.includes("--disk-dir") && cmd.includes("--remote"));
+  assert.ok(cmd.includes("--disk-dir"));
+  // The L4 URL rides in the env, never in argv (public on the node; kvd refuses a password there).
+  assert.ok(!cmd.some((w) => w.startsWith("--remote")), cmd.join(" "));
+  const kvdEnv = ds.spec.template.spec.containers[0].env as Obj[];
+  assert.deepEqual(kvdEnv, [{ name: "INFERA_KVD_REMOTE_URL", value: "redis://redis.infera.svc:6379/0" }]);
   for (const sts of workers(o)) {
     const env = engineContainer(sts).env as Obj[];
     assert.equal(env.find((e) => e.name === "INFERA_KVD_SOCKET")?.value, "/run/infera/kvd.sock");
@@ -294,12 +298,29 @@ test("kvd: DaemonSet with the socket hostPath shared with workers; workers get I
   assert.equal(objs("mixed.yaml").filter((x) => x.kind === "DaemonSet").length, 0);
 });
 
+test("kvd: a remote URL with a password comes from remoteSecret, by Secret env; never in the spec", () => {
+  const d = parse(readFileSync(join(DIR, "kvd.yaml"), "utf8"));
+  d.spec.kvd.remote = "redis://default:s3cret@redis.infera.svc:6379/0";
+  assert.throws(() => parseClusterDocument(d), /spec\.kvd\.remote: carries a password: .*remoteSecret/);
+  d.spec.kvd.remote = "redis://redis.infera.svc:6379/0";
+  d.spec.kvd.remoteSecret = { name: "kvd-redis", key: "url" };
+  assert.throws(() => parseClusterDocument(d), /remote and remoteSecret are exclusive/);
+  delete d.spec.kvd.remote;
+  const o: Obj[] = renderCluster(parseClusterDocument(d), { secrets: "generate" }).map(plain);
+  const c = o.find((x) => x.kind === "DaemonSet")!.spec.template.spec.containers[0];
+  assert.ok(!(c.command as string[]).some((w) => w.startsWith("--remote")));
+  assert.deepEqual(c.env, [
+    { name: "INFERA_KVD_REMOTE_URL", valueFrom: { secretKeyRef: { name: "kvd-redis", key: "url" } } },
+  ]);
+  assert.ok(!JSON.stringify(o).includes("s3cret"));
+});
+
 test("NATS planes: StatefulSet with one user per role from a Secret; each pod gets its own", () => {
   const o = objs("mixed.yaml");
   const conf = o.find((x) => x.metadata.name === "mixed-nats-config")!.data["nats.conf"] as string;
   assert.match(conf, /user: "server"\n {6}password: \$NATS_PW_SERVER\n/);
   assert.match(conf, /user: "engine-llama-mixed"\n {6}password: \$NATS_PW_ENGINE_LLAMA_MIXED\n/);
-  const secret = o.find((x) => x.kind === "Secret" && x.metadata.name === "mixed-nats-credentials")!;
+  const secret = o.find((x) => x.kind === "Secret" && x.metadata.name.startsWith("mixed-nats-credentials"))!;
   assert.deepEqual(Object.keys(secret.stringData).sort(), ["engine-llama-mixed", "server"]);
   for (const v of Object.values(secret.stringData) as string[]) assert.ok(v.length >= 32);
   for (const w of [...workers(o), o.find((x) => x.kind === "Deployment")!]) {

@@ -7,9 +7,9 @@
  * The completion path with these identities runs end to end in tls.test.ts.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { networkInterfaces, tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
@@ -83,13 +83,16 @@ async function subscriptionError(sub: Subscription): Promise<string> {
   }
 }
 
+let monitorPort = 0;
+
 before(async () => {
   if (skip) return;
   const port = await freePort();
   const monitor = await freePort();
+  monitorPort = monitor;
   const conf = (find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string)
     .replace("port: 4222", `listen: "127.0.0.1:${port}"`)
-    .replace("http_port: 8222", `http: "127.0.0.1:${monitor}"`);
+    .replace(`http: "127.0.0.1:8222"`, `http: "127.0.0.1:${monitor}"`);
   const file = join(dir, "nats.conf");
   writeFileSync(file, conf);
   const env = containerEnv(find("StatefulSet", "mixed-nats").spec.template.spec.containers[0], objs);
@@ -115,6 +118,41 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
+test("the monitor port (no auth in nats-server) listens on loopback only; the probes reach it from inside", {
+  skip,
+}, async () => {
+  const nats = find("StatefulSet", "mixed-nats").spec.template.spec.containers[0] as Obj;
+  // nats-io/nats-server@1787eee035cf0253c201fa0f05afad92b6f296dc server/opts.go: `http` is
+  // parseListen(v) → HTTPHost/HTTPPort ("host:port"); `http_port` alone binds every address.
+  const conf = find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string;
+  assert.match(conf, /^http: "127\.0\.0\.1:8222"$/m);
+  assert.doesNotMatch(conf, /^(http_port|monitor_port|https?_port):/m);
+  assert.ok(!(nats.ports as Obj[]).some((p) => p.containerPort === 8222), "no pod-IP monitor port");
+  // The kubelet's httpGet would dial the pod IP: the probes run in the container instead.
+  for (const probe of [nats.readinessProbe, nats.livenessProbe] as Obj[]) {
+    assert.equal(probe.httpGet, undefined);
+    const [cmd, ...args] = (probe.exec.command as string[]).map((w) =>
+      w.replace("127.0.0.1:8222", `127.0.0.1:${monitorPort}`),
+    );
+    const r = spawnSync(cmd!, args, { timeout: 10_000 });
+    assert.equal(r.status, 0, `probe ${probe.exec.command.join(" ")}: ${r.stderr}`);
+  }
+  // nats-server with the rendered line (port aside) answers on loopback, not on the host's address.
+  const ext = Object.values(networkInterfaces())
+    .flat()
+    .find((a) => a && a.family === "IPv4" && !a.internal)?.address;
+  if (ext) {
+    const err = await fetch(`http://${ext}:${monitorPort}/healthz`).then(
+      (r) => `answered ${r.status}`,
+      (e: Error) => String((e.cause as Error | undefined)?.message ?? e.message),
+    );
+    assert.match(err, /ECONNREFUSED/);
+  }
+  // And the NetworkPolicy no longer admits anyone to it.
+  const pol = find("NetworkPolicy", "mixed-nats-clients");
+  assert.ok(!JSON.stringify(pol.spec.ingress).includes("8222"), JSON.stringify(pol.spec.ingress));
+});
+
 test("every role has its own user; pods of a pool get only that pool's password", { skip }, () => {
   const server = identityOf("Deployment", "mixed-server");
   const llama = identityOf("StatefulSet", "mixed-llama-mixed");
@@ -131,7 +169,8 @@ test("every role has its own user; pods of a pool get only that pool's password"
   ] as const) {
     const c = find(kind, name).spec.template.spec.containers[0];
     const ref = (c.env as Obj[]).find((e) => e.name === "INFERA_NATS_PASSWORD")?.valueFrom.secretKeyRef;
-    assert.deepEqual(ref, { name: "mixed-nats-credentials", key: user });
+    assert.equal(ref.key, user);
+    assert.match(ref.name, /^mixed-nats-credentials-[0-9a-f]{10}$/);
     assert.ok(!JSON.stringify(c.command ?? []).includes(server.password));
   }
 });
@@ -249,4 +288,31 @@ test("TLS is on by default; plaintext only when asked for, with a warning", () =
     (e) => e.name === "INFERA_NATS_URL",
   );
   assert.match(offEnv?.value, /^nats:\/\//);
+});
+
+// nats-server parses a `$VAR` password's value as a config value (nats-io/nats-server
+// conf/parse.go, lookupVariable): a generated hex secret that reads as a float (`2e51…`) made
+// the rendered server exit at start, which failed test/reliability/nats-security.test.ts now
+// and then (the secrets are random). Each generated password must pass `nats-server -t`.
+test("generated NATS passwords that look like numbers still parse", { skip }, () => {
+  const tricky = ["2e51abc0", "12345678", "1e9"];
+  let i = 0;
+  const rendered: Obj[] = renderCluster(parseClusterDocument(raw), {
+    secrets: "generate",
+    random: () => tricky[i++ % tricky.length],
+  }).map(plain);
+  const conf = (
+    rendered.find((o) => o.kind === "ConfigMap" && o.metadata.name === "mixed-nats-config")!.data[
+      "nats.conf"
+    ] as string
+  ).replace("port: 4222", 'listen: "127.0.0.1:4222"');
+  const file = join(dir, "tricky.conf");
+  writeFileSync(file, conf);
+  const natsPod = rendered.find((o) => o.kind === "StatefulSet" && o.metadata.name === "mixed-nats")!;
+  const env = containerEnv(natsPod.spec.template.spec.containers[0], rendered);
+  const check = spawnSync(NATS_SERVER_BIN, ["-c", file, "-t"], {
+    env: { ...process.env, ...env },
+    encoding: "utf8",
+  });
+  assert.equal(check.status, 0, check.stderr);
 });

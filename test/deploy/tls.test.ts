@@ -174,7 +174,7 @@ test("nats-server runs the ConfigMap's nats.conf with TLS and demands client cer
 }, async () => {
   const conf = rewrite(find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string)
     .replace("port: 4222", `port: ${ports.nats}`)
-    .replace("http_port: 8222", `http_port: ${ports.monitor}`);
+    .replace(`http: "127.0.0.1:8222"`, `http: "127.0.0.1:${ports.monitor}"`);
   assert.match(conf, /verify: true/);
   const file = join(dir, "nats.conf");
   writeFileSync(file, conf);

@@ -4,13 +4,13 @@
  * `restart()` brings it back on the same ports and data, so leases and keys survive as they
  * would in production.
  */
-import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { request } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { killOnExit } from "../../src/util/child-process.ts";
 import { freePort, retryOnPortRace } from "./ports.ts";
+import { abandon, spawnTracked } from "./procs.ts";
 
 export interface TlsFiles {
   caFile: string;
@@ -124,7 +124,8 @@ async function startEtcdOnce(opts: StartEtcdOptions): Promise<EtcdHandle> {
   let proc: ChildProcess | null = null;
 
   const launch = async (): Promise<void> => {
-    const p = spawn(
+    // Tracked: not left running if the test or bench process exits without disposing of it.
+    const p = spawnTracked(
       ETCD_BIN,
       [
         "--name",
@@ -149,8 +150,6 @@ async function startEtcdOnce(opts: StartEtcdOptions): Promise<EtcdHandle> {
       ],
       { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ETCD_UNSUPPORTED_ARCH: process.arch } },
     );
-    // Not left running if the test or bench process exits without disposing of it.
-    killOnExit(p);
     let stderr = "";
     p.stderr?.on("data", (d: Buffer) => {
       stderr = (stderr + d.toString()).slice(-4000);
@@ -159,7 +158,7 @@ async function startEtcdOnce(opts: StartEtcdOptions): Promise<EtcdHandle> {
     try {
       await waitHealthy(endpoint, opts.timeoutMs ?? 15_000, p, opts.tls);
     } catch (err) {
-      p.kill("SIGKILL");
+      await abandon(p);
       throw new Error(`${(err as Error).message}\n${stderr}`);
     }
   };

@@ -1,6 +1,7 @@
 /** `bin/infera.js` run as a child process the way the process-level tests run it. */
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import { spawnTracked } from "./procs.ts";
 
 export const INFERA_BIN = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 
@@ -26,7 +27,7 @@ export function spawnInfera(
   args: string[],
   o: SpawnInferaOptions,
 ): { proc: ChildProcess; output: () => string } {
-  const proc = spawn(process.execPath, [INFERA_BIN, ...args], {
+  const proc = spawnTracked(process.execPath, [INFERA_BIN, ...args], {
     detached: o.detached,
     stdio: ["ignore", o.stdout ? "pipe" : "ignore", "pipe"],
     env: { ...process.env, INFERA_LOG_LEVEL: o.logLevel, ...o.env },

@@ -3,11 +3,12 @@
  * own temp dir, for tests and benches. Supports token, user/password and nkey auth, and TLS
  * (certificates made on the fly with openssl). `restart()` brings it back on the same port.
  */
-import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { freePort, isPortRace } from "./ports.ts";
+import { spawnTracked, startedOrStopped } from "./procs.ts";
 
 export const NATS_SERVER_BIN = process.env.NATS_SERVER_BIN ?? "/usr/sbin/nats-server";
 
@@ -26,6 +27,8 @@ export interface StartNatsOptions {
    * token/user/nkey; its `$VAR`s come from `env`.
    */
   authorization?: string;
+  /** Start-up limit: until nats-server logs "Server is ready" (default 20 s). */
+  timeoutMs?: number;
   /** Environment of the nats-server process (the rendered NATS container's env). */
   env?: Record<string, string>;
 }
@@ -190,14 +193,15 @@ export async function startNats(o: StartNatsOptions = {}): Promise<NatsServerHan
   let child: ChildProcess | undefined;
 
   const launch = async () => {
-    const c = spawn(NATS_SERVER_BIN, ["-c", conf], {
+    const c = spawnTracked(NATS_SERVER_BIN, ["-c", conf], {
       stdio: ["ignore", "ignore", "pipe"],
       ...(o.env ? { env: { ...process.env, ...o.env } } : {}),
     });
     child = c;
     // Keep draining stderr so the pipe never fills and blocks the server.
     c.stderr?.on("data", () => {});
-    await waitReady(c, 10_000);
+    // A start that times out (or loses its port) must not leave the server running.
+    await startedOrStopped(c, () => waitReady(c, o.timeoutMs ?? 20_000));
   };
   const stopWith = async (sig: NodeJS.Signals) => {
     const c = child;

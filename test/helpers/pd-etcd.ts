@@ -7,7 +7,7 @@
  * 42fa4c096d406754b7e5c6d93835fe390487c8af). Every child runs in its own process group, killed
  * whole at `close()`, so a launcher and the engine it started go together.
  */
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { unpack } from "msgpackr";
 import * as zmq from "zeromq";
 import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
@@ -15,6 +15,7 @@ import { type EtcdHandle, startEtcd } from "./etcd.ts";
 import { INFERA_BIN, serverArgs, spawnInfera } from "./infera.ts";
 import { engineListenArgs } from "./launcher.ts";
 import { freePort } from "./ports.ts";
+import { spawnTracked } from "./procs.ts";
 import { waitFor200, waitUntil } from "./wait.ts";
 
 export interface PdLaunchOptions {
@@ -131,7 +132,7 @@ export async function startPdEtcdStage(o: PdEtcdStageOptions): Promise<PdEtcdSta
                 `127.0.0.1:${moriioProxyPort}`,
                 ...(l.moriio.mode ? ["--moriio-mode", l.moriio.mode] : []),
               ];
-        const child = spawn(
+        const child = spawnTracked(
           process.execPath,
           [
             INFERA_BIN,

@@ -1,8 +1,9 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { WorkerRecord } from "../../src/discovery/types.ts";
-import { killChild, killOnExit, stopChild } from "../../src/util/child-process.ts";
+import { killChild, stopChild } from "../../src/util/child-process.ts";
 import { freePort, retryOnPortRace } from "./ports.ts";
+import { spawnTracked, startedOrStopped } from "./procs.ts";
 import { mixedRecord } from "./records.ts";
 
 /** A simulated engine running as a child process (`node bin/infera-sim.js [--engine K] ...`). */
@@ -104,12 +105,11 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
         }
       : {};
   const args = [BIN, ...personality[engine], ...(opts.args ?? [])];
-  const child = spawn(process.execPath, args, {
+  const child = spawnTracked(process.execPath, args, {
     cwd: ROOT,
     env: { ...process.env, INFERA_LOG_LEVEL: "warn", ...atomEnv, ...opts.env },
     stdio: ["ignore", "pipe", "pipe"],
   });
-  killOnExit(child);
   let out = "";
   const keep = (b: Buffer): void => {
     out += b.toString();
@@ -119,22 +119,21 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
   child.stderr?.on("data", keep);
   const url = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + (opts.timeoutMs ?? 20000);
-  for (;;) {
-    if (child.exitCode !== null) throw new Error(`infera-sim exited with ${child.exitCode}: ${out}`);
-    try {
-      // Per-attempt limit: a connection that is accepted but never answered (the port taken
-      // by another process in a freePort race) must not hang start-up past its deadline.
-      const r = await fetch(`${url}/health`, { signal: AbortSignal.timeout(2000) });
-      if (r.ok) break;
-    } catch {
-      // not listening yet
+  await startedOrStopped(child, async () => {
+    for (;;) {
+      if (child.exitCode !== null) throw new Error(`infera-sim exited with ${child.exitCode}: ${out}`);
+      try {
+        // Per-attempt limit: a connection that is accepted but never answered (the port taken
+        // by another process in a freePort race) must not hang start-up past its deadline.
+        const r = await fetch(`${url}/health`, { signal: AbortSignal.timeout(2000) });
+        if (r.ok) return;
+      } catch {
+        // not listening yet
+      }
+      if (Date.now() > deadline) throw new Error(`infera-sim did not become healthy: ${out}`);
+      await new Promise((r) => setTimeout(r, 50));
     }
-    if (Date.now() > deadline) {
-      killChild(child);
-      throw new Error(`infera-sim did not become healthy: ${out}`);
-    }
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  });
   return {
     url,
     port,

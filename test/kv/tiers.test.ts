@@ -106,6 +106,8 @@ test("kv-prefix: an offloaded prefix attracts its follow-up at a lower weight th
     model: "m",
     logger,
     kvIndex: idx,
+    onClose: () => {},
+    reportBridge: () => {},
     shared: <T>(k: string, make: () => T): T => {
       if (!m.has(k)) m.set(k, make());
       return m.get(k) as T;

@@ -1,4 +1,4 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { createCipheriv, createHash } from "node:crypto";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { connect } from "node:net";
@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { type KvdDaemon, startKvd } from "../../src/kvd/daemon.ts";
 import type { KvdConfig } from "../../src/kvd/types.ts";
 import { createLogger } from "../../src/util/log.ts";
+import { spawnTracked, startedOrStopped } from "../helpers/procs.ts";
 
 export const MiB = 1024 * 1024;
 
@@ -57,21 +58,34 @@ function canConnect(path: string): Promise<boolean> {
   });
 }
 
-/** Runs `infera kvd` as a child process; resolves once its socket accepts connections. */
-export async function spawnKvd(args: string[], socketPath: string): Promise<ChildProcess> {
-  const child = spawn(process.execPath, [join(import.meta.dirname, "../../bin/infera.js"), "kvd", ...args], {
-    env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
-    stdio: ["ignore", "ignore", "inherit"],
-  });
-  const deadline = Date.now() + 15000;
-  while (!existsSync(socketPath) || !(await canConnect(socketPath))) {
-    if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
-    if (Date.now() > deadline) {
-      child.kill("SIGKILL");
-      throw new Error("kvd did not create its socket in time");
+/** How long a spawned `infera kvd` may take to accept connections (node start-up on a loaded box). */
+export const KVD_START_MS = 30_000;
+
+/**
+ * Runs `infera kvd` as a child process; resolves once its socket accepts connections. A start
+ * that fails or times out stops the process before it throws (see test/helpers/procs.ts).
+ */
+export async function spawnKvd(
+  args: string[],
+  socketPath: string,
+  timeoutMs = KVD_START_MS,
+): Promise<ChildProcess> {
+  const child = spawnTracked(
+    process.execPath,
+    [join(import.meta.dirname, "../../bin/infera.js"), "kvd", ...args],
+    {
+      env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
+      stdio: ["ignore", "ignore", "inherit"],
+    },
+  );
+  const deadline = Date.now() + timeoutMs;
+  await startedOrStopped(child, async () => {
+    while (!existsSync(socketPath) || !(await canConnect(socketPath))) {
+      if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
+      if (Date.now() > deadline) throw new Error("kvd did not create its socket in time");
+      await new Promise((r) => setTimeout(r, 50));
     }
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  });
   return child;
 }
 
@@ -89,13 +103,13 @@ export const REPO_ROOT = join(import.meta.dirname, "../..");
 /** Runs a Python script with `python3` (or $PYTHON), killed after 30 s; its exit code and output. */
 export function runPython(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    const p = spawn(PY, args, { stdio: ["ignore", "pipe", "pipe"] });
+    const p = spawnTracked(PY, args, { stdio: ["ignore", "pipe", "pipe"] });
     let stdout = "";
     let stderr = "";
-    p.stdout.on("data", (d) => {
+    p.stdout?.on("data", (d) => {
       stdout += d;
     });
-    p.stderr.on("data", (d) => {
+    p.stderr?.on("data", (d) => {
       stderr += d;
     });
     const t = setTimeout(() => p.kill("SIGKILL"), 30000);

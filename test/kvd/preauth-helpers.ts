@@ -3,13 +3,14 @@
  * (large pre-auth HELLO frames, idle unauthenticated connections): shared by
  * test/kvd/conn-guard.test.ts and test/reliability/kvd-preauth.test.ts.
  */
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { join } from "node:path";
 import { encodeFrame, type Frame, FrameDecoder, Op } from "../../src/kvd/protocol.ts";
 import { freePort } from "../helpers/ports.ts";
-import { MiB, waitExit } from "./helpers.ts";
+import { spawnTracked, startedOrStopped } from "../helpers/procs.ts";
+import { KVD_START_MS, MiB, waitExit } from "./helpers.ts";
 
 export { MiB };
 
@@ -22,8 +23,16 @@ export interface Kvd {
   metricsPort: number;
 }
 
-/** `infera kvd` as a child process (optionally under an open-files limit), TCP with a token. */
-export async function startKvdProcess(dir: string, extra: string[], nofile?: number): Promise<Kvd> {
+/**
+ * `infera kvd` as a child process (optionally under an open-files limit), TCP with a token. A
+ * start that fails or times out stops the process before it throws.
+ */
+export async function startKvdProcess(
+  dir: string,
+  extra: string[],
+  nofile?: number,
+  timeoutMs = KVD_START_MS,
+): Promise<Kvd> {
   const socket = join(dir, "kvd.sock");
   const tokenFile = join(dir, "token");
   writeFileSync(tokenFile, TOKEN, { mode: 0o600 });
@@ -48,16 +57,20 @@ export async function startKvdProcess(dir: string, extra: string[], nofile?: num
   const [cmd, argv] = nofile
     ? ["prlimit", [`--nofile=${nofile}:${nofile}`, "--", process.execPath, ...args]]
     : [process.execPath, args];
-  const child = spawn(cmd as string, argv as string[], {
+  const child = spawnTracked(cmd as string, argv as string[], {
     env: { ...process.env, INFERA_LOG_LEVEL: "silent" },
     stdio: ["ignore", "ignore", "inherit"],
   });
-  const deadline = Date.now() + 15000;
-  while (!existsSync(socket) || !(await canConnect(tcpPort))) {
-    if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
-    if (Date.now() > deadline) throw new Error("kvd did not start in time");
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  const deadline = Date.now() + timeoutMs;
+  await startedOrStopped(child, async () => {
+    // The metrics listener too: it opens after the TCP one, and tests read it at once
+    // (ECONNREFUSED on the metrics port seen on a loaded box).
+    while (!existsSync(socket) || !(await canConnect(tcpPort)) || !(await canConnect(metricsPort))) {
+      if (child.exitCode !== null) throw new Error(`kvd exited with ${child.exitCode}`);
+      if (Date.now() > deadline) throw new Error("kvd did not start in time");
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  });
   return { child, socket, tcpPort, metricsPort };
 }
 

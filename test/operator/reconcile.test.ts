@@ -215,19 +215,66 @@ test("invalid spec → only a status naming the key path; nothing applied or del
   assert.match(valid.message, /spec\.models\[0\]\.pools\[0\]\.replicas/);
 });
 
+const natsSecrets = (os: ObjectLike[]) =>
+  os.filter((o) => o.kind === "Secret" && o.metadata.name.startsWith("mixed-nats-credentials"));
+
 test("generated secrets are created once, never re-applied (no rotation under running pods)", () => {
   const { c, k } = converge("mixed.yaml");
-  const secret = k.list().find((o) => o.kind === "Secret" && o.metadata.name === "mixed-nats-credentials")!;
+  const [secret] = natsSecrets(k.list());
   assert.ok(secret);
   // A different random source must not matter on later passes.
   const actions = reconcile(c, k.list(), { now: later, random: () => "rotated" });
   assert.deepEqual(actions, []);
-  k.objects.delete(kindKey("v1", "Secret", "mixed-nats-credentials"));
+  k.objects.delete(kindKey("v1", "Secret", secret.metadata.name));
   const again = reconcile(c, k.list(), { now: later, random: () => "fresh" });
   assert.deepEqual(
     kinds(again).filter((s) => s !== "status"),
-    ["apply Secret/mixed-nats-credentials"],
+    [`apply Secret/${secret.metadata.name}`],
   );
+  k.run(c, again);
+  // Scaling a pool keeps the users, so the Secret (and every password) stays.
+  (c.spec as Obj).models[0].pools[0].replicas += 1;
+  assert.ok(!kinds(reconcile(c, k.list(), { now: later })).some((a) => a.startsWith("apply Secret/")));
+});
+
+test("a pool added later gets its key: a new complete credentials Secret, every NATS user moves to it", () => {
+  const { c, k } = converge("mixed.yaml");
+  const [before] = natsSecrets(k.list());
+  const models = (c.spec as Obj).models as Obj[];
+  models.push({ ...structuredClone(models[0]), name: "qwen", model: "Qwen/Qwen3-8B" });
+  const actions = reconcile(c, k.list(), { now: later, random: () => "pw" });
+  k.run(c, actions);
+  // The operator may only create Secrets (deploy/operator.yaml): a Secret it wrote once can never
+  // gain the new pool's key, so the new key set needs a new Secret, holding every user.
+  const created = actions.flatMap((a) =>
+    a.type === "apply" && a.object.kind === "Secret" ? [a.object] : [],
+  );
+  assert.equal(created.length, 1);
+  const next = created[0]!;
+  assert.notEqual(next.metadata.name, before!.metadata.name);
+  assert.deepEqual(Object.keys(next.stringData as Obj).sort(), [
+    "engine-llama-mixed",
+    "engine-qwen-mixed",
+    "server",
+  ]);
+  // nats-server and every client read the new Secret, each its own key: no pod references a key
+  // its Secret lacks.
+  const keysOf = new Map(
+    natsSecrets(k.list()).map((s) => [s.metadata.name, Object.keys(s.stringData as Obj)]),
+  );
+  let refs = 0;
+  for (const o of k.list()) {
+    const pod = (o.spec as Obj | undefined)?.template?.spec as Obj | undefined;
+    for (const ctr of (pod?.containers ?? []) as Obj[])
+      for (const e of (ctr.env ?? []) as Obj[]) {
+        const ref = e.valueFrom?.secretKeyRef;
+        if (!ref?.name.startsWith("mixed-nats-credentials")) continue;
+        refs++;
+        assert.equal(ref.name, next.metadata.name, `${o.metadata.name} ${e.name}`);
+        assert.ok(keysOf.get(ref.name)?.includes(ref.key), `${o.metadata.name}: key ${ref.key}`);
+      }
+  }
+  assert.ok(refs >= 6, `${refs}`);
 });
 
 test("status counts ready workers per pool and the server", () => {

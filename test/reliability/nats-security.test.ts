@@ -4,7 +4,7 @@
  * config, and credentials inside URLs in `--print-config`. Real nats-server, real relays.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -24,6 +24,7 @@ import { stopChild } from "../../src/util/child-process.ts";
 import { spawnInfera } from "../helpers/infera.ts";
 import { NATS_SERVER_BIN, type NatsServerHandle, startNats } from "../helpers/nats.ts";
 import { freePort } from "../helpers/ports.ts";
+import { abandon, spawnTracked } from "../helpers/procs.ts";
 import { containerEnv } from "../helpers/rendered.ts";
 import { waitFor200, waitUntil } from "../helpers/wait.ts";
 import { FakeKvEngine } from "../transport/nats/fake-kv-engine.ts";
@@ -141,18 +142,24 @@ test("the rendered NATS config: anonymous clients and an engine identity's reads
       file,
       (find("ConfigMap", "mixed-nats-config").data["nats.conf"] as string)
         .replace("port: 4222", `listen: "127.0.0.1:${port}"`)
-        .replace("http_port: 8222", `http: "127.0.0.1:${monitor}"`),
+        .replace(`http: "127.0.0.1:8222"`, `http: "127.0.0.1:${monitor}"`),
     );
-    const proc: ChildProcess = spawn(NATS_SERVER_BIN, ["-c", file], {
-      stdio: "ignore",
+    const proc: ChildProcess = spawnTracked(NATS_SERVER_BIN, ["-c", file], {
+      stdio: ["ignore", "ignore", "pipe"],
       env: {
         ...process.env,
         ...containerEnv(find("StatefulSet", "mixed-nats").spec.template.spec.containers[0], objs),
       },
     });
+    let stderr = "";
+    proc.stderr?.on("data", (d: Buffer) => {
+      stderr = (stderr + d.toString()).slice(-2000);
+    });
     cleanups.push(() => stopChild(proc, 5000));
     const exited = new Promise<never>((_, reject) =>
-      proc.once("exit", (code) => reject(new Error(`nats-server exited (${code}) on port ${port}`))),
+      proc.once("exit", (code) =>
+        reject(new Error(`nats-server exited (${code}) on port ${port}: ${stderr}`)),
+      ),
     );
     try {
       await Promise.race([
@@ -163,14 +170,20 @@ test("the rendered NATS config: anonymous clients and an engine identity's reads
       break;
     } catch (err) {
       exited.catch(() => {});
+      await abandon(proc); // not left running beside the next attempt's server
       if (attempt >= 3) throw err;
     }
   }
   const url = `nats://127.0.0.1:${port}`;
   let anonRefused = 0;
+  // What each attempt ended in, for the failure message (it failed once at load 33, unexplained).
+  const outcomes: string[] = [];
   for (let i = 0; i < 3; i++) {
     await connectNats({ url, maxReconnectAttempts: 0, connectTimeoutMs: 3000 }).then(
-      (c) => c.close(),
+      (c) => {
+        outcomes.push(`anonymous connect ${i} accepted`);
+        return c.close();
+      },
       () => anonRefused++,
     );
   }
@@ -188,8 +201,10 @@ test("the rendered NATS config: anonymous clients and an engine identity's reads
     const sub = engine.subscribe(subject);
     try {
       for await (const _ of sub) break;
+      outcomes.push(`${subject}: subscription ended without an error`);
     } catch (err) {
       if (/Permissions Violation/.test(String(err))) subsRefused++;
+      else outcomes.push(`${subject}: ${String(err)}`);
     }
   }
   const pass = anonRefused === 3 && subsRefused === wanted.length;
@@ -200,7 +215,10 @@ test("the rendered NATS config: anonymous clients and an engine identity's reads
     "all refused",
     pass,
   );
-  assert.ok(pass);
+  assert.ok(
+    pass,
+    `anonymous refused ${anonRefused}/3, subscriptions refused ${subsRefused}/3: ${outcomes.join("; ")}`,
+  );
 });
 
 test("credentials inside URLs: none in --print-config", async () => {

@@ -61,7 +61,10 @@ async function serve(pubs: FakePublisher[], readyWaitKvSyncMs?: number): Promise
       port: 0,
       policy: "kv-aware",
       scrapeIntervalMs: 0,
-      ingest: { kvReplayTimeoutMs: 400, ...(readyWaitKvSyncMs !== undefined ? { readyWaitKvSyncMs } : {}) },
+      // The replay stall limit sets how long the silent engine stays `syncing` (three rounds
+      // of it) but must also let the answering engine's 2,000-batch replay through: at 400 ms
+      // a loaded machine (load 30) stalled that one too, and both ended `unknown`.
+      ingest: { kvReplayTimeoutMs: 1500, ...(readyWaitKvSyncMs !== undefined ? { readyWaitKvSyncMs } : {}) },
     },
     { discovery: disc, extensions: { kvIngestFactory: createServerKvIngest }, logger },
   );
@@ -87,8 +90,9 @@ test("/ready waits while a rank syncs, then reports synced and unknown ranks by 
   assert.equal(first.body.kvIndex?.waiting, true);
   assert.ok((first.body.kvIndex?.syncing ?? 0) >= 1);
 
+  // Until no rank syncs (the silent one's three stalled rounds, ~4.5 s); generous for a loaded box.
   let last = first;
-  for (let i = 0; i < 100 && last.body.kvIndex?.syncing !== 0; i++) {
+  for (const t0 = Date.now(); last.body.kvIndex?.syncing !== 0 && Date.now() - t0 < 60_000; ) {
     await new Promise((r) => setTimeout(r, 100));
     last = await ready(server);
   }

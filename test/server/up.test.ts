@@ -116,6 +116,25 @@ describe("infera up", () => {
       body: JSON.stringify({ model: "sim-model", messages: [{ role: "user", content: "Hello!" }], ...body }),
     });
 
+  // A failed test's cleanup SIGKILLs `infera up`, which runs no exit handler: its fleet used to
+  // stay behind (an orphaned `infera-sim --fleet 2` holding its ports). It now stops by itself.
+  it("a SIGKILLed infera up leaves no sim fleet behind", async (t) => {
+    const u = await up(["--workers", "2", "--speed", "100"]);
+    const workers = (await (await fetch(`${u.url}/v1/workers`)).json()) as {
+      data: Array<{ labels: { pid: string } }>;
+    };
+    const pid = Number(workers.data[0]!.labels.pid);
+    t.after(() => {
+      if (alive(pid)) process.kill(pid, "SIGKILL");
+    });
+    assert.ok(alive(pid));
+    u.proc.kill("SIGKILL");
+    await u.exited;
+    const deadline = Date.now() + 15_000;
+    while (alive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    assert.ok(!alive(pid), `sim fleet ${pid} outlived its infera up`);
+  });
+
   // Issue #30 item 8: it stopped the fleet at once, and 6/6 streams ended in error events.
   it("drains on SIGTERM like infera server: streams in flight finish, then exit 0", async (t) => {
     const u = await up(["--workers", "2", "--speed", "0.2", "--drain-timeout", "30"]);

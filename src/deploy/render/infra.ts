@@ -21,6 +21,7 @@ import {
   natsAuthorizationBlock,
   natsClientIdentityEnv,
   natsCredentials,
+  natsSecretName,
   natsServerEnv,
   ROUTE_AUTH_LINE,
 } from "./nats-auth.ts";
@@ -143,6 +144,15 @@ export function etcdObjects(ctx: RenderContext): (StatefulSet | Service)[] {
   return [svc, sts];
 }
 
+/** nats-server's /healthz on its loopback-only monitor port, run in the NATS container. */
+export const NATS_HEALTH_CHECK = [
+  "wget",
+  "-q",
+  "-O",
+  "/dev/null",
+  `http://127.0.0.1:${NATS_MONITOR_PORT}/healthz`,
+];
+
 /**
  * NATS with one user per role and subject permissions (nats-auth.ts). The config file names
  * environment variables (NATS config syntax `$VAR`), filled from the credentials Secret, so no
@@ -171,7 +181,10 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
   ];
   const conf = [
     `port: ${NATS_PORT}`,
-    `http_port: ${NATS_MONITOR_PORT}`,
+    // The monitoring endpoints (/varz, /connz, /subsz: clients, subjects, addresses) have no
+    // authentication in nats-server: loopback only, for the probes below and `kubectl
+    // port-forward` (nats-io/nats-server server/opts.go: `http` takes "host:port").
+    `http: "127.0.0.1:${NATS_MONITOR_PORT}"`,
     ...natsAuthorizationBlock(ctx),
     ...(tls ? tlsBlock("", true) : []),
     ...(p.natsReplicas > 1
@@ -189,7 +202,7 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
       : []),
     "",
   ].join("\n");
-  const secretName = names.natsSecret(ctx);
+  const secretName = natsSecretName(ctx);
   const out: (StatefulSet | Service | ConfigMap | Secret)[] = [
     new ConfigMap({ metadata: meta(ctx, "nats", names.natsConfig(ctx)), data: { "nats.conf": conf } }),
     new Service({
@@ -228,10 +241,11 @@ export function natsObjects(ctx: RenderContext): (StatefulSet | Service | Config
                 ports: [
                   { name: "client", containerPort: NATS_PORT },
                   { name: "cluster", containerPort: 6222 },
-                  { name: "monitor", containerPort: NATS_MONITOR_PORT },
                 ],
-                readinessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 5 },
-                livenessProbe: { httpGet: { path: "/healthz", port: "monitor" }, periodSeconds: 10 },
+                // The kubelet's httpGet goes to the pod IP, where the monitor no longer listens:
+                // the probe runs inside the pod (busybox wget of the nats:*-alpine images).
+                readinessProbe: { exec: { command: NATS_HEALTH_CHECK }, periodSeconds: 5 },
+                livenessProbe: { exec: { command: NATS_HEALTH_CHECK }, periodSeconds: 10 },
                 securityContext: restrictedContainer(),
                 volumeMounts: [
                   { name: "config", mountPath: "/etc/nats" },

@@ -11,10 +11,13 @@
  *    and fsGroup does not apply to hostPath volumes, so kvd (uid 10001) could not bind its socket
  *    (EACCES). An init container chowns the two directories (not recursively) to 10001 with
  *    CAP_CHOWN only; everything else runs non-root with every capability dropped.
+ *  - the L4 store URL (`kvd.remote`, or `kvd.remoteSecret` for one with a password) in the env
+ *    INFERA_KVD_REMOTE_URL, never in args.
  */
 
 import { DaemonSet } from "kubernetes-models/apps/v1";
 import { Secret } from "kubernetes-models/v1";
+import type { IEnvVar } from "kubernetes-models/v1/EnvVar";
 import type { IVolume } from "kubernetes-models/v1/Volume";
 import { parseSize } from "../../kvd/size.ts";
 import {
@@ -35,6 +38,17 @@ import {
 export const KVD_DISK_DIR = "/var/lib/infera-kvd";
 /** Where the token Secret is mounted (key `token`). */
 export const KVD_TOKEN_DIR = "/etc/infera-kvd";
+
+/**
+ * The L4 URL goes in the env, never in args (argv is public on the node; kvd refuses a URL with a
+ * password there): a plain one as a value, one with a password from its Secret.
+ */
+function remoteEnv(k: RenderContext["spec"]["kvd"]): { env?: IEnvVar[] } {
+  if (k.remote) return { env: [{ name: "INFERA_KVD_REMOTE_URL", value: k.remote }] };
+  if (!k.remoteSecret) return {};
+  const { name, key } = k.remoteSecret;
+  return { env: [{ name: "INFERA_KVD_REMOTE_URL", valueFrom: { secretKeyRef: { name, key } } }] };
+}
 
 export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
   const k = ctx.spec.kvd;
@@ -75,7 +89,6 @@ export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
     volumes.push({ name: "disk", hostPath: { path: k.disk.hostPath, type: "DirectoryOrCreate" } });
     chownDirs.push(KVD_DISK_DIR);
   }
-  if (k.remote) command.push("--remote", k.remote);
   const out: (DaemonSet | Secret)[] = [
     new DaemonSet({
       metadata: meta(ctx, "kvd", names.kvd(ctx)),
@@ -107,6 +120,7 @@ export function kvdObjects(ctx: RenderContext): (DaemonSet | Secret)[] {
                 name: "kvd",
                 image: ctx.spec.image,
                 command: commandWords(command),
+                ...remoteEnv(k),
                 ports: [
                   { name: "kvd", containerPort: k.port },
                   { name: "metrics", containerPort: KVD_METRICS_PORT },

@@ -27,6 +27,7 @@
  * lands in the ConfigMap.
  */
 
+import { createHash } from "node:crypto";
 import { kvSubject, requestSubject } from "../../transport/nats/subjects.ts";
 import type { ModelSpec, PoolSpec } from "../spec.ts";
 import { names, poolName, type RenderContext, workerObjectName } from "./context.ts";
@@ -125,24 +126,56 @@ export const ROUTE_AUTH_LINE = `  authorization { user: ${ROUTE_NATS_USER}, pass
 
 type EnvVar = { name: string; value?: string; valueFrom?: object };
 
-/** The NATS container's env: every user's password from the credentials Secret. */
-export function natsServerEnv(ctx: RenderContext): EnvVar[] {
-  const secret = names.natsSecret(ctx);
-  const users = [
+/** Every key of the credentials Secret: the client users, then the routes' user when clustered. */
+function credentialUsers(ctx: RenderContext): string[] {
+  return [
     ...natsUsers(ctx).map((u) => u.user),
     ...(ctx.spec.planes.natsReplicas > 1 ? [ROUTE_NATS_USER] : []),
   ];
-  return users.map((user) => ({
+}
+
+/**
+ * The credentials Secret's name. One the user supplies (`auth.natsCredentialsSecret`) or creates
+ * by hand is `NAME-nats-credentials`. A generated one also carries a hash of its key set: the
+ * operator may only create Secrets (never read or patch them), so a Secret written once could
+ * never gain the key of a pool added later (its pods would fail on the missing key). With the
+ * key set in the name, a spec that changes the users renders a new, complete Secret (fresh
+ * passwords, and every NATS client and nats-server roll onto it with the changed references),
+ * while a spec that keeps them keeps the Secret and its passwords.
+ */
+export function natsSecretName(ctx: RenderContext): string {
+  const base = names.natsSecret(ctx);
+  if (ctx.spec.auth.natsCredentialsSecret || ctx.secrets !== "generate") return base;
+  const keys = credentialUsers(ctx).sort().join("\n");
+  return `${base}-${createHash("sha256").update(keys).digest("hex").slice(0, 10)}`;
+}
+
+/** The NATS container's env: every user's password from the credentials Secret. */
+export function natsServerEnv(ctx: RenderContext): EnvVar[] {
+  const secret = natsSecretName(ctx);
+  return credentialUsers(ctx).map((user) => ({
     name: envVarOf(user),
     valueFrom: { secretKeyRef: { name: secret, key: user } },
   }));
 }
 
+/**
+ * A password that nats-server reads back as a string through a `$VAR` reference. It parses the
+ * variable's value as a config value (nats-io/nats-server conf/parse.go, lookupVariable: the
+ * env value is parsed as `pkey=<value>`), so a hex secret such as `2e51ab…` is lexed as a
+ * float and refused ("variable reference … could not be parsed", the server exits 1), and an
+ * all-digit one becomes an integer. Checked with Debian's nats-server: `2e51abc0` refused,
+ * `s2e51abc0` accepted. A leading letter makes any generated value an unquoted string.
+ */
+function natsPassword(ctx: RenderContext): string {
+  const v = ctx.random();
+  return /^[A-Za-z]/.test(v) ? v : `p${v}`;
+}
+
 /** The generated credentials: one key per user, its password. */
 export function natsCredentials(ctx: RenderContext): Record<string, string> {
   const out: Record<string, string> = {};
-  for (const u of natsUsers(ctx)) out[u.user] = ctx.random();
-  if (ctx.spec.planes.natsReplicas > 1) out[ROUTE_NATS_USER] = ctx.random();
+  for (const user of credentialUsers(ctx)) out[user] = natsPassword(ctx);
   return out;
 }
 
@@ -153,6 +186,6 @@ export function natsCredentials(ctx: RenderContext): Record<string, string> {
 export function natsClientIdentityEnv(ctx: RenderContext, user: string): EnvVar[] {
   return [
     { name: "INFERA_NATS_USER", value: user },
-    { name: "INFERA_NATS_PASSWORD", valueFrom: { secretKeyRef: { name: names.natsSecret(ctx), key: user } } },
+    { name: "INFERA_NATS_PASSWORD", valueFrom: { secretKeyRef: { name: natsSecretName(ctx), key: user } } },
   ];
 }

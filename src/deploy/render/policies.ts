@@ -16,7 +16,6 @@ import {
   KVD_METRICS_PORT,
   MORIIO_PROXY_PORT,
   meta,
-  NATS_MONITOR_PORT,
   type RenderContext,
   usesMoriioProxy,
 } from "./context.ts";
@@ -84,10 +83,8 @@ export function policyObjects(ctx: RenderContext): NetworkPolicy[] {
   }
   if (ctx.spec.planes.kind === "nats") {
     out.push(
-      policy("nats", "nats-clients", [
-        { from: [from("server"), ...workers, from("nats")] },
-        { from: [prometheus], ports: [{ port: NATS_MONITOR_PORT, protocol: "TCP" }] },
-      ]),
+      // No rule for the monitor port: it listens on the pod's loopback only (infra.ts).
+      policy("nats", "nats-clients", [{ from: [from("server"), ...workers, from("nats")] }]),
     );
   }
   return out;

@@ -68,6 +68,22 @@ export async function simMain(argv: string[]): Promise<void> {
   };
   process.on("SIGTERM", () => stop("SIGTERM"));
   process.on("SIGINT", () => stop("SIGINT"));
+  if (envVar("INFERA_SIM_EXIT_WITH_PARENT") === "1") exitWithParent(() => stop("parent exited"));
+}
+
+/**
+ * Stops when the process that started this one is gone (we were re-parented). A parent killed
+ * with SIGKILL runs no exit handler, so `infera up` could not stop its fleet itself: the fleet
+ * would stay, holding its ports. Node has no PR_SET_PDEATHSIG; a ppid poll is cheap.
+ */
+function exitWithParent(stop: () => void): void {
+  const parent = process.ppid;
+  const timer = setInterval(() => {
+    if (process.ppid === parent) return;
+    clearInterval(timer);
+    stop();
+  }, 500);
+  timer.unref();
 }
 
 /** `--fleet N`: N engines in this process; progress every batch, one "fleet ready" line, the manifest. */

@@ -5,12 +5,14 @@
  * round-robin turn, the prefill ledger, prefix trees) lives in the model scope, so a model that
  * switches between mixed and PD routing keeps one history, as a single policy instance did.
  */
+
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { PeerRouting } from "../peers/types.ts";
 import type { TtftPredictor } from "../predict/ttft.ts";
 import type { RouteLifecycle, RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../types.ts";
 import { type DecisionLog, type DecisionRecord, explain } from "./decisions.ts";
+import type { BridgeCounters } from "./pending-prefixes.ts";
 import { filters as filterDefs, pickers as pickerDefs, scorers as scorerDefs } from "./registry.ts";
 import type {
   Filter,
@@ -32,6 +34,8 @@ export interface SchedulerStats {
   /** Sum of the chosen workers' cached blocks and of the prompts' blocks (overlap-aware steps). */
   overlapBlocks: number;
   promptBlocks: number;
+  /** The model's pending bridges' counters (usually one), read at scrape time. */
+  bridges: Readonly<BridgeCounters>[];
 }
 
 export interface SchedulerOptions {
@@ -331,7 +335,8 @@ function pinnedRank(c: WorkerState, overlap: number, rank: number): number | und
 /** A model's scheduler: the mixed step as `select`, the PD steps through `step()`. */
 export class Scheduler implements RoutingPolicy {
   readonly name: string;
-  readonly stats: SchedulerStats = { decisions: {}, overlapBlocks: 0, promptBlocks: 0 };
+  readonly stats: SchedulerStats = { decisions: {}, overlapBlocks: 0, promptBlocks: 0, bridges: [] };
+  private readonly closers: (() => void)[] = [];
   private readonly steps: Record<Step, StepPolicy>;
   /** The step whose select ran last for a request (onRouted goes there). */
   private lastRouted: { requestId: string; step: StepPolicy } | null = null;
@@ -339,6 +344,7 @@ export class Scheduler implements RoutingPolicy {
   constructor(o: SchedulerOptions) {
     this.name = o.name;
     const shared = new Map<string, unknown>();
+    const { closers, stats } = this;
     const scope: ModelScope = {
       model: o.model,
       logger: o.logger,
@@ -353,6 +359,8 @@ export class Scheduler implements RoutingPolicy {
         }
         return v;
       },
+      onClose: (fn) => closers.push(fn),
+      reportBridge: (c) => stats.bridges.push(c),
     };
     const mk = (s: Step) => new StepPolicy(o.name, s, scope, o.profiles[s], this.stats, o.decisions);
     this.steps = { mixed: mk("mixed"), prefill: mk("prefill"), decode: mk("decode") };
@@ -384,6 +392,23 @@ export class Scheduler implements RoutingPolicy {
     this.steps.mixed.onWorkerRemoved(id);
     this.steps.prefill.onWorkerRemoved(id);
     this.steps.decode.onWorkerRemoved(id);
+  }
+
+  /**
+   * Lets go of what outlives the scheduler (the KV index's removal listeners): a server that
+   * closes its router, or rebuilds a model's policy, would otherwise keep every old one alive.
+   */
+  close(): void {
+    for (const fn of this.closers.splice(0)) fn();
+  }
+
+  /** Sum of the model's pending bridges' counters (for /metrics). */
+  bridgeCounters(): Record<string, number> | undefined {
+    if (this.stats.bridges.length === 0) return undefined;
+    const out: Record<string, number> = {};
+    for (const b of this.stats.bridges)
+      for (const k of Object.keys(b) as (keyof BridgeCounters)[]) out[k] = (out[k] ?? 0) + b[k];
+    return out;
   }
 
   /** The mixed step's per-candidate overlap and cost (kv-aware's former `explain`). */

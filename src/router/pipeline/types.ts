@@ -10,12 +10,14 @@
  * `StepContext.all` (the list the router handed in), so per-candidate signals computed once
  * (prefix overlap, held blocks) are shared by every plugin of the step without maps.
  */
+
 import type { PrefixIndex } from "../../kv/prefix-index.ts";
 import type { Logger } from "../../util/log.ts";
 import type { PeerRouting } from "../peers/types.ts";
 import type { TtftPredictor } from "../predict/ttft.ts";
 import type { RouteLifecycle, RoutingRequest, WorkerState } from "../types.ts";
 import type { Step } from "./decision-wire.ts";
+import type { BridgeCounters } from "./pending-prefixes.ts";
 
 /** What a plugin reads; the server starts the matching machinery from the union of them. */
 export type Need =
@@ -49,6 +51,10 @@ export interface ModelScope {
    * as the single policy instance of a model did before profiles.
    */
   shared<T>(key: string, make: () => T): T;
+  /** Runs `fn` when the model's scheduler closes (listeners to unsubscribe, timers to stop). */
+  onClose(fn: () => void): void;
+  /** Counters of a pending bridge (pending-prefixes.ts), exported per model at /metrics. */
+  reportBridge(counters: Readonly<BridgeCounters>): void;
 }
 
 /** A per-candidate signal a plugin computes once per step and others read (overlap, held). */

@@ -1,5 +1,5 @@
 /** Shared by the fleet tests: a fleet as a child process, a KV-event collector, port blocks. */
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -11,6 +11,7 @@ import type { FleetManifest } from "../../../src/engine/sim/fleet.ts";
 import { stopChild } from "../../../src/util/child-process.ts";
 import { serverArgs } from "../../helpers/infera.ts";
 import { freePort } from "../../helpers/ports.ts";
+import { spawnTracked } from "../../helpers/procs.ts";
 
 const SIM_BIN = fileURLToPath(new URL("../../../bin/infera-sim.js", import.meta.url));
 const unpackr = new Unpackr({ int64AsType: "bigint", useRecords: false, mapsAsObjects: true });
@@ -46,7 +47,7 @@ export interface FleetProcess {
 export async function spawnFleet(count: number, args: string[], timeoutMs = 60_000): Promise<FleetProcess> {
   const dir = mkdtempSync(join(tmpdir(), "infera-fleet-"));
   const file = join(dir, "manifest.json");
-  const proc = spawn(
+  const proc = spawnTracked(
     process.execPath,
     [SIM_BIN, "--fleet", String(count), "--fleet-manifest", file, ...args],
     { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, INFERA_LOG_LEVEL: "info" } },
@@ -151,7 +152,7 @@ export async function startStaticServer(records: unknown[], args: string[] = [])
   const file = join(dir, "workers.json");
   writeFileSync(file, JSON.stringify(records));
   const port = await freePort();
-  const proc = spawn(
+  const proc = spawnTracked(
     process.execPath,
     [
       INFERA_BIN,

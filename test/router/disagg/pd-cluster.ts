@@ -6,7 +6,7 @@
  */
 
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -19,6 +19,7 @@ import type { ConnectorInfo, ConnectorKind } from "../../../src/discovery/types.
 import { stopChild } from "../../../src/util/child-process.ts";
 import { serverArgs } from "../../helpers/infera.ts";
 import { freePort, retryOnPortRace } from "../../helpers/ports.ts";
+import { spawnTracked } from "../../helpers/procs.ts";
 import { parseMetric, type SimProcess, startSim } from "../../helpers/sim.ts";
 
 export type PdKind = Exclude<ConnectorKind, "none">;
@@ -249,7 +250,7 @@ export async function startPdCluster(o: PdClusterOptions): Promise<PdCluster> {
   const file = join(dir, "workers.json");
   writeFileSync(file, JSON.stringify([...prefills, ...decodes].map((w) => w.record)));
   const port = await freePort();
-  const server = spawn(
+  const server = spawnTracked(
     process.execPath,
     [
       BIN,

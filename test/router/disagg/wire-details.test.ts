@@ -122,9 +122,17 @@ describe("MoRIIO transfer_id and transfer modes (issue #16)", () => {
   });
 
   test("WRITE: both halves at once, D's engine and block ids null; P with DP ranks is pinned", async () => {
-    const exec = new FakeExecutor({
+    // "Both halves at once" is an ordering, not a duration: P answers only once D has been
+    // sent (or after 5 s), and records whether D had been. A router that waits for P's answer
+    // before sending D sees P answer with D unsent. (A wall-time bound, |P.at − D.at| < 20 ms,
+    // failed on a loaded machine.)
+    const dSentWhenPAnswered: boolean[] = [];
+    const exec: FakeExecutor = new FakeExecutor({
       p1: async (c) => {
-        await delay(30, c.opts.signal);
+        const nth = exec.to("p1").length;
+        const dSent = () => exec.to("d1").length >= nth;
+        for (const t0 = Date.now(); !dSent() && Date.now() - t0 < 5000; ) await delay(5, c.opts.signal);
+        dSentWhenPAnswered.push(dSent());
         return jsonAnswer(200, { id: "x" }); // WRITE: P's answer carries nothing D needs
       },
       d1: async (c) => {
@@ -142,7 +150,7 @@ describe("MoRIIO transfer_id and transfer modes (issue #16)", () => {
     for (let i = 0; i < 2; i++) {
       const pc = pcs[i]!;
       const dc = dcs[i]!;
-      assert.ok(Math.abs(pc.at - dc.at) < 20, "P and D sent together");
+      assert.equal(dSentWhenPAnswered[i], true, "D sent before P answered (P and D sent together)");
       const pk = kvp(pc);
       const dk = kvp(dc);
       assert.match(String(pk.transfer_id), TX_ID);

@@ -12,7 +12,13 @@ import { makeWorker } from "./recorder.ts";
 
 const logger = createLogger("test");
 logger.level = "silent";
-const scope: ModelScope = { model: "m", logger, shared: <T>(_k: string, make: () => T): T => make() };
+const scope: ModelScope = {
+  model: "m",
+  logger,
+  shared: <T>(_k: string, make: () => T): T => make(),
+  onClose: () => {},
+  reportBridge: () => {},
+};
 
 const tenant = (t: number) => `Tenant ${t} system prompt. `.repeat(60);
 function req(t: number, i: number): RoutingRequest {

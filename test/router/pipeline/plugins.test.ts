@@ -25,6 +25,8 @@ function scope(kvIndex?: KvIndex): ModelScope {
       if (!m.has(k)) m.set(k, make());
       return m.get(k) as T;
     },
+    onClose: () => {},
+    reportBridge: () => {},
   };
 }
 

@@ -107,6 +107,8 @@ test("through infera server: a request goes to the worker holding its prefix, an
   const metrics = await (await fetch(`${server.url}/metrics`)).text();
   assert.match(metrics, /infera_kv_routing_decisions_total\{reason="overlap"\} 1/);
   assert.match(metrics, /infera_kv_events_total\{type="BlockStored"\} [1-9]/);
+  // kv-aware bridges the routed prompt until the events confirm it: the entry is counted.
+  assert.match(metrics, /infera_routing_bridge_entries_total\{model="sim-model",event="added"\} 1\n/);
 
   // Push docs[0] out of w-c's 120-block pool with other documents: BlockRemoved events follow.
   const removedBefore = index.counters.removed;
@@ -170,4 +172,27 @@ test("a new replica builds the full index by replay, and two replicas choose ali
   } finally {
     await Promise.all(replicas.map((r) => r.close()));
   }
+});
+
+test("closing the router unsubscribes its policies from the KV index (no listener leak)", () => {
+  // The kv-aware bridge listens to the index's removals; the index outlives the router.
+  assert.equal(index.removalListenerCount, 1);
+  server.router.close();
+  assert.equal(index.removalListenerCount, 0);
+  // A policy built again (a restarted router, a rebuilt profile) subscribes once more, alone.
+  server.router.policyFor(MODEL).select(
+    {
+      requestId: "again",
+      model: MODEL,
+      endpoint: "chat",
+      body: {},
+      stream: false,
+      promptText: () => "x",
+      promptTokens: () => [1, 2, 3],
+    },
+    server.workers.group(MODEL)!.available,
+  );
+  assert.equal(index.removalListenerCount, 1);
+  server.router.close();
+  assert.equal(index.removalListenerCount, 0);
 });

@@ -41,7 +41,7 @@ export async function pullKv(url: string, opts: PullOptions): Promise<PullResult
     if (opts.signal.aborted) throw opts.signal.reason ?? err;
     if (timeout.aborted)
       throw new TimeoutError(`KV pull from ${u.host} timed out after ${opts.timeoutMs} ms`);
-    if (err instanceof UpstreamError) throw err;
+    if (err instanceof UpstreamError || err instanceof TimeoutError) throw err;
     const msg = err instanceof Error ? (err.cause instanceof Error ? err.cause.message : err.message) : "";
     throw new UpstreamError(
       `KV pull from ${u.host} failed: ${msg || "connection error"}`,
@@ -53,12 +53,19 @@ export async function pullKv(url: string, opts: PullOptions): Promise<PullResult
     const res = await fetch(u, { signal });
     if (res.status !== 200) {
       let detail = `HTTP ${res.status}`;
+      let code: string | undefined;
       try {
-        const j = (await res.json()) as { error?: { message?: string } };
+        const j = (await res.json()) as { error?: { message?: string; code?: string } };
         if (j.error?.message) detail = j.error.message;
+        code = j.error?.code;
       } catch {
         // non-JSON error body: the status says enough
       }
+      // A waiting pull that P answers "not held" means P waited out `wait_ms` without the KV
+      // being offered: the pull timed out, whichever side's timer fired first (on a loaded
+      // machine P's can fire before ours, which turned a 504 into a 502).
+      if (opts.waitMs && res.status === 404 && code === "kv_not_found")
+        throw new TimeoutError(`KV pull from ${u.host} timed out after ${opts.waitMs} ms: ${detail}`);
       throw new UpstreamError(`KV pull from ${u.host} failed: ${detail}`, 502, "kv_transfer_failed");
     }
     if (!res.body)

@@ -80,7 +80,7 @@ function buildSource(scope: ModelScope, p: z.output<typeof params>): OverlapSour
       })
     : null;
   // An eviction the events report ends the bridge's prefilled entries on that worker.
-  if (pending && index?.onRemoval) index.onRemoval((id) => pending.evicted(id));
+  if (pending) watchBridge(scope, index, pending);
   // The bridge keys a prompt by more of its head than the fallback tree walks (issue #28 item 4).
   const bridge = pending
     ? new ApproxPrefixTree({ chunkChars: p.chunkChars, maxChars: BRIDGE_TEXT_CAP })
@@ -173,6 +173,15 @@ function overlapsOf(parts: SourceParts, ctx: StepContext): OverlapResult {
     }
   }
   return { overlaps, ranks, bridged };
+}
+
+/**
+ * Hooks a bridge to the index's removals and its counters to /metrics. The listener is released
+ * when the scheduler closes: the index outlives it (one per server).
+ */
+function watchBridge(scope: ModelScope, index: PrefixIndex | undefined, pending: PendingPrefixes): void {
+  if (index?.onRemoval) scope.onClose(index.onRemoval((id) => pending.evicted(id)));
+  scope.reportBridge(pending.counters);
 }
 
 /** What the index holds of `req`'s prompt on `id` now, against its full blocks (the bridge's confirmation). */
