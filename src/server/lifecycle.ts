@@ -10,7 +10,7 @@ import { DrainingError, InferaError } from "../protocol/errors.ts";
 import type { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
-import { DrainCutError } from "./proxy.ts";
+import { DrainCutError } from "./request-context.ts";
 
 /**
  * What a drain needs to know of the requests: whether one started, which answers are still open

@@ -4,81 +4,33 @@
  * away aborts the upstream request at once, streamed or not.
  */
 import { isUtf8 } from "node:buffer";
-import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { InvalidJsonError, UpstreamError } from "../protocol/errors.ts";
 import { parseChatRequest, parseCompletionRequest } from "../protocol/openai.ts";
-import type { AutoRouter } from "../router/auto.ts";
 import type { TraceSpan } from "../router/trace.ts";
-import type { Tokenizer } from "../tokenizer/tokenizer.ts";
-import {
-  contentTypeOf,
-  type RequestExecutor,
-  type RoutedEndpoint,
-  type UpstreamResponse,
-} from "../transport/types.ts";
-import { RequestAbort } from "../util/abort.ts";
-import type { Logger } from "../util/log.ts";
-import { admit, traceFailed, traceParsed } from "./admission.ts";
-import type { ApiKeyAuth } from "./auth.ts";
-import {
-  type BodyParserPool,
-  bodyParserPool,
-  OFF_LOOP_BODY_BYTES,
-  parseBodySync,
-} from "./body-parser-pool.ts";
-import type { FlowGate, FlowTicket } from "./flow-gate.ts";
+import { contentTypeOf, type RoutedEndpoint, type UpstreamResponse } from "../transport/types.ts";
+import type { RequestAbort } from "../util/abort.ts";
+import { admit, traceFailed } from "./admission.ts";
+import { bodyParserPool, OFF_LOOP_BODY_BYTES, parseBodySync } from "./body-parser-pool.ts";
+import type { FlowTicket } from "./flow-gate.ts";
 import { setForwardBody } from "./forward-body.ts";
-import { BodyAbortedError, discardRefusedBody, readBody, releaseBody, sendError } from "./http-util.ts";
-import type { ServerMetrics } from "./metrics.ts";
+import { readBody, releaseBody, sendError } from "./http-util.ts";
 import { pump } from "./pump.ts";
 import { relayWhole } from "./relay-whole.ts";
-import { type PromptLimits, ServerRoutingRequest } from "./routing-request.ts";
+import {
+  countFailure,
+  DrainCutError,
+  droppedForClient,
+  type ProxyContext,
+  requestAbort,
+  requestIdOf,
+  routingRequestOf,
+} from "./request-context.ts";
+import type { ServerRoutingRequest } from "./routing-request.ts";
 import { SseUsageFilter, type Usage } from "./sse.ts";
-import type { RequestTracer, ServerRequestTrace } from "./tracing.ts";
+import type { ServerRequestTrace } from "./tracing.ts";
 
 export { pump } from "./pump.ts";
-
-export interface ProxyContext {
-  router: AutoRouter;
-  executor: RequestExecutor;
-  tokenizer: Tokenizer;
-  metrics: ServerMetrics;
-  auth: ApiKeyAuth;
-  maxBodyBytes: number;
-  /** A non-streamed answer larger than this is relayed as it arrives instead of buffered whole. */
-  maxResponseBufferBytes: number;
-  /** Whether routing reads the prompt (tokenize long prompts ahead, in slices). */
-  preparePrompt: boolean;
-  /** Tokenizing budget and the cache of earlier prompts' ids (default: 100 ms, no cache). */
-  promptLimits?: PromptLimits;
-  logger: Logger;
-  /** Where bodies past OFF_LOOP_BODY_BYTES are parsed (default: the process's shared pool). */
-  bodyParser?: BodyParserPool;
-  /** The aborts of requests in flight: a drain whose grace period ran out cuts them (DrainCutError). */
-  inFlight?: Set<RequestAbort>;
-  /** OpenTelemetry (./tracing.ts); absent when tracing is off, and then nothing is traced. */
-  tracer?: RequestTracer;
-  /** Flow control (config `flow`): limits and the admission queue in front of the router. */
-  flow?: FlowGate;
-}
-
-/**
- * The reason a drain's grace period gives when it cuts the requests still in flight: a stream
- * ends with an error event and `[DONE]` (not a bare reset), an unanswered request gets a 503.
- */
-export class DrainCutError extends Error {
-  constructor() {
-    super("drain grace period over");
-  }
-}
-
-const REQUEST_ID_RE = /^[\x21-\x7e]{1,200}$/;
-
-export function requestIdOf(req: IncomingMessage): string {
-  const given = req.headers["x-request-id"];
-  return typeof given === "string" && REQUEST_ID_RE.test(given) ? given : randomUUID();
-}
 
 export async function handleCompletion(
   ctx: ProxyContext,
@@ -112,21 +64,9 @@ export async function handleCompletion(
     const body = endpoint === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed);
     model = body.model;
     const router = ctx.router.routerFor(model);
-    const stream = body.stream === true;
     const clientWantsUsage = setForwardBody(body, parsed, raw);
-    const rreq = new ServerRoutingRequest(
-      requestId,
-      model,
-      endpoint,
-      body,
-      stream,
-      typeof body.cache_salt === "string" ? body.cache_salt : undefined,
-      ctx.tokenizer,
-      ctx.promptLimits,
-    );
-    rreq.headers = req.headers;
-    traceParsed(tr, intake, rreq);
-    const abort = watchClient(ctx, res);
+    const rreq = routingRequestOf(ctx, req.headers, requestId, endpoint, body, tr, intake);
+    const abort = requestAbort(ctx, res);
     ac = abort;
     if (ctx.preparePrompt) {
       const pending = rreq.prepare();
@@ -170,16 +110,6 @@ export async function handleCompletion(
  */
 function releaseUnlessSending(raw: Buffer, answered: number): void {
   if (answered === 0 || (answered >= 200 && answered < 300)) releaseBody(raw);
-}
-
-/** The request's abort, registered for the drain and fired when the client goes away early. */
-function watchClient(ctx: ProxyContext, res: ServerResponse): RequestAbort {
-  const abort = new RequestAbort();
-  ctx.inFlight?.add(abort);
-  res.once("close", () => {
-    if (!res.writableFinished) abort.abort();
-  });
-  return abort;
 }
 
 /** Relays the worker's answer; only a 200 is an event stream (a worker's error answer to a
@@ -233,18 +163,8 @@ function answerFailure(
     sendError(res, new DrainCutAnswer(), requestId, ctx.logger);
     return;
   }
-  if (err instanceof BodyAbortedError || ac?.aborted || res.destroyed) {
-    ctx.metrics.clientAborts.inc({ model });
-    if (!res.destroyed) res.destroy();
-    return;
-  }
-  const status = (err as { status?: number }).status ?? 500;
-  // Label only models the fleet knows, so arbitrary client strings cannot grow the series.
-  const known = model !== "" && ctx.router.knows(model);
-  ctx.metrics.countRequest(known ? model : "", endpointLabel, status);
-  // A refused upload may still be arriving: read and drop it (bounded) so the client reads
-  // this answer; only one past the bound gets `connection: close`.
-  if (status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
+  if (droppedForClient(ctx, err, res, model, ac)) return;
+  countFailure(ctx, req, res, model, endpointLabel, (err as { status?: number }).status ?? 500);
   sendError(res, err, requestId, ctx.logger);
 }
 

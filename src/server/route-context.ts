@@ -12,7 +12,7 @@ import type { ServerConfig } from "./config.ts";
 import type { DashboardRouteContext } from "./dashboard/routes.ts";
 import type { KvIngest } from "./extension-api.ts";
 import type { ServerMetrics } from "./metrics.ts";
-import type { ProxyContext } from "./proxy.ts";
+import type { ProxyContext } from "./request-context.ts";
 
 export interface RouteContext {
   config: ServerConfig;

@@ -25,7 +25,7 @@ import { createFlowGate, type FlowGate } from "./flow-gate.ts";
 import type { RequestTracker } from "./lifecycle.ts";
 import { LoadScraper } from "./load-scraper.ts";
 import { ServerMetrics } from "./metrics.ts";
-import type { ProxyContext } from "./proxy.ts";
+import type { ProxyContext } from "./request-context.ts";
 import type { RouteContext } from "./route-context.ts";
 import { PromptStats } from "./routing-request.ts";
 import { TokenPrefixCache } from "./token-prefix-cache.ts";

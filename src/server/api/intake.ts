@@ -1,21 +1,10 @@
-/** The intake the gateway's extra endpoints share: the request's abort, and its body as a JSON object. */
+/** The intake the gateway's extra endpoints share: the body as a JSON object. */
 import { isUtf8 } from "node:buffer";
-import type { IncomingMessage, ServerResponse } from "node:http";
+import type { IncomingMessage } from "node:http";
 import { BadRequestError, InvalidJsonError } from "../../protocol/errors.ts";
-import { RequestAbort } from "../../util/abort.ts";
 import { parseBodySync } from "../body-parser-pool.ts";
 import { readBody } from "../http-util.ts";
-import type { ProxyContext } from "../proxy.ts";
-
-/** The request's abort: fired when the client leaves before the answer ended; a drain may cut it. */
-export function requestAbort(ctx: ProxyContext, res: ServerResponse): RequestAbort {
-  const abort = new RequestAbort();
-  ctx.inFlight?.add(abort);
-  res.once("close", () => {
-    if (!res.writableFinished) abort.abort();
-  });
-  return abort;
-}
+import type { ProxyContext } from "../request-context.ts";
 
 /** The body read up to the size limit, UTF-8, parsed (depth-checked), and a JSON object. */
 export async function readObjectBody(

@@ -7,10 +7,16 @@ import {
   setRawBody,
   WorkerUnreachableError,
 } from "../../transport/types.ts";
-import { BodyAbortedError, discardRefusedBody, sendError } from "../http-util.ts";
-import { type ProxyContext, requestIdOf } from "../proxy.ts";
+import { sendError } from "../http-util.ts";
 import { relayWhole } from "../relay-whole.ts";
-import { readObjectBody, requestAbort } from "./intake.ts";
+import {
+  countFailure,
+  droppedForClient,
+  type ProxyContext,
+  requestAbort,
+  requestIdOf,
+} from "../request-context.ts";
+import { readObjectBody } from "./intake.ts";
 import { servesRoute } from "./translated.ts";
 
 /** Routes whose `model` is optional at the engine (vLLM's Tokenize/DetokenizeRequest). */
@@ -92,14 +98,8 @@ export async function handlePassthrough(
     }
     throw last ?? new InferaError(503, "No worker could take the request.", { code: "no_worker" });
   } catch (err) {
-    if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
-      ctx.metrics.clientAborts.inc({ model });
-      if (!res.destroyed) res.destroy();
-      return;
-    }
-    const status = (err as { status?: number }).status ?? 500;
-    ctx.metrics.countRequest(model !== "" && ctx.router.knows(model) ? model : "", kind, status);
-    if (status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
+    if (droppedForClient(ctx, err, res, model, abort)) return;
+    countFailure(ctx, req, res, model, kind, (err as { status?: number }).status ?? 500);
     sendError(res, err, requestId, ctx.logger);
   } finally {
     ctx.inFlight?.delete(abort);

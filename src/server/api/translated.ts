@@ -9,15 +9,22 @@ import {
   type UpstreamResponse,
 } from "../../transport/types.ts";
 import type { RequestAbort } from "../../util/abort.ts";
-import { admit, traceFailed, traceParsed } from "../admission.ts";
+import { admit, traceFailed } from "../admission.ts";
 import type { FlowTicket } from "../flow-gate.ts";
-import { BodyAbortedError, discardRefusedBody, sendJson } from "../http-util.ts";
-import { DrainCutError, type ProxyContext, requestIdOf } from "../proxy.ts";
+import { sendJson } from "../http-util.ts";
 import { pump } from "../pump.ts";
 import { relayWhole } from "../relay-whole.ts";
-import { ServerRoutingRequest } from "../routing-request.ts";
+import {
+  countFailure,
+  DrainCutError,
+  droppedForClient,
+  type ProxyContext,
+  requestAbort,
+  requestIdOf,
+  routingRequestOf,
+} from "../request-context.ts";
 import { type ChatChunk, type ChatCompletion, type ChatUsage, chatChunks } from "./chat-sse.ts";
-import { readObjectBody, requestAbort } from "./intake.ts";
+import { readObjectBody } from "./intake.ts";
 
 /** Writes one API's stream from the engine's chat chunks. */
 export interface Streamer {
@@ -76,18 +83,7 @@ export async function handleTranslated(
     const body = parseChatRequest(chat);
     model = body.model;
     const router = ctx.router.routerFor(model);
-    const rreq = new ServerRoutingRequest(
-      requestId,
-      model,
-      "chat",
-      body,
-      stream,
-      typeof body.cache_salt === "string" ? body.cache_salt : undefined,
-      ctx.tokenizer,
-      ctx.promptLimits,
-    );
-    rreq.headers = req.headers;
-    traceParsed(tr, intake, rreq);
+    const rreq = routingRequestOf(ctx, req.headers, requestId, "chat", body, tr, intake);
     let native = false;
     const exec = executorFor(ctx, t, model, client, (n) => {
       native = n;
@@ -174,17 +170,10 @@ function answerFailure(
     sendJson(res, 503, t.errorBody(e), { "x-request-id": requestId });
     return;
   }
-  if (err instanceof BodyAbortedError || abort.aborted || res.destroyed) {
-    ctx.metrics.clientAborts.inc({ model });
-    if (!res.destroyed) res.destroy();
-    return;
-  }
+  if (droppedForClient(ctx, err, res, model, abort)) return;
   const e = err instanceof InferaError ? err : new UpstreamError("Internal error.", 500, "internal_error");
   if (e.status >= 500) ctx.logger.warn({ requestId, err: (err as Error).message }, `${t.label} failed`);
-  const known = model !== "" && ctx.router.knows(model);
-  ctx.metrics.countRequest(known ? model : "", t.label, e.status);
-  // A refused upload may still be arriving: read and drop it (bounded), as the chat route does.
-  if (e.status === 413 && !discardRefusedBody(req)) res.setHeader("connection", "close");
+  countFailure(ctx, req, res, model, t.label, e.status);
   if (res.headersSent) {
     res.destroy();
     return;
