@@ -29,6 +29,31 @@ export interface ChatChunk {
   error?: { message?: string };
 }
 
+/** What a translation's stream writer does with each part of a chunk's choice. */
+export interface ChoiceSink {
+  /** New text; returns the events to write. */
+  text(text: string): string;
+  /** One tool call's delta; returns the events to write. */
+  toolCall(d: ChatToolCallDelta): string;
+  /** The choice's finish reason and (vLLM) matched stop. */
+  finished(reason: string, stopReason: string | number | null | undefined): void;
+}
+
+/**
+ * Feeds a chunk's first choice to `sink` in the order both translated APIs write it (the
+ * text, then the tool-call deltas, then the finish) and returns the events written.
+ */
+export function feedChoice(c: ChatChunk, sink: ChoiceSink): string {
+  const choice = c.choices?.[0];
+  if (!choice) return "";
+  let out = "";
+  const text = choice.delta?.content;
+  if (text) out += sink.text(text);
+  for (const d of choice.delta?.tool_calls ?? []) out += sink.toolCall(d);
+  if (choice.finish_reason) sink.finished(choice.finish_reason, choice.stop_reason);
+  return out;
+}
+
 export interface ChatUsage {
   prompt_tokens?: number;
   completion_tokens?: number;

@@ -14,8 +14,8 @@
  */
 import { randomUUID } from "node:crypto";
 import { BadRequestError, echoInput, type InferaError } from "../../protocol/errors.ts";
-import type { ChatChunk, ChatCompletion, ChatUsage } from "./chat-sse.ts";
-import { ToolCallAssembler } from "./chat-sse.ts";
+import type { ChatChunk, ChatCompletion, ChatToolCallDelta, ChatUsage, ChoiceSink } from "./chat-sse.ts";
+import { feedChoice, ToolCallAssembler } from "./chat-sse.ts";
 import type { Streamer, Translation } from "./translated.ts";
 
 type Obj = Record<string, unknown>;
@@ -223,7 +223,7 @@ export function chatToMessage(chat: ChatCompletion, b: Obj): Obj {
 const sse = (type: string, fields: Obj): string =>
   `event: ${type}\ndata: ${JSON.stringify({ type, ...fields })}\n\n`;
 
-class MessagesStreamer implements Streamer {
+class MessagesStreamer implements Streamer, ChoiceSink {
   private index = -1;
   /** The open block: text, or the tool call at this assembler position. */
   private open: { kind: "text" } | { kind: "tool"; at: number } | null = null;
@@ -259,40 +259,42 @@ class MessagesStreamer implements Streamer {
   }
 
   chunk(c: ChatChunk): string {
-    const choice = c.choices?.[0];
-    if (!choice) return "";
+    return feedChoice(c, this);
+  }
+
+  text(text: string): string {
     let out = "";
-    const text = choice.delta?.content;
-    if (text) {
-      if (this.open?.kind !== "text") {
-        out += this.close();
-        this.open = { kind: "text" };
-        out += sse("content_block_start", { index: ++this.index, content_block: { type: "text", text: "" } });
-      }
-      out += sse("content_block_delta", { index: this.index, delta: { type: "text_delta", text } });
+    if (this.open?.kind !== "text") {
+      out += this.close();
+      this.open = { kind: "text" };
+      out += sse("content_block_start", { index: ++this.index, content_block: { type: "text", text: "" } });
     }
-    for (const d of choice.delta?.tool_calls ?? []) {
-      const { at, opened, args } = this.calls.push(d, () => id("toolu"));
-      if (opened || this.open?.kind !== "tool" || this.open.at !== at) {
-        out += this.close();
-        this.open = { kind: "tool", at };
-        const call = this.calls.calls[at]!;
-        out += sse("content_block_start", {
-          index: ++this.index,
-          content_block: { type: "tool_use", id: call.id, name: call.name, input: {} },
-        });
-      }
-      if (args !== "")
-        out += sse("content_block_delta", {
-          index: this.index,
-          delta: { type: "input_json_delta", partial_json: args },
-        });
+    return out + sse("content_block_delta", { index: this.index, delta: { type: "text_delta", text } });
+  }
+
+  toolCall(d: ChatToolCallDelta): string {
+    let out = "";
+    const { at, opened, args } = this.calls.push(d, () => id("toolu"));
+    if (opened || this.open?.kind !== "tool" || this.open.at !== at) {
+      out += this.close();
+      this.open = { kind: "tool", at };
+      const call = this.calls.calls[at]!;
+      out += sse("content_block_start", {
+        index: ++this.index,
+        content_block: { type: "tool_use", id: call.id, name: call.name, input: {} },
+      });
     }
-    if (choice.finish_reason) {
-      this.finish = choice.finish_reason;
-      this.matched = choice.stop_reason;
-    }
+    if (args !== "")
+      out += sse("content_block_delta", {
+        index: this.index,
+        delta: { type: "input_json_delta", partial_json: args },
+      });
     return out;
+  }
+
+  finished(reason: string, stopReason: string | number | null | undefined): void {
+    this.finish = reason;
+    this.matched = stopReason;
   }
 
   end(usage: ChatUsage | null, failed?: string): string {

@@ -4,8 +4,15 @@
  * src/lib/responses/ResponseAccumulator.ts is what reads it).
  */
 import { randomUUID } from "node:crypto";
-import type { ChatChunk, ChatCompletion, ChatToolCall, ChatUsage } from "./chat-sse.ts";
-import { ToolCallAssembler } from "./chat-sse.ts";
+import type {
+  ChatChunk,
+  ChatCompletion,
+  ChatToolCall,
+  ChatToolCallDelta,
+  ChatUsage,
+  ChoiceSink,
+} from "./chat-sse.ts";
+import { feedChoice, ToolCallAssembler } from "./chat-sse.ts";
 import type { Streamer } from "./translated.ts";
 
 type Obj = Record<string, unknown>;
@@ -93,7 +100,7 @@ export function chatToResponse(chat: ChatCompletion, b: Obj): Obj {
 }
 
 /** One Responses stream, written from chat chunks. */
-export class ResponsesStreamer implements Streamer {
+export class ResponsesStreamer implements Streamer, ChoiceSink {
   private seq = 0;
   private readonly rid = id("resp");
   private readonly created = Math.floor(Date.now() / 1000);
@@ -125,55 +132,62 @@ export class ResponsesStreamer implements Streamer {
   }
 
   chunk(c: ChatChunk): string {
-    const choice = c.choices?.[0];
-    if (!choice) return "";
+    return feedChoice(c, this);
+  }
+
+  text(text: string): string {
     let out = "";
-    const text = choice.delta?.content;
-    if (text) {
-      if (!this.msg) {
-        this.msg = { at: this.output.length, id: id("msg"), text: "" };
-        this.output.push({});
-        out += this.ev("response.output_item.added", {
-          output_index: this.msg.at,
-          item: messageItem(this.msg.id, "", "in_progress"),
-        });
-        out += this.ev("response.content_part.added", {
-          item_id: this.msg.id,
-          output_index: this.msg.at,
-          content_index: 0,
-          part: outputText(""),
-        });
-      }
-      this.msg.text += text;
-      out += this.ev("response.output_text.delta", {
+    if (!this.msg) {
+      this.msg = { at: this.output.length, id: id("msg"), text: "" };
+      this.output.push({});
+      out += this.ev("response.output_item.added", {
+        output_index: this.msg.at,
+        item: messageItem(this.msg.id, "", "in_progress"),
+      });
+      out += this.ev("response.content_part.added", {
+        item_id: this.msg.id,
+        output_index: this.msg.at,
+        content_index: 0,
+        part: outputText(""),
+      });
+    }
+    this.msg.text += text;
+    return (
+      out +
+      this.ev("response.output_text.delta", {
         item_id: this.msg.id,
         output_index: this.msg.at,
         content_index: 0,
         delta: text,
         logprobs: [],
+      })
+    );
+  }
+
+  toolCall(d: ChatToolCallDelta): string {
+    let out = "";
+    const { at, opened, args } = this.calls.push(d, () => id("call"));
+    if (opened) {
+      out += this.closeMessage();
+      const fid = id("fc");
+      this.callAt[at] = { at: this.output.length, id: fid };
+      this.output.push({});
+      out += this.ev("response.output_item.added", {
+        output_index: this.callAt[at]!.at,
+        item: callItem({ ...this.calls.calls[at]!, arguments: "" }, fid, "in_progress"),
       });
     }
-    for (const d of choice.delta?.tool_calls ?? []) {
-      const { at, opened, args } = this.calls.push(d, () => id("call"));
-      if (opened) {
-        out += this.closeMessage();
-        const fid = id("fc");
-        this.callAt[at] = { at: this.output.length, id: fid };
-        this.output.push({});
-        out += this.ev("response.output_item.added", {
-          output_index: this.callAt[at]!.at,
-          item: callItem({ ...this.calls.calls[at]!, arguments: "" }, fid, "in_progress"),
-        });
-      }
-      if (args !== "")
-        out += this.ev("response.function_call_arguments.delta", {
-          item_id: this.callAt[at]!.id,
-          output_index: this.callAt[at]!.at,
-          delta: args,
-        });
-    }
-    if (choice.finish_reason) this.finish = choice.finish_reason;
+    if (args !== "")
+      out += this.ev("response.function_call_arguments.delta", {
+        item_id: this.callAt[at]!.id,
+        output_index: this.callAt[at]!.at,
+        delta: args,
+      });
     return out;
+  }
+
+  finished(reason: string): void {
+    this.finish = reason;
   }
 
   /** Ends the open message item (text done, part done, item done). */
