@@ -188,14 +188,8 @@ export class ServerRequestTrace implements RequestTrace {
     return r;
   }
 
-  scores(
-    step: string,
-    all: readonly TraceWorker[],
-    kept: readonly number[],
-    scorerNames: readonly string[],
-    values: Float64Array | null,
-    totals: Float64Array,
-  ): void {
+  // The parameters are RequestTrace's (documented there), not a second copy of the list.
+  scores(...[step, all, kept, scorerNames, values, totals]: Parameters<RequestTrace["scores"]>): void {
     const r = this.openRoute;
     if (!r || (r.step !== step && !(r.step === "pd" && (step === "prefill" || step === "decode")))) return;
     const prefix = r.step === step ? "infera.route" : `infera.route.${step}`;
