@@ -73,6 +73,15 @@ export function requestAbort(ctx: ProxyContext, res: ServerResponse): RequestAbo
   return abort;
 }
 
+/** A gateway request's start: its clock, its id, and its abort (registered for the drain). */
+export function startRequest(
+  ctx: ProxyContext,
+  req: IncomingMessage,
+  res: ServerResponse,
+): { started: number; requestId: string; abort: RequestAbort } {
+  return { started: performance.now(), requestId: requestIdOf(req), abort: requestAbort(ctx, res) };
+}
+
 /** The parsed request as routing sees it, its intake phase ended on the trace. */
 export function routingRequestOf(
   ctx: ProxyContext,

@@ -9,13 +9,7 @@ import {
 } from "../../transport/types.ts";
 import { sendError } from "../http-util.ts";
 import { relayWhole } from "../relay-whole.ts";
-import {
-  countFailure,
-  droppedForClient,
-  type ProxyContext,
-  requestAbort,
-  requestIdOf,
-} from "../request-context.ts";
+import { countFailure, droppedForClient, type ProxyContext, startRequest } from "../request-context.ts";
 import { readObjectBody } from "./intake.ts";
 import { servesRoute } from "./translated.ts";
 
@@ -64,10 +58,8 @@ export async function handlePassthrough(
   req: IncomingMessage,
   res: ServerResponse,
 ): Promise<void> {
-  const started = performance.now();
-  const requestId = requestIdOf(req);
+  const { started, requestId, abort } = startRequest(ctx, req, res);
   let model = "";
-  const abort = requestAbort(ctx, res);
   try {
     ctx.auth.check(req.headers);
     const { raw, body: b } = await readObjectBody(ctx, req);

@@ -19,9 +19,8 @@ import {
   DrainCutError,
   droppedForClient,
   type ProxyContext,
-  requestAbort,
-  requestIdOf,
   routingRequestOf,
+  startRequest,
 } from "../request-context.ts";
 import { type ChatChunk, type ChatCompletion, type ChatUsage, chatChunks } from "./chat-sse.ts";
 import { readObjectBody } from "./intake.ts";
@@ -63,10 +62,8 @@ export async function handleTranslated(
   req: IncomingMessage,
   res: ServerResponse,
 ): Promise<void> {
-  const started = performance.now();
-  const requestId = requestIdOf(req);
+  const { started, requestId, abort } = startRequest(ctx, req, res);
   let model = "";
-  const abort = requestAbort(ctx, res);
   const tr = ctx.tracer?.start(req.headers, requestId, t.label);
   const intake = tr?.phase("intake");
   let relay: TraceSpan | undefined;
