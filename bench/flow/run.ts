@@ -4,7 +4,8 @@
  * queue) and the same with `flow` on (the `load` signal at GIE's defaults, 200 ms scrapes).
  *
  *   node bench/flow/run.ts [--workers 2] [--speed 0.25] [--duration-s 20] [--prompt 512]
- *     [--output 64] [--cal-clients 32] [--phases bands,tenants] [--out bench/flow/results.json]
+ *     [--output 64] [--cal-clients 32] [--phases bands,tenants]
+ *     [--max-waiting N] [--max-in-flight N] [--engine-priority] [--out bench/flow/results.json]
  *
  * 1. Capacity: closed loop, `--cal-clients` (32) clients per worker, `--duration-s`: completed
  *    requests per second (a floor of the fleet's capacity: more clients may get more through).
@@ -42,6 +43,22 @@ const OUTPUT = Number(opt("output", "64"));
 const OUT = opt("out", join(import.meta.dirname, "results.json"));
 const CAL_CLIENTS = Number(opt("cal-clients", "32"));
 const PHASES = new Set(opt("phases", "bands,tenants").split(","));
+/** The `load` signal's engine-queue bound (GIE's default 5 when not given): lower keeps less in front of a high-band request. */
+const MAX_WAITING = opt("max-waiting", "");
+/** The `load` signal's bound on this server's in-flight requests per worker (none when not given): a smaller running batch steps faster. */
+const MAX_IN_FLIGHT = opt("max-in-flight", "");
+const loadParams = {
+  ...(MAX_WAITING ? { maxWaiting: Number(MAX_WAITING) } : {}),
+  ...(MAX_IN_FLIGHT ? { maxInFlight: Number(MAX_IN_FLIGHT) } : {}),
+};
+/**
+ * Engines under vLLM's `--scheduling-policy priority`, each request carrying vLLM's `priority`
+ * body field by band (lower is scheduled first: vllm-project/vllm vllm/v1/core/sched/request_queue.py
+ * @ 9feb38c, PriorityRequestQueue orders by (priority, arrival_time)): the engine then orders its own queue by
+ * band too, which the router's queue cannot do for what it has already admitted.
+ */
+const ENGINE_PRIORITY = args.includes("--engine-priority");
+const BODY_PRIORITY: Readonly<Record<string, number>> = { high: 0, normal: 1, low: 2 };
 
 interface Shot {
   band: string;
@@ -66,6 +83,7 @@ async function shot(url: string, band: string, tenant: string, seed: number): Pr
         max_tokens: OUTPUT,
         ignore_eos: true,
         stream: true,
+        ...(ENGINE_PRIORITY ? { priority: BODY_PRIORITY[band] ?? 1 } : {}),
       }),
       signal: AbortSignal.timeout(120_000),
     });
@@ -181,7 +199,11 @@ async function tenantsPhase(url: string, load: () => string) {
 
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), "infera-flow-bench-"));
-  const engines = await startEngines(WORKERS, ["--speed", String(SPEED)]);
+  const engines = await startEngines(WORKERS, [
+    "--speed",
+    String(SPEED),
+    ...(ENGINE_PRIORITY ? ["--scheduling-policy", "priority"] : []),
+  ]);
   const kill: Array<() => void> = [() => void engines.close()];
   handleFatalSignals();
   const workersFile = writeWorkersFile(dir, engines.engines, 16);
@@ -191,7 +213,15 @@ async function main(): Promise<void> {
     const bands = [{ name: "high" }, { name: "normal" }, { name: "low" }];
     writeFileSync(
       cfg,
-      JSON.stringify({ flow: { enabled: flow, tenantHeader: true, maxWaitMs: 20_000, bands } }),
+      JSON.stringify({
+        flow: {
+          enabled: flow,
+          tenantHeader: true,
+          maxWaitMs: 20_000,
+          bands,
+          ...(Object.keys(loadParams).length > 0 ? { headroom: [{ name: "load", params: loadParams }] } : {}),
+        },
+      }),
     );
     const { proc, output } = spawnInfera(
       serverArgs(
