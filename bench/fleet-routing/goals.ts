@@ -5,7 +5,10 @@
  *
  *   node bench/fleet-routing/goals.ts [--quick] [--policies kv-aware,approx-prefix,round-robin,kv-aware-classic]
  *     [--loads 0.7,1.5] [--replicas 1,4] [--speed 0.2] [--window-s 10] [--warm-s 60] [--seed 28]
- *     [--max-output 32] [--workers 8] [--out DIR]
+ *     [--max-output 32] [--workers 8] [--kv-blocks N] [--slo-ttft-ms 2000] [--slo-itl-ms 50] [--out DIR]
+ *
+ * Issue #29's multi-turn goal (Run I in RESULTS.md): `--loads 2 --replicas 1 --policies
+ * kv-aware,kv-aware+flow,kv-aware+flow-ttft --slo-itl-ms 100` (the flow variants: ./servers.ts).
  *
  * The trace: chat sessions (Poisson starts, whole history re-sent each turn, short think times)
  * at a session rate chosen so that the trace at time scale 1 offers about 1× the fleet's prefill
@@ -20,7 +23,8 @@
  *
  * Goals checked per kv-aware* policy: prefix hit ≥ approx-prefix's with 1 replica and ≥ 1.2×
  * with 4, ≥ 90 % of the fleet-wide LRU figure in every case, and TTFT p90 ≤ 0.8× approx-prefix's
- * at 0.7×. Output: the tables, the goal checks, goals-results.json (goals-results-quick.json
+ * at 0.7×; per flow-control variant (`…+flow…`), goodput ≥ 1.5× kv-aware's and engine preemptions
+ * ≤ 10 % of kv-aware's in the same case (429s count as not good). Output: the tables, the goal checks, goals-results.json (goals-results-quick.json
  * with --quick) and the trace itself (goals-trace.jsonl). Sized for the 2-core box: the full run (a
  * 10-model-second window at --speed 0.2) ≤ 30 min, --quick (2 model s) ≤ 5 min on a quiet box.
  */
@@ -60,6 +64,8 @@ const OUT = str("out", HERE);
 const PROFILE_PATH = str("profile", join(HERE, "qwen3-32b-tp2-h100.json"));
 const profile = JSON.parse(readFileSync(PROFILE_PATH, "utf8")) as PrefillModel & { num_gpu_blocks: number };
 const WORKERS = Number(str("workers", "8"));
+/** KV blocks per worker: the profile's pool unless --kv-blocks (a smaller pool preempts sooner). */
+const BLOCKS = Number(str("kv-blocks", String(profile.num_gpu_blocks)));
 const BS = 16;
 const SPEED = Number(str("speed", "0.2"));
 const WINDOW_S = Number(str("window-s", quick ? "2" : "10"));
@@ -71,6 +77,7 @@ const LOADS = list("loads", "0.7,1.5").map(Number);
 const REPLICAS = list("replicas", "1,4").map(Number);
 const POLICIES = list("policies", "kv-aware,approx-prefix,round-robin,kv-aware-classic");
 const STATELESS = new Set(["round-robin", "random"]);
+const SLO = { ttftMs: Number(str("slo-ttft-ms", "2000")), itlMs: Number(str("slo-itl-ms", "50")) };
 const log = (s: string) => process.stderr.write(`[goals ${new Date().toISOString().slice(11, 19)}] ${s}\n`);
 
 /**
@@ -160,6 +167,28 @@ function checks(cases: readonly TraceCase[], runs: readonly TraceRun[]): GoalChe
             ok: k.fig.ttftP90 <= 0.8 * a.fig.ttftP90,
           });
       }
+  for (const c of cases)
+    for (const n of REPLICAS) {
+      const base = find(c.name, "kv-aware", n);
+      for (const r of runs.filter(
+        (x) => x.case === c.name && x.replicas === n && x.policy.includes("+flow"),
+      )) {
+        const where = `${c.name}, ${n} replica${n > 1 ? "s" : ""}`;
+        out.push({
+          goal: `${r.policy} goodput (TTFT ≤ ${SLO.ttftMs / 1000} s, TPOT ≤ ${SLO.itlMs} ms) ≥ 1.5× kv-aware's (${where})`,
+          figure: base
+            ? `${r.fig.goodput.toFixed(2)} vs ${base.fig.goodput.toFixed(2)}/s (${(r.fig.goodput / Math.max(base.fig.goodput, 1e-9)).toFixed(2)}×)`
+            : "kv-aware not run",
+          ok: base ? r.fig.goodput >= 1.5 * base.fig.goodput : null,
+        });
+        out.push({
+          goal: `${r.policy} engine preemptions ≤ 10% of kv-aware's (${where})`,
+          figure: base ? `${r.preemptions} vs ${base.preemptions}` : "kv-aware not run",
+          // None to cut when kv-aware did not preempt either: not exercised.
+          ok: base && base.preemptions > 0 ? r.preemptions <= 0.1 * base.preemptions : null,
+        });
+      }
+    }
   return out;
 }
 
@@ -167,7 +196,7 @@ async function main(): Promise<void> {
   handleFatalSignals();
   const t0 = Date.now();
   log(
-    `${quick ? "quick: " : ""}loads ${LOADS.join(",")}, replicas ${REPLICAS.join(",")}, policies ${POLICIES.join(",")}; ${WORKERS} workers × ${profile.num_gpu_blocks} blocks, --speed ${SPEED}, window ${WINDOW_S} model s; ${cpus().length} CPUs, load ${loadavg()
+    `${quick ? "quick: " : ""}loads ${LOADS.join(",")}, replicas ${REPLICAS.join(",")}, policies ${POLICIES.join(",")}; ${WORKERS} workers × ${BLOCKS} blocks, --speed ${SPEED}, window ${WINDOW_S} model s; ${cpus().length} CPUs, load ${loadavg()
       .map((x) => x.toFixed(1))
       .join(" ")}`,
   );
@@ -179,7 +208,7 @@ async function main(): Promise<void> {
   const stats = traceStats(reqs, {
     tok,
     blockSize: BS,
-    fleetBlocks: profile.num_gpu_blocks * WORKERS,
+    fleetBlocks: BLOCKS * WORKERS,
     model: profile,
   });
   const cases = LOADS.map((load) =>
@@ -187,7 +216,7 @@ async function main(): Promise<void> {
       tok,
       blockSize: BS,
       workers: WORKERS,
-      blocksPerEngine: profile.num_gpu_blocks,
+      blocksPerEngine: BLOCKS,
       model: profile,
       load,
       stats,
@@ -196,7 +225,7 @@ async function main(): Promise<void> {
   for (const c of cases) log(describeCase(c));
   const dir = mkdtempSync(join(tmpdir(), "fleet-goals-"));
   const engines = await startEngines(WORKERS, [
-    ...["--block-size", String(BS), "--num-gpu-blocks", String(profile.num_gpu_blocks)],
+    ...["--block-size", String(BS), "--num-gpu-blocks", String(BLOCKS)],
     ...["--speed", String(SPEED), "--profile", PROFILE_PATH],
   ]);
   const runs: TraceRun[] = [];
@@ -207,7 +236,7 @@ async function main(): Promise<void> {
       workersFile: writeWorkersFile(dir, engines.engines, BS),
       dir,
       speed: SPEED,
-      slo: { ttftMs: 2000, itlMs: 50 },
+      slo: SLO,
       seed: SEED,
       drainS: quick ? 5 : 10,
       readyTimeoutMs: 90_000,
@@ -274,10 +303,11 @@ function writeResults(
     windowS: WINDOW_S,
     warmS: WARM_S,
     seed: SEED,
-    blocksPerEngine: profile.num_gpu_blocks,
+    blocksPerEngine: BLOCKS,
     loads: LOADS,
     replicas: REPLICAS,
     policies: POLICIES,
+    slo: SLO,
     cpus: cpus().length,
   };
   const body = {

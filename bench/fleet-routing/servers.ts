@@ -139,6 +139,31 @@ profiles:
     picker: { name: argmin }
 `;
 
+/**
+ * Issue #29's flow-control variants: today's default `kv-aware` preset with the server's
+ * admission queue on (src/router/flow/README.md). `kv-aware+flow` judges headroom by the `load`
+ * signal at GIE's defaults (engine queue ≤ 5, KV usage < 0.8); `kv-aware+flow-ttft` by the
+ * `predicted-ttft` signal (the server's online predictor, fitted from what it observes, against
+ * a target of FLOW_TTFT_TARGET_MODEL_S). A queued request past FLOW_MAX_WAIT_MODEL_S is answered
+ * 429: the operator sets the wait below the TTFT SLO, since a request that waited longer would
+ * miss it anyway and only delays the ones behind it. The server's clocks are wall time, hence
+ * / speed (the sims run the modelled GPU `speed` times as fast as real time).
+ * FLEET_ROUTING_FLOW_MAX_WAIT_S and FLEET_ROUTING_FLOW_TTFT_TARGET_S override both (model s).
+ */
+export const FLOW_NAME = "kv-aware+flow";
+export const FLOW_TTFT_NAME = "kv-aware+flow-ttft";
+const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?? 1.5);
+const FLOW_TTFT_TARGET_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_TTFT_TARGET_S ?? 1);
+const wallMs = (modelS: number, speed: number) => Math.max(1, Math.round((modelS * 1000) / speed));
+const FLOW_YAML = (speed: number, headroom: string) => `policy: kv-aware
+flow:
+  enabled: true
+  maxQueue: 100000
+  maxWaitMs: ${wallMs(FLOW_MAX_WAIT_MODEL_S, speed)}
+  headroom:
+    - ${headroom}
+`;
+
 /** Composed profiles by bench name: their config file for a run at `speed`. */
 const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [COMPOSED_NAME]: () => COMPOSED_YAML,
@@ -149,6 +174,12 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   // least-loaded worker whatever its cache (RESULTS.md, Run C).
   [`${PENDING_NAME}-noguard`]: () => PENDING_YAML.replace(/ {4}filters:\n.*\n.*\n/, ""),
   [HOT_NAME]: () => HOT_YAML,
+  [FLOW_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }"),
+  [FLOW_TTFT_NAME]: (speed) =>
+    FLOW_YAML(
+      speed,
+      `{ name: predicted-ttft, params: { targetMs: ${wallMs(FLOW_TTFT_TARGET_MODEL_S, speed)} } }`,
+    ),
 };
 
 /**

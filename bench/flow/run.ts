@@ -4,12 +4,15 @@
  * queue) and the same with `flow` on (the `load` signal at GIE's defaults, 200 ms scrapes).
  *
  *   node bench/flow/run.ts [--workers 2] [--speed 0.25] [--duration-s 20] [--prompt 512]
- *     [--output 64] [--cal-clients 32] [--out bench/flow/results.json]
+ *     [--output 64] [--cal-clients 32] [--phases bands,tenants]
+ *     [--max-waiting N] [--max-in-flight N] [--engine-priority] [--out bench/flow/results.json]
  *
  * 1. Capacity: closed loop, `--cal-clients` (32) clients per worker, `--duration-s`: completed
  *    requests per second (a floor of the fleet's capacity: more clients may get more through).
- * 2. Bands: high band at 0.4 × capacity alone (unloaded), then high 0.4 + low 1.6 (2× capacity),
- *    Poisson arrivals: high TTFT p90, low band completed / offered, preemptions.
+ * 2. Bands, on each server: high band at 0.4 × capacity alone (unloaded), then high 0.4 + low
+ *    1.6 (2× capacity), then the high band alone again, Poisson arrivals: high TTFT p90 loaded
+ *    against the same server's unloaded p90 (the two unloaded runs bracket the loaded one, so a
+ *    box whose load drifts shows up as their spread), low band completed / offered, preemptions.
  * 3. Tenants: three light tenants at 0.2 × capacity each, alone, then with a heavy one at 1.0
  *    (4× a fair share of 0.25): the light ones' TTFT p90; then all four at 1.0 (backlogged):
  *    Jain's index of served output tokens.
@@ -22,7 +25,7 @@ import { handleFatalSignals, killOnExit } from "../../src/util/child-process.ts"
 import { serverArgs, spawnInfera } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { waitFor200 } from "../../test/helpers/wait.ts";
-import { engineCounters, startEngines } from "../fleet-routing/engines.ts";
+import { type Engine, engineCounters, startEngines } from "../fleet-routing/engines.ts";
 import { MODEL, writeWorkersFile } from "../fleet-routing/servers.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 
@@ -39,6 +42,23 @@ const PROMPT = Number(opt("prompt", "512"));
 const OUTPUT = Number(opt("output", "64"));
 const OUT = opt("out", join(import.meta.dirname, "results.json"));
 const CAL_CLIENTS = Number(opt("cal-clients", "32"));
+const PHASES = new Set(opt("phases", "bands,tenants").split(","));
+/** The `load` signal's engine-queue bound (GIE's default 5 when not given): lower keeps less in front of a high-band request. */
+const MAX_WAITING = opt("max-waiting", "");
+/** The `load` signal's bound on this server's in-flight requests per worker (none when not given): a smaller running batch steps faster. */
+const MAX_IN_FLIGHT = opt("max-in-flight", "");
+const loadParams = {
+  ...(MAX_WAITING ? { maxWaiting: Number(MAX_WAITING) } : {}),
+  ...(MAX_IN_FLIGHT ? { maxInFlight: Number(MAX_IN_FLIGHT) } : {}),
+};
+/**
+ * Engines under vLLM's `--scheduling-policy priority`, each request carrying vLLM's `priority`
+ * body field by band (lower is scheduled first: vllm-project/vllm vllm/v1/core/sched/request_queue.py
+ * @ 9feb38c, PriorityRequestQueue orders by (priority, arrival_time)): the engine then orders its own queue by
+ * band too, which the router's queue cannot do for what it has already admitted.
+ */
+const ENGINE_PRIORITY = args.includes("--engine-priority");
+const BODY_PRIORITY: Readonly<Record<string, number>> = { high: 0, normal: 1, low: 2 };
 
 interface Shot {
   band: string;
@@ -63,6 +83,7 @@ async function shot(url: string, band: string, tenant: string, seed: number): Pr
         max_tokens: OUTPUT,
         ignore_eos: true,
         stream: true,
+        ...(ENGINE_PRIORITY ? { priority: BODY_PRIORITY[band] ?? 1 } : {}),
       }),
       signal: AbortSignal.timeout(120_000),
     });
@@ -123,15 +144,66 @@ const p90 = (xs: number[]) => {
 };
 const ttfts = (shots: Shot[], f: (s: Shot) => boolean) =>
   shots.filter((s) => f(s) && s.ttftMs !== null).map((s) => s.ttftMs as number);
+/** Fleet capacity in requests per wall second, measured first (closed loop). */
+let cap = 0;
 const jain = (xs: number[]) => {
   const sum = xs.reduce((a, b) => a + b, 0);
   const sq = xs.reduce((a, b) => a + b * b, 0);
   return sq === 0 ? null : Number(((sum * sum) / (xs.length * sq)).toFixed(3));
 };
 
+/** High band alone, with the low band at 2× capacity, alone again; on one server. */
+async function bandsPhase(url: string, engines: Engine[], load: () => string) {
+  const pre0 = (await engineCounters(engines)).reduce((a, c) => a + c.preemptions, 0);
+  const high = { band: "high", tenant: "h", rps: 0.4 * cap };
+  const alone = await openLoop(url, [high]);
+  const mixed = await openLoop(url, [high, { band: "low", tenant: "l", rps: 1.6 * cap }]);
+  const pre1 = (await engineCounters(engines)).reduce((a, c) => a + c.preemptions, 0);
+  const after = await openLoop(url, [high]);
+  const lows = mixed.filter((s) => s.band === "low");
+  const unloaded = p90(ttfts(alone, () => true));
+  const loaded = p90(ttfts(mixed, (s) => s.band === "high"));
+  return {
+    highTtftP90UnloadedMs: unloaded,
+    highTtftP90LoadedMs: loaded,
+    highTtftP90UnloadedAfterMs: p90(ttfts(after, () => true)),
+    highLoadedOverUnloaded: loaded !== null && unloaded ? Number((loaded / unloaded).toFixed(2)) : null,
+    highRejected: mixed.filter((s) => s.band === "high" && s.status !== 200).length,
+    lowOffered: lows.length,
+    lowCompleted: Number((lows.filter((s) => s.status === 200).length / Math.max(1, lows.length)).toFixed(3)),
+    preemptions: pre1 - pre0,
+    load: load(),
+  };
+}
+
+/** Three light tenants alone, with a heavy one at 4× a fair share, then four backlogged. */
+async function tenantsPhase(url: string, load: () => string) {
+  const light = ["a", "b", "c"].map((t) => ({ band: "normal", tenant: t, rps: 0.2 * cap }));
+  const lightAlone = await openLoop(url, light);
+  const withHeavy = await openLoop(url, [...light, { band: "normal", tenant: "heavy", rps: 1.0 * cap }]);
+  const backlogged = await openLoop(
+    url,
+    ["a", "b", "c", "d"].map((t) => ({ band: "normal", tenant: t, rps: 1.0 * cap })),
+  );
+  return {
+    lightTtftP90AloneMs: p90(ttfts(lightAlone, () => true)),
+    lightTtftP90WithHeavyMs: p90(ttfts(withHeavy, (s) => s.tenant !== "heavy")),
+    jainBacklogged: jain(
+      ["a", "b", "c", "d"].map((t) =>
+        backlogged.filter((s) => s.tenant === t).reduce((a, s) => a + s.outputTokens, 0),
+      ),
+    ),
+    load: load(),
+  };
+}
+
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), "infera-flow-bench-"));
-  const engines = await startEngines(WORKERS, ["--speed", String(SPEED)]);
+  const engines = await startEngines(WORKERS, [
+    "--speed",
+    String(SPEED),
+    ...(ENGINE_PRIORITY ? ["--scheduling-policy", "priority"] : []),
+  ]);
   const kill: Array<() => void> = [() => void engines.close()];
   handleFatalSignals();
   const workersFile = writeWorkersFile(dir, engines.engines, 16);
@@ -141,7 +213,15 @@ async function main(): Promise<void> {
     const bands = [{ name: "high" }, { name: "normal" }, { name: "low" }];
     writeFileSync(
       cfg,
-      JSON.stringify({ flow: { enabled: flow, tenantHeader: true, maxWaitMs: 20_000, bands } }),
+      JSON.stringify({
+        flow: {
+          enabled: flow,
+          tenantHeader: true,
+          maxWaitMs: 20_000,
+          bands,
+          ...(Object.keys(loadParams).length > 0 ? { headroom: [{ name: "load", params: loadParams }] } : {}),
+        },
+      }),
     );
     const { proc, output } = spawnInfera(
       serverArgs(
@@ -165,44 +245,12 @@ async function main(): Promise<void> {
   };
   const servers = { "kv-aware": await server(false), "kv-aware+flow": await server(true) };
   const load = () => loadavg()[0].toFixed(1);
-  const cap = await capacity(servers["kv-aware"]);
+  cap = await capacity(servers["kv-aware"]);
   console.log(`capacity ${cap.toFixed(2)} req/s (wall), load ${load()}`);
   const results: Record<string, unknown> = { workers: WORKERS, speed: SPEED, capacityRps: cap };
   for (const [name, url] of Object.entries(servers)) {
-    const pre0 = (await engineCounters(engines.engines)).reduce((a, c) => a + c.preemptions, 0);
-    const alone = await openLoop(url, [{ band: "high", tenant: "h", rps: 0.4 * cap }]);
-    const mixed = await openLoop(url, [
-      { band: "high", tenant: "h", rps: 0.4 * cap },
-      { band: "low", tenant: "l", rps: 1.6 * cap },
-    ]);
-    const pre1 = (await engineCounters(engines.engines)).reduce((a, c) => a + c.preemptions, 0);
-    const lows = mixed.filter((s) => s.band === "low");
-    const bands = {
-      highTtftP90UnloadedMs: p90(ttfts(alone, () => true)),
-      highTtftP90LoadedMs: p90(ttfts(mixed, (s) => s.band === "high")),
-      lowCompleted: Number(
-        (lows.filter((s) => s.status === 200).length / Math.max(1, lows.length)).toFixed(3),
-      ),
-      preemptions: pre1 - pre0,
-      load: load(),
-    };
-    const light = ["a", "b", "c"].map((t) => ({ band: "normal", tenant: t, rps: 0.2 * cap }));
-    const lightAlone = await openLoop(url, light);
-    const withHeavy = await openLoop(url, [...light, { band: "normal", tenant: "heavy", rps: 1.0 * cap }]);
-    const backlogged = await openLoop(
-      url,
-      ["a", "b", "c", "d"].map((t) => ({ band: "normal", tenant: t, rps: 1.0 * cap })),
-    );
-    const tenants = {
-      lightTtftP90AloneMs: p90(ttfts(lightAlone, () => true)),
-      lightTtftP90WithHeavyMs: p90(ttfts(withHeavy, (s) => s.tenant !== "heavy")),
-      jainBacklogged: jain(
-        ["a", "b", "c", "d"].map((t) =>
-          backlogged.filter((s) => s.tenant === t).reduce((a, s) => a + s.outputTokens, 0),
-        ),
-      ),
-      load: load(),
-    };
+    const bands = PHASES.has("bands") ? await bandsPhase(url, engines.engines, load) : null;
+    const tenants = PHASES.has("tenants") ? await tenantsPhase(url, load) : null;
     results[name] = { bands, tenants };
     console.log(name, JSON.stringify({ bands, tenants }));
   }
