@@ -73,6 +73,9 @@ export function runningPids(): number[] {
  * Lets this process exit although `child` still runs: the child and its stdio pipes no longer
  * hold the event loop open. The 'exit' hook of `killOnExit` then SIGKILLs it.
  */
+/** How long the file's own `after` hooks get to stop their children before the rest are released. */
+const RELEASE_GRACE_MS = 10_000;
+
 function release(child: ChildProcess): void {
   child.unref();
   for (const s of [child.stdin, child.stdout, child.stderr]) (s as { unref?: () => void } | null)?.unref?.();
@@ -87,6 +90,14 @@ function release(child: ChildProcess): void {
 // the exit hook kills the leftovers.
 if (process.env.NODE_TEST_CONTEXT !== undefined || /\.test\.[cm]?[jt]s$/.test(process.argv[1] ?? "")) {
   after(() => {
-    for (const c of tracked) if (isRunning(c)) release(c);
+    // Not at once: the file's own `after` hooks run next and may await these children's exit.
+    // Released children no longer hold the event loop, so the process would end in the middle of
+    // such a hook and skip what follows it (the reliability files' `fileDone()`: the summary then
+    // failed them as "no figure"). The timer is unref'd: when the file's clean-up ends its
+    // children in time it never fires; when a forgotten child keeps the process alive, it fires
+    // and releases that child, and the exit hook kills it.
+    setTimeout(() => {
+      for (const c of tracked) if (isRunning(c)) release(c);
+    }, RELEASE_GRACE_MS).unref();
   });
 }
