@@ -7,11 +7,12 @@
  */
 import { BlockPool } from "../../src/engine/sim/block-pool.ts";
 import { SimMetrics } from "../../src/engine/sim/metrics.ts";
-import { OutputText, OutputVocab, Rng } from "../../src/engine/sim/output.ts";
+import { OutputText, OutputVocab } from "../../src/engine/sim/output.ts";
 import { personalityOf } from "../../src/engine/sim/personalities/index.ts";
 import { Scheduler } from "../../src/engine/sim/scheduler.ts";
 import { Sequence } from "../../src/engine/sim/sequence.ts";
 import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
+import { Mulberry32 } from "../../src/util/mulberry32.ts";
 
 const vocab = OutputVocab.build(getDefaultTokenizer());
 const pool = new BlockPool(100000, 16);
@@ -50,7 +51,7 @@ function add(): void {
       maxTokens: 256,
       limitReason: "length",
       salt: null,
-      output: new OutputText(vocab, new Rng(k), []),
+      output: new OutputText(vocab, new Mulberry32(k), []),
       sink,
       arrivalMs: 0,
     }),

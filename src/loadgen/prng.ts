@@ -2,22 +2,12 @@
  * A small seeded PRNG (mulberry32) and the samplers the workloads need. Math.random is never
  * used: the same seed must give byte-identical workloads and arrival schedules on every machine.
  */
+import { Mulberry32 } from "../util/mulberry32.ts";
 
-export class Prng {
-  private state: number;
-
+export class Prng extends Mulberry32 {
   constructor(seed: number) {
     // Mix the seed once so that nearby seeds (1, 2, 3) give unrelated streams.
-    this.state = hash32(seed >>> 0 || 0x9e3779b9);
-  }
-
-  /** Uniform in [0, 1). */
-  next(): number {
-    this.state = (this.state + 0x6d2b79f5) >>> 0;
-    let t = this.state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    super(hash32(seed >>> 0 || 0x9e3779b9));
   }
 
   /** Integer in [lo, hi], both inclusive. */

@@ -1,12 +1,13 @@
 /**
- * One request's choices as sequences: each with its seeded Rng (the request's `seed`, or greedy
+ * One request's choices as sequences: each with its seeded PRNG (the request's `seed`, or greedy
  * temperature 0: the prompt itself, so the same request gives the same text), its output limit,
  * and, when the request constrains the answer (tools, structured outputs), its scripted text.
  */
+import { Mulberry32 } from "../../util/mulberry32.ts";
 import type { SimConfig } from "./config.ts";
 import { pieces } from "./json-gen.ts";
 import type { SimRequest } from "./openai-request.ts";
-import { hashString, OutputText, type OutputVocab, Rng } from "./output.ts";
+import { hashString, OutputText, type OutputVocab } from "./output.ts";
 import { type AnswerPlan, type RequestRules, scriptFor } from "./request-plan.ts";
 import type { RequestResponder } from "./response.ts";
 import { Sequence } from "./sequence.ts";
@@ -34,7 +35,7 @@ function limitOf(
   c: ChoiceContext,
   room: number,
   scriptLen: number | null,
-  rng: Rng,
+  rng: Mulberry32,
 ): { maxTokens: number; limitReason: "length" | "stop" } {
   const { r, cfg } = c;
   if (c.phase === "prefill") return { maxTokens: 1, limitReason: "length" };
@@ -58,7 +59,9 @@ export function addChoices(c: ChoiceContext): void {
   r.prompts.forEach((prompt, p) => {
     for (let i = 0; i < n; i++) {
       const index = p * n + i;
-      const rng = new Rng(hashString(seedKey(c, prompt, index), (cfg.seed * 2654435761) >>> 0 || 0x811c9dc5));
+      const rng = new Mulberry32(
+        hashString(seedKey(c, prompt, index), (cfg.seed * 2654435761) >>> 0 || 0x811c9dc5),
+      );
       const script = scriptFor(c.plan, rng, c.rules);
       const parts = script ? pieces(script.text) : null;
       const limit = limitOf(c, cfg.maxModelLen - prompt.length, parts ? parts.length : null, rng);

@@ -4,14 +4,14 @@
  * SGLang's json_schema) and for tool-call arguments. It covers objects (every listed property,
  * required or not), arrays (minItems..maxItems), enum, const, string / number / integer /
  * boolean / null, nullable type lists, anyOf / oneOf / allOf (first branch), and local $ref
- * (#/$defs/..., #/definitions/...). Values are drawn from the sequence's seeded Rng, so the
+ * (#/$defs/..., #/definitions/...). Values are drawn from the sequence's seeded Mulberry32, so the
  * same seed gives the same JSON.
  *
  * The text is laid out as Python's json.dumps does it (", " and ": " separators,
  * ensure_ascii=False): vLLM re-serialises tool arguments with json.dumps, so the streamed raw
  * text and the final arguments agree.
  */
-import type { Rng } from "./output.ts";
+import type { Mulberry32 } from "../../util/mulberry32.ts";
 
 type Schema = Record<string, unknown>;
 
@@ -31,7 +31,7 @@ const WORDS = [
 ];
 const MAX_DEPTH = 8;
 
-function pick<T>(rng: Rng, xs: readonly T[]): T {
+function pick<T>(rng: Mulberry32, xs: readonly T[]): T {
   return xs[Math.floor(rng.next() * xs.length)];
 }
 
@@ -42,7 +42,7 @@ function resolveRef(root: Schema, ref: string): Schema {
   return defs?.[m[2].replaceAll("~1", "/").replaceAll("~0", "~")] ?? {};
 }
 
-function genString(s: Schema, rng: Rng): string {
+function genString(s: Schema, rng: Mulberry32): string {
   switch (s.format) {
     case "date-time":
       return "2026-01-02T03:04:05Z";
@@ -65,7 +65,7 @@ function genString(s: Schema, rng: Rng): string {
   return out.length > max ? out.slice(0, max) : out;
 }
 
-function genNumber(s: Schema, rng: Rng, integer: boolean): number {
+function genNumber(s: Schema, rng: Mulberry32, integer: boolean): number {
   const lo =
     typeof s.minimum === "number"
       ? s.minimum
@@ -83,7 +83,7 @@ function genNumber(s: Schema, rng: Rng, integer: boolean): number {
   return Math.round(x * 100) / 100;
 }
 
-function gen(root: Schema, raw: unknown, rng: Rng, depth: number): unknown {
+function gen(root: Schema, raw: unknown, rng: Mulberry32, depth: number): unknown {
   let s = (raw !== null && typeof raw === "object" ? raw : {}) as Schema;
   for (let hops = 0; typeof s.$ref === "string" && hops < 16; hops++) s = resolveRef(root, s.$ref);
   if ("const" in s) return s.const;
@@ -139,7 +139,7 @@ function gen(root: Schema, raw: unknown, rng: Rng, depth: number): unknown {
 }
 
 /** A value valid for `schema` (within the subset above), drawn from `rng`. */
-export function generateFromSchema(schema: unknown, rng: Rng): unknown {
+export function generateFromSchema(schema: unknown, rng: Mulberry32): unknown {
   const root = (schema !== null && typeof schema === "object" ? schema : {}) as Schema;
   return gen(root, root, rng, 0);
 }

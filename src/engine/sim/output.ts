@@ -1,4 +1,5 @@
 import type { Tokenizer } from "../../tokenizer/tokenizer.ts";
+import type { Mulberry32 } from "../../util/mulberry32.ts";
 
 /**
  * Deterministic output text. Tokens are drawn, with a per-sequence seeded PRNG, from a
@@ -57,21 +58,6 @@ export function hashString(s: string, seed = 0x811c9dc5): number {
   return h >>> 0;
 }
 
-/** mulberry32: a tiny, fast, seedable PRNG. */
-export class Rng {
-  private s: number;
-  constructor(seed: number) {
-    this.s = seed >>> 0;
-  }
-  next(): number {
-    this.s = (this.s + 0x6d2b79f5) >>> 0;
-    let t = this.s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  }
-}
-
 export type FinishReason = "stop" | "length" | "abort";
 
 /**
@@ -81,7 +67,7 @@ export type FinishReason = "stop" | "length" | "abort";
  */
 export class OutputText {
   private readonly vocab: OutputVocab;
-  private readonly rng: Rng;
+  private readonly rng: Mulberry32;
   private readonly stop: readonly string[];
   text = "";
   private emitted = 0;
@@ -102,7 +88,7 @@ export class OutputText {
 
   constructor(
     vocab: OutputVocab,
-    rng: Rng,
+    rng: Mulberry32,
     stop: readonly string[],
     recordDrawn = false,
     opts: { script?: readonly string[] | null; stopTokenIds?: readonly number[] } = {},

@@ -3,13 +3,13 @@
  * checks it (personalities/*.ts `requests`): tools and tool_choice, structured outputs
  * (response_format and the engine's own guided fields), greedy temperature 0, priority, stop
  * token ids, continuous usage. planAnswer() refuses what the engine refuses; scriptFor() writes,
- * per choice and from its seeded Rng, the text the engine's constrained decoding would produce.
+ * per choice and from its seeded Mulberry32, the text the engine's constrained decoding would produce.
  */
 import { randomUUID } from "node:crypto";
 import { BadRequestError } from "../../protocol/errors.ts";
+import type { Mulberry32 } from "../../util/mulberry32.ts";
 import type { SimConfig } from "./config.ts";
 import { generateFromSchema, pyJson } from "./json-gen.ts";
-import type { Rng } from "./output.ts";
 
 type Obj = Record<string, unknown>;
 
@@ -220,7 +220,7 @@ function callsText(calls: { tool: ToolDef; args: unknown; id: string }[]): {
 /** One choice's scripted answer, or null for free text. */
 export function scriptFor(
   plan: AnswerPlan,
-  rng: Rng,
+  rng: Mulberry32,
   rules: RequestRules,
 ): { text: string; shape: ChoiceShape | null } | null {
   const c = plan.choice;

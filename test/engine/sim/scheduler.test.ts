@@ -1,10 +1,11 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { BlockPool } from "../../../src/engine/sim/block-pool.ts";
-import { OutputText, OutputVocab, Rng } from "../../../src/engine/sim/output.ts";
+import { OutputText, OutputVocab } from "../../../src/engine/sim/output.ts";
 import { loadProfile, stepSeconds } from "../../../src/engine/sim/profile.ts";
 import { Scheduler, type SchedulerObserver } from "../../../src/engine/sim/scheduler.ts";
 import { type SeqSink, Sequence } from "../../../src/engine/sim/sequence.ts";
+import { Mulberry32 } from "../../../src/util/mulberry32.ts";
 
 const vocab = new OutputVocab([7, 8, 9], [" a", " b", " c"]);
 const range = (start: number, n: number): number[] => Array.from({ length: n }, (_, i) => start + i);
@@ -33,7 +34,7 @@ function mkSeq(prompt: number[], maxTokens: number, finished: Sequence[] = [], i
     maxTokens,
     limitReason: "length",
     salt: null,
-    output: new OutputText(vocab, new Rng(1), []),
+    output: new OutputText(vocab, new Mulberry32(1), []),
     sink,
     arrivalMs: 0,
   });
