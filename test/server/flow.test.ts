@@ -87,7 +87,16 @@ describe("infera server: flow control", () => {
     const ac = new AbortController();
     const r = await post({ "x-infera-tenant": "blocker" }, 2000, ac.signal, true);
     assert.equal(r.status, 200);
-    return { release: () => ac.abort() };
+    // Drain the stream: a Response whose body nobody reads can be garbage-collected, and
+    // undici then cancels its stream (its fetch's FinalizationRegistry), which frees the
+    // worker early — the queue drains before the test has set it up (a CI flake).
+    const drained = r.body ? r.body.pipeTo(new WritableStream()).catch(() => {}) : Promise.resolve();
+    return {
+      release: () => {
+        ac.abort();
+        return drained;
+      },
+    };
   };
   const depth = async () =>
     parseMetric(await (await fetch(`${srv.url}/metrics`)).text(), "infera_flow_queue_depth") ?? 0;
