@@ -255,6 +255,13 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     { configKey: "peers.ttlMs" },
   ),
   v(
+    "INFERA_PEERS_SHARE_LOAD",
+    "boolean",
+    "server",
+    "With a peer plane, each engine's /metrics is scraped by one replica and its readings shared; false: every replica scrapes every engine (default true).",
+    { configKey: "peers.shareLoad" },
+  ),
+  v(
     "INFERA_FLOW_ENABLED",
     "boolean",
     "server",

@@ -214,6 +214,8 @@ export const peersSchema = z
     ttlMs: posInt("peer announcement TTL"),
     /** Path nodes per announcement at most (a prefix-preserving digest of longer prompts). */
     maxNodes: num("peer announcement nodes", { int: true, min: 2, max: 65_536 }),
+    /** One engine `/metrics` scrape shared among replicas (each worker scraped by one); default true. */
+    shareLoad: bool("shared engine scrape"),
   })
   .partial()
   .strict();

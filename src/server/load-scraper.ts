@@ -21,6 +21,7 @@
  */
 import { request } from "undici";
 import type { EngineKind } from "../discovery/types.ts";
+import type { ScrapedReading, SharedLoad } from "../router/peers/types.ts";
 import type { EngineLoad } from "../router/types.ts";
 import type { LiveWorker, WorkerSet } from "../router/worker-set.ts";
 
@@ -123,6 +124,14 @@ export function parseEngineLoad(text: string, now = Date.now(), engine?: EngineK
  *
  * Caveat: traffic that other replicas send to an idle worker shows at its next slow scrape (at
  * most `idleIntervalMs` late); from then on it is scraped at the fast pace while it stays busy.
+ *
+ * Shared among replicas (`shareWith`, src/router/peers/load-share.ts): each worker is scraped
+ * only by its owner among the live replicas, which reports its readings; the others file them
+ * as the worker's `engineLoad` and tell the owner which workers they have requests in flight on
+ * (it scrapes those at the busy pace; the caveat above then does not apply). A worker whose
+ * owner's readings stop — `busyQuietMs` while this replica has requests there, `idleQuietMs`
+ * otherwise (past the owner's slowest pace) — is scraped here until they come again; an owner
+ * gone from the live set is replaced by the hash at once.
  */
 export class LoadScraper {
   private readonly workers: WorkerSet;
@@ -134,13 +143,38 @@ export class LoadScraper {
   private readonly due = new WeakMap<LiveWorker, number>();
   /** Scrapes started (for tests and the bench). */
   scrapes = 0;
-  /** Called after each round of scrapes (flow control re-checks headroom then). */
+  /** Peers' readings filed instead of a scrape. */
+  peerReadings = 0;
+  /** Called after each round of scrapes and each peer's report (flow control re-checks headroom then). */
   onScraped: (() => void) | null = null;
+  private share: SharedLoad | null = null;
+  /** Readings scraped here and not yet reported to peers. */
+  private outbox: ScrapedReading[] = [];
+  /** Per worker a peer scrapes: when its last reading came, or when this replica left it to the peer. */
+  private readonly heardAt = new WeakMap<LiveWorker, number>();
+  /** Per worker with requests in flight from here: since when (the quiet clock starts then). */
+  private readonly busySince = new WeakMap<LiveWorker, number>();
 
   constructor(workers: WorkerSet, intervalMs: number, idleIntervalMs = 0) {
     this.workers = workers;
     this.intervalMs = intervalMs;
     this.idleIntervalMs = Math.max(idleIntervalMs, intervalMs);
+  }
+
+  /** Shares the scrapes with peer replicas (src/router/peers/load-share.ts); before `start`. */
+  shareWith(share: SharedLoad): void {
+    this.share = share;
+    share.onReadings = (rs) => this.file(rs);
+  }
+
+  /** A peer owns a worker busy here: its readings count as stopped after this long without one. */
+  get busyQuietMs(): number {
+    return 3 * this.intervalMs;
+  }
+
+  /** … and for a worker idle here: past the owner's slowest pace (its idle interval, jittered). */
+  get idleQuietMs(): number {
+    return 1.25 * this.idleIntervalMs + 2 * this.intervalMs;
   }
 
   start(): void {
@@ -156,13 +190,74 @@ export class LoadScraper {
     this.onScraped?.();
   }
 
-  /** Scrapes the workers that are due, or busy now (a request went there since). */
+  /**
+   * Scrapes the workers that are due, or busy now (a request went there since, here or at a
+   * peer), among those this replica scrapes; with peers, reports (the heartbeat, the busy
+   * hints) now and the round's readings when it is over.
+   */
   private tick(): void {
     const now = Date.now();
+    const share = this.share;
+    const round: Promise<void>[] = [];
+    const busyHere: string[] = [];
     for (const w of this.workers.list()) {
+      if (w.inFlight > 0) {
+        if (!this.busySince.has(w)) this.busySince.set(w, now);
+      } else this.busySince.delete(w);
+      if (share && !this.scrapesHere(w, share, now)) {
+        if (w.inFlight > 0) busyHere.push(w.record.id);
+        continue;
+      }
       const at = this.due.get(w);
-      if (at === undefined || at <= now + this.intervalMs / 2 || w.inFlight > 0) void this.scrape(w);
+      const busy = w.inFlight > 0 || (share?.busyElsewhere(w.record.id) ?? false);
+      if (at === undefined || at <= now + this.intervalMs / 2 || busy) round.push(this.scrape(w));
     }
+    if (!share) return;
+    this.flush(share, busyHere);
+    if (round.length > 0) void Promise.all(round).then(() => this.outbox.length > 0 && this.flush(share, []));
+  }
+
+  /** Whether this replica scrapes `w`: it owns it, or its owner's readings stopped. */
+  private scrapesHere(w: LiveWorker, share: SharedLoad, now: number): boolean {
+    if (share.isMine(w.record.id)) {
+      this.heardAt.delete(w);
+      return true;
+    }
+    const heard = this.heardAt.get(w);
+    if (heard === undefined) {
+      this.heardAt.set(w, now);
+      return false;
+    }
+    const busy = this.busySince.get(w);
+    if (busy !== undefined) return now - Math.max(heard, busy) > this.busyQuietMs;
+    return now - heard > this.idleQuietMs;
+  }
+
+  private flush(share: SharedLoad, busy: readonly string[]): void {
+    const readings = this.outbox;
+    this.outbox = [];
+    share.report(readings, busy, this.intervalMs);
+  }
+
+  /** Peers' readings: each newer than what this replica holds becomes the worker's load. */
+  private file(readings: readonly ScrapedReading[]): void {
+    const now = Date.now();
+    for (const r of readings) {
+      const w = this.workers.get(r.worker);
+      if (!w) continue;
+      this.heardAt.set(w, now);
+      if (w.engineLoad && w.engineLoad.scrapedAt >= r.scrapedAt) continue;
+      const load: EngineLoad = {
+        running: r.running,
+        waiting: r.waiting,
+        kvUsage: r.kvUsage,
+        scrapedAt: r.scrapedAt,
+      };
+      if (r.pdBacklog !== undefined) load.pdBacklog = r.pdBacklog;
+      w.engineLoad = load;
+      this.peerReadings++;
+    }
+    this.onScraped?.();
   }
 
   private async scrape(w: LiveWorker): Promise<void> {
@@ -183,14 +278,17 @@ export class LoadScraper {
         return;
       }
       const load = parseEngineLoad(await res.body.text(), Date.now(), w.record.engine);
-      if (load) w.engineLoad = load;
+      if (load) {
+        w.engineLoad = load;
+        if (this.share) this.outbox.push({ worker: w.record.id, ...load });
+      }
     } catch {
       // Unreachable or slow: keep the last load; the breaker handles dead workers.
     } finally {
       this.busy.delete(w);
       // Idle paces are jittered (±25 %): workers scraped together at start-up would otherwise
       // stay in step and come due all at once, a burst every idle interval.
-      const idle = isIdle(w, before);
+      const idle = isIdle(w, before) && !this.share?.busyElsewhere(w.record.id);
       this.due.set(
         w,
         Date.now() + (idle ? this.idleIntervalMs * (0.75 + 0.5 * Math.random()) : this.intervalMs),

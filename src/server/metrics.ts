@@ -170,6 +170,32 @@ export class ServerMetrics {
   }
 
   /**
+   * The engine load scraper (./load-scraper.ts): `/metrics` requests this replica made, and
+   * peers' readings it filed instead (one scrape shared among replicas, src/router/peers).
+   */
+  watchScraper(scraper: { scrapes: number; peerReadings: number }): void {
+    const registers = [this.registry];
+    new Counter({
+      name: "infera_engine_scrapes_total",
+      help: "Engine /metrics requests this replica made (its share of the scrapes, with peers)",
+      registers,
+      collect() {
+        this.reset();
+        this.inc(scraper.scrapes);
+      },
+    });
+    new Counter({
+      name: "infera_engine_load_peer_readings_total",
+      help: "Engine load readings taken from peer replicas' scrapes instead of scraping",
+      registers,
+      collect() {
+        this.reset();
+        this.inc(scraper.peerReadings);
+      },
+    });
+  }
+
+  /**
    * The pending bridges' entries (src/router/pipeline/pending-prefixes.ts) per model: `added`,
    * then how each left (confirmed by KV events, failed, cancelled, unconfirmed after the grace,
    * evicted, expired at the TTL, capped). Peers' announcements are counted by the peer mesh

@@ -75,6 +75,7 @@ export function startPeerMesh(
     maxEntries: PEER_DEFAULTS.maxEntries,
     registry: ctx.registry,
     logger,
+    shareLoad: cfg.shareLoad !== false,
     ...extra,
   });
   mesh.start();

@@ -7,6 +7,7 @@
 import { createDiscoveryWatcher } from "../discovery/index.ts";
 import type { DiscoveryWatcher } from "../discovery/types.ts";
 import { AutoRouter } from "../router/auto.ts";
+import { resolveFlowConfig } from "../router/flow/config-schema.ts";
 import type { PeerPlane } from "../router/peers/types.ts";
 import type { Scheduling } from "../router/pipeline/build.ts";
 import { DecisionLog } from "../router/pipeline/decisions.ts";
@@ -109,8 +110,11 @@ export async function wire(
   const kvIngest = ext.kvIngestFactory && needs.has("kvIndex") ? await ext.kvIngestFactory(cctx) : null;
   const kvSyncWaitUntil =
     performance.now() + (config.ingest.readyWaitKvSyncMs ?? DEFAULT_READY_WAIT_KV_SYNC_MS);
-  // Peers' routed prefixes, for the prefix scorers that read prompts.
-  const peers = ext.peerPlaneFactory && needs.has("approxTree") ? await ext.peerPlaneFactory(cctx) : null;
+  // Peers: their routed prefixes, for the prefix scorers that read prompts; one engine scrape
+  // shared among replicas, when a plugin reads engine load or flow control checks headroom.
+  const scrapes = needs.has("engineLoad") || resolveFlowConfig(config.flow).enabled;
+  const peers =
+    ext.peerPlaneFactory && (needs.has("approxTree") || scrapes) ? await ext.peerPlaneFactory(cctx) : null;
   const executor = await requestExecutor(config, ext, cctx, opts);
   workers.onChange((ev) => {
     if (ev.type !== "removed") return;
@@ -142,6 +146,8 @@ export async function wire(
   });
   metrics.watchBridges(() => router.bridgeCounters());
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
+  if (peers?.load) scraper.shareWith(peers.load);
+  metrics.watchScraper(scraper);
   const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft);
   // Engine load is scraped only when a plugin reads it (every PD decode step does), or for
   // flow control's headroom.

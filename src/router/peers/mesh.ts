@@ -6,14 +6,20 @@
  * `malformed`; our own sender id → ignored (our own bridge holds it); a sequence number not
  * above the sender's last → `replay`; an age past the announcement's TTL → `stale`; no room →
  * `full`. A lost announcement costs a cache miss and nothing else.
+ *
+ * The same frames carry load reports (./load-share.ts, one engine scrape shared among replicas):
+ * the same MAC, shape and sequence checks, then filed there (`stale`: past the sender's live
+ * window; `full`: too many live senders).
  */
 import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
 import { Counter, Histogram, type Registry } from "prom-client";
 import type { Logger } from "../../util/log.ts";
+import { LoadShare } from "./load-share.ts";
+import { isLoadReport, parseLoadReport } from "./load-wire.ts";
 import { digest, digestDense, PeerTable } from "./table.ts";
 import type { DropReason, PeerPlane, PeerRouting, PeerTransport } from "./types.ts";
-import { decodeAnnouncement, encodeAnnouncement } from "./wire.ts";
+import { encodeAnnouncement, openFrame, parseAnnouncement } from "./wire.ts";
 
 export interface PeerMeshOptions {
   transport: PeerTransport;
@@ -31,6 +37,8 @@ export interface PeerMeshOptions {
   now?: () => number;
   /** Run at close, after the transport (e.g. leaving the etcd peer directory). */
   onClose?: () => Promise<void>;
+  /** Share one engine scrape among replicas (./load-share.ts); default true. */
+  shareLoad?: boolean;
 }
 
 /** Models with a table at most (announcements name models; a flood of names is refused). */
@@ -45,6 +53,7 @@ export function newReplicaId(): string {
 
 export class PeerMesh implements PeerPlane {
   readonly replicaId: string;
+  readonly load: LoadShare | null;
   private readonly o: PeerMeshOptions;
   private readonly now: () => number;
   private readonly tables = new Map<string, PeerTable>();
@@ -76,7 +85,7 @@ export class PeerMesh implements PeerPlane {
     );
     this.dropped = counter(
       "infera_peer_announcements_dropped_total",
-      "Peers' routing announcements not taken, by reason (auth, malformed, stale, replay, full)",
+      "Peers' frames (routing announcements, load reports) not taken, by reason (auth, malformed, stale, replay, full)",
       ["reason"],
     );
     this.retracted = counter(
@@ -92,6 +101,19 @@ export class PeerMesh implements PeerPlane {
         buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
         registers: reg,
       });
+    this.load =
+      o.shareLoad === false
+        ? null
+        : new LoadShare({
+            replicaId: this.replicaId,
+            secret: o.secret,
+            nextSeq: () => ++this.seq,
+            send: (frame) => {
+              if (!this.closed) o.transport.publish(null, frame);
+            },
+            registry: o.registry,
+            now: this.now,
+          });
   }
 
   get endpoint(): string {
@@ -149,21 +171,26 @@ export class PeerMesh implements PeerPlane {
 
   /** Checks and files one frame from a peer. */
   receive(frame: Uint8Array): void {
-    const d = decodeAnnouncement(frame, this.o.secret);
+    const o = openFrame(frame, this.o.secret);
+    if (!o.ok) {
+      this.drop(o.reason);
+      return;
+    }
+    if (isLoadReport(o.v)) {
+      this.receiveLoad(o.v);
+      return;
+    }
+    const d = parseAnnouncement(o.v);
     if (!d.ok) {
       this.drop(d.reason);
       return;
     }
     const a = d.a;
     if (a.sender === this.replicaId) return;
-    const last = this.lastSeq.get(a.sender);
-    if (last !== undefined && a.seq <= last) {
+    if (!this.inSequence(a.sender, a.seq)) {
       this.drop("replay");
       return;
     }
-    this.lastSeq.delete(a.sender);
-    this.lastSeq.set(a.sender, a.seq);
-    if (this.lastSeq.size > MAX_SENDERS) this.lastSeq.delete(this.lastSeq.keys().next().value as string);
     const now = this.now();
     const ageMs = Math.max(0, now - a.sentAt);
     this.age.observe(ageMs / 1000);
@@ -196,6 +223,36 @@ export class PeerMesh implements PeerPlane {
     const full = t.add(a.worker, nodes, a.sentAt + ttl);
     this.received.inc({ transport: this.o.transport.kind });
     if (full > 0) this.dropped.inc({ reason: "full" }, full);
+  }
+
+  /** A load report (./load-share.ts): the same sender and sequence checks, then filed there. */
+  private receiveLoad(v: unknown[]): void {
+    const d = parseLoadReport(v);
+    if (!d.ok) {
+      this.drop(d.reason);
+      return;
+    }
+    const r = d.r;
+    if (r.sender === this.replicaId) return;
+    // Reports keep their own sequence per sender: over NATS they travel on another subject
+    // than the announcements, so the two kinds need not arrive in sending order.
+    if (!this.inSequence(`load\0${r.sender}`, r.seq)) {
+      this.drop("replay");
+      return;
+    }
+    if (!this.load) return;
+    const why = this.load.receive(r);
+    if (why) this.drop(why);
+  }
+
+  /** Whether `seq` is above the sender's last (then it becomes the last). */
+  private inSequence(sender: string, seq: number): boolean {
+    const last = this.lastSeq.get(sender);
+    if (last !== undefined && seq <= last) return false;
+    this.lastSeq.delete(sender);
+    this.lastSeq.set(sender, seq);
+    if (this.lastSeq.size > MAX_SENDERS) this.lastSeq.delete(this.lastSeq.keys().next().value as string);
+    return true;
   }
 
   private drop(reason: DropReason): void {

@@ -21,12 +21,45 @@ export interface PeerRouting {
   match(workerId: string, path: readonly number[]): number;
 }
 
+/** One engine's load as a scraper read it, dated on this replica's clock (ms since the epoch). */
+export interface ScrapedReading {
+  worker: string;
+  running: number;
+  /** Waiting work, PD backlog included (as src/router/types.ts EngineLoad). */
+  waiting: number;
+  kvUsage: number;
+  pdBacklog?: number;
+  scrapedAt: number;
+}
+
+/**
+ * One scrape of each engine shared among replicas (./load-share.ts): each worker is scraped by
+ * one live replica (rendezvous hash of its id over the replicas heard from), which reports its
+ * readings; the others file them instead of scraping.
+ */
+export interface SharedLoad {
+  readonly replicaId: string;
+  /** Whether this replica is the one that scrapes `workerId` (the live replicas' rendezvous hash). */
+  isMine(workerId: string): boolean;
+  /** Whether a live peer reported requests in flight on `workerId` (its owner scrapes it busy). */
+  busyElsewhere(workerId: string): boolean;
+  /**
+   * Sends this replica's new readings and the workers it has requests in flight on; also its
+   * heartbeat (it counts as live for a few `periodMs` after), so it is sent every period.
+   */
+  report(readings: readonly ScrapedReading[], busy: readonly string[], periodMs: number): void;
+  /** Peers' readings as they arrive (dated on this replica's clock). */
+  onReadings: ((readings: readonly ScrapedReading[]) => void) | null;
+}
+
 /** What the server holds: one PeerRouting per model, and the plane's lifetime. */
 export interface PeerPlane {
   /** The replica's id as its announcements carry it. */
   readonly replicaId: string;
   /** Where peers reach this replica (a ZMQ endpoint, a NATS subject). */
   readonly endpoint: string;
+  /** The shared engine scrape, unless `peers.shareLoad` is false. */
+  readonly load: SharedLoad | null;
   forModel(model: string): PeerRouting;
   close(): Promise<void>;
 }
@@ -39,8 +72,11 @@ export interface PeerTransport {
   readonly kind: "zmq" | "nats";
   /** Where peers reach this replica. */
   readonly endpoint: string;
-  /** One frame about `model` (NATS puts it on the model's subject; ZMQ sends it to all). */
-  publish(model: string, frame: Uint8Array): void;
+  /**
+   * One frame about `model` (NATS puts it on the model's subject; ZMQ sends it to all); `null`:
+   * about no one model (load reports; NATS puts them on one subject every replica reads).
+   */
+  publish(model: string | null, frame: Uint8Array): void;
   /** Frames from peers (possibly this replica's own: the caller filters by sender id). */
   frames(): AsyncIterable<Uint8Array>;
   close(): Promise<void>;

@@ -63,7 +63,7 @@ export class ZmqPeerTransport implements PeerTransport {
     }
   }
 
-  publish(_model: string, frame: Uint8Array): void {
+  publish(_model: string | null, frame: Uint8Array): void {
     if (this.closed) return;
     // zeromq.js takes one send at a time per socket; PUB never blocks, so the queue stays short.
     if (this.queue.length >= 1000) return;

@@ -1,13 +1,14 @@
 /**
  * The peer plane with `--event-plane nats` (src/router/peers): announcements on
- * `infera.route.<model>` (./subjects.ts), every replica subscribed to `infera.route.>`. Core NATS
+ * `infera.route.<model>` (./subjects.ts) and load reports on `infera.route._.load`, every
+ * replica subscribed to `infera.route.>`. Core NATS
  * (at most once): a frame published while a replica is disconnected is lost, which costs a
  * cache miss. Subject permissions on the broker say who may publish there; the sender id in
  * each frame still lets a replica skip its own.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { PeerTransport } from "../../router/peers/types.ts";
-import { ROUTE_SUBJECT_PREFIX, routeSubject } from "./subjects.ts";
+import { LOAD_SUBJECT, ROUTE_SUBJECT_PREFIX, routeSubject } from "./subjects.ts";
 
 export class NatsPeerTransport implements PeerTransport {
   readonly kind = "nats" as const;
@@ -34,10 +35,10 @@ export class NatsPeerTransport implements PeerTransport {
     });
   }
 
-  publish(model: string, frame: Uint8Array): void {
+  publish(model: string | null, frame: Uint8Array): void {
     if (this.closed) return;
     try {
-      this.nc.publish(routeSubject(model), frame);
+      this.nc.publish(model === null ? LOAD_SUBJECT : routeSubject(model), frame);
     } catch {
       // Closed or draining connection: the announcement is lost, as over a lossy plane.
     }

@@ -39,6 +39,12 @@ export function kvReplaySubject(kvSubj: string): string {
 /** Prefix of the subjects server replicas share routing announcements on (src/router/peers). */
 export const ROUTE_SUBJECT_PREFIX = "infera.route";
 
+/**
+ * Where replicas share engine load readings (src/router/peers/load-share.ts): under the route
+ * prefix (the same subject permissions), four tokens so no model's subject can be it.
+ */
+export const LOAD_SUBJECT = `${ROUTE_SUBJECT_PREFIX}._.load`;
+
 /** Where replicas announce routing decisions for a model: `infera.route.<model>`. */
 export function routeSubject(model: string): string {
   return `${ROUTE_SUBJECT_PREFIX}.${subjectToken(model)}`;
