@@ -9,6 +9,7 @@ import type { AddressInfo } from "node:net";
 import { after, before, describe, it } from "node:test";
 import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import type { EngineKind } from "../../src/discovery/types.ts";
+import type { SharedLoad } from "../../src/router/peers/types.ts";
 import { WorkerSet } from "../../src/router/worker-set.ts";
 import { LoadScraper, parseEngineLoad } from "../../src/server/load-scraper.ts";
 import { createLogger } from "../../src/util/log.ts";
@@ -171,5 +172,73 @@ describe("LoadScraper scrapes adaptively (issue #32)", () => {
     assert.ok(hits.idle <= 3, `idle worker scraped ${hits.idle} times in 1 s (idle pace 10 s)`);
     assert.ok(hits.busy >= 8, `busy worker scraped ${hits.busy} times in 1 s (fast pace 50 ms)`);
     assert.ok(hits.routed >= 8, `worker with requests in flight scraped ${hits.routed} times`);
+  });
+});
+
+describe("LoadScraper shares its scrapes with peers (issue #32)", () => {
+  // The peer side (ownership, the wire) is test/router/peers/load-share.test.ts; here the
+  // scraper's side against a stand-in SharedLoad: which workers it scrapes, what it reports.
+  it("scrapes only what it owns, files peers' readings, and scrapes a worker whose owner fell silent", async () => {
+    const hits: Record<string, number> = {};
+    const srv = createServer((req, res) => {
+      const id = (req.url ?? "").split("/")[1] ?? "";
+      hits[id] = (hits[id] ?? 0) + 1;
+      res.end(
+        'vllm:num_requests_running{engine="0"} 1\nvllm:num_requests_waiting{engine="0"} 2\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n',
+      );
+    });
+    await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
+    const recs = ["mine", "peers", "silent"].map((id) =>
+      mixedRecord({ id, model: "m", url: `${url}/${id}`, engine: "vllm" }),
+    );
+    const ws = new WorkerSet(new MemoryDiscovery(recs), { logger });
+    ws.attach();
+    const reports: { readings: string[]; busy: string[] }[] = [];
+    const share: SharedLoad = {
+      replicaId: "me",
+      isMine: (id) => id === "mine",
+      busyElsewhere: () => false,
+      report: (readings, busy) => reports.push({ readings: readings.map((r) => r.worker), busy: [...busy] }),
+      onReadings: null,
+    };
+    // Fast pace 50 ms, idle pace 200 ms: a peer's worker counts as silent after 1.25 × 200 + 2 × 50 ms.
+    const scraper = new LoadScraper(ws, 50, 200);
+    scraper.shareWith(share);
+    assert.equal(scraper.idleQuietMs, 350);
+    ws.get("peers")!.inFlight = 1;
+    scraper.start();
+    // The owner of "peers" reports it every 50 ms; nobody reports "silent".
+    const owner = setInterval(() => {
+      share.onReadings?.([
+        { worker: "peers", running: 4, waiting: 0, kvUsage: 0.1, scrapedAt: Date.now() - 5 },
+      ]);
+    }, 50);
+    await new Promise((r) => setTimeout(r, 250));
+    const early = { ...hits };
+    await new Promise((r) => setTimeout(r, 450));
+    clearInterval(owner);
+    scraper.stop();
+    await ws.close();
+    await new Promise<void>((r) => srv.close(() => r()));
+    // start() scrapes everything once; then only its own and, once silent, the silent one.
+    assert.equal(early.peers, 1, "a peer's worker is not scraped while its readings come");
+    assert.equal(early.silent, 1, "nor a silent one before the quiet time");
+    assert.ok(hits.mine >= 5, `own worker scraped ${hits.mine} times`);
+    assert.equal(hits.peers, 1, "still not after");
+    assert.ok(hits.silent >= 2, `the silent worker scraped here again: ${hits.silent}`);
+    assert.equal(ws.get("peers")!.engineLoad?.running, 4, "the peer's reading is the worker's load");
+    assert.ok(scraper.peerReadings >= 5);
+    // Every tick reports (the heartbeat) with the busy hint; scraped readings go out too.
+    assert.ok(reports.length >= 10, `${reports.length} reports`);
+    assert.ok(
+      reports.some((r) => r.busy.includes("peers")),
+      "busy hint for the peer's worker",
+    );
+    assert.ok(
+      reports.every((r) => !r.busy.includes("mine")),
+      "no hint for its own",
+    );
+    assert.ok(reports.some((r) => r.readings.includes("mine")));
   });
 });

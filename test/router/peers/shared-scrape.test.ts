@@ -271,6 +271,11 @@ test("over NATS: two replicas share one scrape; INFERA_PEERS_SHARE_LOAD=false sc
       const shared = rate(2000);
       assert.ok(shared <= 1.5 * ONE_REPLICA_RATE, `shared over NATS: ${shared.toFixed(1)}/s each`);
       for (const r of rs) assert.ok((await oldestReading(r)) < 1500);
+      const filed = await Promise.all(rs.map((r) => metric(r, "infera_engine_load_peer_readings_total")));
+      assert.ok(
+        filed.some((n) => n > 0),
+        `a replica files the other's readings: ${filed.join(", ")}`,
+      );
     } finally {
       await stop(rs);
     }
