@@ -169,8 +169,17 @@ export async function startServer(
   workersFile: string,
   logLevel = "warn",
   scrapeIntervalMs?: number,
-  /** Another checkout's server (a baseline), and node flags (e.g. --cpu-prof). */
-  o: { root?: string; nodeArgs?: string[] } = {},
+  /**
+   * Another checkout's server (a baseline), node flags (e.g. --cpu-prof), another policy than
+   * kv-aware, more server flags and environment.
+   */
+  o: {
+    root?: string;
+    nodeArgs?: string[];
+    policy?: string;
+    args?: string[];
+    env?: Record<string, string>;
+  } = {},
 ): Promise<Server> {
   const port = await freePort();
   const c = child(
@@ -184,10 +193,11 @@ export async function startServer(
       "--workers-file",
       workersFile,
       "--policy",
-      "kv-aware",
+      o.policy ?? "kv-aware",
       ...(scrapeIntervalMs === undefined ? [] : ["--scrape-interval", String(scrapeIntervalMs)]),
+      ...(o.args ?? []),
     ],
-    { INFERA_LOG_LEVEL: logLevel },
+    { INFERA_LOG_LEVEL: logLevel, ...o.env },
   );
   return { ...c, url: `http://127.0.0.1:${port}` };
 }
