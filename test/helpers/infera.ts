@@ -2,6 +2,7 @@
 import type { ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { spawnTracked } from "./procs.ts";
+import { waitUntil } from "./wait.ts";
 
 export const INFERA_BIN = fileURLToPath(new URL("../../bin/infera.js", import.meta.url));
 
@@ -39,4 +40,31 @@ export function spawnInfera(
   proc.stdout?.on("data", keep);
   proc.stderr?.on("data", keep);
   return { proc, output: () => out };
+}
+
+/**
+ * Waits (polling /ready) until the server at `url` routes to `workers` workers; throws with its
+ * output if it exits first. Generous by default: the shared box runs other suites meanwhile.
+ */
+export async function waitReadyWorkers(
+  url: string,
+  proc: ChildProcess,
+  output: () => string,
+  workers: number,
+  timeoutMs = 90_000,
+): Promise<void> {
+  await waitUntil(
+    async () => {
+      if (proc.exitCode !== null) throw new Error(`server exited ${proc.exitCode}: ${output()}`);
+      try {
+        const r = await fetch(`${url}/ready`);
+        return r.ok && ((await r.json()) as { workers: number }).workers === workers;
+      } catch {
+        return false;
+      }
+    },
+    timeoutMs,
+    "server ready",
+    50,
+  );
 }

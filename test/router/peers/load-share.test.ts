@@ -17,7 +17,7 @@ import {
   MAX_READINGS,
   parseLoadReport,
 } from "../../../src/router/peers/load-wire.ts";
-import { PeerMesh } from "../../../src/router/peers/mesh.ts";
+import { PeerMesh, type PeerMeshOptions } from "../../../src/router/peers/mesh.ts";
 import type { PeerTransport, ScrapedReading } from "../../../src/router/peers/types.ts";
 import { openFrame, sealFrame } from "../../../src/router/peers/wire.ts";
 import { createLogger } from "../../../src/util/log.ts";
@@ -42,17 +42,26 @@ class Bus {
   }
 }
 
-function member(bus: Bus, id: string, now: () => number, secret: string | null = "s") {
-  const registry = new Registry();
-  const m = new PeerMesh({
-    transport: bus.transport(),
-    secret: secret === null ? null : Buffer.from(secret),
+/** A mesh with small table bounds (announcements do not matter here) and its own registry. */
+function mesh(transport: PeerTransport, o: Partial<PeerMeshOptions> = {}): PeerMesh {
+  return new PeerMesh({
+    transport,
+    secret: null,
     ttlMs: 1000,
     maxNodes: 16,
     maxEntriesPerWorker: 4,
     maxEntries: 8,
-    registry,
+    registry: new Registry(),
     logger,
+    ...o,
+  });
+}
+
+function member(bus: Bus, id: string, now: () => number, secret: string | null = "s") {
+  const registry = new Registry();
+  const m = mesh(bus.transport(), {
+    secret: secret === null ? null : Buffer.from(secret),
+    registry,
     replicaId: id,
     now,
   });
@@ -202,24 +211,16 @@ test("load reports: only rightful senders (MAC), in sequence, fresh; bounded fra
   assert.equal(filed, 1);
   // A sender splits a long list over frames within the bounds.
   const frames: Uint8Array[] = [];
-  const solo = new PeerMesh({
-    transport: {
+  const solo = mesh(
+    {
       kind: "zmq",
       endpoint: "x",
       publish: (_m, f) => frames.push(f),
       frames: async function* () {},
       close: async () => {},
     },
-    secret: s,
-    ttlMs: 1000,
-    maxNodes: 16,
-    maxEntriesPerWorker: 4,
-    maxEntries: 8,
-    registry: new Registry(),
-    logger,
-    replicaId: "solo",
-    now: () => now,
-  });
+    { secret: s, replicaId: "solo", now: () => now },
+  );
   solo.load!.report(
     many.map(({ ageMs, ...r }) => ({ ...r, scrapedAt: now - ageMs })),
     [],
@@ -235,17 +236,7 @@ test("load reports: only rightful senders (MAC), in sequence, fresh; bounded fra
 });
 
 test("peers.shareLoad false: no load share, reports ignored", () => {
-  const m = new PeerMesh({
-    transport: new Bus().transport(),
-    secret: null,
-    ttlMs: 1000,
-    maxNodes: 16,
-    maxEntriesPerWorker: 4,
-    maxEntries: 8,
-    registry: new Registry(),
-    logger,
-    shareLoad: false,
-  });
+  const m = mesh(new Bus().transport(), { shareLoad: false });
   assert.equal(m.load, null);
   m.receive(
     encodeLoadReport(

@@ -20,7 +20,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { stopChild } from "../../../src/util/child-process.ts";
-import { serverArgs, spawnInfera } from "../../helpers/infera.ts";
+import { serverArgs, spawnInfera, waitReadyWorkers } from "../../helpers/infera.ts";
 import { startNats } from "../../helpers/nats.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { parseMetric, type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
@@ -122,20 +122,7 @@ async function startReplica(args: string[], env: Record<string, string> = {}): P
   );
   procs.push(proc);
   const url = `http://127.0.0.1:${port}`;
-  await waitUntil(
-    async () => {
-      if (proc.exitCode !== null) throw new Error(`server exited ${proc.exitCode}: ${output()}`);
-      try {
-        const r = await fetch(`${url}/ready`);
-        return r.ok && ((await r.json()) as { workers: number }).workers === 2;
-      } catch {
-        return false;
-      }
-    },
-    90_000,
-    "server ready",
-    50,
-  );
+  await waitReadyWorkers(url, proc, output, 2);
   return { url, proc };
 }
 
