@@ -297,7 +297,11 @@ export class LoadScraper {
   }
 
   stop(): void {
-    if (this.timer) clearInterval(this.timer);
+    if (this.timer) {
+      clearInterval(this.timer);
+      // Peers take this replica's workers over now, not after its live window.
+      this.share?.leave();
+    }
     this.timer = null;
   }
 }

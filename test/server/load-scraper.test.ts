@@ -200,8 +200,12 @@ describe("LoadScraper shares its scrapes with peers (issue #32)", () => {
       isMine: (id) => id === "mine",
       busyElsewhere: () => false,
       report: (readings, busy) => reports.push({ readings: readings.map((r) => r.worker), busy: [...busy] }),
+      leave: () => {
+        left++;
+      },
       onReadings: null,
     };
+    let left = 0;
     // Fast pace 50 ms, idle pace 200 ms: a peer's worker counts as silent after 1.25 × 200 + 2 × 50 ms.
     const scraper = new LoadScraper(ws, 50, 200);
     scraper.shareWith(share);
@@ -219,6 +223,7 @@ describe("LoadScraper shares its scrapes with peers (issue #32)", () => {
     await new Promise((r) => setTimeout(r, 450));
     clearInterval(owner);
     scraper.stop();
+    assert.equal(left, 1, "stopping says goodbye (peers take its workers over at once)");
     await ws.close();
     await new Promise<void>((r) => srv.close(() => r()));
     // start() scrapes everything once; then only its own and, once silent, the silent one.

@@ -13,8 +13,8 @@
  * - **Busy hints**: a report lists the workers its sender has requests in flight on, so their
  *   owner scrapes them at the busy pace although it sends them nothing.
  *
- * The owner gone (no report for `LIVE_PERIODS` periods): the hash over the remaining live set
- * names another at its next tick. Readings of a worker stop although its owner is live (it does
+ * The owner gone (no report for `LIVE_PERIODS` periods, or at once when it says goodbye as its
+ * server closes): the hash over the remaining live set names another at its next tick. Readings of a worker stop although its owner is live (it does
  * not know the worker, its scrapes fail): the scraper scrapes it itself (load-scraper.ts).
  */
 import { createHash } from "node:crypto";
@@ -134,6 +134,19 @@ export class LoadShare implements SharedLoad {
     if (readings.length > 0) this.readings.inc({ direction: "sent" }, readings.length);
   }
 
+  leave(): void {
+    const frame: LoadReport = {
+      sender: this.replicaId,
+      seq: this.o.nextSeq(),
+      sentAt: this.now(),
+      periodMs: 1,
+      readings: [],
+      busy: [],
+      bye: true,
+    };
+    this.o.send(encodeLoadReport(frame, this.o.secret));
+  }
+
   /**
    * Files a peer's report (checked by the mesh: signature, shape, sender, sequence). Returns why
    * it was not taken, or null.
@@ -143,6 +156,10 @@ export class LoadShare implements SharedLoad {
     const window = LIVE_PERIODS * Math.min(rep.periodMs, MAX_PERIOD_MS);
     // In transit longer than the sender stays live: a replay, or a queue that held it too long.
     const transit = now - rep.sentAt;
+    if (rep.bye) {
+      if (this.live.delete(rep.sender)) this.owners.clear();
+      return null;
+    }
     if (transit > window) return "stale";
     if (!this.live.has(rep.sender)) {
       if (this.live.size >= MAX_REPLICAS) return "full";

@@ -1,7 +1,7 @@
 /**
  * The load report's wire format (one scrape shared among replicas, ./load-share.ts): framed and
  * signed like an announcement (./wire.ts `sealFrame`), body `msgpack([2, sender, seq, sentAt,
- * periodMs, readings, busy])`:
+ * periodMs, readings, busy, bye?])`:
  *
  * - `readings`: `[worker, running, waiting, kvUsage, pdBacklog (-1: none), ageMs]` per engine
  *   reading the sender scraped; `ageMs` is the reading's age at `sentAt` on the sender's clock, so
@@ -11,6 +11,8 @@
  *   pace although it sends them nothing itself).
  * - `periodMs`: the sender's report period; a report is also its heartbeat, so it counts as live
  *   for a few periods after each.
+ * - `bye` (a trailing `1`): the sender stops scraping (its server closes): its peers take its
+ *   workers over at once instead of after its live window.
  *
  * Bounded: at most `MAX_READINGS` readings and `MAX_BUSY` busy workers a frame (a sender splits
  * longer lists over several frames), names ≤ 512 characters; a frame past ./wire.ts
@@ -45,6 +47,8 @@ export interface LoadReport {
   periodMs: number;
   readings: LoadReading[];
   busy: string[];
+  /** The sender stops scraping: count it gone now. */
+  bye?: boolean;
 }
 
 export type DecodedReport = { ok: true; r: LoadReport } | { ok: false; reason: "malformed" };
@@ -58,7 +62,8 @@ export function encodeLoadReport(r: LoadReport, secret: Buffer | null): Uint8Arr
     x.pdBacklog ?? -1,
     Math.max(0, Math.round(x.ageMs)),
   ]);
-  return sealFrame(pack([TAG, r.sender, r.seq, r.sentAt, r.periodMs, readings, r.busy]), secret);
+  const fields = [TAG, r.sender, r.seq, r.sentAt, r.periodMs, readings, r.busy];
+  return sealFrame(pack(r.bye ? [...fields, 1] : fields), secret);
 }
 
 /** Whether an opened body (./wire.ts `openFrame`) is a load report. */
@@ -77,8 +82,9 @@ function parseReading(x: unknown): LoadReading | null {
 /** An opened body as a load report; anything off-shape or past the bounds is malformed. */
 export function parseLoadReport(v: unknown[]): DecodedReport {
   const bad = { ok: false, reason: "malformed" } as const;
-  if (v.length !== 7 || v[0] !== TAG) return bad;
-  const [, sender, seq, sentAt, periodMs, rawReadings, rawBusy] = v;
+  if ((v.length !== 7 && v.length !== 8) || v[0] !== TAG) return bad;
+  const [, sender, seq, sentAt, periodMs, rawReadings, rawBusy, bye] = v;
+  if (bye !== undefined && bye !== 1) return bad;
   if (!isStr(sender) || !isNum(seq) || !isNum(sentAt) || !isNum(periodMs) || periodMs === 0) return bad;
   if (!Array.isArray(rawReadings) || rawReadings.length > MAX_READINGS) return bad;
   if (!Array.isArray(rawBusy) || rawBusy.length > MAX_BUSY || !rawBusy.every(isStr)) return bad;
@@ -88,5 +94,7 @@ export function parseLoadReport(v: unknown[]): DecodedReport {
     if (!r) return bad;
     readings.push(r);
   }
-  return { ok: true, r: { sender, seq, sentAt, periodMs, readings, busy: rawBusy as string[] } };
+  const r: LoadReport = { sender, seq, sentAt, periodMs, readings, busy: rawBusy as string[] };
+  if (bye === 1) r.bye = true;
+  return { ok: true, r };
 }

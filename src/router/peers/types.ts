@@ -48,6 +48,8 @@ export interface SharedLoad {
    * heartbeat (it counts as live for a few `periodMs` after), so it is sent every period.
    */
   report(readings: readonly ScrapedReading[], busy: readonly string[], periodMs: number): void;
+  /** This replica stops scraping (its server closes): its peers take its workers over at once. */
+  leave(): void;
   /** Peers' readings as they arrive (dated on this replica's clock). */
   onReadings: ((readings: readonly ScrapedReading[]) => void) | null;
 }

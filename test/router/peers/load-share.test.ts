@@ -115,6 +115,10 @@ test("ownership: one owner per worker, the same in every replica, about a third 
     if (first[i] === "replica-c") assert.notEqual(after[i], "replica-c", "c's workers move");
     else assert.equal(after[i], first[i], "the others' stay where they were");
   }
+  // b's server closes: it says goodbye, and a takes everything over at once.
+  rs[1].load.leave();
+  assert.deepEqual(rs[0].load.liveReplicas(), ["replica-a"]);
+  assert.ok(WORKERS.every((w) => rs[0].load.isMine(w)));
 });
 
 test("readings: filed with the receiver's date (age + transit, a skewed clock bounded), busy hints, counted", async () => {
@@ -207,7 +211,8 @@ test("load reports: only rightful senders (MAC), in sequence, fresh; bounded fra
   b.m.receive(sealFrame(pack([2, "x", 7, now, PERIOD, [["w1", -1, 0, 0, -1, 0]], []]), s));
   b.m.receive(sealFrame(pack([2, "x", 8, now, 0, [], []]), s));
   b.m.receive(Buffer.concat([Buffer.of(2), Buffer.alloc(1024 * 1024 + 1)]));
-  assert.equal(await dropped("malformed"), 4);
+  b.m.receive(sealFrame(pack([2, "x", 9, now, PERIOD, [], [], 2]), s));
+  assert.equal(await dropped("malformed"), 5);
   assert.equal(filed, 1);
   // A sender splits a long list over frames within the bounds.
   const frames: Uint8Array[] = [];
