@@ -16,6 +16,11 @@
  *
  *   node bench/fleet-scale/replica-scrapes.ts [--workers 200] [--replicas 1,4]
  *     [--paces idle,busy] [--seconds-idle 40] [--seconds-busy 20] [--baseline DIR]
+ *     [--cpu-prof DIR]
+ *
+ * `--cpu-prof DIR` runs the servers under `node --cpu-prof` (DIR/<pace>-<replicas>-<variant>/,
+ * one profile per replica; `node scripts/cpu-prof-top.mjs DIR/… --markdown` sums them): the
+ * profiler costs CPU itself, so take CPU figures from a run without it.
  *
  * Prints one JSON line per phase on stdout and a markdown table at the end.
  */
@@ -41,6 +46,7 @@ const REPLICAS = opt("replicas", "1,4").split(",").map(Number);
 const PACES = opt("paces", "idle,busy").split(",") as ("idle" | "busy")[];
 const SECONDS = { idle: Number(opt("seconds-idle", "40")), busy: Number(opt("seconds-busy", "20")) };
 const BASELINE = argv.includes("--baseline") ? opt("baseline", "") : undefined;
+const PROF = argv.includes("--cpu-prof") ? opt("cpu-prof", "") : undefined;
 const MODEL = "sim-model";
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const say = (s: string) => process.stderr.write(`[replica-scrapes] ${s}\n`);
@@ -143,6 +149,9 @@ async function main(): Promise<void> {
           for (const e of eps) {
             const s = await startServer(workersFile, "warn", undefined, {
               root: variant === "today" ? BASELINE : undefined,
+              nodeArgs: PROF
+                ? ["--cpu-prof", "--cpu-prof-dir", join(PROF, `${pace}-${replicas}-${variant}`)]
+                : [],
               policy: "round-robin",
               args: [
                 "--config",
