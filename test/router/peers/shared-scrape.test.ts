@@ -1,6 +1,6 @@
 /**
  * One engine scrape shared among real `infera server` replicas (issue #32, src/router/peers/
- * load-share.ts): three replicas on a ZMQ peer mesh over two sims. Each sim sits behind a small
+ * load-share.ts): three replicas on a signed ZMQ peer mesh over two sims. Each sim sits behind a small
  * counting proxy (the worker records name the proxy), so the `/metrics` requests are counted
  * at the engine's side, not by the replicas: together they come at about one replica's rate;
  * every replica still holds a fresh `engineLoad` for every worker (GET /v1/workers), a request
@@ -171,11 +171,13 @@ async function settle(what: string): Promise<void> {
   );
 }
 
-test("three replicas on a ZMQ mesh: one replica's scrape rate at the engines, fresh load everywhere, the owner's death taken over", async () => {
+test("three replicas on a signed ZMQ mesh: one replica's scrape rate at the engines, fresh load everywhere, the owner's death taken over", async () => {
   const eps = await Promise.all([endpoint(), endpoint(), endpoint()]);
   const list = eps.join(",");
   const rs: Replica[] = [];
-  for (const e of eps) rs.push(await startReplica(["--peers-bind", e, "--peers", list]));
+  // Signed frames (HMAC-SHA256 under the shared secret), as a mesh beyond loopback must be.
+  const env = { INFERA_PEERS_SECRET: "shared-scrape-test-secret" };
+  for (const e of eps) rs.push(await startReplica(["--peers-bind", e, "--peers", list], env));
   try {
     await settle("3 replicas");
     await sleep(3000);
