@@ -202,6 +202,11 @@ async function main(): Promise<void> {
     proxy?.close();
     rmSync(dir, { recursive: true, force: true });
   }
+  printTable(rows);
+}
+
+/** Today and shared side by side, one line per pace and replica count. */
+function printTable(rows: readonly Row[]): void {
   const table = [
     "| pace | replicas | today: scrapes/s (per worker) | shared: scrapes/s (per worker) | today: servers / fleet CPU % | shared: servers / fleet CPU % | load average |",
     "|---|---|---|---|---|---|---|",
