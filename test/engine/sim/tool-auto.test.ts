@@ -25,21 +25,9 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
 import { type SimHandle, startSimEngine } from "../../../src/engine/sim/server.ts";
+import { autoBody, MSG, WEATHER } from "./tool-fixtures.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "warn";
-
-const WEATHER: OpenAI.ChatCompletionTool = {
-  type: "function",
-  function: {
-    name: "get_weather",
-    parameters: {
-      type: "object",
-      properties: { city: { type: "string" }, days: { type: "integer", minimum: 1, maximum: 7 } },
-      required: ["city", "days"],
-    },
-  },
-};
-const MSG = [{ role: "user" as const, content: "What is the weather in Oslo?" }];
 
 function clientOf(sim: SimHandle): OpenAI {
   return new OpenAI({ baseURL: `${sim.url}/v1`, apiKey: "none", maxRetries: 0 });
@@ -48,14 +36,7 @@ function clientOf(sim: SimHandle): OpenAI {
 /** The first seed whose auto answer calls a tool (about half do). */
 async function toolSeed(client: OpenAI): Promise<number> {
   for (let seed = 0; seed < 32; seed++) {
-    const r = await client.chat.completions.create({
-      model: "m",
-      messages: MSG,
-      tools: [WEATHER],
-      tool_choice: "auto",
-      seed,
-      max_tokens: 200,
-    });
+    const r = await client.chat.completions.create(autoBody(seed));
     if (r.choices[0].message.tool_calls?.length) return seed;
   }
   assert.fail("no seed in 32 called a tool");
@@ -79,14 +60,7 @@ describe("vLLM personality, tool_choice auto with the hermes parser", () => {
   after(async () => sim?.close());
 
   it("whole: content null (nothing before the call), finish tool_calls, vLLM's id", async () => {
-    const r = await client.chat.completions.create({
-      model: "m",
-      messages: MSG,
-      tools: [WEATHER],
-      tool_choice: "auto",
-      seed,
-      max_tokens: 200,
-    });
+    const r = await client.chat.completions.create(autoBody(seed));
     const c = r.choices[0];
     assert.equal(c.finish_reason, "tool_calls");
     assert.equal(c.message.content, null);
@@ -100,15 +74,7 @@ describe("vLLM personality, tool_choice auto with the hermes parser", () => {
     const res = await fetch(`${sim.url}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        model: "m",
-        messages: MSG,
-        tools: [WEATHER],
-        tool_choice: "auto",
-        seed,
-        max_tokens: 200,
-        stream: true,
-      }),
+      body: JSON.stringify({ ...autoBody(seed), stream: true }),
     });
     const text = await res.text();
     const deltas: Record<string, unknown>[] = [];
@@ -146,7 +112,7 @@ describe("vLLM personality, tool_choice auto with the hermes parser", () => {
 
   it("the openai client's stream helper reassembles the auto call", async () => {
     const final = await client.chat.completions
-      .stream({ model: "m", messages: MSG, tools: [WEATHER], tool_choice: "auto", seed, max_tokens: 200 })
+      .stream({ ...autoBody(seed), stream: true })
       .finalChatCompletion();
     const call = final.choices[0].message.tool_calls?.[0] as OpenAI.ChatCompletionMessageFunctionToolCall;
     assert.equal(call.function.name, "get_weather");
@@ -170,25 +136,17 @@ describe("SGLang personality: tool-call ids", () => {
     for (const s of sims) await s.close();
   });
 
+  const required = { model: "m", messages: MSG, tools: [WEATHER], tool_choice: "required" } as const;
+
   it("call_ + 24 hex digits by default", async () => {
     const client = await startSglang("qwen25");
-    const r = await client.chat.completions.create({
-      model: "m",
-      messages: MSG,
-      tools: [WEATHER],
-      tool_choice: "required",
-    });
+    const r = await client.chat.completions.create({ ...required, tools: [WEATHER] });
     assert.match(r.choices[0].message.tool_calls?.[0]?.id ?? "", /^call_[0-9a-f]{24}$/);
   });
 
   it("kimi_k2: functions.{name}:{earlier tool calls + index}", async () => {
     const client = await startSglang("kimi_k2");
-    const first = await client.chat.completions.create({
-      model: "m",
-      messages: MSG,
-      tools: [WEATHER],
-      tool_choice: "required",
-    });
+    const first = await client.chat.completions.create({ ...required, tools: [WEATHER] });
     assert.equal(first.choices[0].message.tool_calls?.[0]?.id, "functions.get_weather:0");
     const earlier = (id: string): OpenAI.ChatCompletionMessageParam => ({
       role: "assistant",
