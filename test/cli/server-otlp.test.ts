@@ -10,7 +10,13 @@
  * Real server processes, a real OTLP/HTTP receiver.
  */
 import assert from "node:assert/strict";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, test } from "node:test";
+import { flagsToConfig } from "../../src/cli/server.ts";
+import { resolveServerConfig } from "../../src/server/config.ts";
+import { ConfigError } from "../../src/server/config-schema.ts";
 import { stopChild } from "../../src/util/child-process.ts";
 import { serverArgs, spawnInfera } from "../helpers/infera.ts";
 import { type OtlpReceiver, startOtlpReceiver } from "../helpers/otlp-receiver.ts";
@@ -78,4 +84,20 @@ test("the same URL from INFERA_OTLP_ENDPOINT is taken; OTEL_EXPORTER_OTLP_HEADER
   assert.ok(req, JSON.stringify(recv.requests));
   assert.equal(req.headers.authorization, `Basic ${Buffer.from("otel:s3cret").toString("base64")}`);
   assert.equal(req.headers["x-collector-key"], "k 1");
+});
+
+test("the flag layer refuses it; a config file's otlpEndpoint with a password is taken", () => {
+  assert.throws(
+    () => flagsToConfig({ otlpEndpoint: "https://:t0k@collector:4318" }),
+    (e: unknown) => e instanceof ConfigError && !e.message.includes("t0k") && /--config file/.test(e.message),
+  );
+  assert.equal(
+    flagsToConfig({ otlpEndpoint: "http://collector:4318" }).otlpEndpoint,
+    "http://collector:4318",
+  );
+  const dir = mkdtempSync(join(tmpdir(), "otlp-"));
+  const file = join(dir, "infera.yaml");
+  writeFileSync(file, "otlpEndpoint: https://otel:s3cret@collector:4318\n", { mode: 0o600 });
+  const cfg = resolveServerConfig(() => flagsToConfig({}), file, { env: {} });
+  assert.equal(cfg.otlpEndpoint, "https://otel:s3cret@collector:4318");
 });
