@@ -138,7 +138,6 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
 }
 
 /**
-<<<<<<< HEAD
  * CPU blocks of vLLM's native KV offloading (`--kv-transfer-config '{"kv_connector":
  * "OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_cpu_blocks":N}}'`),
  * 0 when not configured. The sim then offloads every block it caches to a CPU LRU of N blocks and
@@ -153,17 +152,9 @@ export function offloadCpuBlocks(cfg: Record<string, unknown>): number {
 }
 
 /**
- * Whether the engine binds or connects its KV PUB socket for `endpoint`:
- * - vLLM: bind only for `*`, `::`, ipc://, inproc:// (vllm-project/vllm
- *   vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
- * - SGLang: also `0.0.0.0` (python/sglang/srt/disaggregation/kv_events.py _socket_setup);
- * - ATOM: always binds (ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5).
- * Anything else is connect(): no subscriber ever hears such an engine.
-=======
  * Whether a ZMQ publisher binds `endpoint` rather than connecting to it: wildcards (`*`, `::`),
  * ipc:// and inproc://, plus `0.0.0.0` where the engine counts it (SGLang). Each personality's
  * kvPubMode cites its engine's rule.
->>>>>>> main
  */
 export function zmqBindsFor(endpoint: string, anyIpv4IsWildcard: boolean): boolean {
   return (
