@@ -143,6 +143,23 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
  * 0 when not configured. The sim then offloads every block it caches to a CPU LRU of N blocks and
  * reports it as vLLM's connector does (./block-pool.ts).
  */
+/**
+ * GPU blocks per offloaded block: the extra config's `block_size` (the offloaded block size,
+ * default the GPU block size) over the GPU block size. vLLM asserts it is a multiple
+ * (vllm/v1/kv_offload/spec.py OffloadingSpec.__init__), so a start with another one fails.
+ */
+export function offloadBlockFactor(cfg: Record<string, unknown>, gpuBlockSize: number): number {
+  const extra = cfg.kv_connector_extra_config;
+  const size = extra && typeof extra === "object" ? (extra as Record<string, unknown>).block_size : undefined;
+  if (size === undefined || size === null) return 1;
+  const n = Number(size);
+  if (!Number.isInteger(n) || n <= 0 || n % gpuBlockSize !== 0)
+    throw new Error(
+      `AssertionError: kv_connector_extra_config.block_size ${String(size)} is not a multiple of the GPU block size ${gpuBlockSize}`,
+    );
+  return n / gpuBlockSize;
+}
+
 export function offloadCpuBlocks(cfg: Record<string, unknown>): number {
   if (cfg.kv_connector !== "OffloadingConnector") return 0;
   const extra = cfg.kv_connector_extra_config;
