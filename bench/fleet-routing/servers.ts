@@ -161,7 +161,7 @@ const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?
 const FLOW_TTFT_TARGET_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_TTFT_TARGET_S ?? 1);
 const FLOW_LOCALITY_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_WAIT_S ?? 0.25);
 const FLOW_LOCALITY_GAIN = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_GAIN ?? 512);
-const FLOW_LOCALITY_PICK = process.env.FLEET_ROUTING_FLOW_LOCALITY_PICK ?? "first";
+const FLOW_LOCALITY_PICK = process.env.FLEET_ROUTING_FLOW_LOCALITY_PICK ?? "cheapest";
 const wallMs = (modelS: number, speed: number) => Math.max(1, Math.round((modelS * 1000) / speed));
 const FLOW_YAML = (speed: number, headroom: string, localityModelS = 0) => `policy: kv-aware
 flow:

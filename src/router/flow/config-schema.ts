@@ -43,13 +43,13 @@ const bandSchema = z
 /** Locality (./locality.ts): wait a little for the worker holding a queued request's prefix. */
 const localitySchema = z
   .object({
-    /** Longest extra wait for that worker, ms, counted from the first time it was passed over (0: off; default 100). */
+    /** Longest extra wait for that worker, ms, counted from the first time it was passed over (0: off; default 200). */
     waitMs: z.number().int().min(0),
     /** Cached prompt tokens that worker must hold beyond the best one with headroom (default 512). */
     minGainTokens: z.number().int().min(1),
     /** Queued entries one dispatch looks at (default 32). */
     lookahead: z.number().int().min(1),
-    /** Of those that need not wait: `first` in order (default), or `cheapest` (fewest uncached prompt tokens). */
+    /** Of those that need not wait: `cheapest` (fewest uncached prompt tokens; default) or `first` in order. */
     pick: z.enum(["first", "cheapest"]),
   })
   .partial()

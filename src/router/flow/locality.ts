@@ -36,11 +36,15 @@ export interface LocalityConfig {
   readonly pick: "first" | "cheapest";
 }
 
+/**
+ * waitMs ≈ the prefill of a 3k-token prompt on an H100 pair (Qwen3-32B/TP2: ~0.25 s), the work a
+ * wrong release would add; `cheapest` won in bench/fleet-routing/RESULTS.md Run J.
+ */
 export const DEFAULT_LOCALITY: LocalityConfig = {
-  waitMs: 100,
+  waitMs: 200,
   minGainTokens: 512,
   lookahead: 32,
-  pick: "first",
+  pick: "cheapest",
 };
 
 /** Per candidate (same positions), the prompt tokens cached there; null: unknown (no prefix policy). */
