@@ -159,7 +159,7 @@ export const FLOW_TTFT_NAME = "kv-aware+flow-ttft";
 export const FLOW_LOCAL_NAME = "kv-aware+flow-local";
 const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?? 1.5);
 const FLOW_TTFT_TARGET_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_TTFT_TARGET_S ?? 1);
-const FLOW_LOCALITY_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_WAIT_S ?? 0.25);
+const FLOW_LOCALITY_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_WAIT_S ?? 0.5);
 const FLOW_LOCALITY_GAIN = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_GAIN ?? 512);
 const FLOW_LOCALITY_PICK = process.env.FLEET_ROUTING_FLOW_LOCALITY_PICK ?? "cheapest";
 const wallMs = (modelS: number, speed: number) => Math.max(1, Math.round((modelS * 1000) / speed));

@@ -43,7 +43,7 @@ const bandSchema = z
 /** Locality (./locality.ts): wait a little for the worker holding a queued request's prefix. */
 const localitySchema = z
   .object({
-    /** Longest extra wait for that worker, ms, counted from the first time it was passed over (0: off; default 200). */
+    /** Longest extra wait for that worker, ms, counted from the first time it was passed over (0: off; default 500). */
     waitMs: z.number().int().min(0),
     /** Cached prompt tokens that worker must hold beyond the best one with headroom (default 512). */
     minGainTokens: z.number().int().min(1),

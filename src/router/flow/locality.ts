@@ -37,11 +37,12 @@ export interface LocalityConfig {
 }
 
 /**
- * waitMs ≈ the prefill of a 3k-token prompt on an H100 pair (Qwen3-32B/TP2: ~0.25 s), the work a
- * wrong release would add; `cheapest` won in bench/fleet-routing/RESULTS.md Run J.
+ * waitMs ≈ two prefills of a 3k-token prompt on an H100 pair (Qwen3-32B/TP2: ~0.25 s each), the
+ * bench's 0.5 model s; `cheapest` and a longer wait served more within the SLO at 2× capacity
+ * (bench/fleet-routing/RESULTS.md Run J: waits of 0.25, 0.5, 1 model s).
  */
 export const DEFAULT_LOCALITY: LocalityConfig = {
-  waitMs: 200,
+  waitMs: 500,
   minGainTokens: 512,
   lookahead: 32,
   pick: "cheapest",
@@ -54,9 +55,10 @@ export type CachedTokensOf = (candidates: readonly WorkerState[]) => readonly nu
 export type LocalityVerdict =
   /**
    * Release to these workers (a subset of the ones with headroom); `local`: none holds notably
-   * more; `cached`: the most prompt tokens one of them holds.
+   * more; `cached`: the most prompt tokens one of them holds, null when unknown (off, or a
+   * policy without a prefix scorer).
    */
-  | { readonly fits: ReadonlySet<string>; readonly local: boolean; readonly cached: number }
+  | { readonly fits: ReadonlySet<string>; readonly local: boolean; readonly cached: number | null }
   /** Wait for a worker without headroom that holds notably more of the prompt. */
   | null;
 
@@ -72,7 +74,7 @@ export function localityVerdict(
   expired: boolean,
 ): LocalityVerdict {
   if (cfg.waitMs <= 0 || cached === null || cached.length !== candidates.length)
-    return { fits, local: true, cached: 0 };
+    return { fits, local: true, cached: null };
   let best = 0;
   let bestFit = 0;
   for (let i = 0; i < candidates.length; i++) {

@@ -15,7 +15,10 @@
  *      dispatch and is corrected by the real output at the end; a flow that becomes backlogged
  *      is lifted to the smallest counter of the band's backlogged flows, so idling earns no
  *      credit;
- *   4. FIFO within a flow.
+ *   4. FIFO within a flow;
+ *   with locality (./locality.ts), an entry may be passed over for up to `locality.waitMs` for
+ *   the busy worker holding its prefix, and of a look-ahead window in one band the one with
+ *   the fewest uncached prompt tokens goes first.
  * One entry leaves per `setImmediate` turn: the server's router claims its worker (in-flight,
  * prefill backlog) synchronously after the entry's promise resumes, so the next headroom
  * check sees it.
@@ -330,7 +333,7 @@ export class FlowQueue {
     e?: Entry,
   ): LocalityVerdict {
     const cfg = this.o.locality;
-    if (!cfg || cfg.waitMs <= 0 || !cachedTokens) return { fits, local: true, cached: 0 };
+    if (!cfg || cfg.waitMs <= 0 || !cachedTokens) return { fits, local: true, cached: null };
     const cands = this.o.candidates(model);
     return localityVerdict(cfg, fits, cands, e ? cachedOf(e, cands) : cachedTokens(cands), expired);
   }
@@ -378,10 +381,13 @@ export class FlowQueue {
       // exactly when it pays. An aged entry still comes first in order and waits waitMs at most.
       const expired = e.localSince !== null && now - e.localSince >= (cfg?.waitMs ?? 0);
       const v = this.verdict(e.req.model, fits, e.cachedTokens, expired, e);
-      if (v && (expired || !on || cfg.pick === "first")) {
+      // Unknown cache (no prefix policy) or no choice to make: in order.
+      if (v && (expired || !on || cfg.pick === "first" || v.cached === null)) {
         this.release(b, e, v, now);
         return;
       }
+      // The cheapest is chosen within one band: a lower band never goes first for being cheap.
+      if (v && ready.length > 0 && ready[0].b !== b) break;
       skipped.add(e);
       if (v) ready.push({ b, e, v });
       else this.deferLocal(e, now);
@@ -390,7 +396,7 @@ export class FlowQueue {
       if (skipped.size >= (cfg?.lookahead ?? 1)) break;
     }
     if (ready.length === 0) return;
-    const uncached = (x: (typeof ready)[number]) => Math.max(0, x.e.req.promptTokens - x.v.cached);
+    const uncached = (x: (typeof ready)[number]) => Math.max(0, x.e.req.promptTokens - (x.v.cached ?? 0));
     let k = 0;
     for (let i = 1; i < ready.length; i++) if (uncached(ready[i]) < uncached(ready[k])) k = i;
     for (let i = 0; i < k; i++) this.deferLocal(ready[i].e, now);

@@ -21,12 +21,16 @@ const mk = (id: string): WorkerState => ({
   available: true,
 });
 
-function setup(locality: Partial<LocalityConfig>) {
+function setup(locality: Partial<LocalityConfig>, bandCount = 1) {
   const workers = [mk("w1"), mk("w2")];
   const signal = load.build({ model: "m", shared: (_k, make) => make() }, { maxInFlight: 1 });
   const outcomes: string[] = [];
   const q = new FlowQueue({
-    bands: [{ name: "n", maxWaitMs: 10_000, agingMs: 5_000 }],
+    bands: Array.from({ length: bandCount }, (_, i) => ({
+      name: `b${i}`,
+      maxWaitMs: 10_000,
+      agingMs: 5_000,
+    })),
     maxQueue: 100,
     signals: () => [signal],
     candidates: () => workers,
@@ -35,14 +39,14 @@ function setup(locality: Partial<LocalityConfig>) {
   });
   let n = 0;
   /** Admits a request whose prompt (`prompt` tokens) is cached as `cached` on w1, w2. */
-  const admit = (cached: [number, number], prompt = 3000): Promise<Admission> => {
+  const admit = (cached: [number, number], prompt = 3000, band = 0): Promise<Admission> => {
     const req: HeadroomRequest = {
       requestId: `r${n++}`,
       model: "m",
       promptTokens: prompt,
       expectedOutputTokens: 0,
-      band: 0,
-      bandName: "n",
+      band,
+      bandName: `b${band}`,
     };
     return q.admit(req, "f", 1, new RequestAbort(), (cands) =>
       cands.map((c) => cached[c.record.id === "w1" ? 0 : 1]),
@@ -121,6 +125,28 @@ describe("FlowQueue locality", () => {
     q.wake();
     await Promise.all([cold, warm]);
     assert.deepEqual(order, ["warm", "cold"]);
+  });
+
+  it("pick cheapest never lets a lower band's cheap request go before a higher band's", async () => {
+    const { q, workers, admit } = setup({ waitMs: 10_000, pick: "cheapest" }, 2);
+    workers[0].inFlight = 1;
+    workers[1].inFlight = 1;
+    const order: string[] = [];
+    const hold = (name: string) => (a: Admission) => {
+      order.push(name);
+      for (const w of workers) if (a.fits.has(w.record.id)) w.inFlight = 1;
+    };
+    const low = admit([0, 2900], 3000, 1).then(hold("low-warm"));
+    const high = admit([0, 0], 3000, 0).then(hold("high-cold"));
+    await tick();
+    workers[1].inFlight = 0;
+    q.wake();
+    await tick(20);
+    assert.deepEqual(order, ["high-cold"]);
+    workers[1].inFlight = 0;
+    q.wake();
+    await Promise.all([low, high]);
+    assert.deepEqual(order, ["high-cold", "low-warm"]);
   });
 
   it("off (waitMs 0): released at once wherever there is headroom", async () => {
