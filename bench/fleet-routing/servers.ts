@@ -381,6 +381,11 @@ export async function decisionsOf(servers: Replicas["servers"]): Promise<string>
         const label = /(?:outcome|reason)="([^"]*)"/.exec(m[2])?.[1];
         if (label && m[3] !== "0") out.push(`flow_${m[1]}_${label}=${m[3]}`);
       }
+      // The TTFT predictor's mean relative error (src/router/predict), when anything used it.
+      const sum = /^infera_ttft_prediction_relative_error_sum(?:\{[^}]*\})? (\S+)/m.exec(text);
+      const count = /^infera_ttft_prediction_relative_error_count(?:\{[^}]*\})? (\S+)/m.exec(text);
+      if (sum && count && Number(count[1]) > 0)
+        out.push(`ttft_rel_err_mean=${(Number(sum[1]) / Number(count[1])).toFixed(2)}(n=${count[1]})`);
       return out.join(" ");
     }),
   );
