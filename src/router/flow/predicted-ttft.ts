@@ -33,7 +33,7 @@ export default defineHeadroom("predicted-ttft", {
   create: (scope, p) => {
     const predictor = predictorOf(scope);
     /** Features at dispatch, per request, until its observation comes (bounded). */
-    const pending = new Map<string, { worker: string; x: Float64Array }>();
+    const pending = new Map<string, { worker: string; x: Float64Array; predicted: number }>();
     const x = new Float64Array(FEATURES);
     const predict = (w: WorkerState, uncached: number): number =>
       predictor.predictFeatures(scope.model, w.record.id, featuresFrom(uncached, w, x));
@@ -56,7 +56,8 @@ export default defineHeadroom("predicted-ttft", {
       },
       onDispatched(req, worker) {
         const f = featuresFrom(req.promptTokens, worker, new Float64Array(FEATURES));
-        pending.set(req.requestId, { worker: worker.record.id, x: f });
+        const predicted = predictor.predictFeatures(scope.model, worker.record.id, f);
+        pending.set(req.requestId, { worker: worker.record.id, x: f, predicted });
         if (pending.size > 4096) pending.delete(pending.keys().next().value!);
       },
       observe(o: HeadroomObservation) {
@@ -64,7 +65,10 @@ export default defineHeadroom("predicted-ttft", {
         pending.delete(o.requestId);
         if (!d || o.ttftMs === undefined || !o.ok) return;
         if (o.uncachedTokens !== undefined) d.x[1] = o.uncachedTokens / 1000;
-        predictor.observeOnce(scope.model, d.worker, o.requestId, d.x, o.ttftMs);
+        // Learnt here (no pipeline plugin followed it): its error goes to the server's histogram
+        // (infera_ttft_prediction_relative_error) like the pipeline's, step "flow".
+        if (predictor.observeOnce(scope.model, d.worker, o.requestId, d.x, o.ttftMs))
+          predictor.sink?.observed(scope.model, o.requestId, "flow", d.predicted, o.ttftMs);
       },
       onWorkerRemoved(id) {
         predictor.forget(id);

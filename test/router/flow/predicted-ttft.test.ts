@@ -97,6 +97,17 @@ test("without a pipeline plugin using it, the signal teaches the predictor from 
     }
     await new Promise((r) => setTimeout(r, 50));
     assert.equal(other.ttft.samplesOf("w2"), 3, "each streamed request learnt once");
+    // Its error is reported like the pipeline's: the 2nd and 3rd had a prediction (the 1st none).
+    const m = await (await fetch(`${other.url}/metrics`)).text();
+    const count = /^infera_ttft_prediction_relative_error_count\{[^}]*\} (\d+)/m.exec(m);
+    assert.equal(
+      Number(count?.[1]),
+      2,
+      m
+        .split("\n")
+        .filter((l) => l.includes("relative_error"))
+        .join("\n"),
+    );
   } finally {
     await other.close();
   }
