@@ -135,3 +135,48 @@ test("a target below the worker's predicted TTFT waits, then 429 with Retry-Afte
   assert.equal(ok.status, 200);
   await ok.text();
 });
+
+test("with no prediction yet, a worker takes only coldInFlight requests blind; the next waits for a sample", async () => {
+  const other = await startServer(
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "round-robin",
+      flow: {
+        enabled: true,
+        headroom: [{ name: "predicted-ttft", params: { targetMs: 60_000, coldInFlight: 1 } }],
+        maxWaitMs: 30_000,
+      },
+    },
+    {
+      discovery: new MemoryDiscovery([
+        mixedRecord({ id: "w3", model: MODEL, url: sim.url, maxModelLen: 131072 }),
+      ]),
+      logger,
+    },
+  );
+  try {
+    const send = (i: number) =>
+      fetch(`${other.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: MODEL,
+          messages: [{ role: "user", content: `cold ${i}` }],
+          max_tokens: 8,
+          stream: true,
+        }),
+      }).then(async (r) => {
+        assert.equal(r.status, 200);
+        await r.text();
+      });
+    await Promise.all([send(0), send(1)]);
+    const m = await (await fetch(`${other.url}/metrics`)).text();
+    const queued = /^infera_flow_dispatched_total\{band="normal",queued="true"\} (\d+)/m.exec(m);
+    // Before: a worker without samples fitted every request (all went blind, none waited).
+    assert.equal(Number(queued?.[1] ?? 0), 1, "the second waited for the first's observation");
+    assert.equal(other.ttft.samplesOf("w3"), 2);
+  } finally {
+    await other.close();
+  }
+});
