@@ -104,49 +104,58 @@ describe("FlowQueue locality", () => {
     assert.equal(ids(await admit([100, 50])), "w1,w2", "nothing worth keeping: every worker with headroom");
   });
 
-  it("pick cheapest: of the window, the request with the fewest uncached tokens goes first", async () => {
-    const { q, workers, admit } = setup({ waitMs: 10_000, pick: "cheapest" });
+  /**
+   * Both workers busy; `first` then `second` queue (cached tokens on w1, w2, band); w2 frees,
+   * then w1. Each released request holds its worker (the router's claim, in the server).
+   * Returns the release order.
+   */
+  async function race(
+    locality: Partial<LocalityConfig>,
+    bands: number,
+    first: [string, [number, number], number],
+    second: [string, [number, number], number],
+  ): Promise<string[][]> {
+    const { q, workers, admit } = setup(locality, bands);
     workers[0].inFlight = 1;
     workers[1].inFlight = 1;
     const order: string[] = [];
-    // Each holds its worker once released (the router's claim, in the server).
     const hold = (name: string) => (a: Admission) => {
       order.push(name);
       for (const w of workers) if (a.fits.has(w.record.id)) w.inFlight = 1;
     };
-    const cold = admit([0, 0]).then(hold("cold"));
-    const warm = admit([0, 2900]).then(hold("warm"));
+    const all = [first, second].map(([name, cached, band]) => admit(cached, 3000, band).then(hold(name)));
     await tick();
     workers[1].inFlight = 0;
     q.wake();
     await tick(20);
-    assert.deepEqual(order, ["warm"]);
+    const afterOne = [...order];
     workers[0].inFlight = 0;
+    workers[1].inFlight = 0;
     q.wake();
-    await Promise.all([cold, warm]);
-    assert.deepEqual(order, ["warm", "cold"]);
+    await Promise.all(all);
+    return [afterOne, order];
+  }
+
+  it("pick cheapest: of the window, the request with the fewest uncached tokens goes first", async () => {
+    const [one, all] = await race(
+      { waitMs: 10_000, pick: "cheapest" },
+      1,
+      ["cold", [0, 0], 0],
+      ["warm", [0, 2900], 0],
+    );
+    assert.deepEqual(one, ["warm"]);
+    assert.deepEqual(all, ["warm", "cold"]);
   });
 
   it("pick cheapest never lets a lower band's cheap request go before a higher band's", async () => {
-    const { q, workers, admit } = setup({ waitMs: 10_000, pick: "cheapest" }, 2);
-    workers[0].inFlight = 1;
-    workers[1].inFlight = 1;
-    const order: string[] = [];
-    const hold = (name: string) => (a: Admission) => {
-      order.push(name);
-      for (const w of workers) if (a.fits.has(w.record.id)) w.inFlight = 1;
-    };
-    const low = admit([0, 2900], 3000, 1).then(hold("low-warm"));
-    const high = admit([0, 0], 3000, 0).then(hold("high-cold"));
-    await tick();
-    workers[1].inFlight = 0;
-    q.wake();
-    await tick(20);
-    assert.deepEqual(order, ["high-cold"]);
-    workers[1].inFlight = 0;
-    q.wake();
-    await Promise.all([low, high]);
-    assert.deepEqual(order, ["high-cold", "low-warm"]);
+    const [one, all] = await race(
+      { waitMs: 10_000, pick: "cheapest" },
+      2,
+      ["low-warm", [0, 2900], 1],
+      ["high-cold", [0, 0], 0],
+    );
+    assert.deepEqual(one, ["high-cold"]);
+    assert.deepEqual(all, ["high-cold", "low-warm"]);
   });
 
   it("off (waitMs 0): released at once wherever there is headroom", async () => {
