@@ -335,6 +335,9 @@ export class FlowQueue {
     const cfg = this.o.locality;
     if (!cfg || cfg.waitMs <= 0 || !cachedTokens) return { fits, local: true, cached: null };
     const cands = this.o.candidates(model);
+    // Every candidate has headroom: nothing to wait for, and the scheduler chooses as without
+    // flow control (its hot-prefix spreading included); no index lookup on the unsaturated path.
+    if (fits.size >= cands.length) return { fits, local: true, cached: null };
     return localityVerdict(cfg, fits, cands, e ? cachedOf(e, cands) : cachedTokens(cands), expired);
   }
 

@@ -21,8 +21,8 @@ const mk = (id: string): WorkerState => ({
   available: true,
 });
 
-function setup(locality: Partial<LocalityConfig>, bandCount = 1) {
-  const workers = [mk("w1"), mk("w2")];
+function setup(locality: Partial<LocalityConfig>, bandCount = 1, workerCount = 2) {
+  const workers = Array.from({ length: workerCount }, (_, i) => mk(`w${i + 1}`));
   const signal = load.build({ model: "m", shared: (_k, make) => make() }, { maxInFlight: 1 });
   const outcomes: string[] = [];
   const q = new FlowQueue({
@@ -38,8 +38,8 @@ function setup(locality: Partial<LocalityConfig>, bandCount = 1) {
     observer: { onLocality: (o) => outcomes.push(o) },
   });
   let n = 0;
-  /** Admits a request whose prompt (`prompt` tokens) is cached as `cached` on w1, w2. */
-  const admit = (cached: [number, number], prompt = 3000, band = 0): Promise<Admission> => {
+  /** Admits a request whose prompt (`prompt` tokens) is cached as `cached` on w1, w2, …. */
+  const admit = (cached: readonly number[], prompt = 3000, band = 0): Promise<Admission> => {
     const req: HeadroomRequest = {
       requestId: `r${n++}`,
       model: "m",
@@ -49,7 +49,7 @@ function setup(locality: Partial<LocalityConfig>, bandCount = 1) {
       bandName: `b${band}`,
     };
     return q.admit(req, "f", 1, new RequestAbort(), (cands) =>
-      cands.map((c) => cached[c.record.id === "w1" ? 0 : 1]),
+      cands.map((c) => cached[Number(c.record.id.slice(1)) - 1] ?? 0),
     );
   };
   return { q, workers, admit, outcomes };
@@ -99,9 +99,20 @@ describe("FlowQueue locality", () => {
   });
 
   it("releases only to the workers with headroom holding the most of the prompt", async () => {
-    const { admit } = setup({ waitMs: 10_000 });
-    assert.equal(ids(await admit([0, 2000])), "w2");
-    assert.equal(ids(await admit([100, 50])), "w1,w2", "nothing worth keeping: every worker with headroom");
+    const { workers, admit } = setup({ waitMs: 10_000 }, 1, 3);
+    workers[0].inFlight = 1;
+    assert.equal(ids(await admit([0, 0, 2000])), "w3");
+    assert.equal(
+      ids(await admit([0, 100, 50])),
+      "w2,w3",
+      "nothing worth keeping: every worker with headroom",
+    );
+  });
+
+  it("does nothing while every worker has headroom: the scheduler chooses (hot-prefix spreading included)", async () => {
+    const { admit, outcomes } = setup({ waitMs: 10_000 });
+    assert.equal(ids(await admit([0, 2000])), "w1,w2");
+    assert.deepEqual(outcomes, ["local"]);
   });
 
   /**
