@@ -18,7 +18,7 @@ import { parseMetric, type SimProcess, simWorkerRecord, startSim } from "../help
 import { waitUntil } from "../helpers/wait.ts";
 
 const BS = 16;
-const WAIT_MS = 1500;
+const WAIT_MS = 2500;
 const logger = createLogger("test");
 logger.level = "silent";
 
