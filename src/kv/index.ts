@@ -116,7 +116,10 @@ export class KvIndex implements PrefixIndex {
   private version = 0;
   private lastVersion = -1;
   private lastIds: readonly string[] = [];
+  private lastWs: readonly (WorkerBlocks | undefined)[] = [];
   private lastPlan: WalkPlan = plan([]);
+  /** The list `lastPlan` was made from. */
+  private planOf: readonly (WorkerBlocks | undefined)[] = [];
   private readonly lanes = new Uint32Array(2);
   private readonly defaultMax: number;
   private readonly margin: number;
@@ -576,22 +579,73 @@ export class KvIndex implements PrefixIndex {
   }
 
   /**
-   * The candidates behind `ids`, flattened for the walk. Consecutive matches for one model pass
-   * the same candidates, so the last plan is kept and reused while the ids are the same
-   * (compared, not trusted by identity) and `version` has not moved: 1,000 `Map.get`s and the
-   * flattening are a good part of a fleet-wide match.
+   * Per worker of `workerIds`, in one pass: its block size (0: not tracked), the blocks it holds,
+   * all ranks together (−1 where `hasWorker` is false: not tracked, or not in sync), and its sync
+   * as a code (0 not tracked, 1 syncing, 2 synced, 3 unknown). The list of the last `overlaps`
+   * is resolved already, so a decision over N workers pays no lookup per worker here (three
+   * `Map` reads per worker for `blockSizeOf`, `hasWorker` and `blockCount` took ≈ 25 µs at 256).
    */
+  candidateRows(
+    workerIds: readonly string[],
+    blockSize: Int32Array,
+    held: Int32Array,
+    sync: Uint8Array,
+  ): void {
+    const ws = this.workersFor(workerIds);
+    const checkSync = this.unsynced.size > 0;
+    for (let i = 0; i < ws.length; i++) {
+      const w = ws[i];
+      if (!w) {
+        blockSize[i] = 0;
+        held[i] = -1;
+        sync[i] = 0;
+        continue;
+      }
+      blockSize[i] = w.blockSize;
+      if (checkSync && this.unsynced.has(workerIds[i])) {
+        held[i] = -1;
+        const s = this.syncOf(workerIds[i]);
+        sync[i] = s === "syncing" ? 1 : s === "unknown" ? 3 : 2;
+        continue;
+      }
+      let n = 0;
+      for (const r of w.rankList) n += r.engine.size;
+      held[i] = n;
+      sync[i] = 2;
+    }
+  }
+
+  /** The candidates behind `ids`, flattened for the walk (see `workersFor`). */
   private resolve(ids: readonly string[]): WalkPlan {
+    const ws = this.workersFor(ids);
+    if (ws !== this.lastWs) return plan(ws);
+    if (this.planOf !== ws) {
+      this.lastPlan = plan(ws);
+      this.planOf = ws;
+    }
+    return this.lastPlan;
+  }
+
+  /**
+   * The entries behind `ids` (undefined: not tracked). Consecutive decisions for one model pass
+   * the same candidates, so the last list (and its walk plan) is kept and reused while the ids
+   * are the same (compared, not trusted by identity) and `version` has not moved: 1,000
+   * `Map.get`s and the flattening are a good part of a fleet-wide match.
+   */
+  private workersFor(ids: readonly string[]): readonly (WorkerBlocks | undefined)[] {
     const last = this.lastIds;
     let same = last.length === ids.length && this.lastVersion === this.version;
     for (let i = 0; same && i < ids.length; i++) same = last[i] === ids[i];
-    if (same) return this.lastPlan;
+    if (same) return this.lastWs;
     const ws = new Array<WorkerBlocks | undefined>(ids.length);
     for (let i = 0; i < ids.length; i++) ws[i] = this.workers.get(ids[i]);
+    // A probe of one or two workers (the pending bridge's confirmations, between two decisions)
+    // is cheap to resolve and must not evict the fleet's list that the next decision reuses.
+    if (ids.length <= 2 && last.length > 2) return ws;
     this.lastIds = ids.slice();
-    this.lastPlan = plan(ws);
+    this.lastWs = ws;
     this.lastVersion = this.version;
-    return this.lastPlan;
+    return ws;
   }
 
   /** Memory held by the tables, in bytes (typed arrays only). */

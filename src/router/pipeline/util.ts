@@ -76,3 +76,36 @@ export function leastLoadedWorker(ws: readonly WorkerState[]): WorkerState | nul
   }
   return best;
 }
+
+/** A candidate list's worker ids and each id's position (see `candidateView`). */
+export interface CandidateView {
+  readonly ids: readonly string[];
+  readonly pos: ReadonlyMap<string, number>;
+}
+
+const views = new WeakMap<readonly WorkerState[], CandidateView>();
+
+/**
+ * The ids of `all` and a position per id, built once per candidate list: the WorkerSet hands
+ * out the same arrays until its membership changes, so a decision over 256 workers reads them
+ * instead of building a 256-id array (and a lookup map) per request. Checked against the list
+ * each time (its length and every id, compared by reference in the common case), so a list
+ * changed in place is seen and rebuilt.
+ */
+export function candidateView(all: readonly WorkerState[]): CandidateView {
+  const v = views.get(all);
+  if (v && v.ids.length === all.length) {
+    let same = true;
+    for (let i = 0; same && i < all.length; i++) same = all[i].record.id === v.ids[i];
+    if (same) return v;
+  }
+  const ids = new Array<string>(all.length);
+  const pos = new Map<string, number>();
+  for (let i = 0; i < all.length; i++) {
+    ids[i] = all[i].record.id;
+    if (!pos.has(ids[i])) pos.set(ids[i], i);
+  }
+  const nv: CandidateView = { ids, pos };
+  views.set(all, nv);
+  return nv;
+}
