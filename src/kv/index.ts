@@ -117,6 +117,8 @@ export class KvIndex implements PrefixIndex {
   private lastVersion = -1;
   private lastIds: readonly string[] = [];
   private lastWs: readonly (WorkerBlocks | undefined)[] = [];
+  /** The caller's frozen array `lastIds` was copied from (identity is then proof enough). */
+  private lastInput: readonly string[] | null = null;
   private lastPlan: WalkPlan = plan([]);
   /** The list `lastPlan` was made from. */
   private planOf: readonly (WorkerBlocks | undefined)[] = [];
@@ -608,8 +610,9 @@ export class KvIndex implements PrefixIndex {
         sync[i] = s === "syncing" ? 1 : s === "unknown" ? 3 : 2;
         continue;
       }
+      const rl = w.rankList;
       let n = 0;
-      for (const r of w.rankList) n += r.engine.size;
+      for (let k = 0; k < rl.length; k++) n += rl[k].engine.size;
       held[i] = n;
       sync[i] = 2;
     }
@@ -633,16 +636,22 @@ export class KvIndex implements PrefixIndex {
    * `Map.get`s and the flattening are a good part of a fleet-wide match.
    */
   private workersFor(ids: readonly string[]): readonly (WorkerBlocks | undefined)[] {
+    // The same frozen list as last time (the scheduler's per-fleet ids) cannot have changed.
+    if (ids === this.lastInput && this.lastVersion === this.version) return this.lastWs;
     const last = this.lastIds;
     let same = last.length === ids.length && this.lastVersion === this.version;
     for (let i = 0; same && i < ids.length; i++) same = last[i] === ids[i];
-    if (same) return this.lastWs;
+    if (same) {
+      this.lastInput = Object.isFrozen(ids) ? ids : null;
+      return this.lastWs;
+    }
     const ws = new Array<WorkerBlocks | undefined>(ids.length);
     for (let i = 0; i < ids.length; i++) ws[i] = this.workers.get(ids[i]);
     // A probe of one or two workers (the pending bridge's confirmations, between two decisions)
     // is cheap to resolve and must not evict the fleet's list that the next decision reuses.
     if (ids.length <= 2 && last.length > 2) return ws;
     this.lastIds = ids.slice();
+    this.lastInput = Object.isFrozen(ids) ? ids : null;
     this.lastWs = ws;
     this.lastVersion = this.version;
     return ws;

@@ -277,14 +277,17 @@ export class WorkerSet {
       // AutoRouter re-decide; it is rare, so no finer tracking is worth it.
       if (membership) this.generations.set(name, ++gen);
       const available = all.filter((w) => w.available);
+      // Frozen: routing caches what it derives from a candidate list by the list's identity
+      // (src/router/pipeline/util.ts candidateView), which a frozen list makes safe.
+      const frozen = (ws: LiveWorker[]) => Object.freeze(ws);
       groups.set(name, {
         name,
-        all,
-        available,
+        all: frozen(all),
+        available: frozen(available),
         availableByRole: {
-          mixed: available.filter((w) => w.record.role === "mixed"),
-          prefill: available.filter((w) => w.record.role === "prefill"),
-          decode: available.filter((w) => w.record.role === "decode"),
+          mixed: frozen(available.filter((w) => w.record.role === "mixed")),
+          prefill: frozen(available.filter((w) => w.record.role === "prefill")),
+          decode: frozen(available.filter((w) => w.record.role === "decode")),
         },
         generation: gen,
       });

@@ -103,6 +103,7 @@ class Ctx implements StepContext {
   private bs: Int32Array | null = null;
   private ld: Float64Array | null = null;
   private hd: Float64Array | null = null;
+  private pb: Int32Array | null = null;
   private rows: IndexRows | null | undefined = undefined;
   /** `held` reads the index's count where it tracks the worker (see OverlapSource.heldFromIndex). */
   private readonly heldFromIndex: boolean;
@@ -185,19 +186,32 @@ class Ctx implements StepContext {
   }
 
   promptBlocks(pos: number): number {
-    return Math.floor(this.req.promptTokens().length / this.blockSize(pos));
+    // Read by several plugins for every candidate: one row per decision.
+    if (!this.pb) {
+      const len = this.req.promptTokens().length;
+      const n = this.all.length;
+      const pb = new Int32Array(n);
+      this.blockSize(0);
+      const bs = this.bs!;
+      for (let i = 0; i < n; i++) pb[i] = Math.floor(len / bs[i]);
+      this.pb = pb;
+    }
+    return this.pb[pos];
   }
 
   held(pos: number): number {
-    // Read by cache-pressure for every candidate and by argmin's ties: once per position.
-    this.hd ??= new Float64Array(this.all.length).fill(-1);
+    // Read by cache-pressure for every candidate and by argmin's ties: once per position, and
+    // the index's counts for all candidates at once where it tracks them in sync.
+    if (!this.hd) {
+      const hd = new Float64Array(this.all.length).fill(-1);
+      const rows = this.heldFromIndex ? this.indexRows() : null;
+      if (rows) for (let i = 0; i < hd.length; i++) if (rows.held[i] >= 0) hd[i] = rows.held[i];
+      this.hd = hd;
+    }
     let h = this.hd[pos];
     if (h < 0) {
       const id = this.all[pos].record.id;
-      // The index's count wherever it tracks the worker in sync (read for every candidate at once).
-      const rows = this.heldFromIndex ? this.indexRows() : null;
-      if (rows && rows.held[pos] >= 0) h = rows.held[pos];
-      else if (this.heldOf) h = this.heldOf(id);
+      if (this.heldOf) h = this.heldOf(id);
       else {
         const idx = this.scope.kvIndex;
         h = idx?.hasWorker(id) ? idx.blockCount(id) : 0;

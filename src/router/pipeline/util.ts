@@ -87,13 +87,15 @@ const views = new WeakMap<readonly WorkerState[], CandidateView>();
 
 /**
  * The ids of `all` and a position per id, built once per candidate list: the WorkerSet hands
- * out the same arrays until its membership changes, so a decision over 256 workers reads them
- * instead of building a 256-id array (and a lookup map) per request. Checked against the list
- * each time (its length and every id, compared by reference in the common case), so a list
- * changed in place is seen and rebuilt.
+ * out the same (frozen) arrays until its membership changes, so a decision over 256 workers
+ * reads them instead of building a 256-id array (and a lookup map) per request. A frozen list
+ * cannot change, so its view is taken as it is; any other is checked against the list each time
+ * (its length and every id), so a list changed in place is seen and rebuilt. The ids are frozen
+ * too: the KV index may then know them by identity (KvIndex.workersFor).
  */
 export function candidateView(all: readonly WorkerState[]): CandidateView {
   const v = views.get(all);
+  if (v && Object.isFrozen(all)) return v;
   if (v && v.ids.length === all.length) {
     let same = true;
     for (let i = 0; same && i < all.length; i++) same = all[i].record.id === v.ids[i];
@@ -105,7 +107,7 @@ export function candidateView(all: readonly WorkerState[]): CandidateView {
     ids[i] = all[i].record.id;
     if (!pos.has(ids[i])) pos.set(ids[i], i);
   }
-  const nv: CandidateView = { ids, pos };
+  const nv: CandidateView = { ids: Object.freeze(ids), pos };
   views.set(all, nv);
   return nv;
 }

@@ -70,6 +70,12 @@ export default defineScorer("prefill-backlog", {
         // Trim every candidate's ledger, scored or filtered out (the ledger follows pending).
         const all = ctx.all;
         const ls = rowOf(all);
+        if (at.length === all.length) {
+          // Nothing filtered (the usual case): `at` is 0..n−1, one pass.
+          for (let i = 0; i < all.length; i++)
+            out[i] = (weight * trim(ls[i], all[i].pendingPrefillTokens)) / ctx.blockSize(i);
+          return;
+        }
         const backlog = new Float64Array(all.length);
         for (let i = 0; i < all.length; i++) backlog[i] = trim(ls[i], all[i].pendingPrefillTokens);
         for (let k = 0; k < at.length; k++) out[k] = (weight * backlog[at[k]]) / ctx.blockSize(at[k]);
