@@ -51,6 +51,12 @@ interface WorkerBlocks {
   rankList: RankBlocks[];
   /** Blocks one rank may hold in the index. */
   cap: number;
+  /**
+   * Blocks held, all ranks together, kept up to date as events apply (`candidateRows` reads it:
+   * one field per candidate, not a walk over its ranks' maps, whose objects a decision over
+   * hundreds of workers would otherwise fetch from memory one by one).
+   */
+  held: number;
 }
 
 export interface KvIndexCounters {
@@ -77,6 +83,13 @@ export interface KvIndexOptions {
 }
 
 export const DEFAULT_MAX_BLOCKS = 524_288;
+
+/** A worker's blocks, all ranks together, counted from its ranks' maps. */
+function heldOf(w: WorkerBlocks): number {
+  let n = 0;
+  for (const r of w.rankList) n += r.engine.size;
+  return n;
+}
 
 export { saltFromExtraKeys };
 
@@ -160,6 +173,7 @@ export class KvIndex implements PrefixIndex {
       rankIds: [],
       rankList: [],
       cap: this.capFor(kvBlocks),
+      held: 0,
     };
     this.workers.set(id, w);
     this.version++;
@@ -264,6 +278,7 @@ export class KvIndex implements PrefixIndex {
     }
     w.rankIds = [...w.ranks.keys()];
     w.rankList = [...w.ranks.values()];
+    w.held = heldOf(w);
     this.version++;
     this.removed(id);
   }
@@ -300,7 +315,9 @@ export class KvIndex implements PrefixIndex {
       w = this.workers.get(workerId)!;
     }
     const r = this.rankOf(w, rank);
+    const before = r.engine.size;
     for (let i = 0; i < events.length; i++) this.applyTo(workerId, w, r, events[i], rank);
+    w.held += r.engine.size - before;
   }
 
   apply(workerId: string, ev: KvEvent, defaultBlockSize = 16, rank = 0): void {
@@ -376,6 +393,13 @@ export class KvIndex implements PrefixIndex {
     if (!this.workers.has(workerId)) this.addWorker(workerId, blockSize);
     const w = this.workers.get(workerId)!;
     const r = this.rankOf(w, rank);
+    const before = r.engine.size;
+    const ok = this.adoptInto(w, r, eh, lo, hi);
+    w.held += r.engine.size - before;
+    return ok;
+  }
+
+  private adoptInto(w: WorkerBlocks, r: RankBlocks, eh: EngineBlockHash, lo: number, hi: number): boolean {
     const slot = r.engine.find(eh);
     if (slot >= 0) {
       const old = r.engine.valueAt(slot);
@@ -610,10 +634,7 @@ export class KvIndex implements PrefixIndex {
         sync[i] = s === "syncing" ? 1 : s === "unknown" ? 3 : 2;
         continue;
       }
-      const rl = w.rankList;
-      let n = 0;
-      for (let k = 0; k < rl.length; k++) n += rl[k].engine.size;
-      held[i] = n;
+      held[i] = w.held;
       sync[i] = 2;
     }
   }

@@ -134,9 +134,15 @@ test("candidateRows: block size, held blocks and sync per candidate in one pass,
   idx.overlaps(prompt, ["b"]);
   assert.deepEqual(rows(), { bs: [4, 8, 0, 4], held: [2, 1, -1, 1], sync: [2, 2, 0, 2] });
   assert.deepEqual(rows(), expected());
+  // The counts follow every way blocks leave: a cleared rank, AllBlocksCleared, an adopted block.
+  idx.clearWorker("a", 1);
+  idx.apply("b", { type: "AllBlocksCleared", medium: null } as KvEvent);
+  idx.adopt("s", 0, BS, 302, 7, 9);
+  assert.deepEqual(rows(), { bs: [4, 8, 0, 4], held: [1, 0, -1, 2], sync: [2, 2, 0, 2] });
+  assert.deepEqual(rows(), expected());
   // A worker that comes or goes is seen at once.
   idx.removeWorker("a");
   idx.addWorker("gone", 16);
-  assert.deepEqual(rows(), { bs: [0, 8, 16, 4], held: [-1, 1, 0, 1], sync: [0, 2, 2, 2] });
+  assert.deepEqual(rows(), { bs: [0, 8, 16, 4], held: [-1, 0, 0, 2], sync: [0, 2, 2, 2] });
   assert.deepEqual(rows(), expected());
 });
