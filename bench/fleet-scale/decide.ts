@@ -22,6 +22,7 @@
  */
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
+import { Mulberry32 } from "../../src/util/mulberry32.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 
 const argv = process.argv.slice(2);
@@ -68,15 +69,8 @@ const { getDefaultTokenizer } = await from<{
 }>("src/tokenizer/tokenizer.ts");
 const { createLogger } = await from<{ createLogger(n: string): { level: string } }>("src/util/log.ts");
 
-let seed = 1;
-function rand(): number {
-  // mulberry32, as load.ts
-  seed = (seed + 0x6d2b79f5) >>> 0;
-  let t = seed;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const prng = new Mulberry32(1);
+const rand = () => prng.next();
 const WORDS =
   "time year people way day man thing woman life child world school state family student group country problem hand part place case week company system program question work government number night point home water room mother area money story fact month lot right study book".split(
     " ",
