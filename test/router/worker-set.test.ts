@@ -48,3 +48,28 @@ describe("WorkerSet circuit breaker", () => {
     await ws.close();
   });
 });
+
+describe("WorkerSet groups", () => {
+  const rec = (id: string, role: "mixed" | "prefill" = "mixed") =>
+    completeRecord({ id, url: `http://127.0.0.1:1/${id}`, model: "m", servedModelNames: ["m"], role });
+
+  it("hands out frozen candidate lists, the same arrays until membership changes", async () => {
+    const memory = new MemoryDiscovery([rec("a"), rec("b"), rec("p", "prefill")]);
+    const ws = new WorkerSet(memory, { logger });
+    ws.attach();
+    const g = ws.group("m")!;
+    // Routing keeps what it derives from a list by the list's identity (pipeline/util.ts).
+    for (const list of [g.all, g.available, g.availableByRole.mixed, g.availableByRole.prefill])
+      assert.ok(Object.isFrozen(list));
+    assert.equal(ws.group("m")!.availableByRole.mixed, g.availableByRole.mixed);
+    ws.reportFailure(ws.get("a")!, "connect");
+    const h = ws.group("m")!;
+    assert.notEqual(h.available, g.available);
+    assert.deepEqual(
+      h.available.map((w) => w.id),
+      ["b", "p"],
+    );
+    assert.ok(Object.isFrozen(h.available));
+    await ws.close();
+  });
+});

@@ -83,6 +83,25 @@ export interface CandidateView {
   readonly pos: ReadonlyMap<string, number>;
 }
 
+/** `pos` is built on first use: a list made for one request (a retry, flow control's subset) may never need it. */
+class View implements CandidateView {
+  readonly ids: readonly string[];
+  private p: Map<string, number> | null = null;
+
+  constructor(ids: readonly string[]) {
+    this.ids = ids;
+  }
+
+  get pos(): ReadonlyMap<string, number> {
+    if (!this.p) {
+      const p = new Map<string, number>();
+      for (let i = 0; i < this.ids.length; i++) if (!p.has(this.ids[i])) p.set(this.ids[i], i);
+      this.p = p;
+    }
+    return this.p;
+  }
+}
+
 const views = new WeakMap<readonly WorkerState[], CandidateView>();
 
 /**
@@ -102,12 +121,8 @@ export function candidateView(all: readonly WorkerState[]): CandidateView {
     if (same) return v;
   }
   const ids = new Array<string>(all.length);
-  const pos = new Map<string, number>();
-  for (let i = 0; i < all.length; i++) {
-    ids[i] = all[i].record.id;
-    if (!pos.has(ids[i])) pos.set(ids[i], i);
-  }
-  const nv: CandidateView = { ids: Object.freeze(ids), pos };
+  for (let i = 0; i < all.length; i++) ids[i] = all[i].record.id;
+  const nv = new View(Object.freeze(ids));
   views.set(all, nv);
   return nv;
 }
