@@ -187,8 +187,12 @@ const workers = Array.from({ length: N }, (_, i) => ({
   available: true,
   routed: 0,
 }));
-// The server's WorkerSet hands out frozen candidate lists (src/router/worker-set.ts).
-Object.freeze(workers);
+// The server's WorkerSet marks its candidate lists stable (src/util/stable-lists.ts, where the
+// checkout has it).
+const stableLists = await from<{ markStable(l: readonly unknown[]): unknown }>(
+  "src/util/stable-lists.ts",
+).catch(() => null);
+stableLists?.markStable(workers);
 for (const w of workers) index.addWorker(w.record.id, BS, 0, BLOCKS);
 const engines = new Map(workers.map((w) => [w.record.id, new Engine(w.record.id, index)]));
 const decisions = new DecisionLog();

@@ -24,6 +24,8 @@
  * (engine-hash map, cap, sync, holder ids) and must change together; the storage structures
  * it builds on are already split out (block-table, engine-block-map, holder-sets, walk).
  */
+
+import { isStable } from "../util/stable-lists.ts";
 import { BlockTable } from "./block-table.ts";
 import { EngineBlockMap, MAX_VALUE as MAX_ENTRY } from "./engine-block-map.ts";
 import { FULL_KINDS, isGpu, saltFromExtraKeys } from "./event-keys.ts";
@@ -130,7 +132,7 @@ export class KvIndex implements PrefixIndex {
   private lastVersion = -1;
   private lastIds: readonly string[] = [];
   private lastWs: readonly (WorkerBlocks | undefined)[] = [];
-  /** The caller's frozen array `lastIds` was copied from (identity is then proof enough). */
+  /** The caller's stable array `lastIds` was copied from (identity is then proof enough). */
   private lastInput: readonly string[] | null = null;
   private lastPlan: WalkPlan = plan([]);
   /** The list `lastPlan` was made from. */
@@ -657,13 +659,13 @@ export class KvIndex implements PrefixIndex {
    * `Map.get`s and the flattening are a good part of a fleet-wide match.
    */
   private workersFor(ids: readonly string[]): readonly (WorkerBlocks | undefined)[] {
-    // The same frozen list as last time (the scheduler's per-fleet ids) cannot have changed.
+    // The same stable list as last time (the scheduler's per-fleet ids) cannot have changed.
     if (ids === this.lastInput && this.lastVersion === this.version) return this.lastWs;
     const last = this.lastIds;
     let same = last.length === ids.length && this.lastVersion === this.version;
     for (let i = 0; same && i < ids.length; i++) same = last[i] === ids[i];
     if (same) {
-      this.lastInput = Object.isFrozen(ids) ? ids : null;
+      this.lastInput = isStable(ids) ? ids : null;
       return this.lastWs;
     }
     const ws = new Array<WorkerBlocks | undefined>(ids.length);
@@ -672,7 +674,7 @@ export class KvIndex implements PrefixIndex {
     // is cheap to resolve and must not evict the fleet's list that the next decision reuses.
     if (ids.length <= 2 && last.length > 2) return ws;
     this.lastIds = ids.slice();
-    this.lastInput = Object.isFrozen(ids) ? ids : null;
+    this.lastInput = isStable(ids) ? ids : null;
     this.lastWs = ws;
     this.lastVersion = this.version;
     return ws;

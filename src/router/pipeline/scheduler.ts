@@ -53,17 +53,21 @@ export interface SchedulerOptions {
   decisions?: DecisionLog;
 }
 
-/** Cached [0, 1, …, n−1] rows (never written: filters return new arrays). */
+/**
+ * Cached [0, 1, …, n−1] rows (never written: filters return new arrays). Not frozen: V8 reads a
+ * frozen array's elements on a slower path (src/util/stable-lists.ts), and every plugin loops
+ * over these.
+ */
 const identities: (readonly number[])[] = [];
 /** Past 256 workers only the last size is kept: a fleet's size changes seldom, and one row per
  *  size seen would keep every size a growing fleet passed through. */
 let bigIdentity: readonly number[] = [];
 function identity(n: number): readonly number[] {
   if (n >= 256) {
-    if (bigIdentity.length !== n) bigIdentity = Object.freeze(Array.from({ length: n }, (_, i) => i));
+    if (bigIdentity.length !== n) bigIdentity = Array.from({ length: n }, (_, i) => i);
     return bigIdentity;
   }
-  identities[n] ??= Object.freeze(Array.from({ length: n }, (_, i) => i));
+  identities[n] ??= Array.from({ length: n }, (_, i) => i);
   return identities[n];
 }
 

@@ -2,6 +2,7 @@
  * Helpers shared by the pipeline's plugins (moved out of src/kv: they are routing rules, not
  * KV-index code).
  */
+import { isStable, markStable } from "../../util/stable-lists.ts";
 import type { WorkerState } from "../types.ts";
 
 /** A numeric option (flags arrive as numbers or numeric strings). */
@@ -106,15 +107,16 @@ const views = new WeakMap<readonly WorkerState[], CandidateView>();
 
 /**
  * The ids of `all` and a position per id, built once per candidate list: the WorkerSet hands
- * out the same (frozen) arrays until its membership changes, so a decision over 256 workers
- * reads them instead of building a 256-id array (and a lookup map) per request. A frozen list
- * cannot change, so its view is taken as it is; any other is checked against the list each time
- * (its length and every id), so a list changed in place is seen and rebuilt. The ids are frozen
- * too: the KV index may then know them by identity (KvIndex.workersFor).
+ * out the same arrays until its membership changes, so a decision over 256 workers reads them
+ * instead of building a 256-id array (and a lookup map) per request. A list marked stable
+ * (src/util/stable-lists.ts: the WorkerSet's) never changes, so its view is taken as it is; any
+ * other is checked against the list each time (its length and every id), so a list changed in
+ * place is seen and rebuilt. The ids are marked stable too: the KV index may then know them by
+ * identity (KvIndex.workersFor).
  */
 export function candidateView(all: readonly WorkerState[]): CandidateView {
   const v = views.get(all);
-  if (v && Object.isFrozen(all)) return v;
+  if (v && isStable(all)) return v;
   if (v && v.ids.length === all.length) {
     let same = true;
     for (let i = 0; same && i < all.length; i++) same = all[i].record.id === v.ids[i];
@@ -122,7 +124,7 @@ export function candidateView(all: readonly WorkerState[]): CandidateView {
   }
   const ids = new Array<string>(all.length);
   for (let i = 0; i < all.length; i++) ids[i] = all[i].record.id;
-  const nv = new View(Object.freeze(ids));
+  const nv = new View(markStable(ids));
   views.set(all, nv);
   return nv;
 }

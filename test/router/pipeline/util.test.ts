@@ -1,10 +1,11 @@
 /**
- * candidateView: a candidate list's ids and positions, kept per list (the WorkerSet's frozen
- * lists by identity) and rebuilt when a list that is not frozen changed in place.
+ * candidateView: a candidate list's ids and positions, kept per list (the WorkerSet's stable
+ * lists by identity) and rebuilt when a list not marked stable changed in place.
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { candidateView } from "../../../src/router/pipeline/util.ts";
+import { isStable, markStable } from "../../../src/util/stable-lists.ts";
 import { makeWorker } from "./recorder.ts";
 
 test("candidateView: ids and positions per list, kept while the list is the same", () => {
@@ -12,9 +13,9 @@ test("candidateView: ids and positions per list, kept while the list is the same
   const v = candidateView(list);
   assert.deepEqual(v.ids, ["a", "b", "c"]);
   assert.equal(v.pos.get("c"), 2);
-  assert.ok(Object.isFrozen(v.ids), "frozen ids: the KV index may know them by identity");
+  assert.ok(isStable(v.ids), "stable ids: the KV index may know them by identity");
   assert.equal(candidateView(list), v, "the same list: the same view");
-  // A list that is not frozen may change in place: seen, and rebuilt.
+  // A list not marked stable may change in place: seen, and rebuilt.
   list[1] = makeWorker({ id: "x" });
   const w = candidateView(list);
   assert.notEqual(w, v);
@@ -23,8 +24,9 @@ test("candidateView: ids and positions per list, kept while the list is the same
   assert.equal(w.pos.get("b"), undefined);
   list.push(makeWorker({ id: "d" }));
   assert.deepEqual(candidateView(list).ids, ["a", "x", "c", "d"]);
-  // A frozen list cannot change: its view is taken by identity.
-  const frozen = Object.freeze(["p", "q"].map((id) => makeWorker({ id })));
-  assert.equal(candidateView(frozen), candidateView(frozen));
-  assert.deepEqual(candidateView(frozen).ids, ["p", "q"]);
+  // A stable list never changes: its view is taken by identity, unchecked.
+  const stable = markStable(["p", "q"].map((id) => makeWorker({ id })));
+  const s = candidateView(stable);
+  assert.deepEqual(s.ids, ["p", "q"]);
+  assert.equal(candidateView(stable), s);
 });
