@@ -96,7 +96,7 @@ test("a gap during operation whose replay loses replies in transit is resumed: t
   const { index, ingest } = ingestFor(record("w1", pub, true), 300);
   await ingest.synced();
   const sub = ingest.subscriber("w1")!;
-  await new Promise((r) => setTimeout(r, 300)); // the SUB has joined
+  await pub.subscribed(); // the SUB has joined
   // 500 batches the subscriber misses, then one it sees: a gap of 500.
   for (let i = HISTORY; i < HISTORY + 500; i++)
     await pub.publish([storedEv([2 * i + 1, 2 * i + 2], null, promptOf(i), BS)], { drop: true });
@@ -127,7 +127,7 @@ test("a history older than the buffer: the rank is unknown (-1), not empty, unti
   assert.deepEqual([...index.overlaps(promptOf(HISTORY - 1), ["w1"])], [-1]);
   assert.equal(index.blockCount("w1"), 2 * 999);
   // An eviction of a block the index saw stored: the LRU has freed everything older first.
-  await new Promise((r) => setTimeout(r, 300));
+  await pub.subscribed();
   await pub.publish([removedEv([2 * (HISTORY - 999) + 1])]);
   await waitFor(() => sub.sync === "synced", 3000, "rebuilt");
   assert.deepEqual([...index.overlaps(promptOf(HISTORY - 1), ["w1"])], [2]);
@@ -139,7 +139,7 @@ test("without a replay socket an engine with history is unknown, not empty, and 
   await ingest.synced();
   const sub = ingest.subscriber("w1")!;
   assert.equal(sub.sync, "unknown");
-  await new Promise((r) => setTimeout(r, 300));
+  await pub.subscribed();
   const p = promptOf(HISTORY + 1);
   await pub.publish([storedEv([9001, 9002], null, p, BS)]);
   await waitFor(() => index.blockCount("w1") === 2, 3000, "live batch applied");
