@@ -32,7 +32,7 @@ export interface StartSimOptions {
   model?: string;
   /** Extra fields merged into the --kv-events-config JSON. */
   kvEvents?: Record<string, unknown>;
-  /** Health wait limit (default 20 s). */
+  /** Health wait limit (default 60 s: three sims starting at once on a loaded box took > 20 s). */
   timeoutMs?: number;
   /**
    * The sim's personality (default vllm). sglang: `--model-path`, `--port`, `--kv-events-config`;
@@ -118,7 +118,7 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
   const url = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + (opts.timeoutMs ?? 20000);
+  const deadline = Date.now() + (opts.timeoutMs ?? 60_000);
   await startedOrStopped(child, async () => {
     for (;;) {
       if (child.exitCode !== null) throw new Error(`infera-sim exited with ${child.exitCode}: ${out}`);

@@ -92,6 +92,9 @@ before(async () => {
       policy: "kv-aware",
       policyOptions: { bridgeGraceMs: 60_000 },
       scrapeIntervalMs: 0,
+      // The whole prompt is scored (its bridge credit counted) even on a loaded box: at the
+      // default 100 ms of tokenizing, a run at load average 25 scored 16 of its 82 blocks.
+      promptBudgetMs: 5000,
     },
     { discovery: memory, logger },
   );

@@ -45,6 +45,9 @@ const YAML = `
 policy: round-robin
 scrapeIntervalMs: 0
 apiKeys: [${KEY}]
+# The whole prompt is scored even on a loaded box (the test checks promptBlocks): the default
+# 100 ms of tokenizing can run out there, and routing then scores the prompt's head only.
+promptBudgetMs: 5000
 profiles:
   mixed:
     filters:
