@@ -212,13 +212,15 @@ export function parseMetric(
  * `probeTokens` prompt tokens (full blocks: stored, so published) and polls `seen` (e.g. the
  * index holds a block of the worker, or the server's event count rose) for `roundMs`. Then the
  * sim's prefix cache is reset (vLLM's `POST /reset_prefix_cache`, published as
- * AllBlocksCleared), so the next round stores the blocks again, and the test starts from an
- * empty cache on the sim and in the index. vLLM personality only (the route is vLLM's).
+ * AllBlocksCleared), so the test starts from an empty cache on the sim and in the index; with
+ * `reset: false` the probe's blocks stay (each round's prompt differs anyway, and a lost round
+ * is recovered by the server's gap replay once a later one arrives), and nothing follows the
+ * probe's batch. vLLM personality only (the route is vLLM's).
  */
 export async function kvEventsReceived(
-  sim: SimProcess,
+  sim: Pick<SimProcess, "url" | "model">,
   seen: () => boolean | Promise<boolean>,
-  o: { timeoutMs?: number; roundMs?: number; what?: string; probeWords?: number } = {},
+  o: { timeoutMs?: number; roundMs?: number; what?: string; probeWords?: number; reset?: boolean } = {},
 ): Promise<void> {
   const timeoutMs = o.timeoutMs ?? 30_000;
   const roundMs = o.roundMs ?? 500;
@@ -239,10 +241,12 @@ export async function kvEventsReceived(
       await new Promise((res) => setTimeout(res, 10));
       ok = await seen();
     }
-    const reset = await fetch(`${sim.url}/reset_prefix_cache`, { method: "POST" });
-    if (reset.status !== 200)
-      throw new Error(`kv probe: reset answered ${reset.status}: ${await reset.text()}`);
-    await reset.text();
+    if (o.reset !== false) {
+      const reset = await fetch(`${sim.url}/reset_prefix_cache`, { method: "POST" });
+      if (reset.status !== 200)
+        throw new Error(`kv probe: reset answered ${reset.status}: ${await reset.text()}`);
+      await reset.text();
+    }
     if (ok) return;
     if (Date.now() - t0 > timeoutMs)
       throw new Error(`timed out after ${timeoutMs} ms waiting for ${o.what ?? "KV events"} from ${sim.url}`);
