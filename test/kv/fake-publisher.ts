@@ -3,24 +3,21 @@
  * [topic, seq, msgpack batch] and a real ROUTER replay socket over its buffer. `drop` publishes
  * nothing but still consumes a sequence number, as when the subscriber misses a message.
  *
- * The PUB is an XPUB (the same wire for a SUB: libzmq's SUB accepts PUB or XPUB peers), so the
- * test can see each subscription arrive (`subscribed()`): a PUB drops what it sends before a
- * subscriber's subscription has reached it (ZMQ's slow joiner), and a fixed sleep for that is
- * too short on a loaded box.
+ * The PUB is an XPUB, so the test can wait for each subscription to arrive (`subscribed()`,
+ * ../helpers/xpub.ts) rather than sleep while the SUB "joins".
  */
 import { Packr } from "msgpackr";
-import { Router, XPublisher } from "zeromq";
+import { Router, type XPublisher } from "zeromq";
 import { encodeSeq } from "../../src/kv/events.ts";
 import { freePort } from "../helpers/ports.ts";
+import { type SubscriptionWatch, watchedPublisher } from "../helpers/xpub.ts";
 
 const packr = new Packr({ useRecords: false });
 
 export class FakePublisher {
   readonly topic;
-  // allSubs: every subscriber's subscription is passed up, not only a topic's first.
-  private readonly pub = new XPublisher({ linger: 0, verbosity: "allSubs" });
-  /** Subscribe messages received (one per SUB connection and topic; again on a reconnect). */
-  subscriptions = 0;
+  private readonly pub: XPublisher;
+  private readonly watch: SubscriptionWatch;
   private readonly router = new Router({ linger: 0 });
   private seq = 0;
   readonly buffer: { seq: number; payload: Buffer }[] = [];
@@ -42,6 +39,7 @@ export class FakePublisher {
 
   constructor(topic = "kv-events") {
     this.topic = topic;
+    ({ pub: this.pub, watch: this.watch } = watchedPublisher());
   }
 
   /** Binds fresh ports, or the given endpoints (an engine restarted on the same sockets). */
@@ -56,30 +54,11 @@ export class FakePublisher {
     await bindRetrying(this.pub, this.endpoint);
     await bindRetrying(this.router, this.replayEndpoint);
     this.serving = this.serveReplay();
-    void this.countSubscriptions();
   }
 
-  /**
-   * Resolves once `n` subscriptions in all have reached this PUB. libzmq applies a subscription
-   * to the XPUB's trie before it queues it for `recv` (zeromq/libzmq src/xpub.cpp
-   * `xread_activated` @ 0319cb2cd16aa40911855a1765312886bf081db2), so what is published after
-   * this reaches that SUB.
-   */
-  async subscribed(n = 1, ms = 10_000): Promise<void> {
-    await waitFor(() => this.subscriptions >= n, ms, `${n} subscription(s) at ${this.endpoint}`);
-  }
-
-  private async countSubscriptions(): Promise<void> {
-    while (!this.closed) {
-      let frames: Buffer[];
-      try {
-        frames = await this.pub.receive();
-      } catch {
-        return;
-      }
-      // [1, topic…] subscribes, [0, topic…] unsubscribes (libzmq's XPUB message).
-      if (frames[0]?.[0] === 1) this.subscriptions++;
-    }
+  /** Resolves once `n` subscriptions in all have reached this PUB (see ../helpers/xpub.ts). */
+  subscribed(n = 1, ms = 10_000): Promise<void> {
+    return this.watch.subscribed(n, ms);
   }
 
   /** Publishes one batch of events (array-encoded unless `mapEncoding`). */
