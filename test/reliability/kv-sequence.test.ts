@@ -183,6 +183,9 @@ test("an engine restart seen before any live batch (all came by replay) is detec
     await sleep(100);
   }
   await waitFor(() => sub.stats.restarts === 1, WAIT_MS, "restart detected");
+  // The restart is counted when the rebuild's replay starts; until it ends the rank is untracked
+  // (-1), and under load the check below used to run in between.
+  await waitFor(() => sub.sync === "synced", WAIT_MS, "rebuilt by replay");
   assert.deepEqual([...index.overlaps(toks(4, 1000), ["w"])], [0]);
   await waitFor(() => index.overlaps(toks(4, 8000), ["w"])[0] === 1, WAIT_MS, "new engine's first batch");
   let seen = 0;
