@@ -300,6 +300,14 @@ export class StepPolicy implements RoutingPolicy {
     this.picker.onWorkerRemoved?.(id);
   }
 
+  /** Per candidate: cached prompt tokens from the step's overlap source (null without one); records nothing. */
+  cachedTokens(req: RoutingRequest, candidates: readonly WorkerState[]): number[] | null {
+    if (!this.source) return null;
+    const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf);
+    const ov = ctx.overlaps();
+    return Array.from(candidates, (_, i) => ov[i] * ctx.blockSize(i));
+  }
+
   /** Per candidate: overlap blocks and total cost, without recording a decision (tests, logs). */
   explain(req: RoutingRequest, candidates: readonly WorkerState[]): { overlaps: number[]; costs: number[] } {
     const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf);
@@ -380,6 +388,11 @@ export class Scheduler implements RoutingPolicy {
     const sel = p.select(req, candidates);
     this.lastRouted = { requestId: req.requestId, step: p };
     return sel;
+  }
+
+  /** The mixed step's view of each candidate's cached prompt tokens (flow control's locality). */
+  cachedTokens(req: RoutingRequest, candidates: readonly WorkerState[]): number[] | null {
+    return this.steps.mixed.cachedTokens(req, candidates);
   }
 
   onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void {
