@@ -85,6 +85,8 @@ export interface AdmissionEnd {
  */
 export interface Admission extends RouteAdmission {
   readonly waitedMs: number;
+  /** The answer's first token came `ttftMs` after dispatch (signals learn from it at once). */
+  first(ttftMs: number): void;
   finish(end: AdmissionEnd): void;
 }
 
@@ -465,6 +467,11 @@ export class FlowQueue {
       routed: (w) => {
         worker = w;
         for (const s of signals) s.onDispatched?.(req, w);
+      },
+      first: (ttftMs) => {
+        if (done || !worker) return;
+        const o = { requestId: req.requestId, workerId: worker.record.id, ttftMs };
+        for (const s of signals) s.onFirstToken?.(o);
       },
       finish: (end) => {
         if (done) return;

@@ -180,3 +180,51 @@ test("with no prediction yet, a worker takes only coldInFlight requests blind; t
     await other.close();
   }
 });
+
+test("the signal learns at the first token, while the answer is still streaming", async () => {
+  // Under overload an answer's end came 20–30 s wall after its first token (bench/fleet-routing
+  // Run K); a fit learnt at the end lagged the queue it bounds by that much.
+  const other = await startServer(
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "round-robin",
+      flow: { enabled: true, headroom: [{ name: "predicted-ttft" }], maxWaitMs: 600 },
+    },
+    {
+      discovery: new MemoryDiscovery([
+        mixedRecord({ id: "w4", model: MODEL, url: sim.url, maxModelLen: 131072 }),
+      ]),
+      logger,
+    },
+  );
+  try {
+    const r = await fetch(`${other.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: MODEL,
+        messages: [{ role: "user", content: "a long answer" }],
+        max_tokens: 400,
+        ignore_eos: true,
+        stream: true,
+      }),
+    });
+    assert.equal(r.status, 200);
+    const reader = r.body!.getReader();
+    let ended = false;
+    const rest = (async () => {
+      for (;;) if ((await reader.read()).done) break;
+      ended = true;
+    })();
+    const t0 = Date.now();
+    while (other.ttft.samplesOf("w4") === 0 && Date.now() - t0 < 5000)
+      await new Promise((res) => setTimeout(res, 10));
+    assert.equal(other.ttft.samplesOf("w4"), 1, "learnt");
+    assert.equal(ended, false, "before the answer ended");
+    await reader.cancel();
+    await rest.catch(() => {});
+  } finally {
+    await other.close();
+  }
+});
