@@ -27,7 +27,7 @@ function fitted(ids: string[]): TtftPredictor {
   for (const id of ids)
     for (let k = 0; k < 40; k++) {
       const tokens = 500 + ((k * 377) % 6000);
-      p.observe("m", id, new Float64Array([1, tokens / 1000, 0, 0, 0]), 100 + tokens);
+      p.observe("m", id, new Float64Array([1, tokens / 1000, 0, 0]), 100 + tokens);
     }
   return p;
 }
@@ -63,7 +63,7 @@ test("a candidate holding most of the prompt fits a target its whole prompt woul
   // Dispatched to a, its first token teaches the fit with the uncached feature (1,000 tokens):
   // an observation of 1,100 ms leaves the line where it was (a whole-prompt feature would pull
   // the per-token cost down to ~0.25 ms).
-  const x4k = new Float64Array([1, 4, 0, 0, 0]);
+  const x4k = new Float64Array([1, 4, 0, 0]);
   const fit = predictor.predictFeatures("m", "a", x4k);
   signal.onDispatched?.(req, a);
   const before = predictor.samplesOf("a");

@@ -121,7 +121,7 @@ test("a target below the worker's predicted TTFT waits, then 429 with Retry-Afte
   }
   await new Promise((r) => setTimeout(r, 50));
   assert.equal(server.ttft.samplesOf("w"), 8, "the scorer and the signal learnt each request once");
-  const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0, 0]));
+  const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0]));
   assert.ok(predicted > 5, `learnt: ${predicted} ms for a 3k-token prompt`);
   const t0 = Date.now();
   const refused = await ask(1);
