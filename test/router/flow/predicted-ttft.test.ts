@@ -12,6 +12,7 @@ import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { mixedRecord } from "../../helpers/records.ts";
 import { type SimProcess, startSim } from "../../helpers/sim.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 
 const MODEL = "sim-model";
 const logger = createLogger("test");
@@ -95,7 +96,8 @@ test("without a pipeline plugin using it, the signal teaches the predictor from 
       assert.equal(r.status, 200);
       await r.text();
     }
-    await new Promise((r) => setTimeout(r, 50));
+    // Learnt as the server ends each relay, which may come after the client has read the end.
+    await waitUntil(() => other.ttft.samplesOf("w2") >= 3, 5000, "3 samples");
     assert.equal(other.ttft.samplesOf("w2"), 3, "each streamed request learnt once");
     // Its error is reported like the pipeline's: the 2nd and 3rd had a prediction (the 1st none).
     const m = await (await fetch(`${other.url}/metrics`)).text();
@@ -119,7 +121,7 @@ test("a target below the worker's predicted TTFT waits, then 429 with Retry-Afte
     assert.equal(r.status, 200);
     await r.text();
   }
-  await new Promise((r) => setTimeout(r, 50));
+  await waitUntil(() => server.ttft.samplesOf("w") >= 8, 5000, "8 samples");
   assert.equal(server.ttft.samplesOf("w"), 8, "the scorer and the signal learnt each request once");
   const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0]));
   assert.ok(predicted > 5, `learnt: ${predicted} ms for a 3k-token prompt`);
