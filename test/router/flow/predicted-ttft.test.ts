@@ -219,9 +219,7 @@ test("the signal learns at the first token, while the answer is still streaming"
       for (;;) if ((await reader.read()).done) break;
       ended = true;
     })();
-    const t0 = Date.now();
-    while (other.ttft.samplesOf("w4") === 0 && Date.now() - t0 < 5000)
-      await new Promise((res) => setTimeout(res, 10));
+    await waitUntil(() => other.ttft.samplesOf("w4") > 0, 5000, "a sample");
     assert.equal(other.ttft.samplesOf("w4"), 1, "learnt");
     assert.equal(ended, false, "before the answer ended");
     await reader.cancel();
