@@ -66,8 +66,9 @@ async function ask(target?: number): Promise<Response> {
   });
 }
 
-test("without a pipeline plugin using it, the signal teaches the predictor from the queue's observations", async () => {
-  const other = await startServer(
+/** A server whose only user of the predictor is the flow queue's signal, on worker `id` of the sim. */
+function flowOnly(id: string): Promise<InferaServer> {
+  return startServer(
     {
       host: "127.0.0.1",
       port: 0,
@@ -75,12 +76,14 @@ test("without a pipeline plugin using it, the signal teaches the predictor from 
       flow: { enabled: true, headroom: [{ name: "predicted-ttft" }], maxWaitMs: 600 },
     },
     {
-      discovery: new MemoryDiscovery([
-        mixedRecord({ id: "w2", model: MODEL, url: sim.url, maxModelLen: 131072 }),
-      ]),
+      discovery: new MemoryDiscovery([mixedRecord({ id, model: MODEL, url: sim.url, maxModelLen: 131072 })]),
       logger,
     },
   );
+}
+
+test("without a pipeline plugin using it, the signal teaches the predictor from the queue's observations", async () => {
+  const other = await flowOnly("w2");
   try {
     for (let i = 0; i < 3; i++) {
       const r = await fetch(`${other.url}/v1/chat/completions`, {
@@ -186,20 +189,7 @@ test("with no prediction yet, a worker takes only coldInFlight requests blind; t
 test("the signal learns at the first token, while the answer is still streaming", async () => {
   // Under overload an answer's end came 20–30 s wall after its first token (bench/fleet-routing
   // Run K); a fit learnt at the end lagged the queue it bounds by that much.
-  const other = await startServer(
-    {
-      host: "127.0.0.1",
-      port: 0,
-      policy: "round-robin",
-      flow: { enabled: true, headroom: [{ name: "predicted-ttft" }], maxWaitMs: 600 },
-    },
-    {
-      discovery: new MemoryDiscovery([
-        mixedRecord({ id: "w4", model: MODEL, url: sim.url, maxModelLen: 131072 }),
-      ]),
-      logger,
-    },
-  );
+  const other = await flowOnly("w4");
   try {
     const r = await fetch(`${other.url}/v1/chat/completions`, {
       method: "POST",
