@@ -5,7 +5,8 @@
  *
  *   node bench/flow/run.ts [--workers 2] [--speed 0.25] [--duration-s 20] [--prompt 512]
  *     [--output 64] [--cal-clients 32] [--phases bands,tenants]
- *     [--max-waiting N] [--max-in-flight N] [--engine-priority] [--out bench/flow/results.json]
+ *     [--max-waiting N] [--max-in-flight N] [--load-params JSON] [--engine-priority] [--repeat 1]
+ *     [--out bench/flow/results.json]
  *
  * 1. Capacity: closed loop, `--cal-clients` (32) clients per worker, `--duration-s`: completed
  *    requests per second (a floor of the fleet's capacity: more clients may get more through).
@@ -16,6 +17,7 @@
  * 3. Tenants: three light tenants at 0.2 × capacity each, alone, then with a heavy one at 1.0
  *    (4× a fair share of 0.25): the light ones' TTFT p90; then all four at 1.0 (backlogged):
  *    Jain's index of served output tokens.
+ *    `--repeat N` runs this phase N rounds, the servers taking turns, and prints the medians.
  * Latencies are wall time on this box (model time = wall × --speed); print `uptime` beside them.
  */
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -47,9 +49,15 @@ const PHASES = new Set(opt("phases", "bands,tenants").split(","));
 const MAX_WAITING = opt("max-waiting", "");
 /** The `load` signal's bound on this server's in-flight requests per worker (none when not given): a smaller running batch steps faster. */
 const MAX_IN_FLIGHT = opt("max-in-flight", "");
+/**
+ * More `load` params as JSON, e.g. per-band thresholds:
+ * '{"bands":{"low":{"maxInFlight":8,"maxWaiting":0}},"higherActiveMs":2000}'.
+ */
+const LOAD_PARAMS = JSON.parse(opt("load-params", "{}")) as Record<string, unknown>;
 const loadParams = {
   ...(MAX_WAITING ? { maxWaiting: Number(MAX_WAITING) } : {}),
   ...(MAX_IN_FLIGHT ? { maxInFlight: Number(MAX_IN_FLIGHT) } : {}),
+  ...LOAD_PARAMS,
 };
 /**
  * Engines under vLLM's `--scheduling-policy priority`, each request carrying vLLM's `priority`
@@ -58,6 +66,8 @@ const loadParams = {
  * band too, which the router's queue cannot do for what it has already admitted.
  */
 const ENGINE_PRIORITY = args.includes("--engine-priority");
+/** Rounds of the bands phase per server, the servers taking turns. */
+const REPEAT = Number(opt("repeat", "1"));
 const BODY_PRIORITY: Readonly<Record<string, number>> = { high: 0, normal: 1, low: 2 };
 
 interface Shot {
@@ -163,17 +173,33 @@ async function bandsPhase(url: string, engines: Engine[], load: () => string) {
   const lows = mixed.filter((s) => s.band === "low");
   const unloaded = p90(ttfts(alone, () => true));
   const loaded = p90(ttfts(mixed, (s) => s.band === "high"));
+  const unloadedAfter = p90(ttfts(after, () => true));
   return {
     highTtftP90UnloadedMs: unloaded,
     highTtftP90LoadedMs: loaded,
-    highTtftP90UnloadedAfterMs: p90(ttfts(after, () => true)),
+    highTtftP90UnloadedAfterMs: unloadedAfter,
     highLoadedOverUnloaded: loaded !== null && unloaded ? Number((loaded / unloaded).toFixed(2)) : null,
+    highLoadedOverUnloadedAfter:
+      loaded !== null && unloadedAfter ? Number((loaded / unloadedAfter).toFixed(2)) : null,
     highRejected: mixed.filter((s) => s.band === "high" && s.status !== 200).length,
     lowOffered: lows.length,
     lowCompleted: Number((lows.filter((s) => s.status === 200).length / Math.max(1, lows.length)).toFixed(3)),
     preemptions: pre1 - pre0,
     load: load(),
   };
+}
+
+/** Per numeric field of the bands phase, the median over rounds. */
+function medians(runs: readonly Record<string, unknown>[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const k of Object.keys(runs[0] ?? {})) {
+    const xs = runs.map((r) => Number(r[k])).filter((x) => Number.isFinite(x));
+    if (xs.length === 0) continue;
+    xs.sort((a, b) => a - b);
+    const m = xs.length >> 1;
+    out[k] = xs.length % 2 ? xs[m] : (xs[m - 1] + xs[m]) / 2;
+  }
+  return out;
 }
 
 /** Three light tenants alone, with a heavy one at 4× a fair share, then four backlogged. */
@@ -248,11 +274,20 @@ async function main(): Promise<void> {
   cap = await capacity(servers["kv-aware"]);
   console.log(`capacity ${cap.toFixed(2)} req/s (wall), load ${load()}`);
   const results: Record<string, unknown> = { workers: WORKERS, speed: SPEED, capacityRps: cap };
+  // Bands: the servers take turns, `--repeat` rounds, so a drift of the box's load hits both.
+  const bandRuns: Record<string, Awaited<ReturnType<typeof bandsPhase>>[]> = {};
+  for (let r = 0; PHASES.has("bands") && r < REPEAT; r++)
+    for (const [name, url] of Object.entries(servers)) {
+      const b = await bandsPhase(url, engines.engines, load);
+      bandRuns[name] = [...(bandRuns[name] ?? []), b];
+      console.log(name, `round ${r + 1}`, JSON.stringify(b));
+    }
   for (const [name, url] of Object.entries(servers)) {
-    const bands = PHASES.has("bands") ? await bandsPhase(url, engines.engines, load) : null;
+    const runs = bandRuns[name] ?? [];
     const tenants = PHASES.has("tenants") ? await tenantsPhase(url, load) : null;
-    results[name] = { bands, tenants };
-    console.log(name, JSON.stringify({ bands, tenants }));
+    results[name] = { bands: runs[0] ?? null, ...(runs.length > 1 ? { bandRounds: runs } : {}), tenants };
+    if (runs.length > 1) console.log(name, "median over rounds", JSON.stringify(medians(runs)));
+    if (tenants) console.log(name, JSON.stringify({ tenants }));
   }
   writeFileSync(OUT, `${JSON.stringify(results, null, 2)}\n`);
   for (const k of kill) k();

@@ -160,6 +160,10 @@ describe("LoadScraper scrapes adaptively (issue #32)", () => {
     // Fast pace 50 ms, idle pace 10 s: over ~1 s an idle worker is scraped twice (the first scrape,
     // and the second that sees the same idle load), a busy one about 20 times.
     const scraper = new LoadScraper(ws, 50, 10_000);
+    // Flow control re-checks its queue after every round, not only the first (a merge had
+    // dropped the call from the periodic rounds).
+    let rounds = 0;
+    scraper.onScraped = () => rounds++;
     scraper.start();
     // This server has a request in flight on "routed" (idle by its gauges): it stays fast.
     ws.get("routed")!.inFlight = 1;
@@ -171,5 +175,6 @@ describe("LoadScraper scrapes adaptively (issue #32)", () => {
     assert.ok(hits.idle <= 3, `idle worker scraped ${hits.idle} times in 1 s (idle pace 10 s)`);
     assert.ok(hits.busy >= 8, `busy worker scraped ${hits.busy} times in 1 s (fast pace 50 ms)`);
     assert.ok(hits.routed >= 8, `worker with requests in flight scraped ${hits.routed} times`);
+    assert.ok(rounds >= 8, `onScraped called after ${rounds} rounds in 1 s`);
   });
 });
