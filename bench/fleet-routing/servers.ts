@@ -152,6 +152,13 @@ profiles:
  */
 export const FLOW_NAME = "kv-aware+flow";
 export const FLOW_TTFT_NAME = "kv-aware+flow-ttft";
+/**
+ * `load` with a tighter KV-usage bound (issue #29's preemption goal, lane F): a worker past
+ * FLEET_ROUTING_FLOW_MAX_KV (default 0.6) of its KV pool takes no new request, so what is
+ * running keeps room to grow its context instead of being preempted.
+ */
+export const FLOW_KV_NAME = "kv-aware+flow-kv";
+const FLOW_MAX_KV = Number(process.env.FLEET_ROUTING_FLOW_MAX_KV ?? 0.6);
 const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?? 1.5);
 const FLOW_TTFT_TARGET_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_TTFT_TARGET_S ?? 1);
 const wallMs = (modelS: number, speed: number) => Math.max(1, Math.round((modelS * 1000) / speed));
@@ -175,6 +182,7 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [`${PENDING_NAME}-noguard`]: () => PENDING_YAML.replace(/ {4}filters:\n.*\n.*\n/, ""),
   [HOT_NAME]: () => HOT_YAML,
   [FLOW_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }"),
+  [FLOW_KV_NAME]: (speed) => FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`),
   [FLOW_TTFT_NAME]: (speed) =>
     FLOW_YAML(
       speed,

@@ -1,12 +1,13 @@
 /**
  * Flow control (issue #29 goals: two priority bands, a heavy tenant): one `infera-sim --fleet N`
  * and two `infera server`s on it, side by side in one run — today's default (kv-aware, no
- * queue) and the same with `flow` on (the `load` signal at GIE's defaults, 200 ms scrapes).
+ * queue) and the same with `flow` on (the `load` signal at GIE's defaults, 200 ms scrapes), or
+ * one flow server per `--variants` entry.
  *
  *   node bench/flow/run.ts [--workers 2] [--speed 0.25] [--duration-s 20] [--prompt 512]
  *     [--output 64] [--cal-clients 32] [--phases bands,tenants]
- *     [--max-waiting N] [--max-in-flight N] [--load-params JSON] [--engine-priority] [--repeat 1]
- *     [--out bench/flow/results.json]
+ *     [--max-waiting N] [--max-in-flight N] [--load-params JSON] [--variants JSON] [--engine-priority]
+ *     [--repeat 1] [--out bench/flow/results.json]
  *
  * 1. Capacity: closed loop, `--cal-clients` (32) clients per worker, `--duration-s`: completed
  *    requests per second (a floor of the fleet's capacity: more clients may get more through).
@@ -14,10 +15,10 @@
  *    1.6 (2× capacity), then the high band alone again, Poisson arrivals: high TTFT p90 loaded
  *    against the same server's unloaded p90 (the two unloaded runs bracket the loaded one, so a
  *    box whose load drifts shows up as their spread), low band completed / offered, preemptions.
+ *    `--repeat N` runs this phase N rounds, the servers taking turns, and prints the medians.
  * 3. Tenants: three light tenants at 0.2 × capacity each, alone, then with a heavy one at 1.0
  *    (4× a fair share of 0.25): the light ones' TTFT p90; then all four at 1.0 (backlogged):
  *    Jain's index of served output tokens.
- *    `--repeat N` runs this phase N rounds, the servers taking turns, and prints the medians.
  * Latencies are wall time on this box (model time = wall × --speed); print `uptime` beside them.
  */
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -66,6 +67,14 @@ const loadParams = {
  * band too, which the router's queue cannot do for what it has already admitted.
  */
 const ENGINE_PRIORITY = args.includes("--engine-priority");
+/**
+ * Several flow servers side by side instead of one: name → `load` params, e.g.
+ * '{"flat8":{"maxWaiting":0,"maxInFlight":8},"low8":{"bands":{"low":{"maxInFlight":8,"maxWaiting":0}}}}'
+ * (servers `kv-aware+flat8`, `kv-aware+low8`; --max-waiting etc. are then ignored).
+ */
+const VARIANTS = opt("variants", "")
+  ? (JSON.parse(opt("variants", "")) as Record<string, Record<string, unknown>>)
+  : null;
 /** Rounds of the bands phase per server, the servers taking turns. */
 const REPEAT = Number(opt("repeat", "1"));
 const BODY_PRIORITY: Readonly<Record<string, number>> = { high: 0, normal: 1, low: 2 };
@@ -233,7 +242,7 @@ async function main(): Promise<void> {
   const kill: Array<() => void> = [() => void engines.close()];
   handleFatalSignals();
   const workersFile = writeWorkersFile(dir, engines.engines, 16);
-  const server = async (flow: boolean) => {
+  const server = async (flow: boolean, params: Record<string, unknown> = loadParams) => {
     const port = await freePort();
     const cfg = join(dir, `cfg-${port}.json`);
     const bands = [{ name: "high" }, { name: "normal" }, { name: "low" }];
@@ -245,7 +254,7 @@ async function main(): Promise<void> {
           tenantHeader: true,
           maxWaitMs: 20_000,
           bands,
-          ...(Object.keys(loadParams).length > 0 ? { headroom: [{ name: "load", params: loadParams }] } : {}),
+          ...(Object.keys(params).length > 0 ? { headroom: [{ name: "load", params }] } : {}),
         },
       }),
     );
@@ -269,7 +278,11 @@ async function main(): Promise<void> {
     await waitFor200(`${url}/ready`, { timeoutMs: 60_000, what: "server", output });
     return url;
   };
-  const servers = { "kv-aware": await server(false), "kv-aware+flow": await server(true) };
+  const servers: Record<string, string> = { "kv-aware": await server(false) };
+  if (VARIANTS)
+    for (const [name, params] of Object.entries(VARIANTS))
+      servers[`kv-aware+${name}`] = await server(true, params);
+  else servers["kv-aware+flow"] = await server(true);
   const load = () => loadavg()[0].toFixed(1);
   cap = await capacity(servers["kv-aware"]);
   console.log(`capacity ${cap.toFixed(2)} req/s (wall), load ${load()}`);
