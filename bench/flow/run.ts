@@ -15,7 +15,8 @@
  *    1.6 (2× capacity), then the high band alone again, Poisson arrivals: high TTFT p90 loaded
  *    against the same server's unloaded p90 (the two unloaded runs bracket the loaded one, so a
  *    box whose load drifts shows up as their spread), low band completed / offered, preemptions.
- *    `--repeat N` runs this phase N rounds, the servers taking turns, and prints the medians.
+ *    `--repeat N` runs this phase N rounds, the servers taking turns, and prints the medians
+ *    and the figures of all rounds' requests pooled.
  * 3. Tenants: three light tenants at 0.2 × capacity each, alone, then with a heavy one at 1.0
  *    (4× a fair share of 0.25): the light ones' TTFT p90; then all four at 1.0 (backlogged):
  *    Jain's index of served output tokens.
@@ -171,6 +172,31 @@ const jain = (xs: number[]) => {
   return sq === 0 ? null : Number(((sum * sum) / (xs.length * sq)).toFixed(3));
 };
 
+/** Per server URL, every round's high-band TTFTs (unloaded: before and after) and low-band counts. */
+const samples = new Map<
+  string,
+  { unloaded: number[]; loaded: number[]; lowOffered: number; lowDone: number }
+>();
+
+/**
+ * Over every round of a server, pooled: the high band's TTFT p90 unloaded (before and after
+ * together) and loaded, their ratio, the low band's completion. Steadier than one round's
+ * ratio on a box whose load swings (a 10 s phase holds ~80 high-band requests).
+ */
+function pooled(url: string) {
+  const x = samples.get(url);
+  if (!x) return null;
+  const u = p90(x.unloaded);
+  const l = p90(x.loaded);
+  return {
+    highUnloadedN: x.unloaded.length,
+    highTtftP90UnloadedMs: u,
+    highTtftP90LoadedMs: l,
+    highLoadedOverUnloaded: u && l !== null ? Number((l / u).toFixed(2)) : null,
+    lowCompleted: Number((x.lowDone / Math.max(1, x.lowOffered)).toFixed(3)),
+  };
+}
+
 /** High band alone, with the low band at 2× capacity, alone again; on one server. */
 async function bandsPhase(url: string, engines: Engine[], load: () => string) {
   const pre0 = (await engineCounters(engines)).reduce((a, c) => a + c.preemptions, 0);
@@ -183,6 +209,16 @@ async function bandsPhase(url: string, engines: Engine[], load: () => string) {
   const unloaded = p90(ttfts(alone, () => true));
   const loaded = p90(ttfts(mixed, (s) => s.band === "high"));
   const unloadedAfter = p90(ttfts(after, () => true));
+  samples.set(url, {
+    unloaded: [
+      ...(samples.get(url)?.unloaded ?? []),
+      ...ttfts(alone, () => true),
+      ...ttfts(after, () => true),
+    ],
+    loaded: [...(samples.get(url)?.loaded ?? []), ...ttfts(mixed, (s) => s.band === "high")],
+    lowOffered: (samples.get(url)?.lowOffered ?? 0) + lows.length,
+    lowDone: (samples.get(url)?.lowDone ?? 0) + lows.filter((s) => s.status === 200).length,
+  });
   return {
     highTtftP90UnloadedMs: unloaded,
     highTtftP90LoadedMs: loaded,
@@ -298,8 +334,16 @@ async function main(): Promise<void> {
   for (const [name, url] of Object.entries(servers)) {
     const runs = bandRuns[name] ?? [];
     const tenants = PHASES.has("tenants") ? await tenantsPhase(url, load) : null;
-    results[name] = { bands: runs[0] ?? null, ...(runs.length > 1 ? { bandRounds: runs } : {}), tenants };
-    if (runs.length > 1) console.log(name, "median over rounds", JSON.stringify(medians(runs)));
+    const bandsPooled = runs.length > 1 ? pooled(url) : null;
+    results[name] = {
+      bands: runs[0] ?? null,
+      ...(runs.length > 1 ? { bandRounds: runs, bandsMedian: medians(runs), bandsPooled } : {}),
+      tenants,
+    };
+    if (runs.length > 1) {
+      console.log(name, "median over rounds", JSON.stringify(medians(runs)));
+      console.log(name, "pooled over rounds", JSON.stringify(bandsPooled));
+    }
     if (tenants) console.log(name, JSON.stringify({ tenants }));
   }
   writeFileSync(OUT, `${JSON.stringify(results, null, 2)}\n`);

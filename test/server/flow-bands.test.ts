@@ -107,7 +107,7 @@ describe("infera server: flow control, per-band headroom (load `bands`)", () => 
   });
 
   it("with higherActiveMs, bounds the low band only while the high band was active", async () => {
-    const srv = await startServer(sim, flow({ bands: { low: { maxInFlight: 1 } }, higherActiveMs: 1500 }));
+    const srv = await startServer(sim, flow({ bands: { low: { maxInFlight: 1 } }, higherActiveMs: 3000 }));
     const releases: Array<() => Promise<void>> = [];
     try {
       const c = client(srv.url, sim.model);
@@ -115,21 +115,26 @@ describe("infera server: flow control, per-band headroom (load `bands`)", () => 
       releases.push(await c.blocker("low"), await c.blocker("low"));
       assert.equal(await c.depth(), 0);
       const t0 = Date.now();
-      const high = await c.post("high", 1);
+      // Streamed, so its headers are back as soon as it was dispatched: the low request below
+      // arrives well inside the window even on a slow box.
+      const high = await c.post("high", 1, undefined, true);
       assert.equal(high.status, 200);
-      await high.text();
       // Now the bound holds: two low requests in flight, a third waits...
       const low = c.post("low", 1);
-      await c.waitDepth(1);
+      await high.text();
       // ...until higherActiveMs after the high request, with the blockers still held (a
       // scrape round wakes the queue).
       const r = await low;
       assert.equal(r.status, 200);
       await r.text();
       const ms = Date.now() - t0;
-      assert.ok(ms >= 1500, `dispatched ${ms} ms after the high request`);
+      assert.ok(ms >= 3000, `dispatched ${ms} ms after the high request`);
       // The blockers (2000 tokens at --speed 0.1) run for a minute: it was the window that freed it.
       assert.ok(ms < 20_000, `dispatched ${ms} ms after the high request, not when the window closed`);
+      // It waited in the queue (the first two low requests did not).
+      const m = await (await fetch(`${srv.url}/metrics`)).text();
+      assert.equal(parseMetric(m, "infera_flow_dispatched_total", { band: "low", queued: "true" }), 1);
+      assert.equal(parseMetric(m, "infera_flow_dispatched_total", { band: "low", queued: "false" }), 2);
     } finally {
       await Promise.all(releases.map((f) => f()));
       srv.proc.kill("SIGKILL");
