@@ -1,7 +1,7 @@
 import { type Command, Option } from "commander";
 import { envVar } from "../config/env-table.ts";
 import type { KvdConfig } from "../kvd/types.ts";
-import { maskUrlUserinfo } from "../util/mask.ts";
+import { maskUrlUserinfo, urlHasPassword } from "../util/mask.ts";
 
 interface KvdFlags {
   socket?: string;
@@ -62,16 +62,6 @@ export function resolveKvdRemote(
         "the host can read it: pass the URL in INFERA_KVD_REMOTE_URL or a file (--remote-file)",
     );
   return url;
-}
-
-/** A URL whose userinfo has a password (`scheme://user:pass@` or `scheme://:pass@`). */
-function urlHasPassword(url: string): boolean {
-  try {
-    return new URL(url).password !== "";
-  } catch {
-    // Not a URL the parser takes: judge by the shape alone.
-    return /^[a-z][a-z0-9+.-]*:\/\/[^/@\s]*:[^/@\s]+@/i.test(url);
-  }
 }
 
 /** `infera kvd`: the tiered KV-cache daemon (RAM arena → disk → remote store). */

@@ -2,6 +2,7 @@ import type { Command } from "commander";
 import { type ConfigOptions, type ServerConfigInput, validateLayer } from "../server/config.ts";
 import { ConfigError, type LayerSource } from "../server/config-schema.ts";
 import { addNatsOptions, type NatsCliValues } from "../transport/nats/cli-options.ts";
+import { maskUrlUserinfo, urlHasPassword } from "../util/mask.ts";
 
 const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
 
@@ -184,6 +185,21 @@ export const flagSource: LayerSource = {
   },
 };
 
+/**
+ * `--otlp-endpoint`, refused when its URL carries a password: argv is readable by every user of
+ * the host (`ps`, /proc/PID/cmdline). The same URL is taken from INFERA_OTLP_ENDPOINT or the
+ * config file; a token goes in OTEL_EXPORTER_OTLP_HEADERS, which the exporter reads itself.
+ */
+function otlpEndpointFlag(url: string | undefined): string | undefined {
+  if (url === undefined || !urlHasPassword(url)) return url;
+  throw new ConfigError([
+    `--otlp-endpoint ${maskUrlUserinfo(url)}: carries a password on the command line, where any ` +
+      "user of the host can read it: set the URL in INFERA_OTLP_ENDPOINT or `otlpEndpoint` in the " +
+      "--config file, or send the credentials as a header in OTEL_EXPORTER_OTLP_HEADERS " +
+      "(e.g. Authorization=Basic%20<base64>)",
+  ]);
+}
+
 /** The flag layer of the server config: only flags the user gave, validated (errors name the flag). */
 export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConfigInput {
   const raw = {
@@ -208,7 +224,7 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     tokenizer: f.tokenizer,
     scrapeIntervalMs: optNum(f.scrapeInterval),
     scrapeIdleIntervalMs: optNum(f.scrapeIdleInterval),
-    otlpEndpoint: f.otlpEndpoint,
+    otlpEndpoint: otlpEndpointFlag(f.otlpEndpoint),
     maxRetries: optNum(f.maxRetries),
     requestPlane: f.requestPlane,
     eventPlane: f.eventPlane,
@@ -359,7 +375,9 @@ export function registerServer(program: Command): void {
     )
     .option(
       "--otlp-endpoint <url>",
-      "OTLP/HTTP collector for request traces, e.g. http://collector:4318 (default: tracing off)",
+      "OTLP/HTTP collector for request traces, e.g. http://collector:4318 (default: tracing off). " +
+        "A URL with a password is refused here (argv is public): give it in INFERA_OTLP_ENDPOINT " +
+        "or the config file; headers (a token) in OTEL_EXPORTER_OTLP_HEADERS",
     )
     .option("--max-retries <n>", "retries on another worker after a connection failure (default 2)")
     .option("--request-plane <kind>", "http (default; nats with --nats-url) or another registered plane")

@@ -143,7 +143,9 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "INFERA_OTLP_ENDPOINT",
     "string",
     "server",
-    "OTLP/HTTP collector for request traces; tracing is off when unset (`--otlp-endpoint`).",
+    "OTLP/HTTP collector for request traces; tracing is off when unset (`--otlp-endpoint`). A URL " +
+      "with a password (sent as Basic auth) goes here or in the config file, never on argv; other " +
+      "headers in OTEL_EXPORTER_OTLP_HEADERS.",
     { configKey: "otlpEndpoint" },
   ),
   v(

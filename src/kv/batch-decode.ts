@@ -30,6 +30,7 @@ import {
   foldRange,
   int,
   type KvEvent,
+  offloadMedium,
   removedEvent,
   storedEvent,
   transferredEvent,
@@ -87,6 +88,12 @@ const TAGS = new Names([
   ["AllBlocksCleared", T_CLEARED],
   ["BlockTransferred", T_TRANSFERRED],
 ]);
+
+/** A hash-only store or a removal of another medium than GPU memory. */
+function offloadHashOnly(ev: KvEvent): boolean {
+  if (ev.type === "BlockStored") return ev.tokenIds.length === 0 && offloadMedium(ev.medium);
+  return ev.type === "BlockRemoved" && offloadMedium(ev.medium);
+}
 
 // Map keys of events and batches; K_OTHER: a key read past; K_BAIL: one the general way must read.
 const K_OTHER = 0;
@@ -243,6 +250,9 @@ export class BatchDecoder {
       else if (t === 0xde || t === 0xdf) ev = this.mapEvent(this.bigLength(t === 0xde ? 2 : 4));
       else this.ok = false;
       if (!this.ok) ev = this.general(start);
+      // An offloaded tier's event keeps its hashes' raw bytes (event-model.ts OffloadHashBytes),
+      // which only the general reader has; such events are few.
+      else if (ev && offloadHashOnly(ev)) ev = this.general(start);
       if (ev) out.push(ev);
       else skipped++;
     }

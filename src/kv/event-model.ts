@@ -39,13 +39,25 @@ export interface BlockStored {
   /** vLLM `kv_cache_spec_kind` (e.g. "full_attention", "sliding_window", "mamba"). */
   kvCacheSpecKind?: string | null;
   kvCacheSpecSlidingWindow?: number | null;
+  /** Raw bytes of each bytes hash of an offloaded tier's store (see OffloadHashBytes). */
+  hashBytes?: OffloadHashBytes;
 }
+
+/**
+ * The raw bytes of each hash (null for an int hash), kept on events of another medium than GPU
+ * memory only: vLLM's offloading connector names an offloaded block larger than a GPU block by
+ * the concatenation of its GPU blocks' digests, which the tiers (./tiers.ts) split again; the
+ * folded number of `blockHashes` cannot be split.
+ */
+export type OffloadHashBytes = readonly (Uint8Array | null)[];
 
 export interface BlockRemoved {
   type: "BlockRemoved";
   blockHashes: EngineHash[];
   medium: string | null;
   groupIdx: number | null;
+  /** As BlockStored's. */
+  hashBytes?: OffloadHashBytes;
 }
 
 export interface AllBlocksCleared {
@@ -140,6 +152,20 @@ const FIELDS: Record<string, string[]> = {
 /** Field names of each tag, in positional order (docs/engine-protocols.md#kv-events-payload). */
 export const EVENT_FIELDS: Readonly<Record<string, readonly string[]>> = FIELDS;
 
+/** Whether a decoded event's medium is another than GPU memory (an offloaded tier's event). */
+export function offloadMedium(medium: unknown): boolean {
+  const m = str(medium);
+  return m !== null && m.toUpperCase() !== "GPU";
+}
+
+/** The raw bytes of each hash of an offloaded tier's event; undefined when none is bytes. */
+function offloadBytes(hashesRaw: unknown, medium: unknown): OffloadHashBytes | undefined {
+  if (!offloadMedium(medium)) return undefined;
+  const list = Array.isArray(hashesRaw) ? hashesRaw : [hashesRaw];
+  if (!list.some((h) => h instanceof Uint8Array)) return undefined;
+  return list.map((h) => (h instanceof Uint8Array ? h.slice() : null));
+}
+
 function blockStored(
   hashesRaw: unknown,
   parentRaw: unknown,
@@ -161,7 +187,7 @@ function blockStored(
     parent = normaliseHash(parentRaw);
     if (parent === null) return null;
   }
-  return storedEvent(
+  const ev = storedEvent(
     blockHashes,
     parent,
     tokenIds as number[],
@@ -174,6 +200,9 @@ function blockStored(
     specKind,
     slidingWindow,
   );
+  const bytes = ev && ev.tokenIds.length === 0 ? offloadBytes(hashesRaw, medium) : undefined;
+  if (ev && bytes) ev.hashBytes = bytes;
+  return ev;
 }
 
 /**
@@ -197,7 +226,9 @@ export function storedEvent(
   const bs = int(bsRaw);
   const blockSize =
     bs !== null && bs > 0 ? bs : blockHashes.length > 0 ? tokenIds.length / blockHashes.length : 0;
-  if (!Number.isInteger(blockSize) || blockSize <= 0) return null;
+  // An offloaded tier's hash-only store may leave its size out (0: unknown, ./tiers.ts).
+  const sizeless = blockSize === 0 && tokenIds.length === 0 && offloadMedium(medium);
+  if (!Number.isInteger(blockSize) || (blockSize <= 0 && !sizeless)) return null;
   // Position 7 is vLLM's `lora_name` (a string) but SGLang's `metadata` (a map
   // `{cache_salt}`, BlockStoredWithMetadata): tell them apart by type.
   let name: string | null = null;
@@ -234,7 +265,11 @@ export function isMap(v: unknown): boolean {
 
 function blockRemoved(hashesRaw: unknown, medium: unknown, groupIdx: unknown): BlockRemoved | null {
   const blockHashes = hashList(hashesRaw);
-  return blockHashes && removedEvent(blockHashes, medium, groupIdx);
+  if (!blockHashes) return null;
+  const ev = removedEvent(blockHashes, medium, groupIdx);
+  const bytes = offloadBytes(hashesRaw, medium);
+  if (bytes) ev.hashBytes = bytes;
+  return ev;
 }
 
 /** A BlockRemoved from normalised hashes and decoded side fields (see storedEvent). */

@@ -12,15 +12,27 @@
  * each engine hash is resolved through the same rank's GPU blocks (the connector offloads blocks
  * the GPU computed, and reported, first) and the router hash found there is held by the tier.
  * A store that carries token ids (LMCache, KVBM-style publishers) is hashed as usual. A move
- * out of GPU memory (`BlockTransferred` GPU → other) puts the blocks in that tier too. Only
- * offloaded blocks of the GPU block size are resolved; larger ones (a `block_size` factor > 1:
- * one hash per group of GPU blocks) are counted as ignored.
+ * out of GPU memory (`BlockTransferred` GPU → other) puts the blocks in that tier too.
+ *
+ * An offloaded block may span k GPU blocks (`block_size` = k × the GPU block size: the spec's
+ * `offloaded_block_size`). Its hash is then the concatenation of its k GPU blocks' digests
+ * (vllm/v1/core/kv_cache_utils.py BlockHashListWithBlockSize._get_value_at @
+ * 001cabc1be16a59a70d720ed61a13b678c060a18, which the connector's `_get_block_hashes` uses), sent
+ * as raw bytes: the event keeps them (./event-model.ts OffloadHashBytes) and each of the k
+ * digests is resolved like a GPU hash, held under a key derived from the offloaded hash and its
+ * position, so the tier's BlockRemoved of that hash drops all k. A digest resolves by its fold
+ * (GPU events in bytes) or by its low 64 bits (GPU events under VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
+ * `maybe_convert_block_hash` keeps the low 64 bits; the connector's own events stay bytes). With
+ * no `block_size` (0) a hash longer than one digest is split in 32-byte (sha256) digests. A group
+ * whose digests do not all resolve is ignored, as is an offloaded hash that is one GPU block's
+ * (vLLM versions that name a group by its last digest): the group's earlier blocks are unknown.
  *
  * Media: "CPU", "CPU_PINNED", "CPU_TIER1", "HOST" → host; anything else not GPU ("DISK",
  * "CPU_TIER2", "NVME", "SSD", remote stores) → disk, the lowest tier — the classes Dynamo's
  * KV router uses (ai-dynamo/dynamo lib/llm/src/kv_router: StorageTier Device / HostPinned / Disk,
  * "CPU" an alias of host-pinned).
  */
+import { foldRange, type OffloadHashBytes } from "./event-model.ts";
 import type { BlockStored, EngineBlockHash, KvEvent } from "./events.ts";
 
 export type Tier = "host" | "disk";
@@ -63,9 +75,34 @@ export interface TierOverlaps {
   disk: Int32Array;
 }
 
+const TWO32 = 4294967296;
+/** sha256, vLLM's default prefix-caching hash: the digest length assumed when no size is sent. */
+const DIGEST = 32;
+
+/** The tier's key of GPU block `j` of offloaded hash `h` (k > 1): distinct per position. */
+function partKey(h: EngineBlockHash, j: number): EngineBlockHash {
+  const lo = (h % TWO32) >>> 0;
+  const hi = Math.floor(h / TWO32) >>> 0;
+  const l = Math.imul(lo ^ Math.imul(j + 1, 0x9e3779b1), 0x85ebca6b) >>> 0;
+  const u = (hi ^ Math.imul(j + 1, 0xc2b2ae35) ^ (l >>> 16)) & 0xfffff;
+  return u * TWO32 + l;
+}
+
+/**
+ * Big-endian u64 of `b[to - 8, to)`, rounded to a number once, as the decoders round an int
+ * hash above 2^53 (hi × 2^32 + lo).
+ */
+function low64(b: Uint8Array, to: number): number {
+  if (to < 8) return Number.NaN;
+  const u32 = (at: number) => ((b[at] << 24) | (b[at + 1] << 16) | (b[at + 2] << 8) | b[at + 3]) >>> 0;
+  return u32(to - 8) * TWO32 + u32(to - 4);
+}
+
 export class OffloadTiers {
   private readonly make: () => TierIndex;
   private readonly tiers: Partial<Record<Tier, TierIndex>> = {};
+  /** GPU blocks per offloaded block, per `worker\0rank`, once a larger store was seen. */
+  private readonly factors = new Map<string, number>();
 
   constructor(make: () => TierIndex) {
     this.make = make;
@@ -100,11 +137,18 @@ export class OffloadTiers {
           t.applyEvents(workerId, [{ ...ev, medium: null } as BlockStored], blockSize, rank);
           return true;
         }
-        if (ev.blockSize !== 0 && ev.blockSize !== blockSize) return false;
-        return this.adopt(t, workerId, rank, blockSize, ev.blockHashes, resolve);
-      case "BlockRemoved":
-        t.applyEvents(workerId, [{ ...ev, medium: null }], blockSize, rank);
+        return this.stored(t, workerId, rank, blockSize, ev, resolve);
+      case "BlockRemoved": {
+        const k = this.factors.get(`${workerId}\0${rank}`) ?? 1;
+        const hashes = k > 1 ? ev.blockHashes.flatMap((h) => [h, ...parts(h, k)]) : ev.blockHashes;
+        t.applyEvents(
+          workerId,
+          [{ type: "BlockRemoved", blockHashes: hashes, medium: null, groupIdx: ev.groupIdx }],
+          blockSize,
+          rank,
+        );
         return true;
+      }
       case "AllBlocksCleared":
         t.clearWorker(workerId, rank);
         return true;
@@ -125,6 +169,44 @@ export class OffloadTiers {
     this.adopt(this.tier(tierOf(medium)), workerId, rank, blockSize, hashes, resolve);
   }
 
+  /** A hash-only store: each hash resolved whole (k = 1) or split into its k GPU digests. */
+  private stored(
+    t: TierIndex,
+    workerId: string,
+    rank: number,
+    blockSize: number,
+    ev: BlockStored,
+    resolve: Resolve,
+  ): boolean {
+    const k = ev.blockSize === 0 ? 0 : ev.blockSize / blockSize;
+    if (k !== 0 && (!Number.isInteger(k) || k < 1)) {
+      t.counters.ignored += ev.blockHashes.length;
+      return false;
+    }
+    if (k === 1) return this.adopt(t, workerId, rank, blockSize, ev.blockHashes, resolve, ev.hashBytes);
+    let any = false;
+    ev.blockHashes.forEach((h, i) => {
+      const b = ev.hashBytes?.[i] ?? null;
+      // Size unknown: a single digest is one GPU block's hash.
+      const n = k !== 0 ? k : b && b.length > DIGEST && b.length % DIGEST === 0 ? b.length / DIGEST : 1;
+      if (n === 1) {
+        if (this.adopt(t, workerId, rank, blockSize, [h], resolve, b ? [b] : undefined)) any = true;
+        return;
+      }
+      const found = b ? splitResolve(b, n, resolve) : null;
+      if (!found) {
+        t.counters.ignored++;
+        return;
+      }
+      this.factors.set(`${workerId}\0${rank}`, n);
+      found.forEach((r, j) => {
+        if (t.adopt(workerId, rank, blockSize, partKey(h, j), r.lo, r.hi)) any = true;
+        else t.counters.ignored++;
+      });
+    });
+    return any;
+  }
+
   private adopt(
     t: TierIndex,
     workerId: string,
@@ -132,18 +214,22 @@ export class OffloadTiers {
     blockSize: number,
     hashes: readonly EngineBlockHash[],
     resolve: Resolve,
+    bytes?: OffloadHashBytes,
   ): boolean {
     let any = false;
-    for (const eh of hashes) {
-      const r = resolve(eh);
+    hashes.forEach((eh, i) => {
+      const b = bytes?.[i];
+      // The connector's bytes against GPU hashes sent as ints: their low 64 bits.
+      const r = resolve(eh) ?? (b ? resolve(low64(b, b.length)) : null);
       if (r && t.adopt(workerId, rank, blockSize, eh, r.lo, r.hi)) any = true;
       else t.counters.ignored++;
-    }
+    });
     return any;
   }
 
   removeWorker(id: string): void {
     for (const t of Object.values(this.tiers)) t.removeWorker(id);
+    for (const key of this.factors.keys()) if (key.startsWith(`${id}\0`)) this.factors.delete(key);
   }
 
   clearWorker(id: string, rank?: number): void {
@@ -174,4 +260,22 @@ export class OffloadTiers {
   blocks(): Record<Tier, number> {
     return { host: this.tiers.host?.totalBlocks() ?? 0, disk: this.tiers.disk?.totalBlocks() ?? 0 };
   }
+}
+
+/** The tier keys of offloaded hash `h`'s k GPU blocks. */
+function parts(h: EngineBlockHash, k: number): EngineBlockHash[] {
+  return Array.from({ length: k }, (_, j) => partKey(h, j));
+}
+
+/** `b` as n digests, each resolved by its fold or its low 64 bits; null unless all resolve. */
+function splitResolve(b: Uint8Array, n: number, resolve: Resolve): { lo: number; hi: number }[] | null {
+  if (b.length % n !== 0) return null;
+  const d = b.length / n;
+  const out: { lo: number; hi: number }[] = [];
+  for (let j = 0; j < n; j++) {
+    const r = resolve(foldRange(b, j * d, (j + 1) * d)) ?? resolve(low64(b, (j + 1) * d));
+    if (!r) return null;
+    out.push(r);
+  }
+  return out;
 }

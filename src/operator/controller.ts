@@ -7,7 +7,13 @@
 import type { ClusterPolicy } from "../deploy/policy.ts";
 import type { Logger } from "../util/log.ts";
 import type { ClusterApi } from "./kube-api.ts";
-import { type Action, type ClusterStatus, type InferaClusterResource, reconcile } from "./reconcile.ts";
+import {
+  type Action,
+  type ClusterStatus,
+  type InferaClusterResource,
+  type ObjectLike,
+  reconcile,
+} from "./reconcile.ts";
 
 export interface ControllerOptions {
   api: ClusterApi;
@@ -32,6 +38,8 @@ export class Controller {
    * newer than any cached copy: a watch event still in flight must not make a pass write it again.
    */
   private readonly written = new Map<string, ClusterStatus>();
+  /** Create-only objects (Secrets) this process saw exist, per `ns/apiVersion/kind/name`. */
+  private readonly seen = new Set<string>();
   private watch?: { abort(): void };
   private resync?: NodeJS.Timeout;
   private stopped = false;
@@ -129,6 +137,20 @@ export class Controller {
     }
   }
 
+  /**
+   * A generated Secret is POSTed on every pass (the operator may not read one): 201 after this
+   * process saw it exist means someone deleted it and it was made again, with new values.
+   */
+  private createOnly(ns: string, cluster: string, o: ObjectLike, r: "created" | "exists"): void {
+    const id = `${ns}/${o.apiVersion}/${o.kind}/${o.metadata.name}`;
+    if (r === "created" && this.seen.has(id))
+      this.o.logger.warn(
+        { cluster, secret: o.metadata.name },
+        "generated Secret was deleted; created again with new values (pods started before keep the old ones until they restart)",
+      );
+    this.seen.add(id);
+  }
+
   private async execute(
     ns: string,
     key: string,
@@ -136,8 +158,10 @@ export class Controller {
     actions: Action[],
   ): Promise<void> {
     for (const a of actions) {
-      if (a.type === "apply") await this.o.api.apply(a.object);
-      else if (a.type === "delete") await this.o.api.delete(a);
+      if (a.type === "apply") {
+        const r = await this.o.api.apply(a.object);
+        if (r === "created" || r === "exists") this.createOnly(ns, key, a.object, r);
+      } else if (a.type === "delete") await this.o.api.delete(a);
       else {
         await this.o.api.patchStatus(ns, cr.metadata.name, a.status);
         this.written.set(key, a.status);

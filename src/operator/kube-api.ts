@@ -20,6 +20,8 @@ import {
   type ObjectLike,
 } from "./reconcile.ts";
 
+export type ApplyResult = "applied" | "created" | "exists" | "skipped";
+
 export type WatchPhase = "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK" | "ERROR";
 
 export interface ClusterApi {
@@ -31,8 +33,13 @@ export interface ClusterApi {
     onEvent: (phase: WatchPhase, obj: InferaClusterResource) => void,
     done: (err: unknown) => void,
   ): Promise<{ abort(): void }>;
+  /** What exists of a cluster's objects; create-only kinds (Secrets) cannot be listed: absent. */
   listOwned(namespace: string, instance: string): Promise<ObjectLike[]>;
-  apply(obj: ObjectLike): Promise<void>;
+  /**
+   * Server-side apply; a create-only kind is POSTed: `created`, or `exists` when the API answers
+   * 409 (so a deleted one is made again on the next pass, without reading any).
+   */
+  apply(obj: ObjectLike): Promise<ApplyResult>;
   delete(ref: { apiVersion: string; kind: string; namespace: string; name: string }): Promise<void>;
   patchStatus(namespace: string, name: string, status: ClusterStatus): Promise<void>;
   /** `apiVersion/kind` of optional kinds this cluster does not serve (found by a failed apply). */
@@ -90,7 +97,9 @@ export class KubeClusterApi implements ClusterApi {
     const selector = `app.kubernetes.io/instance=${instance},app.kubernetes.io/managed-by=infera`;
     const out: ObjectLike[] = [];
     for (const k of OWNED_KINDS) {
-      if (k.createOnly) continue; // not listable with create-only RBAC: see `created`
+      // Not listable with create-only RBAC: reconcile asks for them on every pass, and a POST
+      // answered 409 says it exists (apply), one answered 201 put back a deleted one.
+      if (k.createOnly) continue;
       try {
         const list = await this.objects.list(
           k.apiVersion,
@@ -111,34 +120,22 @@ export class KubeClusterApi implements ClusterApi {
         throw err;
       }
     }
-    for (const [key, o] of this.created)
-      if (key.startsWith(`${namespace}/`) && o.metadata.labels?.["app.kubernetes.io/instance"] === instance)
-        out.push(o);
     return out;
   }
-
-  /** Create-only objects (Secrets) known to exist: created by this process or found existing (409). */
-  private readonly created = new Map<string, ObjectLike>();
 
   /** Kinds skipped because the cluster does not serve them (optional add-ons), for logs and tests. */
   readonly skipped = new Set<string>();
 
-  async apply(obj: ObjectLike): Promise<void> {
+  async apply(obj: ObjectLike): Promise<ApplyResult> {
     if (isCreateOnly(obj.apiVersion, obj.kind)) {
       try {
         await this.objects.create(obj as never, undefined, undefined, FIELD_MANAGER);
+        return "created";
       } catch (err) {
         // Written once (a generated credential is never rotated under running pods).
         if (statusCode(err) !== 409) throw err;
+        return "exists";
       }
-      // It exists now: listOwned reports it from here on (it cannot list Secrets).
-      const { name, namespace = "default", labels, ownerReferences } = obj.metadata;
-      this.created.set(`${namespace}/${obj.apiVersion}/${obj.kind}/${name}`, {
-        apiVersion: obj.apiVersion,
-        kind: obj.kind,
-        metadata: { name, namespace, labels, ownerReferences },
-      });
-      return;
     }
     try {
       await this.objects.patch(
@@ -154,10 +151,11 @@ export class KubeClusterApi implements ClusterApi {
       // the cluster must still converge.
       if (obj.apiVersion.startsWith("monitoring.coreos.com/") && notServed(err)) {
         this.skipped.add(`${obj.apiVersion}/${obj.kind}`);
-        return;
+        return "skipped";
       }
       throw err;
     }
+    return "applied";
   }
 
   async delete(ref: { apiVersion: string; kind: string; namespace: string; name: string }): Promise<void> {

@@ -196,7 +196,12 @@ export function reconcile(
       name: o.metadata.name,
     });
   }
-  const status = observeStatus(cr, spec, owned, actions.length > 0);
+  // A create-only object (a generated Secret) cannot be observed, so it is asked for on every
+  // pass: that alone is no change in progress.
+  const changing = actions.some(
+    (a) => a.type !== "apply" || !isCreateOnly(a.object.apiVersion, a.object.kind),
+  );
+  const status = observeStatus(cr, spec, owned, changing);
   return [...actions, ...statusAction(cr, opts.now, status)];
 }
 

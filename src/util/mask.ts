@@ -20,6 +20,19 @@ export function maskUrlUserinfo(text: string | undefined): string | undefined {
 }
 
 /**
+ * A URL whose userinfo has a password (`scheme://user:pass@` or `scheme://:pass@`): such a URL
+ * must not come on argv, which every user of the host can read (`ps`, /proc/PID/cmdline).
+ */
+export function urlHasPassword(url: string): boolean {
+  try {
+    return new URL(url).password !== "";
+  } catch {
+    // Not a URL the parser takes: judge by the shape alone.
+    return /^[a-z][a-z0-9+.-]*:\/\/[^/@\s]*:[^/@\s]+@/i.test(url);
+  }
+}
+
+/**
  * Masks every string inside a value (arrays, plain objects), for configs, records and log
  * fields. Returns the value itself when nothing needed masking (no copy on the common path).
  */

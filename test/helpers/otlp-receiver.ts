@@ -4,7 +4,7 @@
  * (opentelemetry-proto's JSON mapping: `resourceSpans[].scopeSpans[].spans[]`, ids as hex).
  * Protobuf bodies are refused with 415, so a test notices an exporter that changed encoding.
  */
-import { createServer, type Server } from "node:http";
+import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 
 export interface ReceivedSpan {
@@ -44,6 +44,8 @@ export interface OtlpReceiver {
   url: string;
   tracesUrl: string;
   spans: ReceivedSpan[];
+  /** Every export request's path and headers (an exporter's credentials arrive as headers). */
+  requests: { path: string; headers: IncomingHttpHeaders }[];
   /** Resolves once `pred` holds over the spans received (polls; rejects after `ms`). */
   waitFor(pred: (spans: ReceivedSpan[]) => boolean, ms?: number): Promise<void>;
   close(): Promise<void>;
@@ -51,7 +53,9 @@ export interface OtlpReceiver {
 
 export async function startOtlpReceiver(): Promise<OtlpReceiver> {
   const spans: ReceivedSpan[] = [];
+  const requests: OtlpReceiver["requests"] = [];
   const server: Server = createServer((req, res) => {
+    requests.push({ path: req.url ?? "", headers: req.headers });
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
@@ -99,6 +103,7 @@ export async function startOtlpReceiver(): Promise<OtlpReceiver> {
     url,
     tracesUrl: `${url}/v1/traces`,
     spans,
+    requests,
     async waitFor(pred, ms = 10_000) {
       const until = Date.now() + ms;
       while (!pred(spans)) {

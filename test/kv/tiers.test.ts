@@ -4,11 +4,13 @@
  * vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py @
  * 0072b0b7443bdddf17824c78d4feae8e1fc12fb4, take_events: BlockStored with the backend's medium,
  * "CPU" for CPULoadStoreSpec, the engine's block hashes, token_ids=[], parent_block_hash=None;
- * BlockRemoved with the same medium), after the GPU's own BlockStored of the same hashes.
+ * BlockRemoved with the same medium), after the GPU's own BlockStored of the same hashes; and,
+ * at the end, offloaded blocks larger than a GPU block (sources there).
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import type { KvEvent } from "../../src/kv/events.ts";
+import { Packr } from "msgpackr";
+import { decodeBatch, decodeBatchGeneric, type KvEvent } from "../../src/kv/events.ts";
 import { KvIndex } from "../../src/kv/index.ts";
 import { scorers } from "../../src/router/pipeline/registry.ts";
 import type { ModelScope, StepContext } from "../../src/router/pipeline/types.ts";
@@ -144,4 +146,73 @@ test("kv-prefix: an offloaded prefix attracts its follow-up at a lower weight th
   const off = scorers.get("kv-prefix")!.build(sc, { hostTierWeight: 0, diskTierWeight: 0 });
   off.score(c, [0, 1, 2], 1, out);
   assert.deepEqual(Array.from(out), [0, 5, 5], "weights 0: offloaded copies ignored, as before");
+});
+
+// An offloaded block spanning k GPU blocks: vLLM's connector names it by the concatenation of
+// its GPU blocks' digests (vllm/v1/core/kv_cache_utils.py BlockHashListWithBlockSize
+// ._get_value_at @ 001cabc1be16a59a70d720ed61a13b678c060a18: `merged_hash += block_hashes[i]`),
+// from `_get_block_hashes` with target size `offloaded_block_size`, and sends the bytes as they
+// are (offloading/scheduler.py take_events @ 0072b0b7443bdddf17824c78d4feae8e1fc12fb4), with
+// `block_size` = the offloaded size (OffloadingEvent.block_size). GPU events carry the digests
+// as bytes, or under VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES their low 64 bits as an int
+// (maybe_convert_block_hash @ 001cabc1).
+const packr = new Packr({ useRecords: false });
+/** Four sha256-sized digests; bytes 24-25 zero so the low 64 bits fit a double exactly. */
+const DIGESTS = [1, 2, 3, 4].map((n) =>
+  Buffer.from(Array.from({ length: 32 }, (_, i) => (i === 24 || i === 25 ? 0 : (n * 37 + i * 11) & 0xff))),
+);
+const low64 = (d: Buffer) => Number(d.readBigUInt64BE(24));
+const prompt4 = prompt.slice(0, 16);
+
+function decoded(events: unknown[]): KvEvent[] {
+  const payload = packr.pack([0, events, null]);
+  const fast = decodeBatch(payload);
+  const slow = decodeBatchGeneric(payload);
+  assert.ok(!("error" in fast) && !("error" in slow));
+  assert.deepEqual(fast.events, slow.events, "both decoders build the same events");
+  return fast.events;
+}
+const gpu = (hashes: unknown[]) => ["BlockStored", hashes, null, prompt4, BS, null, "GPU", null, null];
+const cpu = (hashes: Buffer[], size: number) => ["BlockStored", hashes, null, [], size, null, "CPU", null];
+
+test("an offloaded block of 2 GPU blocks (concatenated digests) is split and found; its removal drops both", () => {
+  const idx = new KvIndex();
+  idx.addWorker("a", BS);
+  const [a, b, c, d] = DIGESTS;
+  idx.applyEvents(
+    "a",
+    decoded([
+      gpu(DIGESTS),
+      cpu([Buffer.concat([a, b]), Buffer.concat([c, d])], 2 * BS),
+      ["BlockRemoved", DIGESTS, "GPU"],
+    ]),
+  );
+  assert.deepEqual([...idx.overlaps(prompt4, ["a"])], [0], "gone from the GPU");
+  assert.deepEqual([...idx.tierOverlaps(prompt4, ["a"])!.host], [4], "all 4 GPU blocks offloaded");
+  idx.applyEvents("a", decoded([["BlockRemoved", [Buffer.concat([c, d])], "CPU"]]));
+  assert.deepEqual([...idx.tierOverlaps(prompt4, ["a"])!.host], [2]);
+  assert.equal(idx.tierBlocks().host, 2);
+});
+
+test("GPU hashes sent as ints: the offloaded digests resolve by their low 64 bits", () => {
+  const idx = new KvIndex();
+  idx.addWorker("a", BS);
+  const [a, b, c, d] = DIGESTS;
+  idx.applyEvents("a", decoded([gpu(DIGESTS.map(low64)), cpu([Buffer.concat([a, b])], 2 * BS)]));
+  assert.deepEqual([...idx.tierOverlaps(prompt4, ["a"])!.host], [2]);
+  // k = 1 bytes against int GPU hashes too.
+  idx.applyEvents("a", decoded([cpu([c, d], BS)]));
+  assert.deepEqual([...idx.tierOverlaps(prompt4, ["a"])!.host], [4]);
+});
+
+test("no block_size (0): a hash of two digests is split; a digest that is not the GPU's is ignored", () => {
+  const idx = new KvIndex();
+  idx.addWorker("a", BS);
+  const [a, b] = DIGESTS;
+  const before = idx.counters.ignored;
+  idx.applyEvents("a", decoded([gpu(DIGESTS), cpu([Buffer.concat([a, b])], 0)]));
+  assert.deepEqual([...idx.tierOverlaps(prompt4, ["a"])!.host], [2]);
+  idx.applyEvents("a", decoded([cpu([Buffer.concat([a, Buffer.alloc(32, 9)])], 2 * BS)]));
+  assert.equal(idx.tierBlocks().host, 2, "a group with an unknown digest adds nothing");
+  assert.ok(idx.counters.ignored > before);
 });

@@ -112,14 +112,38 @@ test("ready children → Ready=True, then steady state sends no writes", async (
       ?.status?.conditions?.some((c: Obj) => c.type === "Ready" && c.status === "True"),
   );
   const passes = controller.passes;
-  const writes = api.requests.filter((r) => r.method !== "GET").length;
+  // The generated Secrets are POSTed on every pass (answered 409 while they exist): the operator
+  // may not read Secrets, so asking to create one is how it learns one was deleted.
+  const writes = () => api.requests.filter((r) => r.method !== "GET" && !/\/secrets$/.test(r.path));
+  const before = writes().length;
+  const secretPosts = api.requests.filter((r) => /\/secrets$/.test(r.path)).length;
   await until("three more resync passes", () => controller.passes >= passes + 3);
-  const extra = api.requests.filter((r) => r.method !== "GET").slice(writes);
   assert.deepEqual(
-    extra.map((r) => `${r.method} ${r.path} ${JSON.stringify(r.body)}`),
+    writes()
+      .slice(before)
+      .map((r) => `${r.method} ${r.path} ${JSON.stringify(r.body)}`),
     [],
     "no-op passes write nothing",
   );
+  assert.ok(api.requests.filter((r) => /\/secrets$/.test(r.path)).length > secretPosts);
+  const st = api.get("InferaCluster", "infera", "kvd")!.status;
+  assert.equal(st.conditions.find((c: Obj) => c.type === "Progressing").status, "False");
+});
+
+test("a generated Secret deleted by hand is created again on the next pass (no restart)", async () => {
+  const secrets = [...api.store.keys()].filter((k) => k.startsWith("secrets/infera/"));
+  assert.ok(secrets.length > 0);
+  const victim = secrets.find((k) => k.includes("nats-credentials")) ?? secrets[0];
+  const old = api.store.get(victim)!;
+  api.store.delete(victim); // kubectl delete secret
+  await until("Secret recreated", () => api.store.has(victim));
+  const again = api.store.get(victim)!;
+  assert.notEqual(again.metadata.uid, old.metadata.uid, "a new object");
+  assert.deepEqual(
+    Object.keys(again.data ?? again.stringData).sort(),
+    Object.keys(old.data ?? old.stringData).sort(),
+  );
+  assert.equal(again.metadata.ownerReferences?.[0]?.kind, "InferaCluster");
 });
 
 test("scale change in the custom resource → the StatefulSet is re-applied with the new replicas", async () => {

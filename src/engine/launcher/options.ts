@@ -10,6 +10,7 @@ import { hostname, networkInterfaces } from "node:os";
 import { envVar } from "../../config/env-table.ts";
 import type { EngineKind, WorkerRole } from "../../discovery/types.ts";
 import { BadRequestError } from "../../protocol/errors.ts";
+import { maskUrlUserinfo, urlHasPassword } from "../../util/mask.ts";
 import { otlpTracesUrl } from "../../util/otlp-url.ts";
 import { splitCommand } from "./common.ts";
 import { detectGidIndex } from "./gid.ts";
@@ -97,6 +98,25 @@ function normalizeBackend(engine: EngineKind, v: TransferBackend): TransferBacke
   return v;
 }
 
+/**
+ * The engine's traces URL. It goes on the engine's own command line (`--otlp-traces-endpoint`),
+ * which every user of the host can read, so a URL with a password is refused: the engines'
+ * Python OTLP exporter takes headers from OTEL_EXPORTER_OTLP_TRACES_HEADERS (or
+ * OTEL_EXPORTER_OTLP_HEADERS) in its environment, which `infera engine` passes on.
+ */
+function engineOtlpUrl(endpoint: string | undefined): string | undefined {
+  if (!endpoint) return undefined;
+  if (urlHasPassword(endpoint))
+    throw new BadRequestError(
+      `--otlp-endpoint ${maskUrlUserinfo(endpoint)} carries a password, and the engine gets the URL ` +
+        "on its command line, where any user of the host can read it: give the URL without it and " +
+        "the credentials as a header in OTEL_EXPORTER_OTLP_TRACES_HEADERS " +
+        "(e.g. Authorization=Basic%20<base64>), which the engine's exporter reads from its environment",
+      "otlp-endpoint",
+    );
+  return otlpTracesUrl(endpoint);
+}
+
 export async function buildLaunchSpec(
   engine: EngineKind,
   flags: LaunchFlags,
@@ -153,7 +173,7 @@ export async function buildLaunchSpec(
     ibDevice: flags.ibDevice,
     engineBin: flags.engineBin ? splitCommand(flags.engineBin) : undefined,
     sim: flags.sim === true,
-    otlpTracesUrl: flags.otlpEndpoint ? otlpTracesUrl(flags.otlpEndpoint) : undefined,
+    otlpTracesUrl: engineOtlpUrl(flags.otlpEndpoint),
     extraArgs,
   };
   if (spec.engineBin?.length === 0) throw new BadRequestError("--engine-bin is empty", "engine-bin");

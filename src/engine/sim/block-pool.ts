@@ -29,14 +29,23 @@ export class BlockPool {
    * caches is offloaded to a CPU LRU of this many blocks, and reported as the connector reports
    * it (vllm-project/vllm vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py
    * @ 0072b0b7443bdddf17824c78d4feae8e1fc12fb4, take_events: BlockStored with medium "CPU", the
-   * block hashes, token_ids [] and no parent; BlockRemoved "CPU" when the LRU drops one). The
-   * offloaded copy is not loaded back on a hit (the sim recomputes): only the events are modelled.
+   * block hashes, token_ids [], no parent and the offloaded `block_size`; BlockRemoved "CPU" when
+   * the LRU drops one). An offloaded block holds `cpuFactor` GPU blocks (extra config
+   * `block_size`), offloaded once the request has all of them, aligned from its start. Its hash
+   * is what the connector sends: raw bytes, never converted to an int, the concatenation of its
+   * GPU blocks' digests (vllm/v1/core/kv_cache_utils.py BlockHashListWithBlockSize @
+   * 001cabc1be16a59a70d720ed61a13b678c060a18); the sim's 64-bit hash is a 32-byte digest's low 64
+   * bits, as the GPU events' ints are under VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES. The offloaded
+   * copy is not loaded back on a hit (the sim recomputes): only the events are modelled. The LRU
+   * is keyed by the group's last GPU hash (it names the whole prefix) and holds the event hash.
    */
-  private readonly cpu: Map<bigint, true> | null;
+  private readonly cpu: Map<bigint, Uint8Array> | null;
   private readonly cpuBlocks: number;
+  private readonly cpuFactor: number;
 
-  constructor(numBlocks: number, blockSize: number, enableCaching = true, cpuBlocks = 0) {
+  constructor(numBlocks: number, blockSize: number, enableCaching = true, cpuBlocks = 0, cpuFactor = 1) {
     this.cpuBlocks = cpuBlocks;
+    this.cpuFactor = cpuFactor;
     this.cpu = cpuBlocks > 0 ? new Map() : null;
     this.numBlocks = numBlocks;
     this.blockSize = blockSize;
@@ -159,7 +168,6 @@ export class BlockPool {
         extraKeys,
         salt,
       });
-      if (this.cpu) this.offload(run.hashes);
       run = null;
     };
     for (let b = from; b < to; b++) {
@@ -179,25 +187,34 @@ export class BlockPool {
       run.hashes.push(h);
     }
     flush(to);
+    if (this.cpu) this.offload(hashes, from, to);
   }
 
-  /** Offloads newly cached blocks to the CPU LRU (see `cpu`), evicting its oldest past capacity. */
-  private offload(hashes: readonly bigint[]): void {
+  /**
+   * Offloads the groups of `cpuFactor` blocks that caching blocks [from, to) of a request
+   * completed to the CPU LRU (see `cpu`), evicting its oldest past capacity.
+   */
+  private offload(hashes: readonly bigint[], from: number, to: number): void {
     const cpu = this.cpu!;
-    const stored: bigint[] = [];
-    for (const h of hashes) {
-      if (cpu.delete(h)) {
-        cpu.set(h, true); // already offloaded: refreshed, no event
+    const k = this.cpuFactor;
+    const stored: Uint8Array[] = [];
+    for (let g = Math.floor(from / k); (g + 1) * k <= to; g++) {
+      const last = hashes[(g + 1) * k - 1];
+      const known = cpu.get(last);
+      if (known) {
+        cpu.delete(last);
+        cpu.set(last, known); // already offloaded: refreshed, no event
         continue;
       }
-      cpu.set(h, true);
-      stored.push(h);
+      const digest = offloadDigest(hashes, g * k, (g + 1) * k);
+      cpu.set(last, digest);
+      stored.push(digest);
     }
-    const evicted: bigint[] = [];
+    const evicted: Uint8Array[] = [];
     while (cpu.size > this.cpuBlocks) {
-      const oldest = cpu.keys().next().value!;
+      const [oldest, digest] = cpu.entries().next().value!;
       cpu.delete(oldest);
-      evicted.push(oldest);
+      evicted.push(digest);
     }
     if (stored.length > 0)
       this.pending.push({
@@ -205,7 +222,7 @@ export class BlockPool {
         blockHashes: stored,
         parentBlockHash: null,
         tokenIds: [],
-        blockSize: this.blockSize,
+        blockSize: this.blockSize * k,
         extraKeys: null,
         medium: "CPU",
       });
@@ -258,4 +275,11 @@ export class BlockPool {
     this.inFree[id] = 1;
     this.freeCount++;
   }
+}
+
+/** GPU blocks [from, to)'s hashes as the offloading connector names their group (see `cpu`). */
+function offloadDigest(hashes: readonly bigint[], from: number, to: number): Uint8Array {
+  const out = Buffer.alloc(32 * (to - from));
+  for (let i = from; i < to; i++) out.writeBigUInt64BE(hashes[i], 32 * (i - from) + 24);
+  return out;
 }

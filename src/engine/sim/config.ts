@@ -138,12 +138,28 @@ export function deriveFromKvTransfer(cfg: Record<string, unknown>): {
 }
 
 /**
-<<<<<<< HEAD
  * CPU blocks of vLLM's native KV offloading (`--kv-transfer-config '{"kv_connector":
  * "OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_cpu_blocks":N}}'`),
  * 0 when not configured. The sim then offloads every block it caches to a CPU LRU of N blocks and
  * reports it as vLLM's connector does (./block-pool.ts).
  */
+/**
+ * GPU blocks per offloaded block: the extra config's `block_size` (the offloaded block size,
+ * default the GPU block size) over the GPU block size. vLLM asserts it is a multiple
+ * (vllm/v1/kv_offload/spec.py OffloadingSpec.__init__), so a start with another one fails.
+ */
+export function offloadBlockFactor(cfg: Record<string, unknown>, gpuBlockSize: number): number {
+  const extra = cfg.kv_connector_extra_config;
+  const size = extra && typeof extra === "object" ? (extra as Record<string, unknown>).block_size : undefined;
+  if (size === undefined || size === null) return 1;
+  const n = Number(size);
+  if (!Number.isInteger(n) || n <= 0 || n % gpuBlockSize !== 0)
+    throw new Error(
+      `AssertionError: kv_connector_extra_config.block_size ${String(size)} is not a multiple of the GPU block size ${gpuBlockSize}`,
+    );
+  return n / gpuBlockSize;
+}
+
 export function offloadCpuBlocks(cfg: Record<string, unknown>): number {
   if (cfg.kv_connector !== "OffloadingConnector") return 0;
   const extra = cfg.kv_connector_extra_config;
@@ -153,17 +169,9 @@ export function offloadCpuBlocks(cfg: Record<string, unknown>): number {
 }
 
 /**
- * Whether the engine binds or connects its KV PUB socket for `endpoint`:
- * - vLLM: bind only for `*`, `::`, ipc://, inproc:// (vllm-project/vllm
- *   vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup @ 0181ea3173e53eea8cf04a86891488e3dc89bb34);
- * - SGLang: also `0.0.0.0` (python/sglang/srt/disaggregation/kv_events.py _socket_setup);
- * - ATOM: always binds (ROCm/ATOM atom/distributed/kv_events.py @ ffdf3bb5).
- * Anything else is connect(): no subscriber ever hears such an engine.
-=======
  * Whether a ZMQ publisher binds `endpoint` rather than connecting to it: wildcards (`*`, `::`),
  * ipc:// and inproc://, plus `0.0.0.0` where the engine counts it (SGLang). Each personality's
  * kvPubMode cites its engine's rule.
->>>>>>> main
  */
 export function zmqBindsFor(endpoint: string, anyIpv4IsWildcard: boolean): boolean {
   return (

@@ -1,7 +1,7 @@
 import type { FastHistogramFamily } from "../../util/fast-metrics.ts";
 import type { Logger } from "../../util/log.ts";
 import { BlockPool } from "./block-pool.ts";
-import { offloadCpuBlocks, type SimConfig } from "./config.ts";
+import { offloadBlockFactor, offloadCpuBlocks, type SimConfig } from "./config.ts";
 import type { KvEventPublisher } from "./kv-publisher.ts";
 import { SimMetrics } from "./metrics.ts";
 import type { Personality } from "./personalities/types.ts";
@@ -66,6 +66,9 @@ export class SimEngine {
       cfg.blockSize,
       cfg.enablePrefixCaching,
       offloadCpuBlocks(cfg.kvTransferConfig),
+      offloadCpuBlocks(cfg.kvTransferConfig) > 0
+        ? offloadBlockFactor(cfg.kvTransferConfig, cfg.blockSize)
+        : 1,
     );
     this.metrics = new SimMetrics({
       personality,

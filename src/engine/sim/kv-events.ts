@@ -1,7 +1,13 @@
 /** KV cache events as the block pool emits them (encoded for the wire by kv-publisher.ts). */
+/**
+ * A block hash on the wire: the sim's 64-bit hash (an int, as GPU events carry it), or raw
+ * digest bytes, as vLLM's offloading connector reports its blocks (./block-pool.ts).
+ */
+export type SimBlockHash = bigint | Uint8Array;
+
 export interface BlockStoredEvent {
   type: "BlockStored";
-  blockHashes: bigint[];
+  blockHashes: SimBlockHash[];
   parentBlockHash: bigint | null;
   tokenIds: number[];
   blockSize: number;
@@ -15,7 +21,7 @@ export interface BlockStoredEvent {
 
 export interface BlockRemovedEvent {
   type: "BlockRemoved";
-  blockHashes: bigint[];
+  blockHashes: SimBlockHash[];
   medium?: string;
 }
 

@@ -17,7 +17,7 @@
  *   BlockStored is [tag, hashes, parent, tokens, block_size], BlockRemoved [tag, hashes]);
  *   atom/model_engine/block_manager.py emits coalesced runs with medium GPU.
  */
-import type { KvEvent } from "./kv-events.ts";
+import type { KvEvent, SimBlockHash } from "./kv-events.ts";
 
 export type KvLayout = "vllm-map" | "vllm-array" | "sglang" | "atom";
 
@@ -74,7 +74,7 @@ function vllmArray(e: KvEvent): unknown[] {
 function sglang(e: KvEvent, out: unknown[]): void {
   switch (e.type) {
     case "BlockStored": {
-      let parent = e.parentBlockHash;
+      let parent: SimBlockHash | null = e.parentBlockHash;
       e.blockHashes.forEach((h, i) => {
         const page = e.tokenIds.slice(i * e.blockSize, (i + 1) * e.blockSize);
         const ev: unknown[] = ["BlockStored", [h], parent, page, page.length, null, "GPU"];

@@ -24,6 +24,18 @@ export interface ToolDef {
   parameters: unknown;
 }
 
+/** What an engine may build a tool call's id from. */
+export interface ToolCallSlot {
+  /** The function called. */
+  name: string;
+  /** The call's position in this answer. */
+  index: number;
+  /** Tool calls in the request's earlier assistant messages. */
+  history: number;
+  /** `--tool-call-parser`, when set. */
+  parser: string | undefined;
+}
+
 /** The engine's request rules, one object per personality. */
 export interface RequestRules {
   /** Whether the engine reads `tools` / `tool_choice` at all. */
@@ -33,7 +45,7 @@ export interface RequestRules {
   /** With tool_choice auto: whether the server's tool parser is on (the sim then sometimes calls a tool). */
   autoToolCalls(cfg: SimConfig): boolean;
   /** A new tool call's id, as the engine makes it. */
-  newToolCallId(): string;
+  newToolCallId(call: ToolCallSlot): string;
   /** Structured-output fields honoured: response_format; vLLM's structured_outputs / guided_*; SGLang's json_schema. */
   readonly structured: { responseFormat: boolean; vllmFields: boolean; sglangFields: boolean };
   /** Temperature checks (`negative`: the words before ", got -1.0."; max null: no upper bound); null: not checked. */
@@ -45,12 +57,18 @@ export interface RequestRules {
 /** One choice's tool-call layout in its scripted text (tool-answer.ts turns it into the wire shape). */
 export type ChoiceShape =
   | { kind: "named"; name: string; id: string }
-  | { kind: "calls"; calls: { name: string; id: string; start: number; end: number }[] };
+  | { kind: "calls"; calls: { name: string; id: string; start: number; end: number }[] }
+  /** Auto: calls in the tool parser's own format (Hermes), `nameEnd` just past the name's closing quote. */
+  | { kind: "parsed"; calls: { name: string; id: string; nameEnd: number; start: number; end: number }[] };
 
 export interface AnswerPlan {
   tools: ToolDef[];
   choice: ToolChoice;
   autoCalls: boolean;
+  /** Tool calls in the request's earlier assistant messages (SGLang's kimi_k2 ids count on). */
+  toolHistory: number;
+  /** The server's `--tool-call-parser`, when set. */
+  toolCallParser: string | undefined;
   /** Structured-output schema (json_object: {}), or a fixed choice list, or null for free text. */
   schema: unknown;
   choices: string[] | null;
@@ -165,6 +183,17 @@ function checkTemperature(body: Obj, rules: RequestRules, n: number): boolean {
   return t < 1e-5;
 }
 
+/** Tool calls in the assistant messages already in the conversation. */
+function historyToolCalls(body: Obj): number {
+  if (!Array.isArray(body.messages)) return 0;
+  let n = 0;
+  for (const m of body.messages) {
+    const o = obj(m);
+    if (o?.role === "assistant" && Array.isArray(o.tool_calls)) n += o.tool_calls.length;
+  }
+  return n;
+}
+
 export function planAnswer(
   kind: "chat" | "completion",
   body: Obj,
@@ -191,6 +220,8 @@ export function planAnswer(
     tools,
     choice,
     autoCalls: choice.kind === "auto" && rules.autoToolCalls(cfg),
+    toolHistory: kind === "chat" ? historyToolCalls(body) : 0,
+    toolCallParser: cfg.toolCallParser,
     ...parseStructured(body, rules),
     greedy,
     priority: ok === true ? prio : 0,
@@ -217,6 +248,29 @@ function callsText(calls: { tool: ToolDef; args: unknown; id: string }[]): {
   return { text: `${text}]`, shape: { kind: "calls", calls: spans } };
 }
 
+/**
+ * What a model trained on the Hermes tool format writes for an auto call, and what vLLM's
+ * `hermes` parser (and SGLang's qwen25 detector) read: `<tool_call>\n{"name": ..., "arguments":
+ * ...}\n</tool_call>`, the arguments as Python's json.dumps spaces them.
+ */
+function hermesText(calls: { tool: ToolDef; args: unknown; id: string }[]): {
+  text: string;
+  shape: ChoiceShape;
+} {
+  let text = "";
+  const spans: { name: string; id: string; nameEnd: number; start: number; end: number }[] = [];
+  calls.forEach((c, k) => {
+    if (k > 0) text += "\n";
+    text += `<tool_call>\n{"name": ${JSON.stringify(c.tool.name)}`;
+    const nameEnd = text.length;
+    text += ', "arguments": ';
+    const args = pyJson(c.args);
+    spans.push({ name: c.tool.name, id: c.id, nameEnd, start: text.length, end: text.length + args.length });
+    text += `${args}}\n</tool_call>`;
+  });
+  return { text, shape: { kind: "parsed", calls: spans } };
+}
+
 /** One choice's scripted answer, or null for free text. */
 export function scriptFor(
   plan: AnswerPlan,
@@ -224,15 +278,22 @@ export function scriptFor(
   rules: RequestRules,
 ): { text: string; shape: ChoiceShape | null } | null {
   const c = plan.choice;
+  const id = (name: string, index: number) =>
+    rules.newToolCallId({ name, index, history: plan.toolHistory, parser: plan.toolCallParser });
   if (c.kind === "named") {
     const tool = plan.tools.find((t) => t.name === c.name)!;
     const text = pyJson(generateFromSchema(tool.parameters, rng));
-    return { text, shape: { kind: "named", name: c.name, id: rules.newToolCallId() } };
+    return { text, shape: { kind: "named", name: c.name, id: id(c.name, 0) } };
   }
-  // Auto with a parser on: the seeded draw decides whether this answer calls a tool.
-  if (c.kind === "required" || (plan.autoCalls && rng.next() < 0.5)) {
+  if (c.kind === "required") {
     const tool = plan.tools[Math.floor(rng.next() * plan.tools.length)];
-    return callsText([{ tool, args: generateFromSchema(tool.parameters, rng), id: rules.newToolCallId() }]);
+    return callsText([{ tool, args: generateFromSchema(tool.parameters, rng), id: id(tool.name, 0) }]);
+  }
+  // Auto with a parser on: the seeded draw decides whether this answer calls a tool, written
+  // in the parser's format (required's JSON-array shape is vLLM's constrained decoding, not this).
+  if (plan.autoCalls && rng.next() < 0.5) {
+    const tool = plan.tools[Math.floor(rng.next() * plan.tools.length)];
+    return hermesText([{ tool, args: generateFromSchema(tool.parameters, rng), id: id(tool.name, 0) }]);
   }
   if (plan.choices && plan.choices.length > 0)
     return { text: plan.choices[Math.floor(rng.next() * plan.choices.length)], shape: null };
@@ -240,12 +301,22 @@ export function scriptFor(
   return null;
 }
 
-/** SGLang's tool-call id (`call_` + 24 hex digits; not checked against its source yet). */
-export function sglangToolCallId(): string {
+/**
+ * SGLang's tool-call id (python/sglang/srt/entrypoints/openai/serving_chat.py
+ * `_process_tool_call_id` @ 002897c23becbd522d88b8115a763a21765f978a): `call_` + the first 24
+ * hex digits of a uuid4, except with `--tool-call-parser kimi_k2`, whose model names its calls
+ * `functions.{name}:{n}`, n counting the conversation's earlier tool calls plus this call's index.
+ */
+export function sglangToolCallId(call: ToolCallSlot): string {
+  if (call.parser === "kimi_k2") return `functions.${call.name}:${call.history + call.index}`;
   return `call_${randomUUID().replaceAll("-", "").slice(0, 24)}`;
 }
 
-/** vLLM's random tool-call id (vllm/entrypoints/chat_utils.py make_tool_call_id, id_type "random"). */
+/**
+ * vLLM's random tool-call id (vllm/entrypoints/chat_utils.py make_tool_call_id, id_type
+ * "random": `chatcmpl-tool-` + uuid4 hex). vLLM's other id_type, kimi_k2, follows the model's
+ * HF config (model_type kimi_*), which the sim does not have.
+ */
 export function vllmToolCallId(): string {
   return `chatcmpl-tool-${randomUUID().replaceAll("-", "")}`;
 }

@@ -397,7 +397,13 @@ export class RequestResponder implements SeqSink {
     const calls = shape ? toolMessage(shape, s.output.text, finish) : null;
     if (shape && calls)
       return {
-        message: { role: "assistant", content: "", refusal: null, tool_calls: calls },
+        // vLLM: "" for named / required; auto: the parser's content, the text before the call (none).
+        message: {
+          role: "assistant",
+          content: shape.kind === "parsed" ? null : "",
+          refusal: null,
+          tool_calls: calls,
+        },
         finish_reason: toolFinishReason(shape, finish, false),
       };
     return {

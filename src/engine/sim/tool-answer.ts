@@ -12,6 +12,14 @@
  *   far>}}`; then `{index, function: {name: null, arguments: <delta>}}` up to the parameters'
  *   closing brace; finish_reason "tool_calls". Whole: arguments = json.dumps(parameters),
  *   finish_reason "tool_calls" when the output stopped (not cut by length).
+ * - auto with a tool parser (Hermes format, `<tool_call>{"name", "arguments"}</tool_call>`):
+ *   vllm/tool_parsers/hermes_tool_parser.py @ 02bb669bf661df8b946121215ecb213468247b22.
+ *   Streamed (extract_tool_calls_streaming), a call is announced once its name is whole:
+ *   `{index: <call index>, type, id, function: {name}}` (no arguments key), then
+ *   `{index, function: {arguments: <delta>}}` from the arguments' first character to their
+ *   last; the tags are never sent as content. Whole (extract_tool_calls): `content` is the text
+ *   before the first `<tool_call>` (null when none), arguments = json.dumps(arguments),
+ *   finish_reason "tool_calls"; a cut call fails to parse and comes back as text.
  */
 import type { FinishReason } from "./output.ts";
 import type { ChoiceShape } from "./request-plan.ts";
@@ -41,6 +49,16 @@ export function toolDeltas(
     ];
   }
   const out: Delta[] = [];
+  if (shape.kind === "parsed") {
+    shape.calls.forEach((c, k) => {
+      if (from < c.nameEnd && to >= c.nameEnd)
+        out.push({ index: k, type: "function", id: c.id, function: { name: c.name } });
+      const a = Math.max(from, c.start);
+      const b = Math.min(to, c.end);
+      if (b > a) out.push({ index: k, function: { arguments: text.slice(a, b) } });
+    });
+    return out.length > 0 ? out : null;
+  }
   shape.calls.forEach((c, k) => {
     // Announced once the text so far holds the parameters' opening brace.
     const announcedBefore = from > c.start;

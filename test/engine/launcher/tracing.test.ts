@@ -9,6 +9,13 @@
  *   (sgl-project/sglang docs/references/production_request_trace.md @
  *   93d04878cfb9b08645fae7b11bd340ee33b34acf).
  * - ATOM: no tracing flag (none found in ROCm/ATOM's launcher): nothing added.
+ *
+ * Credentials: the URL lands on the engine's argv, so one with a password is refused. vLLM
+ * builds `OTLPSpanExporter(endpoint=...)` with no headers (otel.py above), and that exporter
+ * reads them from OTEL_EXPORTER_OTLP_TRACES_HEADERS, else OTEL_EXPORTER_OTLP_HEADERS
+ * (open-telemetry/opentelemetry-python exporter/opentelemetry-exporter-otlp-proto-http/src/
+ * opentelemetry/exporter/otlp/proto/http/trace_exporter/__init__.py `OTLPSpanExporter.__init__`
+ * @ 015b3cd2cbbe821df8c0e4f4c31517a0a9d84522): the way the error names.
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
@@ -38,6 +45,21 @@ describe("engine tracing flags", () => {
     const plain = await build("vllm");
     assert.equal(flagValue(plain.cmd.argv, "--otlp-traces-endpoint"), undefined);
     assert.equal(plain.cmd.env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, undefined);
+  });
+
+  it("a URL with a password is refused (it would be on the engine's argv), masked in the error", async () => {
+    for (const engine of ["vllm", "sglang"] as const) {
+      await assert.rejects(
+        build(engine, { otlpEndpoint: "http://otel:s3cret@collector:4318" }),
+        (e: Error) =>
+          e.message.includes("OTEL_EXPORTER_OTLP_TRACES_HEADERS") &&
+          e.message.includes("otel:***@collector") &&
+          !e.message.includes("s3cret"),
+      );
+    }
+    // A user without a password is no secret: kept.
+    const { cmd } = await build("vllm", { otlpEndpoint: "http://otel@collector:4318" });
+    assert.equal(flagValue(cmd.argv, "--otlp-traces-endpoint"), "http://otel@collector:4318/v1/traces");
   });
 
   it("the sim takes vLLM's flag (it traces) and SGLang's flags (accepted)", () => {

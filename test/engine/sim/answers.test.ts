@@ -23,25 +23,9 @@ import { z } from "zod";
 import { OutputVocab } from "../../../src/engine/sim/output.ts";
 import { type SimHandle, startSimEngine } from "../../../src/engine/sim/server.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
+import { autoBody, MSG, WEATHER } from "./tool-fixtures.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "warn";
-
-const WEATHER: OpenAI.ChatCompletionTool = {
-  type: "function",
-  function: {
-    name: "get_weather",
-    parameters: {
-      type: "object",
-      properties: {
-        city: { type: "string" },
-        unit: { type: "string", enum: ["c", "f"] },
-        days: { type: "integer", minimum: 1, maximum: 7 },
-      },
-      required: ["city", "unit", "days"],
-    },
-  },
-};
-const MSG = [{ role: "user" as const, content: "What is the weather in Oslo?" }];
 
 async function start(argv: string[]): Promise<{ sim: SimHandle; client: OpenAI }> {
   const sim = await startSimEngine({
@@ -330,14 +314,7 @@ describe("sim answers like vLLM: --enable-auto-tool-choice --tool-call-parser he
   it("auto: seeded, sometimes a tool call (finish tool_calls), sometimes text", async () => {
     const kinds = new Set<string>();
     const kind = async (seed: number) => {
-      const r = await client.chat.completions.create({
-        model: "m",
-        messages: MSG,
-        tools: [WEATHER],
-        tool_choice: "auto",
-        seed,
-        max_tokens: 200,
-      });
+      const r = await client.chat.completions.create(autoBody(seed));
       const c = r.choices[0];
       if (c.message.tool_calls?.length) assert.equal(c.finish_reason, "tool_calls");
       return c.message.tool_calls?.length ? "tool" : "text";

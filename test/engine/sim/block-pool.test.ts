@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { blockHash, extendBlockHashes } from "../../../src/engine/sim/block-hash.ts";
 import { BlockPool } from "../../../src/engine/sim/block-pool.ts";
+import { offloadBlockFactor } from "../../../src/engine/sim/config.ts";
 import type { BlockRemovedEvent, BlockStoredEvent } from "../../../src/engine/sim/kv-events.ts";
 
 const range = (start: number, n: number): number[] => Array.from({ length: n }, (_, i) => start + i);
@@ -124,5 +125,67 @@ describe("BlockPool", () => {
     pool.cacheBlocks(b, h, t, 0, 2, "tenant");
     const st = pool.drain()[0] as BlockStoredEvent;
     assert.deepEqual(st.extraKeys, [["tenant"], null]);
+  });
+
+  // vLLM's OffloadingConnector (offloading/scheduler.py take_events @
+  // 0072b0b7443bdddf17824c78d4feae8e1fc12fb4): hash-only BlockStored / BlockRemoved with medium
+  // "CPU" and the offloaded block_size; the hash of an offloaded block of k GPU blocks is their k
+  // digests concatenated (vllm/v1/core/kv_cache_utils.py BlockHashListWithBlockSize @
+  // 001cabc1be16a59a70d720ed61a13b678c060a18), sent as raw bytes.
+  it("offloads whole groups of GPU blocks, named by their digests concatenated; evicts the oldest", () => {
+    const pool = new BlockPool(16, 4, true, 2, 2);
+    const tokens = range(300, 20); // 5 blocks: 2 whole groups
+    const hashes = extendBlockHashes([], tokens, 4, null);
+    const ids = pool.allocate(5)!;
+    pool.cacheBlocks(ids, hashes, tokens, 0, 3, null); // group 0 complete, group 1 not yet
+    const digest = (from: number, to: number) =>
+      Buffer.concat(
+        hashes.slice(from, to).map((h) => {
+          const d = Buffer.alloc(32);
+          d.writeBigUInt64BE(h, 24);
+          return d;
+        }),
+      );
+    const cpu = (evs: ReturnType<typeof pool.drain>) =>
+      evs.filter((e) => e.type !== "AllBlocksCleared" && e.medium === "CPU") as (
+        | BlockStoredEvent
+        | BlockRemovedEvent
+      )[];
+    let ev = cpu(pool.drain());
+    assert.equal(ev.length, 1);
+    const st = ev[0] as BlockStoredEvent;
+    assert.deepEqual([st.type, st.blockSize, st.tokenIds, st.parentBlockHash], ["BlockStored", 8, [], null]);
+    assert.deepEqual(
+      st.blockHashes.map((h) => Buffer.from(h as Uint8Array)),
+      [digest(0, 2)],
+    );
+    pool.cacheBlocks(ids, hashes, tokens, 3, 5, null); // completes group 1; block 4 waits for a 6th
+    ev = cpu(pool.drain());
+    assert.deepEqual(
+      (ev[0] as BlockStoredEvent).blockHashes.map((h) => Buffer.from(h as Uint8Array)),
+      [digest(2, 4)],
+    );
+    // A third group past the CPU's 2 blocks drops the oldest, reported with its own hash.
+    const other = range(900, 8);
+    const oh = extendBlockHashes([], other, 4, null);
+    pool.cacheBlocks(pool.allocate(2)!, oh, other, 0, 2, null);
+    ev = cpu(pool.drain());
+    const rm = ev.find((e) => e.type === "BlockRemoved") as BlockRemovedEvent;
+    assert.deepEqual(
+      rm.blockHashes.map((h) => Buffer.from(h as Uint8Array)),
+      [digest(0, 2)],
+    );
+  });
+
+  // vllm/v1/kv_offload/spec.py OffloadingSpec.__init__: block_size defaults to the GPU block
+  // size and must be a multiple of it (an assert: the engine does not start).
+  it("the offloaded block_size sets the group; one not a multiple of the GPU block size is refused", () => {
+    const cfg = (extra: Record<string, unknown>) => ({
+      kv_connector: "OffloadingConnector",
+      kv_connector_extra_config: { num_cpu_blocks: 8, ...extra },
+    });
+    assert.equal(offloadBlockFactor(cfg({}), 16), 1);
+    assert.equal(offloadBlockFactor(cfg({ block_size: 64 }), 16), 4);
+    assert.throws(() => offloadBlockFactor(cfg({ block_size: 24 }), 16), /multiple of the GPU block size 16/);
   });
 });

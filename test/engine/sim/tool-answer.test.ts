@@ -46,4 +46,26 @@ describe("tool-call deltas", () => {
     assert.equal(toolMessage(shape, text.slice(0, 20), "length"), null);
     assert.equal(toolFinishReason(shape, "length", false), "length");
   });
+
+  // vllm/tool_parsers/hermes_tool_parser.py @ 02bb669bf661df8b946121215ecb213468247b22
+  // extract_tool_calls_streaming: the name once whole (no arguments key), then argument diffs.
+  it("auto (hermes): a name-only announcement once the name is whole, then arguments alone", () => {
+    const text = '<tool_call>\n{"name": "f", "arguments": {"x": "y"}}\n</tool_call>';
+    const nameEnd = text.indexOf('"f"') + 3;
+    const start = text.indexOf('{"x');
+    const end = text.indexOf("}") + 1;
+    const shape: ChoiceShape = { kind: "parsed", calls: [{ name: "f", id: "id0", nameEnd, start, end }] };
+    assert.equal(toolDeltas(shape, 0, text, 0, nameEnd - 1), null);
+    assert.deepEqual(toolDeltas(shape, 0, text, nameEnd - 1, start + 2), [
+      { index: 0, type: "function", id: "id0", function: { name: "f" } },
+      { index: 0, function: { arguments: '{"' } },
+    ]);
+    assert.deepEqual(toolDeltas(shape, 0, text, start + 2, text.length), [
+      { index: 0, function: { arguments: 'x": "y"}' } },
+    ]);
+    assert.deepEqual(toolMessage(shape, text, "stop"), [
+      { id: "id0", type: "function", function: { name: "f", arguments: '{"x": "y"}' } },
+    ]);
+    assert.equal(toolFinishReason(shape, "stop", false), "tool_calls");
+  });
 });

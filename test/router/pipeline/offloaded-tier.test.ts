@@ -6,9 +6,15 @@
  * ZMQ. A prompt cached on w-a is pushed out of its GPU by other prompts but stays offloaded: its
  * follow-up is routed to w-a. Without the tier credit the two workers tie at no GPU overlap and
  * the tie goes to the worker holding fewer blocks, w-b.
+ *
+ * Twice: with offloaded blocks of the GPU block size, and of two GPU blocks (extra config
+ * `block_size`, vllm/v1/kv_offload/spec.py OffloadingSpec.__init__), whose hash is the two GPU
+ * digests concatenated (vllm/v1/core/kv_cache_utils.py BlockHashListWithBlockSize @
+ * 001cabc1be16a59a70d720ed61a13b678c060a18). The connector sends those hashes as raw bytes
+ * while the sim's GPU events carry ints (take_events @ 0072b0b7 converts nothing).
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
 import type { DecisionExplanationJson } from "../../../src/router/pipeline/decision-wire.ts";
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
@@ -22,49 +28,17 @@ const BS = 16;
 const logger = createLogger("test");
 logger.level = "silent";
 const tok = getDefaultTokenizer();
-let sims: SimProcess[] = [];
-let server: InferaServer;
 
-const OFFLOAD = JSON.stringify({
-  kv_connector: "OffloadingConnector",
-  kv_role: "kv_both",
-  kv_connector_extra_config: { num_cpu_blocks: 4096 },
-});
+const offload = (factor: number) =>
+  JSON.stringify({
+    kv_connector: "OffloadingConnector",
+    kv_role: "kv_both",
+    kv_connector_extra_config: { num_cpu_blocks: 4096, ...(factor > 1 ? { block_size: factor * BS } : {}) },
+  });
 
 /** About `words` words of a document no other prompt shares. */
 const doc = (tag: string, words: number) =>
   Array.from({ length: words }, (_, i) => `${tag}${i % 97} w${(i * 31) % 89}`).join(" ");
-
-before(async () => {
-  sims = await Promise.all(
-    ["w-a", "w-b"].map(() =>
-      startSim({
-        args: ["--block-size", String(BS), "--num-gpu-blocks", "64", "--kv-transfer-config", OFFLOAD],
-      }),
-    ),
-  );
-  const memory = new MemoryDiscovery(
-    ["w-a", "w-b"].map((id, i) =>
-      simWorkerRecord(sims[i]!, { id, model: MODEL, maxModelLen: 32768, blockSize: BS }),
-    ),
-  );
-  server = await startServer(
-    {
-      host: "127.0.0.1",
-      port: 0,
-      policy: "round-robin",
-      scrapeIntervalMs: 0,
-      profiles: { mixed: { scorers: [{ name: "kv-prefix", weight: 1 }], picker: { name: "argmin" } } },
-    },
-    { discovery: memory, logger },
-  );
-  await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
-});
-
-after(async () => {
-  await server?.close();
-  await Promise.all(sims.map((s) => s.stop()));
-});
 
 async function direct(sim: SimProcess, prompt: string): Promise<void> {
   const r = await fetch(`${sim.url}/v1/completions`, {
@@ -75,32 +49,80 @@ async function direct(sim: SimProcess, prompt: string): Promise<void> {
   assert.equal(r.status, 200, await r.text());
 }
 
-test("a prefix evicted from the GPU but offloaded to CPU still attracts its follow-up", async () => {
-  const p = doc("alpha", 100);
-  const tokens = tok.encode(p);
-  const blocks = Math.floor(tokens.length / BS);
-  assert.ok(blocks >= 20 && blocks < 60, `prompt blocks ${blocks}`);
-  await direct(sims[0]!, p);
-  const index = server.kvIngest!.indexFor(MODEL)!;
-  await waitUntil(() => index.overlaps(tokens, ["w-a"])[0]! >= blocks, 5000, "w-a indexed on GPU");
-  // Churn w-a's 64-block GPU pool with other prompts until the first one is evicted there.
-  for (let i = 0; i < 6; i++) await direct(sims[0]!, doc(`churn${i}-`, 100));
-  const gpuOf = () => index.overlaps(tokens, ["w-a"])[0]!;
-  const hostOf = () => index.tierOverlaps?.(tokens, ["w-a"])?.host[0] ?? 0;
-  await waitUntil(() => gpuOf() < blocks / 2 && hostOf() >= blocks, 5000, "evicted on GPU, kept on CPU");
+for (const factor of [1, 2]) {
+  describe(`offloaded blocks of ${factor} GPU block(s)`, () => {
+    let sims: SimProcess[] = [];
+    let server: InferaServer;
+    before(async () => {
+      sims = await Promise.all(
+        ["w-a", "w-b"].map(() =>
+          startSim({
+            args: [
+              "--block-size",
+              String(BS),
+              "--num-gpu-blocks",
+              "64",
+              "--kv-transfer-config",
+              offload(factor),
+            ],
+          }),
+        ),
+      );
+      const memory = new MemoryDiscovery(
+        ["w-a", "w-b"].map((id, i) =>
+          simWorkerRecord(sims[i]!, { id, model: MODEL, maxModelLen: 32768, blockSize: BS }),
+        ),
+      );
+      server = await startServer(
+        {
+          host: "127.0.0.1",
+          port: 0,
+          policy: "round-robin",
+          scrapeIntervalMs: 0,
+          profiles: { mixed: { scorers: [{ name: "kv-prefix", weight: 1 }], picker: { name: "argmin" } } },
+        },
+        { discovery: memory, logger },
+      );
+      await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
+    });
 
-  const r = await fetch(`${server.url}/v1/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: MODEL, prompt: `${p} and then?`, max_tokens: 1 }),
+    after(async () => {
+      await server?.close();
+      await Promise.all(sims.map((s) => s.stop()));
+    });
+
+    test("a prefix evicted from the GPU but offloaded to CPU still attracts its follow-up", async () => {
+      const p = doc("alpha", 100);
+      const tokens = tok.encode(p);
+      const blocks = Math.floor(tokens.length / BS);
+      assert.ok(blocks >= 20 && blocks < 60, `prompt blocks ${blocks}`);
+      await direct(sims[0]!, p);
+      const index = server.kvIngest!.indexFor(MODEL)!;
+      await waitUntil(() => index.overlaps(tokens, ["w-a"])[0]! >= blocks, 5000, "w-a indexed on GPU");
+      // Churn w-a's 64-block GPU pool with other prompts until the first one is evicted there.
+      for (let i = 0; i < 6; i++) await direct(sims[0]!, doc(`churn${i}-`, 100));
+      const gpuOf = () => index.overlaps(tokens, ["w-a"])[0]!;
+      const hostOf = () => index.tierOverlaps?.(tokens, ["w-a"])?.host[0] ?? 0;
+      await waitUntil(
+        () => gpuOf() < blocks / 2 && hostOf() >= blocks - (blocks % factor),
+        5000,
+        "evicted on GPU, kept on CPU",
+      );
+
+      const r = await fetch(`${server.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: MODEL, prompt: `${p} and then?`, max_tokens: 1 }),
+      });
+      assert.equal(r.status, 200);
+      const d = (
+        (await (await fetch(`${server.url}/debug/decisions?model=${MODEL}&limit=1`)).json()) as {
+          data: DecisionExplanationJson[];
+        }
+      ).data[0]!;
+      const [a, b] = d.candidates;
+      assert.equal(d.winner, "w-a", JSON.stringify(d.candidates));
+      assert.ok(a!.scores["kv-prefix"]! < b!.scores["kv-prefix"]!, "the host copy lowers w-a's prefill cost");
+    });
   });
-  assert.equal(r.status, 200);
-  const d = (
-    (await (await fetch(`${server.url}/debug/decisions?model=${MODEL}&limit=1`)).json()) as {
-      data: DecisionExplanationJson[];
-    }
-  ).data[0]!;
-  const [a, b] = d.candidates;
-  assert.equal(d.winner, "w-a", JSON.stringify(d.candidates));
-  assert.ok(a!.scores["kv-prefix"]! < b!.scores["kv-prefix"]!, "the host copy lowers w-a's prefill cost");
-});
+}
