@@ -7,7 +7,7 @@
  *   node bench/flow/run.ts [--workers 2] [--speed 0.25] [--duration-s 20] [--prompt 512]
  *     [--output 64] [--cal-clients 32] [--phases bands,tenants]
  *     [--max-waiting N] [--max-in-flight N] [--load-params JSON] [--variants JSON] [--engine-priority]
- *     [--repeat 1] [--out bench/flow/results.json]
+ *     [--repeat 1] [--reuse-prompts] [--out bench/flow/results.json]
  *
  * 1. Capacity: closed loop, `--cal-clients` (32) clients per worker, `--duration-s`: completed
  *    requests per second (a floor of the fleet's capacity: more clients may get more through).
@@ -88,6 +88,16 @@ interface Shot {
   outputTokens: number;
 }
 
+/**
+ * `words(n, seed)` has only 997 distinct values (seed mod 997): Runs 1–12 drew seeds at random,
+ * so as a run went on more and more prompts were already in the engines' prefix caches and the
+ * "2×" load shrank (later rounds' kv-aware was not overloaded at all). Each prompt now starts
+ * with a word of its own, so no request hits another's cache; `--reuse-prompts` restores the old
+ * prompts for a comparison with those runs.
+ */
+const REUSE_PROMPTS = args.includes("--reuse-prompts");
+const RUN_ID = `u${Math.random().toString(36).slice(2, 8)}`;
+let nth = 0;
 const words = (n: number, seed: number) =>
   Array.from({ length: n }, (_, i) => `w${(i * 7 + seed) % 997}`).join(" ");
 
@@ -99,7 +109,7 @@ async function shot(url: string, band: string, tenant: string, seed: number): Pr
       headers: { "content-type": "application/json", "x-infera-priority": band, "x-infera-tenant": tenant },
       body: JSON.stringify({
         model: MODEL,
-        prompt: words(PROMPT, seed),
+        prompt: REUSE_PROMPTS ? words(PROMPT, seed) : `${RUN_ID}-${nth++} ${words(PROMPT - 1, seed)}`,
         max_tokens: OUTPUT,
         ignore_eos: true,
         stream: true,
