@@ -2,24 +2,32 @@
 /**
  * Top-N self time of a V8 CPU profile (`node --cpu-prof` writes one .cpuprofile per process).
  *
- *   node scripts/cpu-prof-top.mjs <file.cpuprofile | dir> [--top 10] [--markdown]
+ *   node scripts/cpu-prof-top.mjs <file.cpuprofile | dir> [--top 10] [--markdown] [--window START,END]
  *
  * A directory means every .cpuprofile in it, summed. Self time is the samples whose top frame is
  * the function (by name + url + line), times the sampling interval, as Chrome DevTools' "Self
  * time" column shows it; `(idle)` and `(program)` stay in, so the share of busy time is visible.
+ *
+ * `--window START,END`: only samples taken between the two instants, in µs on the profile's own
+ * clock (CLOCK_MONOTONIC on Linux, as `process.hrtime` in any process of the machine reads it:
+ * bench/fleet-scale records each phase's window as `profileWindowUs`), to leave start-up out.
  */
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 
 const argv = process.argv.slice(2);
-const path = argv.find((a) => !a.startsWith("--"));
+const path = argv.find((a, i) => !a.startsWith("--") && !["--top", "--window"].includes(argv[i - 1]));
 if (!path) {
-  console.error("usage: node scripts/cpu-prof-top.mjs <file.cpuprofile | dir> [--top 10] [--markdown]");
+  console.error(
+    "usage: node scripts/cpu-prof-top.mjs <file.cpuprofile | dir> [--top 10] [--markdown] [--window START,END]",
+  );
   process.exit(2);
 }
 const topIdx = argv.indexOf("--top");
 const TOP = topIdx >= 0 ? Number(argv[topIdx + 1]) : 10;
 const MARKDOWN = argv.includes("--markdown");
+const winIdx = argv.indexOf("--window");
+const [FROM, TO] = winIdx >= 0 ? argv[winIdx + 1].split(",").map(Number) : [-Infinity, Infinity];
 
 const files = statSync(path).isDirectory()
   ? readdirSync(path)
@@ -40,8 +48,11 @@ for (const f of files) {
   }
   // timeDeltas[i] is the time since the previous sample: attribute it to sample i.
   const { samples, timeDeltas } = prof;
+  let t = prof.startTime;
   for (let i = 0; i < samples.length; i++) {
     const dt = Math.max(0, timeDeltas[i] ?? 0);
+    t += timeDeltas[i] ?? 0;
+    if (t < FROM || t > TO) continue;
     const k = keyOf.get(samples[i]);
     self.set(k, (self.get(k) ?? 0) + dt);
     total += dt;

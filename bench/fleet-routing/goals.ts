@@ -7,8 +7,9 @@
  *     [--loads 0.7,1.5] [--replicas 1,4] [--speed 0.2] [--window-s 10] [--warm-s 60] [--seed 28]
  *     [--max-output 32] [--workers 8] [--kv-blocks N] [--slo-ttft-ms 2000] [--slo-itl-ms 50] [--out DIR]
  *
- * Issue #29's multi-turn goal (Run I in RESULTS.md): `--loads 2 --replicas 1 --policies
- * kv-aware,kv-aware+flow,kv-aware+flow-ttft --slo-itl-ms 100` (the flow variants: ./servers.ts).
+ * Issue #29's multi-turn goal (Runs I and J in RESULTS.md): `--loads 2 --replicas 1 --policies
+ * kv-aware,kv-aware+flow,kv-aware+flow-local,kv-aware+flow-ttft --slo-itl-ms 100` (the flow
+ * variants, `-local` with flow control's locality: ./servers.ts).
  *
  * The trace: chat sessions (Poisson starts, whole history re-sent each turn, short think times)
  * at a session rate chosen so that the trace at time scale 1 offers about 1× the fleet's prefill

@@ -149,24 +149,35 @@ profiles:
  * miss it anyway and only delays the ones behind it. The server's clocks are wall time, hence
  * / speed (the sims run the modelled GPU `speed` times as fast as real time).
  * FLEET_ROUTING_FLOW_MAX_WAIT_S and FLEET_ROUTING_FLOW_TTFT_TARGET_S override both (model s).
+ * Both run without locality (`flow.locality.waitMs: 0`, the queue as Run I measured it);
+ * `kv-aware+flow-local` is `kv-aware+flow` with it (src/router/flow/locality.ts): a queued
+ * request waits up to FLOW_LOCALITY_WAIT_MODEL_S (FLEET_ROUTING_FLOW_LOCALITY_WAIT_S) for the
+ * worker holding ≥ FLEET_ROUTING_FLOW_LOCALITY_GAIN more of its prompt than any with headroom.
  */
 export const FLOW_NAME = "kv-aware+flow";
 export const FLOW_TTFT_NAME = "kv-aware+flow-ttft";
+export const FLOW_LOCAL_NAME = "kv-aware+flow-local";
 /**
- * `load` with a tighter KV-usage bound (issue #29's preemption goal, lane F): a worker past
- * FLEET_ROUTING_FLOW_MAX_KV (default 0.6) of its KV pool takes no new request, so what is
- * running keeps room to grow its context instead of being preempted.
+ * `load` with a tighter KV-usage bound (issue #29's preemption goal, lane F, bench/flow/RESULTS.md
+ * Run 10): a worker past FLEET_ROUTING_FLOW_MAX_KV (default 0.6) of its KV pool takes no new
+ * request, so what is running keeps room to grow its context instead of being preempted.
+ * `kv-aware+flow-local-kv`: the same with locality, as `kv-aware+flow-local`.
  */
 export const FLOW_KV_NAME = "kv-aware+flow-kv";
+export const FLOW_LOCAL_KV_NAME = "kv-aware+flow-local-kv";
 const FLOW_MAX_KV = Number(process.env.FLEET_ROUTING_FLOW_MAX_KV ?? 0.6);
 const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?? 1.5);
 const FLOW_TTFT_TARGET_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_TTFT_TARGET_S ?? 1);
+const FLOW_LOCALITY_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_WAIT_S ?? 0.5);
+const FLOW_LOCALITY_GAIN = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_GAIN ?? 512);
+const FLOW_LOCALITY_PICK = process.env.FLEET_ROUTING_FLOW_LOCALITY_PICK ?? "cheapest";
 const wallMs = (modelS: number, speed: number) => Math.max(1, Math.round((modelS * 1000) / speed));
-const FLOW_YAML = (speed: number, headroom: string) => `policy: kv-aware
+const FLOW_YAML = (speed: number, headroom: string, localityModelS = 0) => `policy: kv-aware
 flow:
   enabled: true
   maxQueue: 100000
   maxWaitMs: ${wallMs(FLOW_MAX_WAIT_MODEL_S, speed)}
+  locality: { waitMs: ${localityModelS > 0 ? wallMs(localityModelS, speed) : 0}, minGainTokens: ${FLOW_LOCALITY_GAIN}, pick: ${FLOW_LOCALITY_PICK} }
   headroom:
     - ${headroom}
 `;
@@ -182,7 +193,10 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [`${PENDING_NAME}-noguard`]: () => PENDING_YAML.replace(/ {4}filters:\n.*\n.*\n/, ""),
   [HOT_NAME]: () => HOT_YAML,
   [FLOW_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }"),
+  [FLOW_LOCAL_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }", FLOW_LOCALITY_WAIT_MODEL_S),
   [FLOW_KV_NAME]: (speed) => FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`),
+  [FLOW_LOCAL_KV_NAME]: (speed) =>
+    FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`, FLOW_LOCALITY_WAIT_MODEL_S),
   [FLOW_TTFT_NAME]: (speed) =>
     FLOW_YAML(
       speed,
@@ -374,6 +388,16 @@ export async function decisionsOf(servers: Replicas["servers"]): Promise<string>
         const reason = m[2] ? /reason="([^"]*)"/.exec(m[2])?.[1] : undefined;
         if (m[3] !== "0") out.push(`peer_${m[1]}${reason ? `_${reason}` : ""}=${m[3]}`);
       }
+      // Flow control (src/router/flow): locality outcomes and rejections by reason.
+      for (const m of text.matchAll(/^infera_flow_(locality|rejections)_total\{([^}]*)\} (\d+)/gm)) {
+        const label = /(?:outcome|reason)="([^"]*)"/.exec(m[2])?.[1];
+        if (label && m[3] !== "0") out.push(`flow_${m[1]}_${label}=${m[3]}`);
+      }
+      // The TTFT predictor's mean relative error (src/router/predict), when anything used it.
+      const sum = /^infera_ttft_prediction_relative_error_sum(?:\{[^}]*\})? (\S+)/m.exec(text);
+      const count = /^infera_ttft_prediction_relative_error_count(?:\{[^}]*\})? (\S+)/m.exec(text);
+      if (sum && count && Number(count[1]) > 0)
+        out.push(`ttft_rel_err_mean=${(Number(sum[1]) / Number(count[1])).toFixed(2)}(n=${count[1]})`);
       return out.join(" ");
     }),
   );

@@ -42,6 +42,8 @@ export interface StepFigures {
   throughput: number;
   /** Requests per model second that met both SLO parts (over the same span). */
   goodput: number;
+  /** Requests that met both SLO parts (a 429 or an unfinished one never does). */
+  good: number;
   /** Σ cached / Σ prompt tokens of the finished requests, from the engines' usage. */
   hitRate: number;
   /** The same requests' reachable reuse (never-evicting cache over the whole run) / prompt tokens. */
@@ -112,6 +114,7 @@ export function stepFigures(
     itlP50: percentile(itl, 50) ?? Number.NaN,
     throughput: spanModelS > 0 ? ok.length / spanModelS : 0,
     goodput: spanModelS > 0 ? good / spanModelS : 0,
+    good,
     hitRate,
     reachableRate,
     ofReachable: reachableRate > 0 ? hitRate / reachableRate : 0,

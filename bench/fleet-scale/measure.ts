@@ -11,6 +11,8 @@ const USER_HZ = 100;
 export interface CpuSample {
   /** utime + stime, in seconds. */
   cpu: number;
+  /** stime alone (the kernel's share: socket reads and writes, epoll), in seconds. */
+  sys: number;
   /** performance.now() when read, in seconds. */
   at: number;
 }
@@ -21,7 +23,11 @@ export function cpuOf(pid: number): CpuSample | null {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
     // Fields after the command name (which may hold spaces) start at state, field 3.
     const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    return { cpu: (Number(f[11]) + Number(f[12])) / USER_HZ, at: performance.now() / 1000 };
+    return {
+      cpu: (Number(f[11]) + Number(f[12])) / USER_HZ,
+      sys: Number(f[12]) / USER_HZ,
+      at: performance.now() / 1000,
+    };
   } catch {
     return null;
   }
@@ -71,7 +77,14 @@ export function cpuWindow(pids: Record<string, number>): { end(): Record<string,
       const cores = cpus().length;
       return {
         ...Object.fromEntries(
-          Object.entries(pids).map(([k, p]) => [k, round1(cpuShare(start[k], cpuOf(p)))]),
+          Object.entries(pids).flatMap(([k, p]) => {
+            const now = cpuOf(p);
+            const share: [string, number][] = [[k, round1(cpuShare(start[k], now))]];
+            // A server's kernel time apart: what its sockets cost beside its own code.
+            if (k.startsWith("server") && start[k] && now && now.at > start[k].at)
+              share.push([`${k}Kernel`, round1((100 * (now.sys - start[k].sys)) / (now.at - start[k].at))]);
+            return share;
+          }),
         ),
         machine: round1((100 * cores * (m1.busy - m0.busy)) / Math.max(1, m1.total - m0.total)),
       };

@@ -12,7 +12,7 @@
  *
  *   node bench/fleet-scale/run.ts [--workers 256,1000] [--rates 500,1000,2000] [--seconds 20]
  *     [--blocks 256] [--scrape-interval MS] [--max-rss-mib 6000] [--sim-root DIR] [--out bench/fleet-scale/results.json] [--merge]
- *     [--no-balancer] [--cpu-prof DIR]
+ *     [--no-balancer] [--one-replica] [--cpu-prof DIR] [--server-root DIR]
  *
  * Progress on stderr; the figures as JSON in --out and a summary on stdout.
  */
@@ -69,6 +69,13 @@ const SCRAPE_MS = argv.includes("--scrape-interval") ? Number(opt("scrape-interv
 const SIM_ROOT = argv.includes("--sim-root") ? opt("sim-root", "") : undefined;
 /** `--cpu-prof DIR`: server 1 under `node --cpu-prof` (its profile in DIR when it exits). */
 const CPU_PROF = argv.includes("--cpu-prof") ? opt("cpu-prof", "") : undefined;
+/**
+ * `--server-root DIR`: the servers from another checkout (a baseline worktree), the fleet, load
+ * and harness from this one, so before and after differ only in the server.
+ */
+const SERVER_ROOT = argv.includes("--server-root") ? opt("server-root", "") : undefined;
+/** `--one-replica`: stop after the one-replica phases (no replica 2, no balancer). */
+const ONE_REPLICA = argv.includes("--one-replica");
 const OUT = opt("out", fileURLToPath(new URL("./results.json", import.meta.url)));
 const MODEL = "sim-model";
 
@@ -77,6 +84,11 @@ const say = (s: string) =>
   process.stderr.write(`[fleet-scale ${((performance.now() - t0) / 1000).toFixed(0).padStart(4)} s] ${s}\n`);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const ms = (s: number) => Number((s * 1000).toFixed(4));
+/**
+ * µs on CLOCK_MONOTONIC, the clock of a `.cpuprofile`'s startTime and timeDeltas (V8's
+ * TimeTicks and libuv's hrtime both read it on Linux): a phase's window in a server's profile.
+ */
+const monoUs = () => Number(process.hrtime.bigint() / 1000n);
 
 /** The static discovery records of the fleet's engines, with their KV-event sockets. */
 interface Sample {
@@ -224,6 +236,7 @@ async function phase(
   let cpu: ReturnType<typeof cpuWindow> | null = null;
   const sampling = sampler(servers, samplePeriodMs);
   const startT = performance.now();
+  const monoStart = monoUs();
   const client = await runLoad(
     { urls: entry, rate, seconds: SECONDS, seed, prefixBase: seed * 1000, model: MODEL },
     () => {
@@ -236,6 +249,7 @@ async function phase(
     load: Number(client.cpuPct),
   };
   const seconds = (performance.now() - startT) / 1000;
+  const monoEnd = monoUs();
   const after = await Promise.all(servers.map((s) => scrape(s.url)));
   const loadAvgAfter = load();
   const peaks = (await sampling.stop()).map((p) => p.peak);
@@ -248,6 +262,8 @@ async function phase(
     seconds: round1(seconds),
     cpuSharePct: shares,
     loadAverage: { before: loadAvgBefore, after: loadAvgAfter },
+    /** The phase on the monotonic clock V8's CPU profiles use (scripts/cpu-prof-top.mjs --window). */
+    profileWindowUs: [monoStart, monoEnd],
     servers: servers.map((_, i) => ({
       ...serverFigures(before[i], after[i], seconds),
       ...perUnit(shares[`server${i + 1}`], Number(client.okPerS), before[i], after[i], seconds),
@@ -272,7 +288,9 @@ async function phase(
     say(
       `  server ${i + 1}: decision p50 ${s.decisionMs.p50} ms p99 ${s.decisionMs.p99} ms (${s.decisions} decisions), ${s.kvEventsPerS} events/s (${s.kvBatchesPerS} batches/s, peak ${s.peakKvEventsPerSample}/s), drain ${s.drainAfterLoad.seconds} s; CPU ${s.cpuPct}% = ${s.cpuMsPerRoutedRequest} ms/request, ${s.cpuUsPerKvEvent} µs/event`,
     );
-  say(`  CPU % of one core: ${JSON.stringify(shares)}; load average ${loadAvgAfter}`);
+  say(
+    `  CPU % of one core: ${JSON.stringify(shares)}; load average ${loadAvgAfter}; profile window ${monoStart},${monoEnd}`,
+  );
   return out;
 }
 
@@ -288,7 +306,7 @@ async function replayBurst(
   pids: Record<string, number>,
   base: { cpu: number; seconds: number; idleShare: number },
 ) {
-  const s = await startServer(workersFile, "info", SCRAPE_MS);
+  const s = await startServer(workersFile, "info", SCRAPE_MS, { root: SERVER_ROOT });
   const subscribedLine = s.firstLine(/kv events: subscribed/);
   const cpu = cpuWindow({ ...pids, server2: s.pid });
   const start = performance.now();
@@ -397,6 +415,27 @@ async function runSize(n: number) {
  */
 let samplePeriodMs = 1000;
 
+/**
+ * A one-replica phase's server CPU per routed request less what following the fleet costs at the
+ * same time (issue #32's "decision + proxy"): the idle share (subscriptions, load scraper) and
+ * the phase's KV events at the ingest-only phase's µs per event above idle.
+ */
+function routingCost(
+  s: { cpuPct: number; kvEventsPerS: number; decisions: number },
+  seconds: number,
+  res: Record<string, unknown>,
+): void {
+  const idle = (res.server1Idle as { cpuSharePct: Record<string, number> }).cpuSharePct.server1;
+  const ing = (res.ingestOnly as { servers: { cpuUsPerKvEventAboveIdle: number | null }[] }).servers[0];
+  const perEvent = ing.cpuUsPerKvEventAboveIdle ?? 0;
+  const following = idle + (perEvent * s.kvEventsPerS) / 1e4;
+  const routedPerS = s.decisions / seconds;
+  Object.assign(s, {
+    followingCpuPct: round1(following),
+    cpuUsPerRequestRouting: routedPerS > 0 ? round1(((s.cpuPct - following) / 100 / routedPerS) * 1e6) : null,
+  });
+}
+
 async function sizeSteps(n: number, dir: string, children: Child[], res: Record<string, unknown>) {
   samplePeriodMs = n > 256 ? 5000 : 1000;
   say(`${n} workers: starting the fleet (load average ${load()})`);
@@ -422,6 +461,7 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
 
   const s1 = await startServer(workersFile, "warn", SCRAPE_MS, {
     nodeArgs: CPU_PROF ? ["--cpu-prof", "--cpu-prof-dir", CPU_PROF] : [],
+    root: SERVER_ROOT,
   });
   children.push(s1);
   const st = performance.now();
@@ -478,8 +518,20 @@ async function sizeSteps(n: number, dir: string, children: Child[], res: Record<
 
   const one: unknown[] = [];
   res.oneReplica = one;
-  for (const [k, rate] of RATES.entries())
-    one.push(await phase("1 replica", rate, [s1.url], [s1], { fleet: fleet.pid, server1: s1.pid }, 10 + k));
+  for (const [k, rate] of RATES.entries()) {
+    const p = await phase("1 replica", rate, [s1.url], [s1], { fleet: fleet.pid, server1: s1.pid }, 10 + k);
+    routingCost(p.servers[0], p.seconds, res);
+    one.push(p);
+  }
+  if (ONE_REPLICA) {
+    res.end = {
+      server1RssMiB: Math.round(rssOf(s1.pid).rssMiB),
+      server1PeakRssMiB: Math.round(rssOf(s1.pid).hwmMiB),
+      fleetRssMiB: Math.round(rssOf(fleet.pid).rssMiB),
+      fleetPeakRssMiB: Math.round(rssOf(fleet.pid).hwmMiB),
+    };
+    return;
+  }
 
   say("starting replica 2: start-up replay burst");
   const burst = await replayBurst(

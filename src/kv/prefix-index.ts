@@ -45,6 +45,17 @@ export interface PrefixIndex {
   blockSizeOf(id: string): number | undefined;
   /** Blocks the worker holds, all ranks together (or one rank's). */
   blockCount(id: string, rank?: number): number;
+  /**
+   * `blockSizeOf`, `hasWorker ? blockCount : −1` and `syncOf` (as a code: 0 not tracked,
+   * 1 syncing, 2 synced, 3 unknown) for every worker of `workerIds` in one pass, into the rows
+   * given (block size 0: not tracked). Optional: the scheduler asks per worker without it.
+   */
+  candidateRows?(
+    workerIds: readonly string[],
+    blockSize: Int32Array,
+    held: Int32Array,
+    sync: Uint8Array,
+  ): void;
   /** True when some engine's events named `name` as a LoRA adapter. */
   isLora(name: string): boolean;
   /**

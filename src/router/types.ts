@@ -138,6 +138,13 @@ export interface RoutingPolicy {
   close?(): void;
   /** Its pending bridges' counters summed (a pipeline Scheduler with `bridgePending`), for /metrics. */
   bridgeCounters?(): Readonly<Record<string, number>> | undefined;
+  /**
+   * Per candidate (same positions), the prompt tokens the policy believes that worker holds in
+   * cache (its overlap source: the KV index, the pending bridge, peers' announcements); null when
+   * the policy reads no prefix. Records no decision. Flow control's locality reads it
+   * (src/router/flow/locality.ts).
+   */
+  cachedTokens?(req: RoutingRequest, candidates: readonly WorkerState[]): readonly number[] | null;
 }
 
 /** MixedRouter and DisaggRouter implement this; AutoRouter picks one per model. */

@@ -10,6 +10,7 @@
 import { request } from "undici";
 import type { DiscoveryEvent, DiscoveryWatcher, WorkerRecord, WorkerRole } from "../discovery/types.ts";
 import type { Logger } from "../util/log.ts";
+import { markStable } from "../util/stable-lists.ts";
 import type { EngineLoad, WorkerState } from "./types.ts";
 
 export type BreakerState = "closed" | "open" | "half-open";
@@ -277,14 +278,16 @@ export class WorkerSet {
       // AutoRouter re-decide; it is rare, so no finer tracking is worth it.
       if (membership) this.generations.set(name, ++gen);
       const available = all.filter((w) => w.available);
+      // Never changed once handed out (a change builds new lists): routing keeps what it derives
+      // from a candidate list by the list's identity (src/router/pipeline/util.ts candidateView).
       groups.set(name, {
         name,
-        all,
-        available,
+        all: markStable(all),
+        available: markStable(available),
         availableByRole: {
-          mixed: available.filter((w) => w.record.role === "mixed"),
-          prefill: available.filter((w) => w.record.role === "prefill"),
-          decode: available.filter((w) => w.record.role === "decode"),
+          mixed: markStable(available.filter((w) => w.record.role === "mixed")),
+          prefill: markStable(available.filter((w) => w.record.role === "prefill")),
+          decode: markStable(available.filter((w) => w.record.role === "decode")),
         },
         generation: gen,
       });

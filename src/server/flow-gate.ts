@@ -22,10 +22,11 @@ import {
 } from "../router/flow/config-schema.ts";
 import type { HeadroomRequest, HeadroomScope, HeadroomSignal } from "../router/flow/headroom.ts";
 import { FlowRejectedError, RateLimiter } from "../router/flow/limits.ts";
+import type { CachedTokensOf } from "../router/flow/locality.ts";
 import { type Admission, FlowQueue } from "../router/flow/queue.ts";
 import { headroomSignals } from "../router/flow/registry.ts";
 import type { TtftPredictor } from "../router/predict/ttft.ts";
-import type { RoutingRequest } from "../router/types.ts";
+import type { RoutingPolicy, RoutingRequest } from "../router/types.ts";
 import type { WorkerSet } from "../router/worker-set.ts";
 import type { AbortLike } from "../util/abort.ts";
 import { apiKeyOf } from "./auth.ts";
@@ -42,6 +43,8 @@ export interface GateRequest {
   readonly body: Readonly<Record<string, unknown>>;
   /** Prompt tokens (exact when tokenized ahead, else an estimate). */
   readonly promptTokens: number;
+  /** The prompt's cached tokens per candidate (locality: src/router/flow/locality.ts), if known. */
+  readonly cachedTokens?: CachedTokensOf;
 }
 
 export class FlowGate {
@@ -56,8 +59,18 @@ export class FlowGate {
   /** The server's TTFT predictor, for the `predicted-ttft` signal (HeadroomScope.ttft). */
   private readonly ttft: TtftPredictor | undefined;
 
-  constructor(cfg: FlowConfig, workers: WorkerSet, registry: Registry, ttft?: TtftPredictor) {
+  /** The model's routing policy: its overlap source tells locality where a prompt is cached. */
+  private readonly policyFor: ((model: string) => RoutingPolicy) | undefined;
+
+  constructor(
+    cfg: FlowConfig,
+    workers: WorkerSet,
+    registry: Registry,
+    ttft?: TtftPredictor,
+    policyFor?: (model: string) => RoutingPolicy,
+  ) {
     this.ttft = ttft;
+    this.policyFor = policyFor;
     this.cfg = cfg;
     this.limiter = new RateLimiter(cfg.replicas);
     const registers = [registry];
@@ -93,9 +106,16 @@ export class FlowGate {
         }
       },
     });
+    const locality = new Counter({
+      name: "infera_flow_locality_total",
+      help: "Locality of release (flow.locality): local (released where its prompt is cached best, or nowhere notably better), escaped (elsewhere after the wait), deferred (passed over for it)",
+      labelNames: ["outcome"],
+      registers,
+    });
     this.queue = new FlowQueue({
       bands: cfg.bands,
       maxQueue: cfg.maxQueue,
+      locality: cfg.locality,
       candidates: (m) => workers.group(m)?.available ?? [],
       signals: (m) => this.signalsFor(m),
       observer: {
@@ -107,6 +127,7 @@ export class FlowGate {
           if (this.waits.length > 200) this.waits.shift();
         },
         onRejected: (band, _flow, reason) => this.countReject(band, reason, rejections),
+        onLocality: (outcome) => locality.inc({ outcome }),
       },
     });
     this.rejections = rejections;
@@ -151,7 +172,7 @@ export class FlowGate {
       priority: typeof r.body.priority === "number" ? r.body.priority : undefined,
       targetTtftMs: Number.isFinite(target) && target > 0 ? target : undefined,
     };
-    return this.queue.admit(hr, flow, tenant.weight, signal);
+    return this.queue.admit(hr, flow, tenant.weight, signal, r.cachedTokens);
   }
 
   /**
@@ -159,12 +180,16 @@ export class FlowGate {
    * ticket reports the first token and the end back to the queue.
    */
   async ticket(
-    rreq: Pick<RoutingRequest, "requestId" | "model" | "body" | "admission">,
+    rreq: RoutingRequest,
     promptTokens: number,
     headers: IncomingHttpHeaders,
     signal: AbortLike,
   ): Promise<FlowTicket> {
-    const r = { requestId: rreq.requestId, model: rreq.model, body: rreq.body, promptTokens };
+    const policy = this.cfg.locality.waitMs > 0 ? this.policyFor?.(rreq.model) : undefined;
+    const cachedTokens: CachedTokensOf | undefined = policy?.cachedTokens
+      ? (cands) => policy.cachedTokens?.(rreq, cands) ?? null
+      : undefined;
+    const r = { requestId: rreq.requestId, model: rreq.model, body: rreq.body, promptTokens, cachedTokens };
     const admission = await this.admit(r, headers, signal);
     rreq.admission = admission;
     return new FlowTicket(admission, () => this.queue.wake());
@@ -310,10 +335,11 @@ export function createFlowGate(
   registry: Registry,
   scraper: LoadScraper,
   ttft?: TtftPredictor,
+  policyFor?: (model: string) => RoutingPolicy,
 ): FlowGate | undefined {
   const cfg = resolveFlowConfig(layer);
   if (!cfg.enabled) return undefined;
-  const gate = new FlowGate(cfg, workers, registry, ttft);
+  const gate = new FlowGate(cfg, workers, registry, ttft, policyFor);
   scraper.onScraped = () => gate.wake();
   return gate;
 }

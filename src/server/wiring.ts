@@ -142,7 +142,9 @@ export async function wire(
   });
   metrics.watchBridges(() => router.bridgeCounters());
   const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
-  const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft);
+  const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft, (m) =>
+    router.policyFor(m),
+  );
   // Engine load is scraped only when a plugin reads it (every PD decode step does), or for
   // flow control's headroom.
   if (needs.has("engineLoad") || flow) scraper.start();

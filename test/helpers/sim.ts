@@ -32,7 +32,7 @@ export interface StartSimOptions {
   model?: string;
   /** Extra fields merged into the --kv-events-config JSON. */
   kvEvents?: Record<string, unknown>;
-  /** Health wait limit (default 20 s). */
+  /** Health wait limit (default 60 s: three sims starting at once on a loaded box took > 20 s). */
   timeoutMs?: number;
   /**
    * The sim's personality (default vllm). sglang: `--model-path`, `--port`, `--kv-events-config`;
@@ -118,7 +118,7 @@ async function startSimOnce(opts: StartSimOptions): Promise<SimProcess> {
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
   const url = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + (opts.timeoutMs ?? 20000);
+  const deadline = Date.now() + (opts.timeoutMs ?? 60_000);
   await startedOrStopped(child, async () => {
     for (;;) {
       if (child.exitCode !== null) throw new Error(`infera-sim exited with ${child.exitCode}: ${out}`);
@@ -201,4 +201,54 @@ export function parseMetric(
     total = (total ?? 0) + v;
   }
   return total;
+}
+
+/**
+ * Waits until a server receives this sim's KV events, instead of sleeping while its ZMQ SUB
+ * "joins": a PUB drops what it sends before a subscriber's subscription has reached it (ZMQ's
+ * slow joiner), and when the dropped batch is the last one, no later seq reveals the gap to the
+ * server's replay, so the test waits for an index that never fills. No sleep is long enough on a
+ * loaded box; this resends until received. Each round asks the sim for a completion of
+ * `probeTokens` prompt tokens (full blocks: stored, so published) and polls `seen` (e.g. the
+ * index holds a block of the worker, or the server's event count rose) for `roundMs`. Then the
+ * sim's prefix cache is reset (vLLM's `POST /reset_prefix_cache`, published as
+ * AllBlocksCleared), so the test starts from an empty cache on the sim and in the index; with
+ * `reset: false` the probe's blocks stay (each round's prompt differs anyway, and a lost round
+ * is recovered by the server's gap replay once a later one arrives), and nothing follows the
+ * probe's batch. vLLM personality only (the route is vLLM's).
+ */
+export async function kvEventsReceived(
+  sim: Pick<SimProcess, "url" | "model">,
+  seen: () => boolean | Promise<boolean>,
+  o: { timeoutMs?: number; roundMs?: number; what?: string; probeWords?: number; reset?: boolean } = {},
+): Promise<void> {
+  const timeoutMs = o.timeoutMs ?? 30_000;
+  const roundMs = o.roundMs ?? 500;
+  const t0 = Date.now();
+  for (let round = 0; ; round++) {
+    // A prompt the tests never send (its blocks are cleared below anyway).
+    const prompt = Array.from({ length: o.probeWords ?? 64 }, (_, i) => `probe${round}x${i}`).join(" ");
+    const r = await fetch(`${sim.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: sim.model, prompt, max_tokens: 1 }),
+    });
+    if (r.status !== 200) throw new Error(`kv probe: sim answered ${r.status}: ${await r.text()}`);
+    await r.text();
+    const until = Date.now() + roundMs;
+    let ok = await seen();
+    while (!ok && Date.now() < until) {
+      await new Promise((res) => setTimeout(res, 10));
+      ok = await seen();
+    }
+    if (o.reset !== false) {
+      const reset = await fetch(`${sim.url}/reset_prefix_cache`, { method: "POST" });
+      if (reset.status !== 200)
+        throw new Error(`kv probe: reset answered ${reset.status}: ${await reset.text()}`);
+      await reset.text();
+    }
+    if (ok) return;
+    if (Date.now() - t0 > timeoutMs)
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${o.what ?? "KV events"} from ${sim.url}`);
+  }
 }

@@ -2,17 +2,22 @@
  * A vLLM-style KV event publisher for tests: a real ZMQ PUB socket sending
  * [topic, seq, msgpack batch] and a real ROUTER replay socket over its buffer. `drop` publishes
  * nothing but still consumes a sequence number, as when the subscriber misses a message.
+ *
+ * The PUB is an XPUB, so the test can wait for each subscription to arrive (`subscribed()`,
+ * ../helpers/xpub.ts) rather than sleep while the SUB "joins".
  */
 import { Packr } from "msgpackr";
-import { Publisher, Router } from "zeromq";
+import { Router, type XPublisher } from "zeromq";
 import { encodeSeq } from "../../src/kv/events.ts";
 import { freePort } from "../helpers/ports.ts";
+import { type SubscriptionWatch, watchedPublisher } from "../helpers/xpub.ts";
 
 const packr = new Packr({ useRecords: false });
 
 export class FakePublisher {
   readonly topic;
-  private readonly pub = new Publisher({ linger: 0 });
+  private readonly pub: XPublisher;
+  private readonly watch: SubscriptionWatch;
   private readonly router = new Router({ linger: 0 });
   private seq = 0;
   readonly buffer: { seq: number; payload: Buffer }[] = [];
@@ -34,6 +39,7 @@ export class FakePublisher {
 
   constructor(topic = "kv-events") {
     this.topic = topic;
+    ({ pub: this.pub, watch: this.watch } = watchedPublisher());
   }
 
   /** Binds fresh ports, or the given endpoints (an engine restarted on the same sockets). */
@@ -48,6 +54,11 @@ export class FakePublisher {
     await bindRetrying(this.pub, this.endpoint);
     await bindRetrying(this.router, this.replayEndpoint);
     this.serving = this.serveReplay();
+  }
+
+  /** Resolves once `n` subscriptions in all have reached this PUB (see ../helpers/xpub.ts). */
+  subscribed(n = 1, ms = 10_000): Promise<void> {
+    return this.watch.subscribed(n, ms);
   }
 
   /** Publishes one batch of events (array-encoded unless `mapEncoding`). */
@@ -105,7 +116,7 @@ export class FakePublisher {
 }
 
 /** Binds, retrying while a just-closed socket (an engine "restart") still holds the port. */
-async function bindRetrying(sock: Publisher | Router, endpoint: string): Promise<void> {
+async function bindRetrying(sock: XPublisher | Router, endpoint: string): Promise<void> {
   for (let i = 0; ; i++) {
     try {
       await sock.bind(endpoint);

@@ -99,3 +99,50 @@ test("re-storing an engine hash with new tokens replaces the old block", () => {
   assert.equal(idx.blockCount("a"), 1);
   assert.deepEqual([...idx.overlaps(prompt, ["a"])], [1]);
 });
+
+test("candidateRows: block size, held blocks and sync per candidate in one pass, as the per-id reads say", () => {
+  const idx = new KvIndex();
+  idx.addWorker("a", BS);
+  idx.addWorker("b", 8);
+  idx.addWorker("s", BS);
+  idx.apply("a", stored([101, 102], null, prompt.slice(0, 8)));
+  idx.apply("a", stored([201], null, prompt.slice(0, 4)), BS, 1); // a second DP rank
+  idx.apply("s", stored([301], null, prompt.slice(0, 4)));
+  idx.setSync("s", 0, "syncing");
+  const ids = ["a", "b", "gone", "s"];
+  const rows = () => {
+    const bs = new Int32Array(ids.length);
+    const held = new Int32Array(ids.length);
+    const sync = new Uint8Array(ids.length);
+    idx.candidateRows(ids, bs, held, sync);
+    return { bs: [...bs], held: [...held], sync: [...sync] };
+  };
+  // Walked first, so the rows come from the list the walk resolved (the decision's order).
+  idx.overlaps(prompt, ids);
+  const expected = () => ({
+    bs: ids.map((id) => idx.blockSizeOf(id) ?? 0),
+    held: ids.map((id) => (idx.hasWorker(id) ? idx.blockCount(id) : -1)),
+    sync: ids.map((id) => [null, "syncing", "synced", "unknown"].indexOf(idx.syncOf(id))),
+  });
+  assert.deepEqual(rows(), { bs: [4, 8, 0, 4], held: [3, 0, -1, -1], sync: [2, 2, 0, 1] });
+  assert.deepEqual(rows(), expected());
+  // Blocks move between two decisions over the same list: the counts are read again, not kept.
+  idx.apply("b", stored([401], null, prompt.slice(0, 8), { blockSize: 8 }));
+  idx.apply("a", { type: "BlockRemoved", blockHashes: [102], medium: "GPU", groupIdx: null } as KvEvent);
+  idx.setSync("s", 0, "synced");
+  // A one-worker probe in between (the bridge's confirmation) leaves the fleet's list alone.
+  idx.overlaps(prompt, ["b"]);
+  assert.deepEqual(rows(), { bs: [4, 8, 0, 4], held: [2, 1, -1, 1], sync: [2, 2, 0, 2] });
+  assert.deepEqual(rows(), expected());
+  // The counts follow every way blocks leave: a cleared rank, AllBlocksCleared, an adopted block.
+  idx.clearWorker("a", 1);
+  idx.apply("b", { type: "AllBlocksCleared", medium: null } as KvEvent);
+  idx.adopt("s", 0, BS, 302, 7, 9);
+  assert.deepEqual(rows(), { bs: [4, 8, 0, 4], held: [1, 0, -1, 2], sync: [2, 2, 0, 2] });
+  assert.deepEqual(rows(), expected());
+  // A worker that comes or goes is seen at once.
+  idx.removeWorker("a");
+  idx.addWorker("gone", 16);
+  assert.deepEqual(rows(), { bs: [0, 8, 16, 4], held: [-1, 0, 0, 2], sync: [0, 2, 2, 2] });
+  assert.deepEqual(rows(), expected());
+});

@@ -87,7 +87,8 @@ test("auth: every API/admin path refuses missing and wrong keys; constant-time; 
   server.stderr?.on("data", keep);
   const base = `http://127.0.0.1:${port}`;
   await waitFor200(`${base}/ready`, {
-    timeoutMs: 20_000,
+    // A deadline, not a wait: at load ~15 one start took longer than 20 s.
+    timeoutMs: 60_000,
     what: "server ready",
     stepMs: 50,
     output: () => logs,

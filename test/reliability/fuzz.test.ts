@@ -175,7 +175,8 @@ test("fuzz: ≥ 10,000 bad requests → 0 crashes, every answer a 4xx in OpenAI'
   const stderr = spawned.output;
   const base = `http://127.0.0.1:${port}`;
   await waitFor200(`${base}/ready`, {
-    timeoutMs: 20_000,
+    // A deadline, not a wait: at load ~15 one start took longer than 20 s.
+    timeoutMs: 60_000,
     what: "server ready",
     stepMs: 50,
     output: stderr,

@@ -81,7 +81,7 @@ test("4M blocks from one publisher: index capped, drops counted, /health stays r
   };
   disc.put(rec);
   await ingest.synced();
-  await new Promise((r) => setTimeout(r, 300));
+  await pub.subscribed(); // the SUB has joined: the flood below is received, not dropped
   global.gc?.();
   const mem0 = process.memoryUsage();
 

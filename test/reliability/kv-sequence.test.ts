@@ -99,7 +99,7 @@ test("a live copy of a batch the start-up replay delivered (seq 0) is skipped, n
   await pub.publish([removedEv([2])]); // seq 1
   disc.put(record("w", pubs));
   await ingest.synced();
-  await sleep(300); // the SUB has joined
+  await pub.subscribed(); // the SUB has joined
   assert.deepEqual([...index.overlaps(p, ["w"])], [1]);
   // The same seq 0 arrives live (the SUB joined before the replay answered): before the fix it
   // reset the worker and re-applied seq 0 alone, bringing back the removed block 2.
@@ -117,7 +117,7 @@ test("an engine restart whose first batches were missed resets the rank and rebu
   const old = pubs[0];
   disc.put(record("w", pubs));
   await ingest.synced();
-  await sleep(300);
+  await old.subscribed();
   const a = toks(8, 1000);
   for (let i = 0; i < 5; i++) await old.publish([storedEv([10 + i], null, toks(4, 1000 + 4 * i), BS)]);
   await waitFor(() => ingest.subscriber("w")!.stats.lastSeq === 4, WAIT_MS, "old engine's batches");
@@ -183,6 +183,9 @@ test("an engine restart seen before any live batch (all came by replay) is detec
     await sleep(100);
   }
   await waitFor(() => sub.stats.restarts === 1, WAIT_MS, "restart detected");
+  // The restart is counted when the rebuild's replay starts; until it ends the rank is untracked
+  // (-1), and under load the check below used to run in between.
+  await waitFor(() => sub.sync === "synced", WAIT_MS, "rebuilt by replay");
   assert.deepEqual([...index.overlaps(toks(4, 1000), ["w"])], [0]);
   await waitFor(() => index.overlaps(toks(4, 8000), ["w"])[0] === 1, WAIT_MS, "new engine's first batch");
   let seen = 0;
@@ -196,7 +199,7 @@ test("a forward jump the replay cannot fill resets the rank and is counted", asy
   const pub = pubs[0];
   disc.put(record("w", pubs));
   await ingest.synced();
-  await sleep(300);
+  await pub.subscribed();
   await pub.publish([storedEv([1], null, toks(4, 10), BS)]);
   const sub = ingest.subscriber("w")!;
   await waitFor(() => sub.stats.lastSeq === 0, WAIT_MS, "first batch");
@@ -224,7 +227,7 @@ test("SGLang snapshot topic: a new epoch is a restart; the epoch suffix does not
   const pub = pubs[0];
   disc.put(record("w", pubs));
   await ingest.synced();
-  await sleep(300);
+  await pub.subscribed();
   const t1 = `${pub.topic}\x00sgl-kv-epoch=aaaa`;
   await pub.publish([storedEv([1], null, toks(4, 10), BS)], { topic: t1 });
   const sub = ingest.subscriber("w")!;
@@ -240,7 +243,7 @@ test("every DP rank is followed with its own sequence; a rank's removal keeps th
   const { pubs, disc, index, ingest } = await setup(2);
   disc.put(record("w", pubs));
   await ingest.synced();
-  await sleep(300);
+  await Promise.all(pubs.map((p) => p.subscribed()));
   assert.equal(ingest.subscribers("w").length, 2);
   const p = toks(8, 300);
   await pubs[0].publish([storedEv([1, 2], null, p, BS)]);

@@ -4,6 +4,7 @@ import { MemoryDiscovery } from "../../src/discovery/memory.ts";
 import { completeRecord } from "../../src/discovery/static.ts";
 import { WorkerSet } from "../../src/router/worker-set.ts";
 import { createLogger } from "../../src/util/log.ts";
+import { isStable } from "../../src/util/stable-lists.ts";
 
 const logger = createLogger("test");
 
@@ -45,6 +46,31 @@ describe("WorkerSet circuit breaker", () => {
     assert.equal(a.available, true);
     assert.equal(b.available, true);
     assert.equal(a.breaker, "closed");
+    await ws.close();
+  });
+});
+
+describe("WorkerSet groups", () => {
+  const rec = (id: string, role: "mixed" | "prefill" = "mixed") =>
+    completeRecord({ id, url: `http://127.0.0.1:1/${id}`, model: "m", servedModelNames: ["m"], role });
+
+  it("hands out stable candidate lists, the same arrays until membership changes", async () => {
+    const memory = new MemoryDiscovery([rec("a"), rec("b"), rec("p", "prefill")]);
+    const ws = new WorkerSet(memory, { logger });
+    ws.attach();
+    const g = ws.group("m")!;
+    // Routing keeps what it derives from a list by the list's identity (pipeline/util.ts).
+    for (const list of [g.all, g.available, g.availableByRole.mixed, g.availableByRole.prefill])
+      assert.ok(isStable(list));
+    assert.equal(ws.group("m")!.availableByRole.mixed, g.availableByRole.mixed);
+    ws.reportFailure(ws.get("a")!, "connect");
+    const h = ws.group("m")!;
+    assert.notEqual(h.available, g.available);
+    assert.deepEqual(
+      h.available.map((w) => w.id),
+      ["b", "p"],
+    );
+    assert.ok(isStable(h.available));
     await ws.close();
   });
 });

@@ -313,7 +313,10 @@ describe("infera server: flow control", () => {
     srv.proc.kill("SIGTERM");
     const r = await queued;
     assert.equal(r.status, 503);
-    assert.ok(Date.now() - t0 < 1000);
+    // At once, not when the drain's grace (the default 30 s --drain-timeout) ends: a loaded CI
+    // box took over 1 s to deliver and handle the signal, so 1 s was too tight a bound.
+    const ms = Date.now() - t0;
+    assert.ok(ms < 10_000, `answered ${ms} ms after SIGTERM`);
     assert.equal(r.headers.get("retry-after"), "1");
   });
 });

@@ -22,7 +22,7 @@ import { type InferaServer, startServer } from "../../src/server/app.ts";
 import { configFromFile } from "../../src/server/config.ts";
 import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../src/util/log.ts";
-import { type SimProcess, simWorkerRecord, startSim } from "../helpers/sim.ts";
+import { kvEventsReceived, type SimProcess, simWorkerRecord, startSim } from "../helpers/sim.ts";
 import { waitFor } from "../kv/fake-publisher.ts";
 
 const BS = 16;
@@ -74,7 +74,8 @@ after(async () => {
 });
 
 test("a 40 k-token prompt: a worker holding all its blocks is credited with all of them", async () => {
-  await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
+  const index = server.kvIngest!.indexFor(MODEL)!;
+  await kvEventsReceived(sims[1]!, () => index.blockCount("w-b") > 0, { what: "w-b's KV events" });
   const warm = await fetch(`${sims[1]!.url}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
@@ -84,7 +85,6 @@ test("a 40 k-token prompt: a worker holding all its blocks is credited with all 
   const tokens = tok.encode(tok.applyChatTemplate(chat("q")));
   assert.ok(tokens.length > 40_000, `${tokens.length} tokens`);
   const blocks = Math.floor(tokens.length / BS);
-  const index = server.kvIngest!.indexFor(MODEL)!;
   // The history's blocks (all but the last one or two, where "warm" and "q" differ).
   await waitFor(() => index.overlaps(tokens, ["w-a", "w-b"])[1]! >= blocks - 2, 10_000, "w-b indexed");
   const shared = index.overlaps(tokens, ["w-a", "w-b"])[1]!;

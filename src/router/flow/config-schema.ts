@@ -4,6 +4,7 @@
  * the scheduler as before. Headroom signals are checked against ./registry.ts.
  */
 import { z } from "zod";
+import { DEFAULT_LOCALITY, type LocalityConfig } from "./locality.ts";
 import { headroomSignals } from "./registry.ts";
 
 const signalRef = z
@@ -37,6 +38,21 @@ const bandSchema = z
      */
     bodyPriorityMax: z.number().int().optional(),
   })
+  .strict();
+
+/** Locality (./locality.ts): wait a little for the worker holding a queued request's prefix. */
+const localitySchema = z
+  .object({
+    /** Longest extra wait for that worker, ms, counted from the first time it was passed over (0: off; default 500). */
+    waitMs: z.number().int().min(0),
+    /** Cached prompt tokens that worker must hold beyond the best one with headroom (default 512). */
+    minGainTokens: z.number().int().min(1),
+    /** Queued entries one dispatch looks at (default 32). */
+    lookahead: z.number().int().min(1),
+    /** Of those that need not wait: `cheapest` (fewest uncached prompt tokens; default) or `first` in order. */
+    pick: z.enum(["first", "cheapest"]),
+  })
+  .partial()
   .strict();
 
 const tenantSchema = z
@@ -77,6 +93,8 @@ export const flowConfigSchema = z
     tenants: z.record(z.string(), tenantSchema),
     /** Weight and limits of a flow not listed in `tenants`. */
     defaultTenant: tenantSchema,
+    /** Locality of release: wait a little for the worker holding the prompt's prefix. */
+    locality: localitySchema,
   })
   .partial()
   .strict();
@@ -96,6 +114,7 @@ export interface FlowConfig {
   readonly replicas: number;
   readonly tenants: Readonly<Record<string, TenantConfig>>;
   readonly defaultTenant: TenantConfig;
+  readonly locality: LocalityConfig;
 }
 
 /** The merged `flow` layers with defaults; throws when `defaultBand` names no band. */
@@ -141,5 +160,6 @@ export function resolveFlowConfig(l: FlowConfigLayer = {}): FlowConfig {
     // Layers keep what they were given; the tenants' defaults (weight 1, no limits) apply here.
     tenants: Object.fromEntries(Object.entries(l.tenants ?? {}).map(([k, t]) => [k, tenantSchema.parse(t)])),
     defaultTenant: tenantSchema.parse(l.defaultTenant ?? {}),
+    locality: { ...DEFAULT_LOCALITY, ...l.locality },
   };
 }

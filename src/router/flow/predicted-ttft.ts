@@ -2,9 +2,13 @@
  * predicted-ttft (headroom signal, issue #29 items 1 and 4): a candidate has headroom while the
  * server's TTFT predictor (src/router/predict/ttft.ts) predicts this request's TTFT there within
  * its target (`targetTtftMs`: the `x-infera-ttft-target-ms` header or the flow config, else this
- * signal's `targetMs`). No target, or no prediction for a candidate yet: it fits (a signal that
- * cannot judge lets the request through). When none fits, the request waits; the estimate of
- * the wait is the smallest predicted excess over the target.
+ * signal's `targetMs`). No target: it fits. No prediction for a candidate yet (the fit has no
+ * sample): it fits while this replica has fewer than `coldInFlight` requests on it — not
+ * unconditionally: a fit learns from first tokens, which come one TTFT after dispatch, and
+ * under overload from a cold start everything that arrived meanwhile was let through blind
+ * (bench/fleet-routing Run I/J: kv-aware+flow-ttft admitted nearly everything, every one of its
+ * dispatches predicted NaN). When none fits, the request waits; the estimate of the wait is the
+ * smallest predicted excess over the target.
  *
  * Features are the predictor's (uncached prompt tokens when the queue knows them, else the whole
  * prompt; this replica's prefill backlog; the engine's queue and batch). The predictor is the
@@ -23,6 +27,8 @@ const params = z
     targetMs: z.number().positive().optional(),
     /** The least wait (ms) a blocked request is told to expect (Retry-After's floor). */
     minWaitMs: z.number().int().min(1).default(50),
+    /** With no prediction yet, a worker has headroom below this many of this replica's requests in flight. */
+    coldInFlight: z.number().int().min(1).default(2),
   })
   .strict();
 
@@ -33,7 +39,7 @@ export default defineHeadroom("predicted-ttft", {
   create: (scope, p) => {
     const predictor = predictorOf(scope);
     /** Features at dispatch, per request, until its observation comes (bounded). */
-    const pending = new Map<string, { worker: string; x: Float64Array }>();
+    const pending = new Map<string, { worker: string; x: Float64Array; predicted: number }>();
     const x = new Float64Array(FEATURES);
     const predict = (w: WorkerState, uncached: number): number =>
       predictor.predictFeatures(scope.model, w.record.id, featuresFrom(uncached, w, x));
@@ -48,15 +54,19 @@ export default defineHeadroom("predicted-ttft", {
         let excess = Number.POSITIVE_INFINITY;
         for (let i = 0; i < candidates.length; i++) {
           const ms = predict(candidates[i], req.uncachedTokens?.[i] ?? req.promptTokens);
-          if (!(ms > target)) fits.push(i);
+          if (Number.isNaN(ms)) {
+            if (candidates[i].inFlight < p.coldInFlight) fits.push(i);
+          } else if (!(ms > target)) fits.push(i);
           else excess = Math.min(excess, ms - target);
         }
         if (fits.length > 0) return { fits };
-        return { fits, waitMs: Math.max(p.minWaitMs, Math.ceil(excess)), reason: "ttft" };
+        const wait = Number.isFinite(excess) ? Math.ceil(excess) : p.minWaitMs;
+        return { fits, waitMs: Math.max(p.minWaitMs, wait), reason: "ttft" };
       },
       onDispatched(req, worker) {
         const f = featuresFrom(req.promptTokens, worker, new Float64Array(FEATURES));
-        pending.set(req.requestId, { worker: worker.record.id, x: f });
+        const predicted = predictor.predictFeatures(scope.model, worker.record.id, f);
+        pending.set(req.requestId, { worker: worker.record.id, x: f, predicted });
         if (pending.size > 4096) pending.delete(pending.keys().next().value!);
       },
       observe(o: HeadroomObservation) {
@@ -64,7 +74,10 @@ export default defineHeadroom("predicted-ttft", {
         pending.delete(o.requestId);
         if (!d || o.ttftMs === undefined || !o.ok) return;
         if (o.uncachedTokens !== undefined) d.x[1] = o.uncachedTokens / 1000;
-        predictor.observeOnce(scope.model, d.worker, o.requestId, d.x, o.ttftMs);
+        // Learnt here (no pipeline plugin followed it): its error goes to the server's histogram
+        // (infera_ttft_prediction_relative_error) like the pipeline's, step "flow".
+        if (predictor.observeOnce(scope.model, d.worker, o.requestId, d.x, o.ttftMs))
+          predictor.sink?.observed(scope.model, o.requestId, "flow", d.predicted, o.ttftMs);
       },
       onWorkerRemoved(id) {
         predictor.forget(id);

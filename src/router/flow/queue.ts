@@ -15,7 +15,10 @@
  *      dispatch and is corrected by the real output at the end; a flow that becomes backlogged
  *      is lifted to the smallest counter of the band's backlogged flows, so idling earns no
  *      credit;
- *   4. FIFO within a flow.
+ *   4. FIFO within a flow;
+ *   with locality (./locality.ts), an entry may be passed over for up to `locality.waitMs` for
+ *   the busy worker holding its prefix, and of a look-ahead window in one band the one with
+ *   the fewest uncached prompt tokens goes first.
  * One entry leaves per `setImmediate` turn: the server's router claims its worker (in-flight,
  * prefill backlog) synchronously after the entry's promise resumes, so the next headroom
  * check sees it.
@@ -29,6 +32,12 @@ import type { AbortLike } from "../../util/abort.ts";
 import type { RouteAdmission, WorkerState } from "../types.ts";
 import { combineVerdicts, type HeadroomRequest, type HeadroomSignal } from "./headroom.ts";
 import { FlowRejectedError } from "./limits.ts";
+import {
+  type CachedTokensOf,
+  type LocalityConfig,
+  type LocalityVerdict,
+  localityVerdict,
+} from "./locality.ts";
 
 export interface BandSpec {
   readonly name: string;
@@ -42,6 +51,12 @@ export interface BandSpec {
 export interface FlowObserver {
   onDispatched?(band: string, flow: string, waitedMs: number, queued: boolean): void;
   onRejected?(band: string, flow: string, reason: string): void;
+  /**
+   * Locality (./locality.ts), per request: `local` released where no worker holds notably more
+   * of its prompt, `escaped` released elsewhere after its locality wait, `deferred` passed over
+   * for it (counted once).
+   */
+  onLocality?(outcome: "local" | "escaped" | "deferred"): void;
 }
 
 export interface FlowQueueOptions {
@@ -52,6 +67,8 @@ export interface FlowQueueOptions {
   /** The model's available workers now; empty = none. */
   candidates(model: string): readonly WorkerState[];
   readonly observer?: FlowObserver;
+  /** Locality (./locality.ts); absent or `waitMs` 0: off. */
+  readonly locality?: LocalityConfig;
 }
 
 /** How a dispatched request ended, as the server saw it. */
@@ -81,6 +98,25 @@ interface Entry {
   readonly reject: (e: unknown) => void;
   timer: NodeJS.Timeout | null;
   unlisten: (() => void) | null;
+  /** The prompt's cached tokens per candidate (locality), when the server can tell. */
+  readonly cachedTokens?: CachedTokensOf;
+  /** When locality first passed it over (its locality wait runs from here), and the wake-up timer. */
+  localSince: number | null;
+  localTimer: NodeJS.Timeout | null;
+  /** The last `cachedTokens` answer and when (a pass looks at many entries; the index moves slowly). */
+  seen: { at: number; of: readonly WorkerState[]; tokens: readonly number[] | null } | null;
+}
+
+/** How long an entry's cached-token reading is reused across passes, ms. */
+const CACHED_READ_MS = 50;
+
+function cachedOf(e: Entry, cands: readonly WorkerState[]): readonly number[] | null {
+  const now = performance.now();
+  const s = e.seen;
+  if (s && s.of === cands && now - s.at < CACHED_READ_MS) return s.tokens;
+  const tokens = e.cachedTokens ? e.cachedTokens(cands) : null;
+  e.seen = { at: now, of: cands, tokens };
+  return tokens;
 }
 
 interface Band {
@@ -113,7 +149,13 @@ export class FlowQueue {
    * Admits the request now when the model's queue is empty and a candidate has headroom, else
    * queues it. Rejects with FlowRejectedError (429), NoWorkerError (503) or the abort's reason.
    */
-  admit(req: HeadroomRequest, flow: string, weightIn: number, signal: AbortLike): Promise<Admission> {
+  admit(
+    req: HeadroomRequest,
+    flow: string,
+    weightIn: number,
+    signal: AbortLike,
+    cachedTokens?: CachedTokensOf,
+  ): Promise<Admission> {
     // A bad weight (0, NaN) would stall the VTC order (NaN compares false): count it as 1.
     const weight = Number.isFinite(weightIn) && weightIn > 0 ? weightIn : 1;
     const band = this.bands[req.band];
@@ -124,10 +166,18 @@ export class FlowQueue {
       this.o.observer?.onRejected?.(band.spec.name, flow, "no_worker");
       return Promise.reject(new NoWorkerError(req.model));
     }
+    let deferred = false;
     if (!this.hasQueued(req.model)) {
       const fits = this.fits(req);
-      if (fits.size > 0)
-        return Promise.resolve(this.dispatched(req, flow, weight, this.costOf(req), 0, fits));
+      if (fits.size > 0) {
+        const v = this.verdict(req.model, fits, cachedTokens, false);
+        if (v) {
+          if (this.o.locality && this.o.locality.waitMs > 0 && cachedTokens)
+            this.o.observer?.onLocality?.("local");
+          return Promise.resolve(this.dispatched(req, flow, weight, this.costOf(req), 0, v.fits));
+        }
+        deferred = true;
+      }
     }
     if (this.size >= this.o.maxQueue) {
       this.o.observer?.onRejected?.(band.spec.name, flow, "queue_full");
@@ -150,9 +200,14 @@ export class FlowQueue {
         reject,
         timer: null,
         unlisten: null,
+        cachedTokens,
+        localSince: null,
+        localTimer: null,
+        seen: null,
       };
       this.enqueue(band, e);
       e.timer = setTimeout(() => this.expire(band, e), band.spec.maxWaitMs);
+      if (deferred) this.deferLocal(e, e.at);
       const onAbort = (): void => {
         if (!this.remove(band, e)) return;
         this.o.observer?.onRejected?.(band.spec.name, flow, "cancelled");
@@ -241,6 +296,7 @@ export class FlowQueue {
     if (q.length === 0) b.flows.delete(e.flow);
     this.size--;
     if (e.timer) clearTimeout(e.timer);
+    if (e.localTimer) clearTimeout(e.localTimer);
     e.unlisten?.();
     return true;
   }
@@ -265,13 +321,53 @@ export class FlowQueue {
     this.wake();
   }
 
-  /** Dispatches the best entry that fits, then schedules the next pass. */
+  /**
+   * Locality's verdict for a request whose headroom verdict is `fits` (./locality.ts): where to
+   * release it, or null to pass it over for now. `expired`: its locality wait is over.
+   */
+  private verdict(
+    model: string,
+    fits: ReadonlySet<string>,
+    cachedTokens: CachedTokensOf | undefined,
+    expired: boolean,
+    e?: Entry,
+  ): LocalityVerdict {
+    const cfg = this.o.locality;
+    if (!cfg || cfg.waitMs <= 0 || !cachedTokens) return { fits, local: true, cached: null };
+    const cands = this.o.candidates(model);
+    // Every candidate has headroom: nothing to wait for, and the scheduler chooses as without
+    // flow control (its hot-prefix spreading included); no index lookup on the unsaturated path.
+    if (fits.size >= cands.length) return { fits, local: true, cached: null };
+    return localityVerdict(cfg, fits, cands, e ? cachedOf(e, cands) : cachedTokens(cands), expired);
+  }
+
+  /** Starts `e`'s locality wait (once): a wake-up when it runs out, as no event may come then. */
+  private deferLocal(e: Entry, now: number): void {
+    if (e.localSince !== null) return;
+    this.o.observer?.onLocality?.("deferred");
+    e.localSince = now;
+    e.localTimer = setTimeout(() => this.wake(), (this.o.locality?.waitMs ?? 0) + 1);
+  }
+
+  /**
+   * Dispatches one entry that fits, then schedules the next pass. Without locality: the first in
+   * order. With it (./locality.ts): the first in order that is past its band's aging or its
+   * locality wait; else, of up to `lookahead` entries in order, those that need not wait for a
+   * busy worker holding more of their prompt, and among them (`pick: cheapest`) the one with the
+   * fewest uncached prompt tokens on the workers it may go to, or (`pick: first`) the first.
+   * Every entry passed over starts its locality wait, so none is passed over longer than that.
+   */
   private pass(): void {
     // Per model, the highest band (lowest index) whose entry found no headroom this pass.
     const blocked = new Map<string, number>();
+    const skipped = new Set<Entry>();
+    const cfg = this.o.locality;
+    const on = cfg !== undefined && cfg.waitMs > 0;
+    const ready: Array<{ b: Band; e: Entry; v: NonNullable<LocalityVerdict> }> = [];
+    const now = performance.now();
     for (;;) {
-      const pick = this.next(blocked);
-      if (!pick) return;
+      const pick = this.next(blocked, skipped);
+      if (!pick) break;
       const [b, e] = pick;
       if (this.o.candidates(e.req.model).length === 0) {
         this.remove(b, e);
@@ -287,20 +383,48 @@ export class FlowQueue {
         blocked.set(e.req.model, Math.min(e.req.band, blocked.get(e.req.model) ?? e.req.band));
         continue;
       }
-      this.remove(b, e);
-      e.resolve(this.dispatched(e.req, e.flow, e.weight, e.cost, performance.now() - e.at, fits, b));
-      this.wake();
-      return;
+      // Not the band's aging: under saturation every entry outlives it, and locality would be off
+      // exactly when it pays. An aged entry still comes first in order and waits waitMs at most.
+      const expired = e.localSince !== null && now - e.localSince >= (cfg?.waitMs ?? 0);
+      const v = this.verdict(e.req.model, fits, e.cachedTokens, expired, e);
+      // Unknown cache (no prefix policy) or no choice to make: in order.
+      if (v && (expired || !on || cfg.pick === "first" || v.cached === null)) {
+        this.release(b, e, v, now);
+        return;
+      }
+      // The cheapest is chosen within one band: a lower band never goes first for being cheap.
+      if (v && ready.length > 0 && ready[0].b !== b) break;
+      skipped.add(e);
+      if (v) ready.push({ b, e, v });
+      else this.deferLocal(e, now);
+      // The window is spent: a free worker nobody in it wants waits for the next event (a
+      // deferred entry's wait running out is one).
+      if (skipped.size >= (cfg?.lookahead ?? 1)) break;
     }
+    if (ready.length === 0) return;
+    const uncached = (x: (typeof ready)[number]) => Math.max(0, x.e.req.promptTokens - (x.v.cached ?? 0));
+    let k = 0;
+    for (let i = 1; i < ready.length; i++) if (uncached(ready[i]) < uncached(ready[k])) k = i;
+    for (let i = 0; i < k; i++) this.deferLocal(ready[i].e, now);
+    this.release(ready[k].b, ready[k].e, ready[k].v, now);
+  }
+
+  private release(b: Band, e: Entry, v: NonNullable<LocalityVerdict>, now: number): void {
+    this.remove(b, e);
+    if (this.o.locality && this.o.locality.waitMs > 0 && e.cachedTokens)
+      this.o.observer?.onLocality?.(v.local ? "local" : "escaped");
+    e.resolve(this.dispatched(e.req, e.flow, e.weight, e.cost, now - e.at, v.fits, b));
+    this.wake();
   }
 
   /**
-   * The entry to try next, skipping entries of `blocked` models at or below the band that was
-   * blocked: aged first, then band, VTC, FIFO.
+   * The entry to try next, skipping `skipped` entries and those of `blocked` models at or below
+   * the band that was blocked: aged first, then band, VTC, FIFO.
    */
-  private next(blocked: ReadonlyMap<string, number>): [Band, Entry] | null {
+  private next(blocked: ReadonlyMap<string, number>, skipped: ReadonlySet<Entry>): [Band, Entry] | null {
     const now = performance.now();
-    const skip = (e: Entry): boolean => e.req.band >= (blocked.get(e.req.model) ?? Number.POSITIVE_INFINITY);
+    const skip = (e: Entry): boolean =>
+      skipped.has(e) || e.req.band >= (blocked.get(e.req.model) ?? Number.POSITIVE_INFINITY);
     let aged: [Band, Entry] | null = null;
     for (const b of this.bands)
       for (const q of b.flows.values())

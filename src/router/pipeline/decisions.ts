@@ -1,10 +1,13 @@
 /**
  * The last decisions of a server, explained (GET /debug/decisions, debug logs). A fixed ring of
- * slots overwritten in place: recording a decision keeps references to arrays the step built
- * anyway (candidates, positions, per-scorer values, totals) and allocates nothing else; the
- * prompt's cached blocks and full blocks per candidate are copied into typed arrays the slot owns
- * (grown only when a step has more candidates than any before it in that slot), so the dashboard
- * can show absolute overlap. The JSON form is built only when someone asks.
+ * slots overwritten in place: recording a decision keeps references to the candidate list and
+ * the kept positions, and copies the per-scorer values, the totals and the prompt's cached and
+ * full blocks per candidate into typed arrays the slot owns (grown only when a step has more
+ * candidates than any before it in that slot), so the dashboard can show absolute overlap. The
+ * step's own rows are then free to be reused (the scheduler does) or die young: a ring holding
+ * 256 decisions' rows over 256 workers (≈ 3 MB) kept them alive past the young generation, and
+ * the old generation's collections grew with the fleet. The JSON form is built only when
+ * someone asks.
  */
 import type { IndexSync } from "../../kv/prefix-index.ts";
 import type { WorkerState } from "../types.ts";
@@ -19,9 +22,12 @@ class Slot {
   all: readonly WorkerState[] = [];
   kept: readonly number[] = [];
   scorerNames: readonly string[] = [];
-  /** values[s * kept.length + k]: scorer s's weighted value for candidate kept[k]. */
+  /** values[s * kept.length + k]: scorer s's weighted value for candidate kept[k] (a view of valuesBuf). */
   values: Float64Array | null = null;
+  /** A view of totalsBuf. */
   totals: Float64Array = new Float64Array(0);
+  valuesBuf = new Float64Array(0);
+  totalsBuf = new Float64Array(0);
   winner = 0;
   reason = "";
   /** cached[pos], promptBlocks[pos] for pos < all.length, when `hasOverlap`. */
@@ -74,6 +80,13 @@ export interface DecisionRecord {
 /** IndexSync as a byte per candidate (0: the index does not track the worker). */
 const SYNC_CODES: readonly (IndexSync | null)[] = [null, "syncing", "synced", "unknown"];
 
+function syncCode(state: IndexSync | null): number {
+  return state === "synced" ? 2 : state === "syncing" ? 1 : state === "unknown" ? 3 : 0;
+}
+
+/** A slot buffer's new length: at least `need`, at least twice the old (few regrowths). */
+const grow = (need: number, old: number) => Math.max(need, old * 2, 16);
+
 export class DecisionLog {
   readonly capacity;
   /**
@@ -104,6 +117,11 @@ export class DecisionLog {
     reason: string,
     /** The step's context when its profile has an overlap source (its overlaps are read, not recomputed). */
     overlap: StepContext | null = null,
+    /**
+     * The candidates' sync codes as the step's index read them (PrefixIndex.candidateRows, the
+     * same index as `syncOf`'s: one per server), instead of asking `syncOf` per candidate.
+     */
+    sync: Uint8Array | null = null,
   ): void {
     const s = this.slots[this.next];
     this.next = (this.next + 1) % this.capacity;
@@ -115,8 +133,16 @@ export class DecisionLog {
     s.all = all;
     s.kept = kept;
     s.scorerNames = scorerNames;
-    s.values = values;
-    s.totals = totals;
+    if (values) {
+      if (s.valuesBuf.length < values.length)
+        s.valuesBuf = new Float64Array(grow(values.length, s.valuesBuf.length));
+      s.valuesBuf.set(values);
+      s.values = s.valuesBuf.subarray(0, values.length);
+    } else s.values = null;
+    if (s.totalsBuf.length < totals.length)
+      s.totalsBuf = new Float64Array(grow(totals.length, s.totalsBuf.length));
+    s.totalsBuf.set(totals);
+    s.totals = s.totalsBuf.subarray(0, totals.length);
     s.winner = winner;
     s.reason = reason;
     s.hasPred = false;
@@ -144,7 +170,8 @@ export class DecisionLog {
     if (s.hasSync && syncOf) {
       if (s.syncBuf.length < all.length)
         s.syncBuf = new Uint8Array(Math.max(all.length, s.syncBuf.length * 2));
-      for (let i = 0; i < all.length; i++) s.syncBuf[i] = SYNC_CODES.indexOf(syncOf(all[i].record.id));
+      if (sync) s.syncBuf.set(sync.subarray(0, all.length));
+      else for (let i = 0; i < all.length; i++) s.syncBuf[i] = syncCode(syncOf(all[i].record.id));
     }
   }
 

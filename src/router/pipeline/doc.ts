@@ -197,6 +197,8 @@ export function renderPluginDoc(): string {
   parts.push(
     "Flow control's admission queue (config `flow.headroom`, src/router/flow/README.md) asks these whether a worker has room; a worker has headroom when every listed signal says so.",
     "",
+    "Among the workers with headroom, `flow.locality` (src/router/flow/locality.ts; not a plugin: one rule of the queue, read from the profile's prefix scorer) keeps a queued request for a busy worker holding notably more of its prompt for up to `waitMs`, and of a look-ahead window releases the request with the fewest uncached prompt tokens first (`pick: cheapest`). Params: `waitMs` (500; 0 = off), `minGainTokens` (512), `lookahead` (32), `pick` (`cheapest` | `first`).",
+    "",
   );
   parts.push(signals.map((n) => `[\`${n}\`](#${anchor("headroom", n)})`).join(" · "), "");
   for (const n of signals) parts.push(pluginSection("headroom", n, headroomSignals.get(n) as Documented));

@@ -203,6 +203,25 @@ export class PendingPrefixes {
     return n;
   }
 
+  /**
+   * `match` for every worker that has live entries (brought up to date first, with one clock
+   * read): `fn` gets each whose entries cover at least the first node of `path`, and how many.
+   * A decision over a large fleet visits the few workers with entries instead of asking for
+   * every candidate.
+   */
+  forEachMatch(path: readonly number[], fn: (workerId: string, nodes: number) => void): void {
+    if (path.length === 0 || this.workers.size === 0) return;
+    const now = this.clock();
+    // Settling may delete the entry being visited: a Map iteration allows that.
+    for (const [id, w] of this.workers) {
+      this.settle(w, now);
+      if (!w.nodes.has(path[0])) continue;
+      let n = 1;
+      while (n < path.length && w.nodes.has(path[n])) n++;
+      fn(id, n);
+    }
+  }
+
   /** Live entries of a worker (tests, metrics). */
   size(workerId: string): number {
     const w = this.workers.get(workerId);
@@ -254,8 +273,7 @@ export class PendingPrefixes {
   }
 
   /** Ends entries that are confirmed, past their grace or past their TTL. */
-  private settle(w: WorkerEntries): void {
-    const now = this.clock();
+  private settle(w: WorkerEntries, now = this.clock()): void {
     if (now === w.settledAt) return;
     w.settledAt = now;
     for (const e of w.entries) {

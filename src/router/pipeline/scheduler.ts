@@ -26,7 +26,7 @@ import type {
   Step,
   StepContext,
 } from "./types.ts";
-import { requestLoad } from "./util.ts";
+import { candidateView, requestLoad } from "./util.ts";
 
 export interface SchedulerStats {
   /** Decisions by reason. */
@@ -53,17 +53,21 @@ export interface SchedulerOptions {
   decisions?: DecisionLog;
 }
 
-/** Cached [0, 1, …, n−1] rows (never written: filters return new arrays). */
+/**
+ * Cached [0, 1, …, n−1] rows (never written: filters return new arrays). Not frozen: V8 reads a
+ * frozen array's elements on a slower path (src/util/stable-lists.ts), and every plugin loops
+ * over these.
+ */
 const identities: (readonly number[])[] = [];
 /** Past 256 workers only the last size is kept: a fleet's size changes seldom, and one row per
  *  size seen would keep every size a growing fleet passed through. */
 let bigIdentity: readonly number[] = [];
 function identity(n: number): readonly number[] {
   if (n >= 256) {
-    if (bigIdentity.length !== n) bigIdentity = Object.freeze(Array.from({ length: n }, (_, i) => i));
+    if (bigIdentity.length !== n) bigIdentity = Array.from({ length: n }, (_, i) => i);
     return bigIdentity;
   }
-  identities[n] ??= Object.freeze(Array.from({ length: n }, (_, i) => i));
+  identities[n] ??= Array.from({ length: n }, (_, i) => i);
   return identities[n];
 }
 
@@ -77,6 +81,15 @@ function zeros(n: number): Float64Array {
   }
   zeroRows[n] ??= new Float64Array(n);
   return zeroRows[n];
+}
+
+/** The KV index's per-candidate rows of one decision (PrefixIndex.candidateRows). */
+export interface IndexRows {
+  blockSize: Int32Array;
+  /** −1 where the index does not track the worker in sync. */
+  held: Int32Array;
+  /** 0 not tracked, 1 syncing, 2 synced, 3 unknown. */
+  sync: Uint8Array;
 }
 
 const EMPTY_OVERLAPS: OverlapResult = { overlaps: new Int32Array(0), ranks: new Int32Array(0) };
@@ -93,6 +106,11 @@ class Ctx implements StepContext {
   private ov: OverlapResult | null = null;
   private bs: Int32Array | null = null;
   private ld: Float64Array | null = null;
+  private hd: Float64Array | null = null;
+  private pb: Int32Array | null = null;
+  private rows: IndexRows | null | undefined = undefined;
+  /** `held` reads the index's count where it tracks the worker (see OverlapSource.heldFromIndex). */
+  private readonly heldFromIndex: boolean;
 
   constructor(
     req: RoutingRequest,
@@ -108,6 +126,8 @@ class Ctx implements StepContext {
     this.all = all;
     this.source = source;
     this.heldOf = heldOf;
+    // Without a view of its own the step reads the index's counts (the `else` in `held`).
+    this.heldFromIndex = heldOf === undefined || source?.heldFromIndex === true;
   }
 
   private computeOverlaps() {
@@ -132,30 +152,86 @@ class Ctx implements StepContext {
     return this.computeOverlaps().bridged ?? null;
   }
 
+  // The per-candidate rows below are filled with plain loops: `TypedArray.from(list, fn)` goes
+  // through the iterator protocol and a call per element, several times slower at 256 workers.
   blockSize(pos: number): number {
     if (!this.bs) {
       const idx = this.scope.kvIndex;
-      this.bs = Int32Array.from(
-        this.all,
-        (c) => idx?.blockSizeOf(c.record.id) ?? (c.record.blockSize > 0 ? c.record.blockSize : 16),
-      );
+      const all = this.all;
+      const bs = new Int32Array(all.length);
+      const rows = this.indexRows();
+      for (let i = 0; i < all.length; i++) {
+        const r = all[i].record;
+        const known = rows ? rows.blockSize[i] || undefined : idx?.blockSizeOf(r.id);
+        bs[i] = known ?? (r.blockSize > 0 ? r.blockSize : 16);
+      }
+      this.bs = bs;
     }
     return this.bs[pos];
   }
 
+  /** The index's block size, held blocks and sync per candidate, in one pass (null: no index or no bulk read). */
+  indexRows(): IndexRows | null {
+    if (this.rows === undefined) {
+      const idx = this.scope.kvIndex;
+      if (!idx?.candidateRows) this.rows = null;
+      else {
+        const n = this.all.length;
+        const rows: IndexRows = {
+          blockSize: new Int32Array(n),
+          held: new Int32Array(n),
+          sync: new Uint8Array(n),
+        };
+        idx.candidateRows(candidateView(this.all).ids, rows.blockSize, rows.held, rows.sync);
+        this.rows = rows;
+      }
+    }
+    return this.rows;
+  }
+
   promptBlocks(pos: number): number {
-    return Math.floor(this.req.promptTokens().length / this.blockSize(pos));
+    // Read by several plugins for every candidate: one row per decision.
+    if (!this.pb) {
+      const len = this.req.promptTokens().length;
+      const n = this.all.length;
+      const pb = new Int32Array(n);
+      this.blockSize(0);
+      const bs = this.bs!;
+      for (let i = 0; i < n; i++) pb[i] = Math.floor(len / bs[i]);
+      this.pb = pb;
+    }
+    return this.pb[pos];
   }
 
   held(pos: number): number {
-    const id = this.all[pos].record.id;
-    if (this.heldOf) return this.heldOf(id);
-    const idx = this.scope.kvIndex;
-    return idx?.hasWorker(id) ? idx.blockCount(id) : 0;
+    // Read by cache-pressure for every candidate and by argmin's ties: once per position, and
+    // the index's counts for all candidates at once where it tracks them in sync.
+    if (!this.hd) {
+      const hd = new Float64Array(this.all.length).fill(-1);
+      const rows = this.heldFromIndex ? this.indexRows() : null;
+      if (rows) for (let i = 0; i < hd.length; i++) if (rows.held[i] >= 0) hd[i] = rows.held[i];
+      this.hd = hd;
+    }
+    let h = this.hd[pos];
+    if (h < 0) {
+      const id = this.all[pos].record.id;
+      if (this.heldOf) h = this.heldOf(id);
+      else {
+        const idx = this.scope.kvIndex;
+        h = idx?.hasWorker(id) ? idx.blockCount(id) : 0;
+      }
+      this.hd[pos] = h;
+    }
+    return h;
   }
 
   loads(): Float64Array {
-    this.ld ??= Float64Array.from(this.all, requestLoad);
+    if (!this.ld) {
+      const all = this.all;
+      const ld = new Float64Array(all.length);
+      for (let i = 0; i < all.length; i++) ld[i] = requestLoad(all[i]);
+      this.ld = ld;
+    }
     return this.ld;
   }
 }
@@ -202,6 +278,22 @@ export class StepPolicy implements RoutingPolicy {
     this.heldOf = view ? (id) => view.held(id) : undefined;
   }
 
+  private totalsBuf = new Float64Array(0);
+  private valuesBuf = new Float64Array(0);
+
+  /** Zeroed totals (n) and per-scorer values (ns × n) rows, views of buffers kept across decisions. */
+  private rows(n: number, ns: number): { totals: Float64Array; values: Float64Array } {
+    if (this.totalsBuf.length < n) {
+      this.totalsBuf = new Float64Array(n);
+      this.valuesBuf = new Float64Array(n * ns);
+    }
+    const totals = this.totalsBuf.subarray(0, n);
+    const values = this.valuesBuf.subarray(0, n * ns);
+    totals.fill(0);
+    values.fill(0);
+    return { totals, values };
+  }
+
   /** Runs the pipeline; returns the context with `winner` set (a position in `all`). */
   decide(req: RoutingRequest, all: readonly WorkerState[]): Ctx {
     const ctx = new Ctx(req, this.step, this.scope, all, this.source, this.heldOf);
@@ -216,8 +308,12 @@ export class StepPolicy implements RoutingPolicy {
     const n = at.length;
     const ns = this.scorers.length;
     // No scorers (round-robin, least-load): a shared read-only zero row, nothing allocated.
-    const totals = ns > 0 ? new Float64Array(n) : zeros(n);
-    const values = ns > 0 ? new Float64Array(ns * n) : null;
+    // Otherwise this step's own rows, reused decision after decision: everything that reads
+    // them (picker, trace, decision log, debug log) does so before `decide` returns, and the
+    // log copies them.
+    const rows = ns > 0 ? this.rows(n, ns) : null;
+    const totals = rows ? rows.totals : zeros(n);
+    const values = rows ? rows.values : null;
     for (let s = 0; s < ns; s++) {
       const out = values!.subarray(s * n, (s + 1) * n);
       this.scorers[s].score(ctx, at, this.weights[s], out);
@@ -241,6 +337,7 @@ export class StepPolicy implements RoutingPolicy {
       ctx.winner,
       ctx.reason,
       this.source ? ctx : null,
+      this.source ? (ctx.indexRows()?.sync ?? null) : null,
     );
     if (this.scope.logger.isLevelEnabled("debug")) {
       const r: DecisionRecord = {
@@ -298,6 +395,14 @@ export class StepPolicy implements RoutingPolicy {
     for (const s of this.scorers) s.onWorkerRemoved?.(id);
     this.source?.onWorkerRemoved?.(id);
     this.picker.onWorkerRemoved?.(id);
+  }
+
+  /** Per candidate: cached prompt tokens from the step's overlap source (null without one); records nothing. */
+  cachedTokens(req: RoutingRequest, candidates: readonly WorkerState[]): number[] | null {
+    if (!this.source) return null;
+    const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf);
+    const ov = ctx.overlaps();
+    return Array.from(candidates, (_, i) => ov[i] * ctx.blockSize(i));
   }
 
   /** Per candidate: overlap blocks and total cost, without recording a decision (tests, logs). */
@@ -380,6 +485,11 @@ export class Scheduler implements RoutingPolicy {
     const sel = p.select(req, candidates);
     this.lastRouted = { requestId: req.requestId, step: p };
     return sel;
+  }
+
+  /** The mixed step's view of each candidate's cached prompt tokens (flow control's locality). */
+  cachedTokens(req: RoutingRequest, candidates: readonly WorkerState[]): number[] | null {
+    return this.steps.mixed.cachedTokens(req, candidates);
   }
 
   onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle): void {

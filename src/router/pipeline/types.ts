@@ -67,6 +67,12 @@ export interface OverlapSource {
   /** Blocks the worker holds (events) or is believed to hold (its cache pressure). */
   held(id: string): number;
   /**
+   * True when `held(id)` is the KV index's `blockCount(id)` wherever the index `hasWorker(id)`
+   * (a fallback elsewhere): the step may then read the index's counts for all candidates in one
+   * pass (PrefixIndex.candidateRows) and ask `held` only for the others.
+   */
+  readonly heldFromIndex?: boolean;
+  /**
    * Told after a step of this profile routed a request (fallback trees learn here); `route`
    * reports how its prefill there ends (the pending bridge).
    */

@@ -2,6 +2,7 @@
  * Helpers shared by the pipeline's plugins (moved out of src/kv: they are routing rules, not
  * KV-index code).
  */
+import { isStable, markStable } from "../../util/stable-lists.ts";
 import type { WorkerState } from "../types.ts";
 
 /** A numeric option (flags arrive as numbers or numeric strings). */
@@ -75,4 +76,55 @@ export function leastLoadedWorker(ws: readonly WorkerState[]): WorkerState | nul
     }
   }
   return best;
+}
+
+/** A candidate list's worker ids and each id's position (see `candidateView`). */
+export interface CandidateView {
+  readonly ids: readonly string[];
+  readonly pos: ReadonlyMap<string, number>;
+}
+
+/** `pos` is built on first use: a list made for one request (a retry, flow control's subset) may never need it. */
+class View implements CandidateView {
+  readonly ids: readonly string[];
+  private p: Map<string, number> | null = null;
+
+  constructor(ids: readonly string[]) {
+    this.ids = ids;
+  }
+
+  get pos(): ReadonlyMap<string, number> {
+    if (!this.p) {
+      const p = new Map<string, number>();
+      for (let i = 0; i < this.ids.length; i++) if (!p.has(this.ids[i])) p.set(this.ids[i], i);
+      this.p = p;
+    }
+    return this.p;
+  }
+}
+
+const views = new WeakMap<readonly WorkerState[], CandidateView>();
+
+/**
+ * The ids of `all` and a position per id, built once per candidate list: the WorkerSet hands
+ * out the same arrays until its membership changes, so a decision over 256 workers reads them
+ * instead of building a 256-id array (and a lookup map) per request. A list marked stable
+ * (src/util/stable-lists.ts: the WorkerSet's) never changes, so its view is taken as it is; any
+ * other is checked against the list each time (its length and every id), so a list changed in
+ * place is seen and rebuilt. The ids are marked stable too: the KV index may then know them by
+ * identity (KvIndex.workersFor).
+ */
+export function candidateView(all: readonly WorkerState[]): CandidateView {
+  const v = views.get(all);
+  if (v && isStable(all)) return v;
+  if (v && v.ids.length === all.length) {
+    let same = true;
+    for (let i = 0; same && i < all.length; i++) same = all[i].record.id === v.ids[i];
+    if (same) return v;
+  }
+  const ids = new Array<string>(all.length);
+  for (let i = 0; i < all.length; i++) ids[i] = all[i].record.id;
+  const nv = new View(markStable(ids));
+  views.set(all, nv);
+  return nv;
 }

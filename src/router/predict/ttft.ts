@@ -184,10 +184,11 @@ export class TtftPredictor {
    * is following it): for callers that see the outcome but not the claim (the flow queue's
    * headroom signal, when no pipeline plugin of the profile uses the predictor).
    */
-  observeOnce(model: string, id: string, requestId: string, x: Float64Array, ttftMs: number): void {
-    if (this.tracked.has(requestId) || this.learnt.has(requestId)) return;
+  observeOnce(model: string, id: string, requestId: string, x: Float64Array, ttftMs: number): boolean {
+    if (this.tracked.has(requestId) || this.learnt.has(requestId)) return false;
     this.noteLearnt(requestId);
     this.observe(model, id, x, ttftMs);
+    return true;
   }
 
   /** Samples learnt for worker `id` (0 when unknown). */

@@ -7,7 +7,8 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
 import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
-import { parseMetric } from "../../helpers/sim.ts";
+import { kvEventsReceived, parseMetric } from "../../helpers/sim.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 import { type FleetProcess, type ServerProcess, spawnFleet, startStaticServer } from "./fleet-helpers.ts";
 
 const MODEL = "fleet-kv-model";
@@ -80,7 +81,19 @@ describe(`infera server --policy kv-aware over a fleet of ${N}`, () => {
     };
     assert.deepEqual(workers.data.map((w) => w.url).sort(), [...urls].sort());
     assert.equal(new Set(workers.data.map((w) => w.kvEvents?.endpoint)).size, N);
-    await new Promise((r) => setTimeout(r, 500)); // the server's SUB sockets joined
+    // The server receives every engine's events (not a sleep while its SUB sockets join).
+    const batches = async (d: number) =>
+      parseMetric(await (await fetch(`${server.url}/metrics`)).text(), "infera_kv_event_batches_total", {
+        worker: `fleet-${d}`,
+      }) ?? 0;
+    for (let d = 0; d < N; d++) {
+      const before = await batches(d);
+      // No reset: its AllBlocksCleared could still be on its way when `sent` is read below.
+      await kvEventsReceived({ url: urls[d]!, model: MODEL }, async () => (await batches(d)) > before, {
+        reset: false,
+      });
+    }
+    const sent = await Promise.all(urls.map((_, d) => batches(d)));
 
     // Engine d reads document d, straight (not through the router): only its events say so.
     for (let d = 0; d < N; d++) {
@@ -91,7 +104,12 @@ describe(`infera server --policy kv-aware over a fleet of ${N}`, () => {
       });
       assert.equal(r.status, 200, await r.text());
     }
-    await new Promise((r) => setTimeout(r, 700)); // BlockStored reached the server's index
+    // Each engine's BlockStored (its one batch since `sent`) reached the server's index.
+    await waitUntil(
+      async () => (await Promise.all(urls.map((_, d) => batches(d)))).every((n, d) => n > sent[d]!),
+      10_000,
+      "the warm-ups' KV events",
+    );
     const m = await (await fetch(`${server.url}/metrics`)).text();
     assert.ok((parseMetric(m, "infera_kv_events_total", { type: "BlockStored" }) ?? 0) >= N, m);
 

@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { ArgParseError, parseSimArgs, SIM_HELP } from "../../../src/engine/sim/args.ts";
 import { FleetStartError, type SimFleet, startSimFleet } from "../../../src/engine/sim/fleet.ts";
 import { fleetKvTransferConfig } from "../../../src/engine/sim/fleet-ports.ts";
-import { parseMetric } from "../../helpers/sim.ts";
+import { kvEventsReceived, parseMetric } from "../../helpers/sim.ts";
 import { bindable, EventTags, freePortBlock, replay, spawnFleet, waitUntil } from "./fleet-helpers.ts";
 
 const MODEL = "fleet-model";
@@ -116,9 +116,12 @@ describe("sim fleet in one process", () => {
   it("KV events: a request to engine i is published on i's endpoint alone, and replayed there", async () => {
     const subs = fleet.engines.map((e) => new EventTags(e.kvEndpoint!));
     try {
-      await new Promise((r) => setTimeout(r, 400)); // SUB sockets joined (ZMQ slow joiner)
-      await complete(fleet.engines[2].url, `${LONG} engine two`);
-      await waitUntil(() => subs[2].tags.includes("BlockStored"), 5000, "BlockStored on engine 2");
+      // Engine 2 is asked until its SUB here has seen a BlockStored, each time after a reset of its
+      // cache so that the blocks are stored (published) again: a fixed sleep for the SUB to join
+      // (ZMQ's slow joiner) is too short on a loaded box.
+      await kvEventsReceived({ url: fleet.engines[2].url, model: MODEL }, () =>
+        subs[2].tags.includes("BlockStored"),
+      );
       await new Promise((r) => setTimeout(r, 300));
       subs.forEach((s, i) => {
         if (i !== 2) assert.deepEqual(s.tags, [], `engine ${i} published nothing`);

@@ -63,7 +63,16 @@ function removedHashes(ev: unknown): bigint[] {
 class Collector {
   readonly batches: Batch[] = [];
   private readonly sub = new Subscriber();
+  /**
+   * The SUB's ZMTP handshake with the sim's PUB succeeded (ZMQ_EVENT_HANDSHAKE_SUCCEEDED): the
+   * SUB sends its subscription right after it, so it is at the PUB well before the sim has
+   * handled a request and published. Waited for instead of a fixed 300 ms "slow joiner" sleep
+   * (too short on a loaded box, the first batch lost). This tests the sim's own PUB, so the
+   * subscription's arrival itself (FakePublisher's XPUB) cannot be observed here.
+   */
+  readonly joined: Promise<void>;
   constructor(endpoint: string, topic: string) {
+    this.joined = new Promise((resolve) => this.sub.events.on("handshake", () => resolve()));
     this.sub.connect(endpoint);
     this.sub.subscribe(topic);
     void this.loop();
@@ -136,7 +145,7 @@ for (const encoding of ["array", "map"] as const) {
         args: ["--speed", "100", "--num-gpu-blocks", "24", "--kv-events-encoding", encoding],
       });
       col = new Collector(sim.kvEndpoint, "kv-events");
-      await new Promise((r) => setTimeout(r, 300)); // ZMQ slow joiner
+      await col.joined;
     });
     after(async () => {
       col?.close();

@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { Registry } from "prom-client";
-import { Publisher } from "zeromq";
+import { XPublisher } from "zeromq";
 import { encodeSeq } from "../../../src/kv/events.ts";
 import type { KvZmqReader } from "../../../src/kv/feeds/types.ts";
 import { ZmqKvFeed } from "../../../src/kv/feeds/zmq.ts";
@@ -72,7 +72,7 @@ test("the native reader is the default on Linux and reads a burst of 3,000 in or
   closers.push(() => dflt.close());
   assert.equal(dflt.reader, "native");
   await sub.synced;
-  await new Promise((r) => setTimeout(r, 300)); // the SUB's subscription reaches the PUB
+  await pub.subscribed(); // the SUB's subscription has reached the PUB
   const n = 3000;
   for (let i = 0; i < n; i++) await pub.publish([storedEv([10_000 + i], null, toks(4, 4 * i), BS)]);
   await waitFor(() => sub.stats.lastSeq === n - 1, 10_000, "every batch applied");
@@ -101,7 +101,7 @@ test("both readers agree: gap filled by replay, malformed frames, a message of 5
     return { index, sub: subscriber(pub, r, index) };
   });
   for (const r of runs) await r.sub.synced;
-  await new Promise((r) => setTimeout(r, 300));
+  await pub.subscribed(runs.length);
   const p = toks(16, 7000);
   await pub.publish([storedEv([1], null, p.slice(0, 4), BS)]); // seq 0
   await pub.publish([storedEv([2], 1, p.slice(4, 8), BS)], { drop: true }); // seq 1, missed live
@@ -132,12 +132,15 @@ test("NativeSub reads whole messages, counts frames past four, and resumes at th
   const z = loadNativeZmq();
   assert.ok(z, "libzmq's C API loads on Linux");
   const endpoint = `tcp://127.0.0.1:${await freePort()}`;
-  const pub = new Publisher({ linger: 0 });
+  // An XPUB (a PUB to the SUB) that shows when the subscription has arrived: sent before
+  // that, the messages would be dropped (ZMQ's slow joiner). See FakePublisher.subscribed().
+  const pub = new XPublisher({ linger: 0 });
   await pub.bind(endpoint);
   closers.push(() => pub.close());
   const sub = new NativeSub(z, endpoint, "t");
   closers.push(() => sub.close());
-  await new Promise((r) => setTimeout(r, 300));
+  const [subscription] = await pub.receive();
+  assert.equal(subscription?.toString(), "\x01t", "the SUB's subscription to topic t");
   await pub.send(["t", "a", "b", "c", "d", "e"]);
   await pub.send(["t", "x", Buffer.alloc(70_000, 7)]);
   await pub.send(["other-topic", "y"]);

@@ -60,9 +60,9 @@ test("start-up replay from seq 0 builds the index from events sent before the se
   disc.put(rec);
   await ingest.synced();
   assert.deepEqual([...index.overlaps(p, ["w1"])], [4]);
-  // Live events after the replay (the SUB has joined by now: wait until a probe batch arrives).
+  // Live events after the replay, once the SUB's subscription has reached the PUB.
   await waitFor(() => ingest.subscriber("w1")!.stats.lastSeq >= 1);
-  await new Promise((r) => setTimeout(r, 200));
+  await pub.subscribed();
   await pub.publish([removedEv([13, 14])]);
   await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "removal applied");
   assert.equal(ingest.subscriber("w1")!.stats.replays, 1);
@@ -72,7 +72,7 @@ test("a dropped message is recovered by replay; a gap beyond the buffer resets t
   const { pub, disc, index, ingest, rec } = await setup();
   disc.put(rec);
   await ingest.synced();
-  await new Promise((r) => setTimeout(r, 300)); // let the SUB connection settle
+  await pub.subscribed(); // the SUB's subscription has reached the PUB
   const p = toks(24, 5000);
   await pub.publish([storedEv([1, 2], null, p.slice(0, 8), BS)]);
   await pub.publish([storedEv([3], 2, p.slice(8, 12), BS)], { drop: true }); // missed by the subscriber
@@ -111,7 +111,7 @@ test("without a replay socket a gap resets; malformed frames are counted, not fa
   const { pub, disc, index, ingest, rec } = await setup(false);
   disc.put(rec);
   await ingest.synced();
-  await new Promise((r) => setTimeout(r, 300));
+  await pub.subscribed();
   const sub = ingest.subscriber("w1")!;
   // Without a replay socket nothing before the first live batch can be had...
   assert.equal(sub.sync, "unknown");
@@ -139,7 +139,7 @@ test("ATOM framing ([topic, payload], no seq, no replay socket) feeds the index"
   const { pub, disc, index, ingest, rec } = await setup(false);
   disc.put({ ...rec, engine: "atom", kvEvents: { ...rec.kvEvents!, framing: "atom" } });
   await ingest.synced();
-  await new Promise((r) => setTimeout(r, 300));
+  await pub.subscribed();
   const p = toks(12, 3000);
   await pub.publishAtom([storedEv([1, 2, 3], null, p, BS)]);
   // No sequence numbers and no replay: the engine's history before us cannot be had, so the

@@ -12,6 +12,7 @@ import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { mixedRecord } from "../../helpers/records.ts";
 import { type SimProcess, startSim } from "../../helpers/sim.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 
 const MODEL = "sim-model";
 const logger = createLogger("test");
@@ -95,8 +96,20 @@ test("without a pipeline plugin using it, the signal teaches the predictor from 
       assert.equal(r.status, 200);
       await r.text();
     }
-    await new Promise((r) => setTimeout(r, 50));
+    // Learnt as the server ends each relay, which may come after the client has read the end.
+    await waitUntil(() => other.ttft.samplesOf("w2") >= 3, 5000, "3 samples");
     assert.equal(other.ttft.samplesOf("w2"), 3, "each streamed request learnt once");
+    // Its error is reported like the pipeline's: the 2nd and 3rd had a prediction (the 1st none).
+    const m = await (await fetch(`${other.url}/metrics`)).text();
+    const count = /^infera_ttft_prediction_relative_error_count\{[^}]*\} (\d+)/m.exec(m);
+    assert.equal(
+      Number(count?.[1]),
+      2,
+      m
+        .split("\n")
+        .filter((l) => l.includes("relative_error"))
+        .join("\n"),
+    );
   } finally {
     await other.close();
   }
@@ -108,7 +121,7 @@ test("a target below the worker's predicted TTFT waits, then 429 with Retry-Afte
     assert.equal(r.status, 200);
     await r.text();
   }
-  await new Promise((r) => setTimeout(r, 50));
+  await waitUntil(() => server.ttft.samplesOf("w") >= 8, 5000, "8 samples");
   assert.equal(server.ttft.samplesOf("w"), 8, "the scorer and the signal learnt each request once");
   const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0, 0]));
   assert.ok(predicted > 5, `learnt: ${predicted} ms for a 3k-token prompt`);
@@ -123,4 +136,49 @@ test("a target below the worker's predicted TTFT waits, then 429 with Retry-Afte
   const ok = await ask(60_000);
   assert.equal(ok.status, 200);
   await ok.text();
+});
+
+test("with no prediction yet, a worker takes only coldInFlight requests blind; the next waits for a sample", async () => {
+  const other = await startServer(
+    {
+      host: "127.0.0.1",
+      port: 0,
+      policy: "round-robin",
+      flow: {
+        enabled: true,
+        headroom: [{ name: "predicted-ttft", params: { targetMs: 60_000, coldInFlight: 1 } }],
+        maxWaitMs: 30_000,
+      },
+    },
+    {
+      discovery: new MemoryDiscovery([
+        mixedRecord({ id: "w3", model: MODEL, url: sim.url, maxModelLen: 131072 }),
+      ]),
+      logger,
+    },
+  );
+  try {
+    const send = (i: number) =>
+      fetch(`${other.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: MODEL,
+          messages: [{ role: "user", content: `cold ${i}` }],
+          max_tokens: 8,
+          stream: true,
+        }),
+      }).then(async (r) => {
+        assert.equal(r.status, 200);
+        await r.text();
+      });
+    await Promise.all([send(0), send(1)]);
+    const m = await (await fetch(`${other.url}/metrics`)).text();
+    const queued = /^infera_flow_dispatched_total\{band="normal",queued="true"\} (\d+)/m.exec(m);
+    // Before: a worker without samples fitted every request (all went blind, none waited).
+    assert.equal(Number(queued?.[1] ?? 0), 1, "the second waited for the first's observation");
+    assert.equal(other.ttft.samplesOf("w3"), 2);
+  } finally {
+    await other.close();
+  }
 });

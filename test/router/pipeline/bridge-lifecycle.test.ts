@@ -16,7 +16,14 @@ import type { DecisionExplanation } from "../../../src/router/pipeline/types.ts"
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { createLogger } from "../../../src/util/log.ts";
 import { mixedRecord } from "../../helpers/records.ts";
-import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
+import {
+  kvEventsReceived,
+  parseMetric,
+  type SimProcess,
+  simWorkerRecord,
+  startSim,
+} from "../../helpers/sim.ts";
+import { waitUntil } from "../../helpers/wait.ts";
 import { FakePublisher, waitFor } from "../../kv/fake-publisher.ts";
 
 const BS = 16;
@@ -50,12 +57,14 @@ before(async () => {
   await brokenEvents.start();
   broken = createServer((req, res) => {
     req.resume();
-    req.on("end", () =>
-      setTimeout(() => {
+    req.on("end", () => {
+      const answer = () => {
         res.writeHead(500, { "content-type": "application/json" });
         res.end(JSON.stringify({ error: { message: "boom", type: "server_error" } }));
-      }, 400),
-    );
+      };
+      if (brokenHeld) brokenHeld.push(answer);
+      else answer();
+    });
   });
   await new Promise<void>((r) => broken.listen(0, "127.0.0.1", r));
   const port = (broken.address() as AddressInfo).port;
@@ -83,10 +92,15 @@ before(async () => {
       policy: "kv-aware",
       policyOptions: { bridgeGraceMs: 60_000 },
       scrapeIntervalMs: 0,
+      // The whole prompt is scored (its bridge credit counted) even on a loaded box: at the
+      // default 100 ms of tokenizing, a run at load average 25 scored 16 of its 82 blocks.
+      promptBudgetMs: 5000,
     },
     { discovery: memory, logger },
   );
-  await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
+  // Both sims' events reach the index before a test relies on them (no "SUB joined" sleep).
+  const index = server.kvIngest!.indexFor("sim-model")!;
+  await Promise.all(sims.map((s, i) => kvEventsReceived(s, () => index.blockCount(["a", "b"][i]!) > 0)));
 });
 
 after(async () => {
@@ -118,16 +132,61 @@ function send(
   });
 }
 
+/** The server's count of bridge entries that ended with `event` (e.g. cancelled). */
+async function bridgeEnded(event: string): Promise<number> {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  return parseMetric(text, "infera_routing_bridge_entries_total", { model: "sim-model", event }) ?? 0;
+}
+
+/**
+ * Until both sims run and queue nothing (what the tests aborted has left them too), so a reset
+ * of their prefix cache is not refused for blocks in use. vllm-project/vllm
+ * vllm/v1/metrics/loggers.py @ a6f0308cfe806b7731ad4979c9bea6e470c35efd:
+ * vllm:num_requests_running / vllm:num_requests_waiting.
+ */
+async function simsIdle(): Promise<void> {
+  await waitUntil(
+    async () => {
+      for (const s of sims) {
+        const m = await s.metrics();
+        if (
+          (parseMetric(m, "vllm:num_requests_running") ?? 0) +
+            (parseMetric(m, "vllm:num_requests_waiting") ?? 0) >
+          0
+        )
+          return false;
+      }
+      return true;
+    },
+    10_000,
+    "sims idle",
+  );
+}
+
+/**
+ * While not null, the broken worker holds its answers here (until `answerBroken()`), so a
+ * request is still pending when the next one is routed, however slow the box.
+ */
+let brokenHeld: Array<() => void> | null = null;
+function answerBroken(): void {
+  const held = brokenHeld ?? [];
+  brokenHeld = null;
+  for (const answer of held) answer();
+}
+
 const bridgeOn = (d: DecisionExplanation, worker: string) =>
   d.candidates.find((c) => c.worker === worker)?.bridgeBlocks ?? null;
 
 test("a request that fails (upstream 500) ends its bridge entry; while it is pending it counts", async () => {
+  brokenHeld = [];
   const first = send("m-broken", "q1", "fail-1");
-  await new Promise((r) => setTimeout(r, 100));
+  // Routed (its bridge entry pending) before the second one is.
+  await waitForDecision("fail-1");
   const second = send("m-broken", "q2", "fail-2");
   const d2 = await waitForDecision("fail-2");
   assert.ok((bridgeOn(d2, "c") ?? 0) > 20, `pending on c: ${JSON.stringify(d2.candidates)}`);
   assert.equal(d2.candidates.find((c) => c.worker === "c")?.cachedBlocks, bridgeOn(d2, "c"));
+  answerBroken();
   assert.equal((await first).status, 500);
   assert.equal((await second).status, 500);
   await (await first).text().catch(() => "");
@@ -141,28 +200,44 @@ test("a request that fails (upstream 500) ends its bridge entry; while it is pen
 test("a request the client cancels before its first token ends its bridge entry", async () => {
   const ctl = new AbortController();
   const first = send("sim-model", "cancel me", "cancel-1", { stream: true, signal: ctl.signal });
-  first.catch(() => {});
-  const d1 = await waitForDecision("cancel-1");
-  const home = d1.winner;
-  // Before its first token, a follower sees the prompt on its worker through the bridge only.
+  // Read the stream: a Response nobody reads can be garbage-collected, and undici then cancels
+  // its stream (fetch's FinalizationRegistry): the server would see the client go, and end the
+  // bridge entry, before the follower below is routed.
+  const firstRead = first.then((r) => r.body?.pipeTo(new WritableStream())).catch(() => {});
   const ctl2 = new AbortController();
-  const follower = send("sim-model", "me too", "cancel-2", { signal: ctl2.signal });
-  follower.catch(() => {});
-  const d2 = await waitForDecision("cancel-2");
-  assert.ok((bridgeOn(d2, home) ?? 0) > 20, JSON.stringify(d2.candidates));
-  assert.equal(d2.winner, home, "the follower joins its prefix's queued prompt");
-  ctl.abort();
-  ctl2.abort();
+  const cancelledBefore = await bridgeEnded("cancelled");
+  // The engines are stopped (SIGSTOP) until both requests are routed and cancelled: the first
+  // cannot have its first token, however slow the box (the window was a 0.5 s prefill).
+  for (const s of sims) process.kill(s.pid, "SIGSTOP");
+  try {
+    const d1 = await waitForDecision("cancel-1");
+    const home = d1.winner;
+    // Before its first token, a follower sees the prompt on its worker through the bridge only.
+    const follower = send("sim-model", "me too", "cancel-2", { signal: ctl2.signal });
+    follower.catch(() => {});
+    const d2 = await waitForDecision("cancel-2");
+    assert.ok((bridgeOn(d2, home) ?? 0) > 20, JSON.stringify(d2.candidates));
+    assert.equal(d2.winner, home, "the follower joins its prefix's queued prompt");
+    ctl.abort();
+    ctl2.abort();
+  } finally {
+    for (const s of sims) process.kill(s.pid, "SIGCONT");
+  }
+  await firstRead;
   // The server sees the client go and cancels both claims.
-  await new Promise((r) => setTimeout(r, 300));
+  await waitUntil(
+    async () => (await bridgeEnded("cancelled")) >= cancelledBefore + 2,
+    5000,
+    "both entries cancelled",
+  );
   const ctl3 = new AbortController();
   const probe = send("sim-model", "probe", "cancel-3", { signal: ctl3.signal });
   probe.catch(() => {});
   const d3 = await waitForDecision("cancel-3");
   ctl3.abort();
   for (const c of d3.candidates) assert.equal(c.bridgeBlocks, 0, `no credit left: ${JSON.stringify(c)}`);
-  // Let the engines finish what was aborted before the next test resets caches.
-  await new Promise((r) => setTimeout(r, 1500));
+  // The engines are done with what was aborted before the next test resets caches.
+  await simsIdle();
 });
 
 test("after its prefill, an eviction the events report ends the entry (the bridge never overrides it)", async () => {
@@ -186,7 +261,7 @@ test("after its prefill, an eviction the events report ends the entry (the bridg
   const c = d2.candidates.find((x) => x.worker === home)!;
   assert.equal(c.bridgeBlocks, 0, JSON.stringify(c));
   assert.equal(c.cachedBlocks, 0, "neither the index nor the bridge holds the evicted prompt");
-  await new Promise((r) => setTimeout(r, 1500));
+  await simsIdle();
 });
 
 async function waitForDecision(requestId: string): Promise<DecisionExplanation> {

@@ -5,9 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { buildScheduling } from "../../../src/router/pipeline/build.ts";
 import { DecisionLog } from "../../../src/router/pipeline/decisions.ts";
 import type { StepContext } from "../../../src/router/pipeline/types.ts";
 import type { WorkerState } from "../../../src/router/types.ts";
+import { createLogger } from "../../../src/util/log.ts";
+import { makeWorker } from "./recorder.ts";
 
 const workers = (n: number) =>
   Array.from({ length: n }, (_, i) => ({ record: { id: `w${i}` } }) as unknown as WorkerState);
@@ -123,4 +126,61 @@ test("records each candidate's pending-bridge blocks (bridgeBlocks), null withou
     d!.candidates.map((c) => c.bridgeBlocks),
     [null, null, null],
   );
+});
+
+test("records the scores and totals as they were: the step may reuse its rows for the next decision", () => {
+  const log = new DecisionLog(4);
+  const all = workers(3);
+  // One pair of rows, rewritten between decisions, as the scheduler's step does.
+  const values = new Float64Array(6);
+  const totals = new Float64Array(3);
+  const decide = (id: string, v: number[], winner: number) => {
+    values.set(v);
+    for (let k = 0; k < 3; k++) totals[k] = v[k] + v[3 + k];
+    log.record(id, "m", "mixed", all, [0, 1, 2], ["x", "y"], values, totals, winner, "score");
+  };
+  decide("r1", [1, 2, 3, 10, 20, 30], 0);
+  decide("r2", [7, 8, 9, 0, 0, 0], 2);
+  values.fill(-1);
+  totals.fill(-1);
+  const [d1, d2] = log.list();
+  assert.deepEqual(
+    d1!.candidates.map((c) => [c.scores, c.total]),
+    [
+      [{ x: 1, y: 10 }, 11],
+      [{ x: 2, y: 20 }, 22],
+      [{ x: 3, y: 30 }, 33],
+    ],
+  );
+  assert.deepEqual(
+    d2!.candidates.map((c) => c.total),
+    [7, 8, 9],
+  );
+});
+
+test("a step's decisions record their own scores (the scheduler reuses its rows)", () => {
+  const logger = createLogger("test");
+  logger.level = "silent";
+  const decisions = new DecisionLog(8);
+  const sched = buildScheduling({ policy: "kv-aware" }).create({ model: "m", logger, decisions });
+  const ws = ["a", "b"].map((id) => makeWorker({ id, kv: false }));
+  const req = (id: string) => ({
+    requestId: id,
+    model: "m",
+    endpoint: "completion" as const,
+    body: {},
+    stream: false,
+    promptText: () => "hello",
+    promptTokens: () => [1, 2, 3],
+  });
+  ws[0].inFlight = 4;
+  sched.select(req("q1"), ws);
+  ws[0].inFlight = 0;
+  ws[1].inFlight = 6;
+  sched.select(req("q2"), ws);
+  const [d1, d2] = decisions.list();
+  const decode = (d: typeof d1) => d!.candidates.map((c) => c.scores["active-decode"]);
+  assert.deepEqual(decode(d1), [2, 0], "q1's own active-decode row");
+  assert.deepEqual(decode(d2), [0, 3]);
+  assert.deepEqual([d1!.winner, d2!.winner], ["b", "a"]);
 });

@@ -20,7 +20,7 @@ import type { DecisionExplanationJson } from "../../../src/router/pipeline/decis
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
-import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
+import { kvEventsReceived, type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 import { waitUntil } from "../../helpers/wait.ts";
 
 const MODEL = "sim-model";
@@ -83,7 +83,11 @@ for (const factor of [1, 2]) {
         },
         { discovery: memory, logger },
       );
-      await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
+      // Both sims' events reach the index before a test relies on them (no "SUB joined" sleep).
+      const index = server.kvIngest!.indexFor(MODEL)!;
+      await Promise.all(
+        sims.map((s, i) => kvEventsReceived(s, () => index.blockCount(["w-a", "w-b"][i]!) > 0)),
+      );
     });
 
     after(async () => {

@@ -205,3 +205,38 @@ test("kv-prefix: the index's removal events reach the bridge: a preempted (still
   index.apply(home, { type: "AllBlocksCleared", medium: "GPU" } as KvEvent);
   assert.equal(cachedOnHome(), 0, "evicted after its prefill: the bridge does not override the index");
 });
+
+test("PendingPrefixes.forEachMatch: match for every worker with entries, settled, those covering the path's head only", () => {
+  let now = 1000;
+  const p = new PendingPrefixes({ graceMs: 500, ttlMs: 10_000, probeEveryMs: 0, now: () => now });
+  p.add("w1", [1, 2, 3]);
+  p.add("w2", [1, 9]);
+  p.add("w3", [7, 8]);
+  const done = p.add("w4", [1, 2]);
+  done.prefilled();
+  const seen = () => {
+    const out: [string, number][] = [];
+    p.forEachMatch([1, 2, 3, 4], (id, n) => out.push([id, n]));
+    return out.sort();
+  };
+  const perWorker = () =>
+    ["w1", "w2", "w3", "w4"]
+      .map((id) => [id, p.match(id, [1, 2, 3, 4])] as [string, number])
+      .filter(([, n]) => n > 0)
+      .sort();
+  assert.deepEqual(seen(), [
+    ["w1", 3],
+    ["w2", 1],
+    ["w4", 2],
+  ]);
+  assert.deepEqual(seen(), perWorker());
+  // Past w4's grace: settled on the way, its entry leaves (and the worker with it).
+  now += 600;
+  assert.deepEqual(seen(), [
+    ["w1", 3],
+    ["w2", 1],
+  ]);
+  assert.equal(p.counters.unconfirmed, 1);
+  assert.deepEqual(seen(), perWorker());
+  p.forEachMatch([], () => assert.fail("an empty path matches nothing"));
+});

@@ -14,7 +14,7 @@ import type { WorkerState } from "../../../src/router/types.ts";
 import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
-import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
+import { kvEventsReceived, type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 import { waitFor } from "../../kv/fake-publisher.ts";
 import { presetScheduler } from "./preset.ts";
 
@@ -83,6 +83,8 @@ before(async () => {
   const handle = server.kvIngest as ServerKvIngestHandle;
   index = handle.ingest!.index;
   await handle.ingest!.synced();
+  // Every sim's events reach the index before a test relies on them (no "SUB joined" sleep).
+  await Promise.all(sims.map((s, i) => kvEventsReceived(s, () => index.blockCount(ids[i]) > 0)));
 });
 
 after(async () => {
@@ -92,7 +94,6 @@ after(async () => {
 
 test("through infera server: a request goes to the worker holding its prefix, and not after BlockRemoved", async () => {
   const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "x", maxRetries: 0 });
-  await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
   await direct(sims[2], docs[0], "warm-up");
   const want = Math.floor(promptTokens(docs[0], "q").length / BS) - 2;
   await waitFor(() => index.overlaps(promptTokens(docs[0], "q1"), ids)[2] >= want, 5000, "w-c indexed");
@@ -142,7 +143,8 @@ test("cache_salt: a salted prefix is only a hit for the same salt", async () => 
 test("a new replica builds the full index by replay, and two replicas choose alike", async () => {
   // Events this ingest never saw live (published before it existed) come from the replay sockets.
   await direct(sims[0], docs[3], "for the replicas");
-  await new Promise((r) => setTimeout(r, 200));
+  // The live index has them too, so that it is a fair reference for the replicas' replay.
+  await waitFor(() => index.overlaps(promptTokens(docs[3], "q"), ids)[0] > 10, 5000, "w-a indexed");
   const replicas = [new KvIngest({ watcher: disc, logger }), new KvIngest({ watcher: disc, logger })];
   try {
     for (const r of replicas) r.start();

@@ -19,7 +19,7 @@ import { type InferaServer, startServer } from "../../../src/server/app.ts";
 import { configFromFile } from "../../../src/server/config.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
-import { type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
+import { kvEventsReceived, type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
 import { waitFor } from "../../kv/fake-publisher.ts";
 
 const BS = 16;
@@ -45,6 +45,9 @@ const YAML = `
 policy: round-robin
 scrapeIntervalMs: 0
 apiKeys: [${KEY}]
+# The whole prompt is scored even on a loaded box (the test checks promptBlocks): the default
+# 100 ms of tokenizing can run out there, and routing then scores the prompt's head only.
+promptBudgetMs: 5000
 profiles:
   mixed:
     filters:
@@ -91,7 +94,8 @@ test("a YAML-composed profile: its needs start KV ingest, and it routes to the c
       ["active-decode", 2],
     ],
   );
-  await new Promise((r) => setTimeout(r, 300)); // SUB sockets joined
+  const index = server.kvIngest!.indexFor(MODEL)!;
+  await kvEventsReceived(sims[1]!, () => index.blockCount("p-b") > 0, { what: "p-b's KV events" });
   // Cache the document on p-b only (straight to its engine).
   const warm = await fetch(`${sims[1]!.url}/v1/chat/completions`, {
     method: "POST",
@@ -99,7 +103,6 @@ test("a YAML-composed profile: its needs start KV ingest, and it routes to the c
     body: JSON.stringify({ model: MODEL, messages: chat("warm"), max_tokens: 2 }),
   });
   assert.equal(warm.status, 200, await warm.text());
-  const index = server.kvIngest!.indexFor(MODEL)!;
   const tokens = tok.encode(tok.applyChatTemplate(chat("q")));
   await waitFor(() => index.overlaps(tokens, ["p-a", "p-b"])[1]! > 10, 5000, "p-b indexed");
   const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });

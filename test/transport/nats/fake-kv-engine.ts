@@ -1,13 +1,17 @@
 /**
  * A minimal vLLM-style KV event publisher for relay tests: PUB `[topic, seq, payload]` and a
  * ROUTER replay socket, with a switch to withhold a batch from the live socket (as a ZMQ drop).
+ * The PUB is an XPUB, so a test can wait for its subscriber (`subscribed()`, ../../helpers/xpub.ts)
+ * rather than sleep while the SUB "joins".
  */
 import { pack } from "msgpackr";
-import { Publisher, Router } from "zeromq";
+import { Router } from "zeromq";
 import { freePort } from "../../helpers/ports.ts";
+import { watchedPublisher } from "../../helpers/xpub.ts";
 
 export class FakeKvEngine {
-  readonly pub = new Publisher({ linger: 0 });
+  private readonly watched = watchedPublisher();
+  readonly pub = this.watched.pub;
   readonly router = new Router({ linger: 0 });
   readonly sent: { seq: number; payload: Buffer }[] = [];
   endpoint = "";
@@ -20,6 +24,11 @@ export class FakeKvEngine {
     await this.pub.bind(this.endpoint);
     await this.router.bind(this.replayEndpoint);
     void this.serveReplay();
+  }
+
+  /** Resolves once `n` subscriptions in all have reached this PUB. */
+  subscribed(n = 1, ms = 10_000): Promise<void> {
+    return this.watched.watch.subscribed(n, ms);
   }
 
   /** A BlockStored batch for `tokens` (one block), as vLLM's positional encoding. */

@@ -58,8 +58,8 @@ async function engineWithRelay(name: string, bufferBatches?: number) {
     events: { endpoint: eng.endpoint, replayEndpoint: eng.replayEndpoint, topic: "", framing: "seq" },
   });
   cleanups.push(() => relay.close());
-  // ZMQ slow joiner: wait until the SUB is connected before publishing for real.
-  await new Promise((r) => setTimeout(r, 200));
+  // ZMQ slow joiner: wait until the SUB's subscription is at the PUB before publishing for real.
+  await eng.subscribed();
   return { eng, relay };
 }
 
@@ -240,7 +240,7 @@ test("a DP engine: the relay follows every rank's sockets, each on its own subje
     startedAt: new Date().toISOString(),
   });
   await ingest.synced();
-  await new Promise((r) => setTimeout(r, 200)); // ZMQ slow joiner on both relays
+  await Promise.all(engines.map((e) => e.subscribed())); // ZMQ slow joiner on both relays
   const toks = [1, 2, 3, 4, 5, 6, 7, 8];
   const stored = ["BlockStored", [11, 12], null, toks, 4, null, "GPU", null, null, 0];
   await engines[0].publish(packr.pack([1, [stored], 0]));

@@ -36,7 +36,6 @@ after(async () => {
 });
 
 const until = (cond: () => boolean, ms = 5000) => waitUntil(cond, ms, "condition", 10);
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function worker(id: string) {
   const eng = new FakeKvEngine();
@@ -50,7 +49,7 @@ async function worker(id: string) {
   };
   const relay = await startKvRelay({ nc, model: "m", workerId: id, events });
   cleanups.push(() => relay.close());
-  await sleep(200); // ZMQ slow joiner
+  await eng.subscribed(); // ZMQ slow joiner: the relay's subscription is at the PUB
   const record = (epoch: string): WorkerRecord => ({
     id,
     model: "m",
@@ -160,7 +159,7 @@ test("an engine restarting under its relay starts a new epoch and announces it",
     onEpochChange: (e) => seen.push(e),
   });
   cleanups.push(() => relay.close());
-  await sleep(200);
+  await w.eng.subscribed(2); // the second relay's subscription too
   const first = relay.epoch;
   await storeBlocks(w.eng, 1, 3);
   await until(() => relay.nextSeq === 3);

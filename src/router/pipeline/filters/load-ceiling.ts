@@ -26,11 +26,15 @@ export default defineFilter("load-ceiling", {
       if (at.length < 2) return at;
       const loads = ctx.loads();
       let sum = 0;
-      for (const i of at) sum += loads[i];
+      let max = Number.NEGATIVE_INFINITY;
+      for (let k = 0; k < at.length; k++) {
+        const l = loads[at[k]];
+        sum += l;
+        if (l > max) max = l;
+      }
       const ceiling = (sum / at.length) * p.ratio + p.slack;
-      let over = 0;
-      for (const i of at) if (loads[i] > ceiling) over++;
-      if (over === 0) return at;
+      // Nobody above the ceiling (the usual case): the list as it is, one pass.
+      if (max <= ceiling) return at;
       return at.filter((i) => loads[i] <= ceiling);
     },
   }),

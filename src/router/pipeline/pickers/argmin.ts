@@ -22,7 +22,7 @@ export default definePicker("argmin", {
     name: "argmin",
     needs: [],
     pick(ctx, at, costs) {
-      const ids = at.map((i) => ctx.all[i].record.id);
+      const all = ctx.all;
       let best = 0;
       let bestHeld = -1;
       for (let i = 1; i < costs.length; i++) {
@@ -30,7 +30,8 @@ export default definePicker("argmin", {
         if (costs[i] === costs[best]) {
           if (bestHeld < 0) bestHeld = ctx.held(at[best]);
           const held = ctx.held(at[i]);
-          if (held > bestHeld || (held === bestHeld && ids[i] > ids[best])) continue;
+          if (held > bestHeld || (held === bestHeld && all[at[i]].record.id > all[at[best]].record.id))
+            continue;
           bestHeld = held;
         } else bestHeld = -1;
         best = i;
@@ -44,6 +45,7 @@ export default definePicker("argmin", {
         max = Math.max(max, c);
       }
       const span = max - min || 1;
+      const ids = at.map((i) => all[i].record.id);
       const order = ids.map((_, i) => i).sort((a, b) => (ids[a] < ids[b] ? -1 : ids[a] > ids[b] ? 1 : 0));
       const weights = order.map((i) => Math.exp(-(costs[i] - min) / span / p.temperature));
       const total = weights.reduce((a, b) => a + b, 0);

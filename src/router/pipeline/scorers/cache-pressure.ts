@@ -17,10 +17,11 @@ export default defineScorer("cache-pressure", {
     needs: ["kvIndex", "promptTokens"],
     score(ctx, at, weight, out) {
       const o = ctx.overlaps();
-      const held = at.map((i) => ctx.held(i));
-      const maxHeld = Math.max(1, ...held);
+      // A loop, not `Math.max(1, ...held)`: no array and no 256-argument call per decision.
+      let maxHeld = 1;
+      for (let k = 0; k < at.length; k++) maxHeld = Math.max(maxHeld, ctx.held(at[k]));
       for (let k = 0; k < at.length; k++)
-        out[k] = (weight * (ctx.promptBlocks(at[k]) - o[at[k]]) * held[k]) / maxHeld;
+        out[k] = (weight * (ctx.promptBlocks(at[k]) - o[at[k]]) * ctx.held(at[k])) / maxHeld;
     },
   }),
 });

@@ -28,6 +28,7 @@ import type { RouteLifecycle, RoutingRequest, WorkerState } from "../../types.ts
 import { type BridgeProbe, PendingPrefixes } from "../pending-prefixes.ts";
 import { defineScorer } from "../plugin.ts";
 import type { ModelScope, OverlapResult, OverlapSource, StepContext } from "../types.ts";
+import { candidateView } from "../util.ts";
 
 const params = z
   .object({
@@ -108,6 +109,7 @@ function buildSource(scope: ModelScope, p: z.output<typeof params>): OverlapSour
   const src: OverlapSource = {
     overlaps: (ctx: StepContext): OverlapResult => overlapsOf(parts, ctx),
     held: (id) => (index?.hasWorker(id) ? index.blockCount(id) : tree.size(id)),
+    heldFromIndex: true,
     onRouted(req: RoutingRequest, worker: WorkerState, route?: RouteLifecycle) {
       recent?.insert(req.promptText(), worker.record.id);
       if (pending && bridge) {
@@ -139,7 +141,8 @@ function overlapsOf(parts: SourceParts, ctx: StepContext): OverlapResult {
   const { scope, index, tree, recent, pending } = parts;
   const { req, all } = ctx;
   const n = all.length;
-  const ids = all.map((c) => c.record.id);
+  const view = candidateView(all);
+  const ids = view.ids;
   const tokens = req.promptTokens();
   const lora = index?.isLora(req.model) ? req.model : null;
   const ranks = new Int32Array(n);
@@ -151,25 +154,39 @@ function overlapsOf(parts: SourceParts, ctx: StepContext): OverlapResult {
   const text = recent || pending || missing ? req.promptText() : "";
   const fresh = recent ? recent.match(text, ids) : null;
   const path = parts.bridgePath ? parts.bridgePath(text) : null;
-  let approx: Int32Array | null = null;
   const bridged = pending ? new Int32Array(n) : undefined;
-  for (let i = 0; i < n; i++) {
-    const blocks = ctx.promptBlocks(i);
-    const toBlocks = (chars: number) =>
-      text.length > 0 ? Math.floor((blocks * Math.min(chars, text.length)) / text.length) : 0;
-    if (overlaps[i] < 0) {
-      // No KV events from this worker: estimate from what this server sent it.
-      approx ??= tree.match(text, ids);
-      overlaps[i] = toBlocks(approx[i]);
+  // Characters of the prompt's text as blocks of the candidate at `i` (the trees count characters).
+  const toBlocks = (i: number, chars: number) =>
+    text.length > 0 ? Math.floor((ctx.promptBlocks(i) * Math.min(chars, text.length)) / text.length) : 0;
+  if (missing || fresh) {
+    let approx: Int32Array | null = null;
+    for (let i = 0; i < n; i++) {
+      if (overlaps[i] < 0) {
+        // No KV events from this worker: estimate from what this server sent it.
+        approx ??= tree.match(text, ids);
+        overlaps[i] = toBlocks(i, approx[i]);
+      }
+      if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(i, fresh[i]));
     }
-    if (fresh && fresh[i] > 0) overlaps[i] = Math.max(overlaps[i], toBlocks(fresh[i]));
-    if (pending && path && bridged) {
-      const nodes = Math.max(pending.match(ids[i], path), scope.peers?.match(ids[i], path) ?? 0); // peer replicas' (src/router/peers)
-      const b = nodes > 0 ? toBlocks(nodes * parts.chunkChars) : 0;
+  }
+  if (pending && path && bridged) {
+    const credit = (i: number, nodes: number) => {
+      const b = nodes > 0 ? toBlocks(i, nodes * parts.chunkChars) : 0;
       if (b > overlaps[i]) {
         bridged[i] = b - overlaps[i];
         overlaps[i] = b;
       }
+    };
+    const peers = scope.peers;
+    if (peers) {
+      // Peer replicas' announcements (src/router/peers) are asked per candidate.
+      for (let i = 0; i < n; i++) credit(i, Math.max(pending.match(ids[i], path), peers.match(ids[i], path)));
+    } else {
+      // Only the workers holding entries (a handful) are visited, not every candidate.
+      pending.forEachMatch(path, (id, nodes) => {
+        const i = view.pos.get(id);
+        if (i !== undefined) credit(i, nodes);
+      });
     }
   }
   return { overlaps, ranks, bridged };
@@ -232,12 +249,7 @@ function tierCredit(
   if (!index?.tierOverlaps || (hostWeight === 0 && diskWeight === 0)) return null;
   const { req, all } = ctx;
   const lora = index.isLora(req.model) ? req.model : null;
-  const t = index.tierOverlaps(
-    req.promptTokens(),
-    all.map((c) => c.record.id),
-    req.cacheSalt,
-    lora,
-  );
+  const t = index.tierOverlaps(req.promptTokens(), candidateView(all).ids, req.cacheSalt, lora);
   if (!t) return null;
   const out = new Float64Array(all.length);
   for (let i = 0; i < all.length; i++) {
