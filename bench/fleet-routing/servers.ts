@@ -157,6 +157,15 @@ profiles:
 export const FLOW_NAME = "kv-aware+flow";
 export const FLOW_TTFT_NAME = "kv-aware+flow-ttft";
 export const FLOW_LOCAL_NAME = "kv-aware+flow-local";
+/**
+ * `load` with a tighter KV-usage bound (issue #29's preemption goal, lane F, bench/flow/RESULTS.md
+ * Run 10): a worker past FLEET_ROUTING_FLOW_MAX_KV (default 0.6) of its KV pool takes no new
+ * request, so what is running keeps room to grow its context instead of being preempted.
+ * `kv-aware+flow-local-kv`: the same with locality, as `kv-aware+flow-local`.
+ */
+export const FLOW_KV_NAME = "kv-aware+flow-kv";
+export const FLOW_LOCAL_KV_NAME = "kv-aware+flow-local-kv";
+const FLOW_MAX_KV = Number(process.env.FLEET_ROUTING_FLOW_MAX_KV ?? 0.6);
 const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?? 1.5);
 const FLOW_TTFT_TARGET_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_TTFT_TARGET_S ?? 1);
 const FLOW_LOCALITY_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_WAIT_S ?? 0.5);
@@ -185,6 +194,9 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [HOT_NAME]: () => HOT_YAML,
   [FLOW_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }"),
   [FLOW_LOCAL_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }", FLOW_LOCALITY_WAIT_MODEL_S),
+  [FLOW_KV_NAME]: (speed) => FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`),
+  [FLOW_LOCAL_KV_NAME]: (speed) =>
+    FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`, FLOW_LOCALITY_WAIT_MODEL_S),
   // With locality, flow control's default since Run J (Run K).
   [FLOW_TTFT_NAME]: (speed) =>
     FLOW_YAML(
