@@ -212,9 +212,15 @@ export class LoadScraper {
       const busy = w.inFlight > 0 || (share?.busyElsewhere(w.record.id) ?? false);
       if (at === undefined || at <= now + this.intervalMs / 2 || busy) round.push(this.scrape(w));
     }
-    if (!share) return;
-    this.flush(share, busyHere);
-    if (round.length > 0) void Promise.all(round).then(() => this.outbox.length > 0 && this.flush(share, []));
+    if (share) this.flush(share, busyHere);
+    // Flow control's queue waits for this: without it a queued request whose headroom came
+    // back by a reading (or by time: load's higherActiveMs) waited for the next completion.
+    // With peers, the round's readings go to them then too.
+    if (round.length > 0)
+      void Promise.all(round).then(() => {
+        if (share && this.outbox.length > 0) this.flush(share, []);
+        this.onScraped?.();
+      });
   }
 
   /** Whether this replica scrapes `w`: it owns it, or its owner's readings stopped. */
