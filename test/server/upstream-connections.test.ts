@@ -92,8 +92,9 @@ describe("upstream connections are reused (issue #32)", () => {
 
   it("concurrent requests open at most one connection per request in flight, reused after", async () => {
     const at = counter.opened();
-    const burst = (): Promise<void[]> =>
-      Promise.all(Array.from({ length: 6 }, (_, i) => ask(i % 2 === 0, i)));
+    const burst = async (): Promise<void> => {
+      await Promise.all(Array.from({ length: 6 }, (_, i) => ask(i % 2 === 0, i)));
+    };
     await burst();
     const afterFirst = counter.opened() - at;
     assert.ok(afterFirst <= 6, `${afterFirst} connections for 6 concurrent requests`);
