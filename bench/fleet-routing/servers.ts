@@ -157,6 +157,15 @@ profiles:
 export const FLOW_NAME = "kv-aware+flow";
 export const FLOW_TTFT_NAME = "kv-aware+flow-ttft";
 export const FLOW_LOCAL_NAME = "kv-aware+flow-local";
+/**
+ * `load` with a tighter KV-usage bound (issue #29's preemption goal, lane F, bench/flow/RESULTS.md
+ * Run 10): a worker past FLEET_ROUTING_FLOW_MAX_KV (default 0.6) of its KV pool takes no new
+ * request, so what is running keeps room to grow its context instead of being preempted.
+ * `kv-aware+flow-local-kv`: the same with locality, as `kv-aware+flow-local`.
+ */
+export const FLOW_KV_NAME = "kv-aware+flow-kv";
+export const FLOW_LOCAL_KV_NAME = "kv-aware+flow-local-kv";
+const FLOW_MAX_KV = Number(process.env.FLEET_ROUTING_FLOW_MAX_KV ?? 0.6);
 const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?? 1.5);
 const FLOW_TTFT_TARGET_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_TTFT_TARGET_S ?? 1);
 const FLOW_LOCALITY_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_LOCALITY_WAIT_S ?? 0.5);
@@ -185,10 +194,15 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [HOT_NAME]: () => HOT_YAML,
   [FLOW_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }"),
   [FLOW_LOCAL_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }", FLOW_LOCALITY_WAIT_MODEL_S),
+  [FLOW_KV_NAME]: (speed) => FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`),
+  [FLOW_LOCAL_KV_NAME]: (speed) =>
+    FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`, FLOW_LOCALITY_WAIT_MODEL_S),
+  // With locality, flow control's default since Run J (Run K).
   [FLOW_TTFT_NAME]: (speed) =>
     FLOW_YAML(
       speed,
       `{ name: predicted-ttft, params: { targetMs: ${wallMs(FLOW_TTFT_TARGET_MODEL_S, speed)} } }`,
+      FLOW_LOCALITY_WAIT_MODEL_S,
     ),
 };
 
@@ -384,10 +398,35 @@ export async function decisionsOf(servers: Replicas["servers"]): Promise<string>
       // The TTFT predictor's mean relative error (src/router/predict), when anything used it.
       const sum = /^infera_ttft_prediction_relative_error_sum(?:\{[^}]*\})? (\S+)/m.exec(text);
       const count = /^infera_ttft_prediction_relative_error_count(?:\{[^}]*\})? (\S+)/m.exec(text);
-      if (sum && count && Number(count[1]) > 0)
+      if (sum && count && Number(count[1]) > 0) {
         out.push(`ttft_rel_err_mean=${(Number(sum[1]) / Number(count[1])).toFixed(2)}(n=${count[1]})`);
+        // Median and p90 (issue #29's goal: ≤ 0.25, ≤ 0.6), interpolated within the histogram's buckets.
+        const buckets = [
+          ...text.matchAll(/^infera_ttft_prediction_relative_error_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)/gm),
+        ].map((m) => [m[1] === "+Inf" ? Number.POSITIVE_INFINITY : Number(m[1]), Number(m[2])] as const);
+        const q = (p: number) => histogramQuantile(buckets, p).toFixed(2);
+        out.push(`ttft_rel_err_p50=${q(0.5)} ttft_rel_err_p90=${q(0.9)}`);
+      }
       return out.join(" ");
     }),
   );
   return per.join(" | ");
+}
+
+/** Quantile `p` of a Prometheus histogram's cumulative (le, count) buckets, linear within a bucket. */
+function histogramQuantile(buckets: ReadonlyArray<readonly [number, number]>, p: number): number {
+  const total = buckets.find(([le]) => le === Number.POSITIVE_INFINITY)?.[1] ?? 0;
+  if (total === 0) return Number.NaN;
+  const rank = p * total;
+  let lo = 0;
+  let below = 0;
+  for (const [le, n] of buckets) {
+    if (n >= rank) {
+      if (!Number.isFinite(le)) return lo;
+      return lo + ((le - lo) * (rank - below)) / Math.max(1, n - below);
+    }
+    lo = le;
+    below = n;
+  }
+  return lo;
 }

@@ -1,11 +1,13 @@
 /**
  * Flow control (issue #29 goals: two priority bands, a heavy tenant): one `infera-sim --fleet N`
  * and two `infera server`s on it, side by side in one run — today's default (kv-aware, no
- * queue) and the same with `flow` on (the `load` signal at GIE's defaults, 200 ms scrapes).
+ * queue) and the same with `flow` on (the `load` signal at GIE's defaults, 200 ms scrapes), or
+ * one flow server per `--variants` entry.
  *
  *   node bench/flow/run.ts [--workers 2] [--speed 0.25] [--duration-s 20] [--prompt 512]
  *     [--output 64] [--cal-clients 32] [--phases bands,tenants]
- *     [--max-waiting N] [--max-in-flight N] [--engine-priority] [--out bench/flow/results.json]
+ *     [--max-waiting N] [--max-in-flight N] [--load-params JSON] [--variants JSON] [--engine-priority]
+ *     [--repeat 1] [--reuse-prompts] [--out bench/flow/results.json]
  *
  * 1. Capacity: closed loop, `--cal-clients` (32) clients per worker, `--duration-s`: completed
  *    requests per second (a floor of the fleet's capacity: more clients may get more through).
@@ -13,6 +15,8 @@
  *    1.6 (2× capacity), then the high band alone again, Poisson arrivals: high TTFT p90 loaded
  *    against the same server's unloaded p90 (the two unloaded runs bracket the loaded one, so a
  *    box whose load drifts shows up as their spread), low band completed / offered, preemptions.
+ *    `--repeat N` runs this phase N rounds, the servers taking turns, and prints the medians
+ *    and the figures of all rounds' requests pooled.
  * 3. Tenants: three light tenants at 0.2 × capacity each, alone, then with a heavy one at 1.0
  *    (4× a fair share of 0.25): the light ones' TTFT p90; then all four at 1.0 (backlogged):
  *    Jain's index of served output tokens.
@@ -47,9 +51,15 @@ const PHASES = new Set(opt("phases", "bands,tenants").split(","));
 const MAX_WAITING = opt("max-waiting", "");
 /** The `load` signal's bound on this server's in-flight requests per worker (none when not given): a smaller running batch steps faster. */
 const MAX_IN_FLIGHT = opt("max-in-flight", "");
+/**
+ * More `load` params as JSON, e.g. per-band thresholds:
+ * '{"bands":{"low":{"maxInFlight":8,"maxWaiting":0}},"higherActiveMs":2000}'.
+ */
+const LOAD_PARAMS = JSON.parse(opt("load-params", "{}")) as Record<string, unknown>;
 const loadParams = {
   ...(MAX_WAITING ? { maxWaiting: Number(MAX_WAITING) } : {}),
   ...(MAX_IN_FLIGHT ? { maxInFlight: Number(MAX_IN_FLIGHT) } : {}),
+  ...LOAD_PARAMS,
 };
 /**
  * Engines under vLLM's `--scheduling-policy priority`, each request carrying vLLM's `priority`
@@ -58,6 +68,16 @@ const loadParams = {
  * band too, which the router's queue cannot do for what it has already admitted.
  */
 const ENGINE_PRIORITY = args.includes("--engine-priority");
+/**
+ * Several flow servers side by side instead of one: name → `load` params, e.g.
+ * '{"flat8":{"maxWaiting":0,"maxInFlight":8},"low8":{"bands":{"low":{"maxInFlight":8,"maxWaiting":0}}}}'
+ * (servers `kv-aware+flat8`, `kv-aware+low8`; --max-waiting etc. are then ignored).
+ */
+const VARIANTS = opt("variants", "")
+  ? (JSON.parse(opt("variants", "")) as Record<string, Record<string, unknown>>)
+  : null;
+/** Rounds of the bands phase per server, the servers taking turns. */
+const REPEAT = Number(opt("repeat", "1"));
 const BODY_PRIORITY: Readonly<Record<string, number>> = { high: 0, normal: 1, low: 2 };
 
 interface Shot {
@@ -68,6 +88,16 @@ interface Shot {
   outputTokens: number;
 }
 
+/**
+ * `words(n, seed)` has only 997 distinct values (seed mod 997): Runs 1–12 drew seeds at random,
+ * so as a run went on more and more prompts were already in the engines' prefix caches and the
+ * "2×" load shrank (later rounds' kv-aware was not overloaded at all). Each prompt now starts
+ * with a word of its own, so no request hits another's cache; `--reuse-prompts` restores the old
+ * prompts for a comparison with those runs.
+ */
+const REUSE_PROMPTS = args.includes("--reuse-prompts");
+const RUN_ID = `u${Math.random().toString(36).slice(2, 8)}`;
+let nth = 0;
 const words = (n: number, seed: number) =>
   Array.from({ length: n }, (_, i) => `w${(i * 7 + seed) % 997}`).join(" ");
 
@@ -79,7 +109,7 @@ async function shot(url: string, band: string, tenant: string, seed: number): Pr
       headers: { "content-type": "application/json", "x-infera-priority": band, "x-infera-tenant": tenant },
       body: JSON.stringify({
         model: MODEL,
-        prompt: words(PROMPT, seed),
+        prompt: REUSE_PROMPTS ? words(PROMPT, seed) : `${RUN_ID}-${nth++} ${words(PROMPT - 1, seed)}`,
         max_tokens: OUTPUT,
         ignore_eos: true,
         stream: true,
@@ -152,6 +182,31 @@ const jain = (xs: number[]) => {
   return sq === 0 ? null : Number(((sum * sum) / (xs.length * sq)).toFixed(3));
 };
 
+/** Per server URL, every round's high-band TTFTs (unloaded: before and after) and low-band counts. */
+const samples = new Map<
+  string,
+  { unloaded: number[]; loaded: number[]; lowOffered: number; lowDone: number }
+>();
+
+/**
+ * Over every round of a server, pooled: the high band's TTFT p90 unloaded (before and after
+ * together) and loaded, their ratio, the low band's completion. Steadier than one round's
+ * ratio on a box whose load swings (a 10 s phase holds ~80 high-band requests).
+ */
+function pooled(url: string) {
+  const x = samples.get(url);
+  if (!x) return null;
+  const u = p90(x.unloaded);
+  const l = p90(x.loaded);
+  return {
+    highUnloadedN: x.unloaded.length,
+    highTtftP90UnloadedMs: u,
+    highTtftP90LoadedMs: l,
+    highLoadedOverUnloaded: u && l !== null ? Number((l / u).toFixed(2)) : null,
+    lowCompleted: Number((x.lowDone / Math.max(1, x.lowOffered)).toFixed(3)),
+  };
+}
+
 /** High band alone, with the low band at 2× capacity, alone again; on one server. */
 async function bandsPhase(url: string, engines: Engine[], load: () => string) {
   const pre0 = (await engineCounters(engines)).reduce((a, c) => a + c.preemptions, 0);
@@ -163,17 +218,43 @@ async function bandsPhase(url: string, engines: Engine[], load: () => string) {
   const lows = mixed.filter((s) => s.band === "low");
   const unloaded = p90(ttfts(alone, () => true));
   const loaded = p90(ttfts(mixed, (s) => s.band === "high"));
+  const unloadedAfter = p90(ttfts(after, () => true));
+  samples.set(url, {
+    unloaded: [
+      ...(samples.get(url)?.unloaded ?? []),
+      ...ttfts(alone, () => true),
+      ...ttfts(after, () => true),
+    ],
+    loaded: [...(samples.get(url)?.loaded ?? []), ...ttfts(mixed, (s) => s.band === "high")],
+    lowOffered: (samples.get(url)?.lowOffered ?? 0) + lows.length,
+    lowDone: (samples.get(url)?.lowDone ?? 0) + lows.filter((s) => s.status === 200).length,
+  });
   return {
     highTtftP90UnloadedMs: unloaded,
     highTtftP90LoadedMs: loaded,
-    highTtftP90UnloadedAfterMs: p90(ttfts(after, () => true)),
+    highTtftP90UnloadedAfterMs: unloadedAfter,
     highLoadedOverUnloaded: loaded !== null && unloaded ? Number((loaded / unloaded).toFixed(2)) : null,
+    highLoadedOverUnloadedAfter:
+      loaded !== null && unloadedAfter ? Number((loaded / unloadedAfter).toFixed(2)) : null,
     highRejected: mixed.filter((s) => s.band === "high" && s.status !== 200).length,
     lowOffered: lows.length,
     lowCompleted: Number((lows.filter((s) => s.status === 200).length / Math.max(1, lows.length)).toFixed(3)),
     preemptions: pre1 - pre0,
     load: load(),
   };
+}
+
+/** Per numeric field of the bands phase, the median over rounds. */
+function medians(runs: readonly Record<string, unknown>[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const k of Object.keys(runs[0] ?? {})) {
+    const xs = runs.map((r) => Number(r[k])).filter((x) => Number.isFinite(x));
+    if (xs.length === 0) continue;
+    xs.sort((a, b) => a - b);
+    const m = xs.length >> 1;
+    out[k] = xs.length % 2 ? xs[m] : (xs[m - 1] + xs[m]) / 2;
+  }
+  return out;
 }
 
 /** Three light tenants alone, with a heavy one at 4× a fair share, then four backlogged. */
@@ -207,7 +288,7 @@ async function main(): Promise<void> {
   const kill: Array<() => void> = [() => void engines.close()];
   handleFatalSignals();
   const workersFile = writeWorkersFile(dir, engines.engines, 16);
-  const server = async (flow: boolean) => {
+  const server = async (flow: boolean, params: Record<string, unknown> = loadParams) => {
     const port = await freePort();
     const cfg = join(dir, `cfg-${port}.json`);
     const bands = [{ name: "high" }, { name: "normal" }, { name: "low" }];
@@ -219,7 +300,7 @@ async function main(): Promise<void> {
           tenantHeader: true,
           maxWaitMs: 20_000,
           bands,
-          ...(Object.keys(loadParams).length > 0 ? { headroom: [{ name: "load", params: loadParams }] } : {}),
+          ...(Object.keys(params).length > 0 ? { headroom: [{ name: "load", params }] } : {}),
         },
       }),
     );
@@ -243,16 +324,37 @@ async function main(): Promise<void> {
     await waitFor200(`${url}/ready`, { timeoutMs: 60_000, what: "server", output });
     return url;
   };
-  const servers = { "kv-aware": await server(false), "kv-aware+flow": await server(true) };
+  const servers: Record<string, string> = { "kv-aware": await server(false) };
+  if (VARIANTS)
+    for (const [name, params] of Object.entries(VARIANTS))
+      servers[`kv-aware+${name}`] = await server(true, params);
+  else servers["kv-aware+flow"] = await server(true);
   const load = () => loadavg()[0].toFixed(1);
   cap = await capacity(servers["kv-aware"]);
   console.log(`capacity ${cap.toFixed(2)} req/s (wall), load ${load()}`);
   const results: Record<string, unknown> = { workers: WORKERS, speed: SPEED, capacityRps: cap };
+  // Bands: the servers take turns, `--repeat` rounds, so a drift of the box's load hits both.
+  const bandRuns: Record<string, Awaited<ReturnType<typeof bandsPhase>>[]> = {};
+  for (let r = 0; PHASES.has("bands") && r < REPEAT; r++)
+    for (const [name, url] of Object.entries(servers)) {
+      const b = await bandsPhase(url, engines.engines, load);
+      bandRuns[name] = [...(bandRuns[name] ?? []), b];
+      console.log(name, `round ${r + 1}`, JSON.stringify(b));
+    }
   for (const [name, url] of Object.entries(servers)) {
-    const bands = PHASES.has("bands") ? await bandsPhase(url, engines.engines, load) : null;
+    const runs = bandRuns[name] ?? [];
     const tenants = PHASES.has("tenants") ? await tenantsPhase(url, load) : null;
-    results[name] = { bands, tenants };
-    console.log(name, JSON.stringify({ bands, tenants }));
+    const bandsPooled = runs.length > 1 ? pooled(url) : null;
+    results[name] = {
+      bands: runs[0] ?? null,
+      ...(runs.length > 1 ? { bandRounds: runs, bandsMedian: medians(runs), bandsPooled } : {}),
+      tenants,
+    };
+    if (runs.length > 1) {
+      console.log(name, "median over rounds", JSON.stringify(medians(runs)));
+      console.log(name, "pooled over rounds", JSON.stringify(bandsPooled));
+    }
+    if (tenants) console.log(name, JSON.stringify({ tenants }));
   }
   writeFileSync(OUT, `${JSON.stringify(results, null, 2)}\n`);
   for (const k of kill) k();

@@ -171,6 +171,7 @@ export class FlowGate {
       bandName,
       priority: typeof r.body.priority === "number" ? r.body.priority : undefined,
       targetTtftMs: Number.isFinite(target) && target > 0 ? target : undefined,
+      cachedTokens: r.cachedTokens,
     };
     return this.queue.admit(hr, flow, tenant.weight, signal, r.cachedTokens);
   }
@@ -185,7 +186,9 @@ export class FlowGate {
     headers: IncomingHttpHeaders,
     signal: AbortLike,
   ): Promise<FlowTicket> {
-    const policy = this.cfg.locality.waitMs > 0 ? this.policyFor?.(rreq.model) : undefined;
+    // The policy's overlap source: locality's where-is-it-cached, and the uncached prompt the
+    // `predicted-ttft` signal predicts on (HeadroomRequest.cachedTokens).
+    const policy = this.policyFor?.(rreq.model);
     const cachedTokens: CachedTokensOf | undefined = policy?.cachedTokens
       ? (cands) => policy.cachedTokens?.(rreq, cands) ?? null
       : undefined;
@@ -292,6 +295,7 @@ export class FlowTicket {
     this.onFirst = () => {
       if (this.firstAt > 0) return;
       this.firstAt = performance.now();
+      admission.first(this.firstAt - this.dispatchedAt);
       wake();
     };
   }

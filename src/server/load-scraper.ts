@@ -171,10 +171,14 @@ export class LoadScraper {
   /** Scrapes the workers that are due, or busy now (a request went there since). */
   private tick(): void {
     const now = Date.now();
+    const round: Promise<void>[] = [];
     for (const w of this.workers.list()) {
       const at = this.due.get(w);
-      if (at === undefined || at <= now + this.intervalMs / 2 || w.inFlight > 0) void this.scrape(w);
+      if (at === undefined || at <= now + this.intervalMs / 2 || w.inFlight > 0) round.push(this.scrape(w));
     }
+    // Flow control's queue waits for this: without it a queued request whose headroom came
+    // back by a reading (or by time: load's higherActiveMs) waited for the next completion.
+    if (round.length > 0) void Promise.all(round).then(() => this.onScraped?.());
   }
 
   private async scrape(w: LiveWorker): Promise<void> {

@@ -163,6 +163,10 @@ describe("LoadScraper scrapes adaptively (issue #32)", () => {
     // load). Counted against each other, not against a fixed sleep: on a loaded box a 1 s sleep
     // saw no busy scrape at all.
     const scraper = new LoadScraper(ws, 50, 10_000);
+    // Flow control re-checks its queue after every round, not only the first (a merge had
+    // dropped the call from the periodic rounds).
+    let rounds = 0;
+    scraper.onScraped = () => rounds++;
     scraper.start();
     // This server has a request in flight on "routed" (idle by its gauges): it stays fast.
     ws.get("routed")!.inFlight = 1;
@@ -178,5 +182,6 @@ describe("LoadScraper scrapes adaptively (issue #32)", () => {
     );
     assert.ok(hits.busy >= 8, `busy worker scraped ${hits.busy} times (fast pace 50 ms)`);
     assert.ok(hits.routed >= 8, `worker with requests in flight scraped ${hits.routed} times`);
+    assert.ok(rounds >= 8, `onScraped called after ${rounds} rounds in 1 s`);
   });
 });

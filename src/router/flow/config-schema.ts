@@ -135,9 +135,21 @@ export function resolveFlowConfig(l: FlowConfigLayer = {}): FlowConfig {
   const defaultBand = names.indexOf(l.defaultBand ?? (names.includes("normal") ? "normal" : names[0]));
   if (defaultBand < 0)
     throw new Error(`flow.defaultBand: '${l.defaultBand}' is not one of ${names.join(", ")}`);
+  const headroom = l.headroom ?? [{ name: "load" }];
+  // A signal's per-band params (load's `bands`) are keyed by band name: a typo would silently
+  // leave that band at the common thresholds.
+  for (const ref of headroom) {
+    const per = ref.params?.bands;
+    if (per === null || typeof per !== "object") continue;
+    const unknown = Object.keys(per).filter((k) => !names.includes(k));
+    if (unknown.length > 0)
+      throw new Error(
+        `flow.headroom '${ref.name}' params.bands: '${unknown.join("', '")}' is not one of ${names.join(", ")}`,
+      );
+  }
   return {
     enabled: l.enabled ?? false,
-    headroom: l.headroom ?? [{ name: "load" }],
+    headroom,
     maxQueue: l.maxQueue ?? 1000,
     maxWaitMs,
     bands,

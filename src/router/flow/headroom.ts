@@ -29,6 +29,12 @@ export interface HeadroomRequest {
    * server knows them (KV index or pending bridge); `undefined` for a position = unknown.
    */
   readonly uncachedTokens?: readonly (number | undefined)[];
+  /**
+   * The prompt's cached tokens on each of `candidates` (same positions; null: unknown), from the
+   * model's routing policy (its kv-prefix overlap source), when it has one. A signal calls it
+   * per check: the candidates change while a request waits.
+   */
+  readonly cachedTokens?: (candidates: readonly WorkerState[]) => readonly number[] | null;
   /** The request's band index (0 = highest) and name (config `flow.bands`). */
   readonly band: number;
   readonly bandName: string;
@@ -49,6 +55,14 @@ export interface HeadroomVerdict {
   readonly waitMs?: number;
   /** Short machine-readable reason when nothing fits ("in-flight", "engine-queue", "ttft"). */
   readonly reason?: string;
+}
+
+/** A dispatched request's first token (a predictor learns from it then, not at the end). */
+export interface HeadroomFirstToken {
+  readonly requestId: string;
+  readonly workerId: string;
+  /** ms from dispatch to the first token. */
+  readonly ttftMs: number;
 }
 
 /** What the server saw of a dispatched request (a predictor learns from these). */
@@ -72,6 +86,12 @@ export interface HeadroomSignal {
   check(req: HeadroomRequest, candidates: readonly WorkerState[]): HeadroomVerdict;
   /** Told when a request left the queue for a worker. */
   onDispatched?(req: HeadroomRequest, worker: WorkerState): void;
+  /**
+   * Told at a dispatched request's first token. Under overload the end comes long after it (a
+   * 64-token answer took 20–30 s wall behind a full batch in bench/fleet-routing Run K), so what
+   * learns from TTFT should learn here.
+   */
+  onFirstToken?(o: HeadroomFirstToken): void;
   /** Told when a dispatched request ended (first token time included when it had one). */
   observe?(o: HeadroomObservation): void;
   onWorkerRemoved?(id: string): void;

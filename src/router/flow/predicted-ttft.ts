@@ -10,16 +10,48 @@
  * dispatches predicted NaN). When none fits, the request waits; the estimate of the wait is the
  * smallest predicted excess over the target.
  *
- * Features are the predictor's (uncached prompt tokens when the queue knows them, else the whole
- * prompt; this replica's prefill backlog; the engine's queue and batch). The predictor is the
- * server's, shared with the pipeline's `predicted-ttft` scorer and `ttft-saturation` filter, which
- * learn from each routed request's first byte; when the profile has neither, this signal learns
- * from the queue's observations itself (`observeOnce`: never twice for one request).
+ * Features are the predictor's: the prompt's tokens not cached on the candidate (from the routing
+ * policy's overlap source, `HeadroomRequest.cachedTokens`, as the pipeline's plugins see them;
+ * else the whole prompt), this replica's prefill backlog, the engine's queue and batch. The
+ * predictor is the server's, shared with the pipeline's `predicted-ttft` scorer and
+ * `ttft-saturation` filter, which learn from each routed request's first byte; when the profile
+ * has neither, this signal learns itself, at the request's first token (`onFirstToken`;
+ * `observeOnce`: never twice for one request). Not at its end: under overload the end came 20–30 s
+ * wall after the first token, so the fit lagged the queue it was to bound by that much and
+ * admitted on a line learnt while the engines were still empty (bench/fleet-routing Run K).
  */
 import { z } from "zod";
 import { FEATURES, featuresFrom, predictorOf } from "../predict/ttft.ts";
 import type { WorkerState } from "../types.ts";
-import { defineHeadroom, type HeadroomObservation } from "./headroom.ts";
+import { defineHeadroom, type HeadroomFirstToken, type HeadroomRequest } from "./headroom.ts";
+
+/** How long a request's cached-token reading is reused across checks, ms (the index moves slowly). */
+const CACHED_READ_MS = 50;
+
+interface CachedRead {
+  at: number;
+  of: readonly WorkerState[];
+  tokens: readonly number[] | null;
+}
+
+/** Per candidate, the prompt's tokens not cached there (the whole prompt where unknown). */
+function uncachedOf(
+  req: HeadroomRequest,
+  candidates: readonly WorkerState[],
+  reads: WeakMap<HeadroomRequest, CachedRead>,
+): (i: number) => number {
+  const given = req.uncachedTokens;
+  if (given) return (i) => given[i] ?? req.promptTokens;
+  if (!req.cachedTokens) return () => req.promptTokens;
+  const now = performance.now();
+  let r = reads.get(req);
+  if (!r || r.of !== candidates || now - r.at >= CACHED_READ_MS) {
+    r = { at: now, of: candidates, tokens: req.cachedTokens(candidates) };
+    reads.set(req, r);
+  }
+  const t = r.tokens;
+  return (i) => Math.max(0, req.promptTokens - (t?.[i] ?? 0));
+}
 
 const params = z
   .object({
@@ -41,6 +73,7 @@ export default defineHeadroom("predicted-ttft", {
     /** Features at dispatch, per request, until its observation comes (bounded). */
     const pending = new Map<string, { worker: string; x: Float64Array; predicted: number }>();
     const x = new Float64Array(FEATURES);
+    const reads = new WeakMap<HeadroomRequest, CachedRead>();
     const predict = (w: WorkerState, uncached: number): number =>
       predictor.predictFeatures(scope.model, w.record.id, featuresFrom(uncached, w, x));
     return {
@@ -52,8 +85,9 @@ export default defineHeadroom("predicted-ttft", {
         if (target === undefined) return { fits: all };
         const fits: number[] = [];
         let excess = Number.POSITIVE_INFINITY;
+        const uncached = uncachedOf(req, candidates, reads);
         for (let i = 0; i < candidates.length; i++) {
-          const ms = predict(candidates[i], req.uncachedTokens?.[i] ?? req.promptTokens);
+          const ms = predict(candidates[i], uncached(i));
           if (Number.isNaN(ms)) {
             if (candidates[i].inFlight < p.coldInFlight) fits.push(i);
           } else if (!(ms > target)) fits.push(i);
@@ -64,20 +98,28 @@ export default defineHeadroom("predicted-ttft", {
         return { fits, waitMs: Math.max(p.minWaitMs, wait), reason: "ttft" };
       },
       onDispatched(req, worker) {
-        const f = featuresFrom(req.promptTokens, worker, new Float64Array(FEATURES));
+        // The worker's uncached prompt as the checks saw it (their reading, when recent).
+        const seen = reads.get(req)?.of;
+        const at = seen ? seen.indexOf(worker) : -1;
+        const uncached =
+          seen && at >= 0 ? uncachedOf(req, seen, reads)(at) : uncachedOf(req, [worker], reads)(0);
+        const f = featuresFrom(uncached, worker, new Float64Array(FEATURES));
         const predicted = predictor.predictFeatures(scope.model, worker.record.id, f);
         pending.set(req.requestId, { worker: worker.record.id, x: f, predicted });
         if (pending.size > 4096) pending.delete(pending.keys().next().value!);
       },
-      observe(o: HeadroomObservation) {
+      onFirstToken(o: HeadroomFirstToken) {
         const d = pending.get(o.requestId);
         pending.delete(o.requestId);
-        if (!d || o.ttftMs === undefined || !o.ok) return;
-        if (o.uncachedTokens !== undefined) d.x[1] = o.uncachedTokens / 1000;
+        if (!d) return;
         // Learnt here (no pipeline plugin followed it): its error goes to the server's histogram
         // (infera_ttft_prediction_relative_error) like the pipeline's, step "flow".
         if (predictor.observeOnce(scope.model, d.worker, o.requestId, d.x, o.ttftMs))
           predictor.sink?.observed(scope.model, o.requestId, "flow", d.predicted, o.ttftMs);
+      },
+      observe(o) {
+        // Ended without a first token (failed, cancelled, not streamed): nothing to learn.
+        pending.delete(o.requestId);
       },
       onWorkerRemoved(id) {
         predictor.forget(id);

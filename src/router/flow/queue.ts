@@ -85,6 +85,8 @@ export interface AdmissionEnd {
  */
 export interface Admission extends RouteAdmission {
   readonly waitedMs: number;
+  /** The answer's first token came `ttftMs` after dispatch (signals learn from it at once). */
+  first(ttftMs: number): void;
   finish(end: AdmissionEnd): void;
 }
 
@@ -358,7 +360,8 @@ export class FlowQueue {
    * Every entry passed over starts its locality wait, so none is passed over longer than that.
    */
   private pass(): void {
-    const blocked = new Set<string>();
+    // Per model, the highest band (lowest index) whose entry found no headroom this pass.
+    const blocked = new Map<string, number>();
     const skipped = new Set<Entry>();
     const cfg = this.o.locality;
     const on = cfg !== undefined && cfg.waitMs > 0;
@@ -376,8 +379,10 @@ export class FlowQueue {
       }
       const fits = this.fits(e.req);
       if (fits.size === 0) {
-        // Strict order within a model: nothing behind this entry goes first.
-        blocked.add(e.req.model);
+        // Strict order within a model: nothing of this band or a lower one goes first. A
+        // higher band may: signals can hold a lower band to tighter bounds (load's `bands`),
+        // so an aged low entry that does not fit must not stall a high one that does.
+        blocked.set(e.req.model, Math.min(e.req.band, blocked.get(e.req.model) ?? e.req.band));
         continue;
       }
       // Not the band's aging: under saturation every entry outlives it, and locality would be off
@@ -414,14 +419,19 @@ export class FlowQueue {
     this.wake();
   }
 
-  /** The entry to try next, skipping `blocked` models and `skipped` entries: aged first, then band, VTC, FIFO. */
-  private next(blocked: ReadonlySet<string>, skipped: ReadonlySet<Entry>): [Band, Entry] | null {
+  /**
+   * The entry to try next, skipping `skipped` entries and those of `blocked` models at or below
+   * the band that was blocked: aged first, then band, VTC, FIFO.
+   */
+  private next(blocked: ReadonlyMap<string, number>, skipped: ReadonlySet<Entry>): [Band, Entry] | null {
     const now = performance.now();
+    const skip = (e: Entry): boolean =>
+      skipped.has(e) || e.req.band >= (blocked.get(e.req.model) ?? Number.POSITIVE_INFINITY);
     let aged: [Band, Entry] | null = null;
     for (const b of this.bands)
       for (const q of b.flows.values())
         for (const e of q) {
-          if (blocked.has(e.req.model) || skipped.has(e) || now - e.at < b.spec.agingMs) continue;
+          if (skip(e) || now - e.at < b.spec.agingMs) continue;
           if (!aged || e.at < aged[1].at) aged = [b, e];
         }
     if (aged) return aged;
@@ -429,7 +439,7 @@ export class FlowQueue {
       let best: Entry | null = null;
       let bestC = Number.POSITIVE_INFINITY;
       for (const [flow, q] of b.flows) {
-        const e = q.find((x) => !blocked.has(x.req.model) && !skipped.has(x));
+        const e = q.find((x) => !skip(x));
         if (!e) continue;
         const c = b.counters.get(flow) ?? 0;
         if (c < bestC || (c === bestC && best !== null && e.at < best.at)) {
@@ -465,6 +475,11 @@ export class FlowQueue {
       routed: (w) => {
         worker = w;
         for (const s of signals) s.onDispatched?.(req, w);
+      },
+      first: (ttftMs) => {
+        if (done || !worker) return;
+        const o = { requestId: req.requestId, workerId: worker.record.id, ttftMs };
+        for (const s of signals) s.onFirstToken?.(o);
       },
       finish: (end) => {
         if (done) return;

@@ -5,7 +5,7 @@
  * Why RLS: TTFT on a continuous-batching engine is close to linear in the work ahead of the
  * request's first token (its own uncached prompt, the prompts queued before it, the batch it
  * shares each step with), with coefficients that are the worker's speed. RLS fits such a line
- * exactly from the first few samples (no calibration run), costs O(d²) per sample (d = 5), and
+ * exactly from the first few samples (no calibration run), costs O(d²) per sample (d = 4), and
  * its forgetting factor λ discounts a sample by λ per newer one, so a worker that becomes slower
  * (another quantization, another GPU, a noisy neighbour) is re-fitted within ~1/(1 − λ) requests
  * instead of averaging the old speed in forever. An EWMA of a per-token time cannot separate a
@@ -38,7 +38,15 @@ export interface RlsOptions {
   resetBias: number;
 }
 
-export const DEFAULT_RLS: RlsOptions = { lambda: 0.97, p0: 1e6, clip: 2, yFloor: 1, resetBias: 0.25 };
+/**
+ * resetBias 0.5, not 0.25: behind an admission queue that lets a request through only when its
+ * prediction is within the target, the requests learnt from are the under-predicted ones, a
+ * persistent signed residual of ~0.3 that at 0.25 read as a speed change and reset the
+ * covariance every ~30 samples, so the fit stayed in its noisy just-reset state (bench/
+ * fleet-routing Run K: 10 resets in 280 samples). A 4× slowdown (residual 0.75) still passes 0.5
+ * within a few samples.
+ */
+export const DEFAULT_RLS: RlsOptions = { lambda: 0.97, p0: 1e6, clip: 2, yFloor: 1, resetBias: 0.5 };
 
 /** Weight of the newest residual in the bias EWMA. */
 const BIAS_ALPHA = 0.2;

@@ -66,8 +66,9 @@ async function ask(target?: number): Promise<Response> {
   });
 }
 
-test("without a pipeline plugin using it, the signal teaches the predictor from the queue's observations", async () => {
-  const other = await startServer(
+/** A server whose only user of the predictor is the flow queue's signal, on worker `id` of the sim. */
+function flowOnly(id: string): Promise<InferaServer> {
+  return startServer(
     {
       host: "127.0.0.1",
       port: 0,
@@ -75,12 +76,14 @@ test("without a pipeline plugin using it, the signal teaches the predictor from 
       flow: { enabled: true, headroom: [{ name: "predicted-ttft" }], maxWaitMs: 600 },
     },
     {
-      discovery: new MemoryDiscovery([
-        mixedRecord({ id: "w2", model: MODEL, url: sim.url, maxModelLen: 131072 }),
-      ]),
+      discovery: new MemoryDiscovery([mixedRecord({ id, model: MODEL, url: sim.url, maxModelLen: 131072 })]),
       logger,
     },
   );
+}
+
+test("without a pipeline plugin using it, the signal teaches the predictor from the queue's observations", async () => {
+  const other = await flowOnly("w2");
   try {
     for (let i = 0; i < 3; i++) {
       const r = await fetch(`${other.url}/v1/chat/completions`, {
@@ -123,7 +126,7 @@ test("a target below the worker's predicted TTFT waits, then 429 with Retry-Afte
   }
   await waitUntil(() => server.ttft.samplesOf("w") >= 8, 5000, "8 samples");
   assert.equal(server.ttft.samplesOf("w"), 8, "the scorer and the signal learnt each request once");
-  const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0, 0]));
+  const predicted = server.ttft.predictFeatures(MODEL, "w", new Float64Array([1, 3, 0, 0]));
   assert.ok(predicted > 5, `learnt: ${predicted} ms for a 3k-token prompt`);
   const t0 = Date.now();
   const refused = await ask(1);
@@ -178,6 +181,39 @@ test("with no prediction yet, a worker takes only coldInFlight requests blind; t
     // Before: a worker without samples fitted every request (all went blind, none waited).
     assert.equal(Number(queued?.[1] ?? 0), 1, "the second waited for the first's observation");
     assert.equal(other.ttft.samplesOf("w3"), 2);
+  } finally {
+    await other.close();
+  }
+});
+
+test("the signal learns at the first token, while the answer is still streaming", async () => {
+  // Under overload an answer's end came 20–30 s wall after its first token (bench/fleet-routing
+  // Run K); a fit learnt at the end lagged the queue it bounds by that much.
+  const other = await flowOnly("w4");
+  try {
+    const r = await fetch(`${other.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: MODEL,
+        messages: [{ role: "user", content: "a long answer" }],
+        max_tokens: 400,
+        ignore_eos: true,
+        stream: true,
+      }),
+    });
+    assert.equal(r.status, 200);
+    const reader = r.body!.getReader();
+    let ended = false;
+    const rest = (async () => {
+      for (;;) if ((await reader.read()).done) break;
+      ended = true;
+    })();
+    await waitUntil(() => other.ttft.samplesOf("w4") > 0, 5000, "a sample");
+    assert.equal(other.ttft.samplesOf("w4"), 1, "learnt");
+    assert.equal(ended, false, "before the answer ended");
+    await reader.cancel();
+    await rest.catch(() => {});
   } finally {
     await other.close();
   }

@@ -119,7 +119,7 @@ test("the predictor learns each worker, re-fits one that slows down, and the fil
     median(e1) < 0.5,
     `median relative error at speed 1: ${median(e1)} (${e1.map((e) => e.toFixed(2))})`,
   );
-  const aBefore = server.ttft.predictFeatures(MODEL, "a", new Float64Array([1, 3, 0, 0, 0]));
+  const aBefore = server.ttft.predictFeatures(MODEL, "a", new Float64Array([1, 3, 0, 0]));
 
   // A is restarted at a fifth of its speed on the same port: same record, slower worker.
   const port = sims[0]!.port;
@@ -133,8 +133,8 @@ test("the predictor learns each worker, re-fits one that slows down, and the fil
   assert.ok(eA[0]! > 0.5, `first prediction on the slowed A is off: ${eA[0]}`);
   const lateA = eA.slice(-5);
   assert.ok(median(lateA) < 0.4, `A re-fitted: late errors ${lateA.map((e) => e.toFixed(2))}`);
-  const aAfter = server.ttft.predictFeatures(MODEL, "a", new Float64Array([1, 3, 0, 0, 0]));
-  const bNow = server.ttft.predictFeatures(MODEL, "b", new Float64Array([1, 3, 0, 0, 0]));
+  const aAfter = server.ttft.predictFeatures(MODEL, "a", new Float64Array([1, 3, 0, 0]));
+  const bNow = server.ttft.predictFeatures(MODEL, "b", new Float64Array([1, 3, 0, 0]));
   assert.ok(aAfter > 2.5 * aBefore, `A's 3k-token prediction ${aBefore} → ${aAfter} ms`);
 
   // A target between the two: every such request goes to B (round-robin alone would alternate).

@@ -10,11 +10,11 @@ import { FEATURES, TtftPredictor } from "../../../src/router/predict/ttft.ts";
 function sample(rand: () => number, speed: number): { x: Float64Array; y: number } {
   const x = new Float64Array(FEATURES);
   x[0] = 1;
-  x[1] = 0.2 + rand() * 4; // uncached prompt, k tokens
-  x[2] = rand() < 0.5 ? 0 : rand() * 6; // backlog, k tokens
-  x[3] = Math.floor(rand() * 4) / 8;
-  x[4] = Math.floor(rand() * 16) / 32;
-  const y = (3 + 16 * (x[1] + x[2]) + 20 * x[3] * 8 + 0.5 * x[4] * 32) / speed;
+  // Uncached prompt plus backlog, k tokens.
+  x[1] = 0.2 + rand() * 4 + (rand() < 0.5 ? 0 : rand() * 6);
+  x[2] = Math.floor(rand() * 4) / 8;
+  x[3] = Math.floor(rand() * 16) / 32;
+  const y = (3 + 16 * x[1] + 20 * x[2] * 8 + 0.5 * x[3] * 32) / speed;
   return { x, y: y * (0.95 + rand() * 0.1) };
 }
 
@@ -38,7 +38,7 @@ function medianRelError(p: TtftPredictor, rand: () => number, speed: number, n =
 
 test("no prediction before any sample; a new worker starts from the model's pooled fit", () => {
   const p = new TtftPredictor();
-  const x = new Float64Array([1, 1, 0, 0, 0]);
+  const x = new Float64Array([1, 1, 0, 0]);
   assert.ok(Number.isNaN(p.predictFeatures("m", "w", x)));
   const rand = lcg(1);
   for (let i = 0; i < 30; i++) {
@@ -77,7 +77,7 @@ test("an outlier (a preempted request) moves the fit by a bounded amount", () =>
     const s = sample(rand, 1);
     p.observe("m", "w", s.x, s.y);
   }
-  const x = new Float64Array([1, 2, 0, 0, 0]);
+  const x = new Float64Array([1, 2, 0, 0]);
   const was = p.predictFeatures("m", "w", x);
   p.observe("m", "w", x, was * 50);
   const now = p.predictFeatures("m", "w", x);
