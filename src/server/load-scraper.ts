@@ -19,7 +19,7 @@
  * Sums over label sets (several engines / dp ranks behind one URL). One scrape per worker at a
  * time; failures are ignored (the breaker, not the scraper, decides availability).
  */
-import { request } from "undici";
+import { type Dispatcher, request } from "undici";
 import type { EngineKind } from "../discovery/types.ts";
 import type { ScrapedReading, SharedLoad } from "../router/peers/types.ts";
 import type { EngineLoad } from "../router/types.ts";
@@ -155,8 +155,20 @@ export class LoadScraper {
   /** Per worker with requests in flight from here: since when (the quiet clock starts then). */
   private readonly busySince = new WeakMap<LiveWorker, number>();
 
-  constructor(workers: WorkerSet, intervalMs: number, idleIntervalMs = 0) {
+  /**
+   * The connection pool to scrape a worker URL through (the request plane's, see
+   * HttpExecutor.dispatcherFor); undici's global dispatcher when absent or undefined.
+   */
+  private readonly dispatcherFor: ((url: string) => Dispatcher | undefined) | undefined;
+
+  constructor(
+    workers: WorkerSet,
+    intervalMs: number,
+    idleIntervalMs = 0,
+    dispatcherFor?: (url: string) => Dispatcher | undefined,
+  ) {
     this.workers = workers;
+    this.dispatcherFor = dispatcherFor;
     this.intervalMs = intervalMs;
     this.idleIntervalMs = Math.max(idleIntervalMs, intervalMs);
   }
@@ -274,6 +286,7 @@ export class LoadScraper {
     const before = w.engineLoad;
     try {
       const res = await request(`${w.record.url}/metrics`, {
+        dispatcher: this.dispatcherFor?.(w.record.url),
         method: "GET",
         headersTimeout: timeout,
         bodyTimeout: timeout,

@@ -145,7 +145,14 @@ export async function wire(
     ttft,
   });
   metrics.watchBridges(() => router.bridgeCounters());
-  const scraper = new LoadScraper(workers, config.scrapeIntervalMs, config.scrapeIdleIntervalMs);
+  // Scrapes share the request plane's per-worker pools when it is HTTP (one connection set per
+  // engine; see HttpExecutor.dispatcherFor).
+  const scraper = new LoadScraper(
+    workers,
+    config.scrapeIntervalMs,
+    config.scrapeIdleIntervalMs,
+    executor instanceof HttpExecutor ? (url) => executor.dispatcherFor(url) : undefined,
+  );
   if (peers?.load) scraper.shareWith(peers.load);
   metrics.watchScraper(scraper);
   const flow = createFlowGate(config.flow, workers, metrics.registry, scraper, ttft, (m) =>
