@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import { envVar } from "../config/env-table.ts";
+import { refuseArgvSecrets } from "./argv-secrets.ts";
 
 interface BenchCliOptions {
   url?: string;
@@ -164,7 +165,7 @@ async function runCli(o: BenchCliOptions): Promise<void> {
 }
 
 export function registerBench(program: Command): void {
-  program
+  const cmd = program
     .command("bench")
     .description(
       "Load generator for an OpenAI-compatible server or engine: TTFT, ITL, throughput, goodput, cache hits",
@@ -184,7 +185,7 @@ export function registerBench(program: Command): void {
     .option("--no-stream", "ask for whole answers (TTFT = e2e)")
     .option("--max-tokens <k>", "fixed max_tokens for every request (default: the workload's)")
     .option("--endpoint <e>", "chat (/v1/chat/completions) or completions (/v1/completions)", "chat")
-    .option("--api-key <key>", "bearer token (default: $INFERA_API_KEY)")
+    .option("--api-key <key>", "refused (argv is public): the bearer token it sends in INFERA_API_KEY")
     .option("--slo-ttft-ms <x>", "goodput SLO: time to first token")
     .option("--slo-itl-ms <y>", "goodput SLO: a request's mean inter-token latency")
     .option("--slo-e2e-ms <z>", "goodput SLO: end-to-end latency")
@@ -226,4 +227,5 @@ export function registerBench(program: Command): void {
         throw e;
       }
     });
+  refuseArgvSecrets(cmd, [{ key: "apiKey", env: "INFERA_API_KEY" }]);
 }

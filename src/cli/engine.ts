@@ -3,6 +3,7 @@ import { envVar } from "../config/env-table.ts";
 import { addEtcdFlags } from "../discovery/etcd-client.ts";
 import type { EngineCliFlags } from "../engine/launcher/cli-action.ts";
 import { addNatsOptions } from "../transport/nats/cli-options.ts";
+import { natsArgvSecrets, refuseArgvSecrets } from "./argv-secrets.ts";
 
 const collect = (v: string, prev: string[] = []) => [...prev, v];
 
@@ -86,6 +87,12 @@ export function registerEngine(program: Command): void {
     );
   addEtcdFlags(cmd);
   addNatsOptions(cmd);
+  refuseArgvSecrets(cmd, [
+    { key: "etcdPassword", env: "INFERA_ETCD_PASSWORD" },
+    { key: "etcd", env: "INFERA_ETCD", url: "password" },
+    { key: "etcdEndpoints", env: "INFERA_ETCD_ENDPOINTS", url: "password" },
+    ...natsArgvSecrets(false),
+  ]);
   cmd.action(async (engine: string, engineArgs: string[], flags: EngineCliFlags) => {
     const { runEngineCommand } = await import("../engine/launcher/cli-action.ts");
     process.exitCode = await runEngineCommand(engine, engineArgs, flags);

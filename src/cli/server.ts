@@ -3,6 +3,7 @@ import { type ConfigOptions, type ServerConfigInput, validateLayer } from "../se
 import { ConfigError, type LayerSource } from "../server/config-schema.ts";
 import { addNatsOptions, type NatsCliValues } from "../transport/nats/cli-options.ts";
 import { maskUrlUserinfo, urlHasPassword } from "../util/mask.ts";
+import { natsArgvSecrets, refuseArgvSecrets } from "./argv-secrets.ts";
 
 const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
 
@@ -309,8 +310,8 @@ export function registerServer(program: Command): void {
     .option("--workers-file <file>", "JSON/YAML list of partial worker records (static discovery)")
     .option("--etcd <url>", "etcd endpoint (repeatable; env INFERA_ETCD)", collect)
     .option("--discovery-prefix <prefix>", "registry key prefix (default /infera)")
-    .option("--etcd-user <user>", "etcd user (auth); password via --etcd-password or INFERA_ETCD_PASSWORD")
-    .option("--etcd-password <password>", "etcd password")
+    .option("--etcd-user <user>", "etcd user (auth); password in INFERA_ETCD_PASSWORD")
+    .option("--etcd-password <password>", "refused (argv is public): etcd password in INFERA_ETCD_PASSWORD")
     .option("--etcd-ca <file>", "CA certificate (PEM) for TLS to etcd")
     .option("--etcd-cert <file>", "client certificate (PEM) for mutual TLS to etcd")
     .option("--etcd-key <file>", "client key (PEM) for mutual TLS to etcd")
@@ -330,7 +331,11 @@ export function registerServer(program: Command): void {
     )
     .option("--kv-balance-rel <r>", "kv-aware-classic/approx-prefix: ... and max > min × r (default 1.5)")
     .option("--router <mode>", "auto | mixed | disagg (default auto)")
-    .option("--api-key <key>", "accepted API key (repeatable; env INFERA_API_KEYS, comma-separated)", collect)
+    .option(
+      "--api-key <key>",
+      "refused (argv is public): accepted API keys in INFERA_API_KEYS (comma-separated) or `apiKeys`",
+      collect,
+    )
     .option("--max-body-size <bytes>", "largest request body accepted, e.g. 4MiB (default 4MiB)")
     .option(
       "--request-timeout <ms>",
@@ -448,8 +453,21 @@ export function registerServer(program: Command): void {
       process.on("SIGTERM", stop);
     });
   // NATS planes: --event-plane, --nats-url, auth and TLS (--request-plane is above).
-  addNatsOptions(program.commands.find((c) => c.name() === "server")!, {
-    requestPlaneFlag: false,
-    serverFlags: true,
-  });
+  const server = program.commands.find((c) => c.name() === "server")!;
+  addNatsOptions(server, { requestPlaneFlag: false, serverFlags: true });
+  refuseArgvSecrets(server, [
+    { key: "apiKey", env: "INFERA_API_KEYS", alt: "`apiKeys` in the --config file" },
+    {
+      key: "etcdPassword",
+      env: "INFERA_ETCD_PASSWORD",
+      alt: "`discovery.options.password` in the --config file",
+    },
+    {
+      key: "etcd",
+      env: "INFERA_ETCD",
+      alt: "`discovery.etcdEndpoints` in the --config file",
+      url: "password",
+    },
+    ...natsArgvSecrets(true),
+  ]);
 }

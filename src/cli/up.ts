@@ -1,4 +1,6 @@
 import type { Command } from "commander";
+import { envVar } from "../config/env-table.ts";
+import { refuseArgvSecrets } from "./argv-secrets.ts";
 
 interface UpFlags {
   workers: string;
@@ -16,7 +18,7 @@ interface UpFlags {
 const collect = (v: string, prev: string[] | undefined): string[] => [...(prev ?? []), v];
 
 export function registerUp(program: Command): void {
-  program
+  const cmd = program
     .command("up")
     .description("start a local cluster: infera server + N simulated workers, in-memory discovery")
     .option("--workers <n>", "number of sim workers (engines of one infera-sim --fleet process)", "2")
@@ -34,7 +36,11 @@ export function registerUp(program: Command): void {
       "extra argument for every sim (repeatable), e.g. --sim-arg=--block-size=32",
       collect,
     )
-    .option("--api-key <key>", "require this API key on the server (repeatable)", collect)
+    .option(
+      "--api-key <key>",
+      "refused (argv is public): API keys the server requires in INFERA_API_KEYS (comma-separated)",
+      collect,
+    )
     .option(
       "--drain-timeout <seconds>",
       "on SIGTERM: like infera server, stop accepting and let requests in flight finish for up to this long",
@@ -54,9 +60,19 @@ export function registerUp(program: Command): void {
         host: f.host,
         speed: f.speed === undefined ? undefined : Number(f.speed),
         simArgs: f.simArg ?? [],
-        apiKeys: f.apiKey ?? [],
+        apiKeys: f.apiKey ?? apiKeysFromEnv(),
         drainTimeoutS: Number(f.drainTimeout),
         modelGoneRetryS: f.modelGoneRetry === undefined ? undefined : Number(f.modelGoneRetry),
       });
     });
+  refuseArgvSecrets(cmd, [{ key: "apiKey", env: "INFERA_API_KEYS" }]);
+}
+
+/** INFERA_API_KEYS (else INFERA_API_KEY), comma-separated, as `infera server` reads them. */
+function apiKeysFromEnv(): string[] {
+  const raw = envVar("INFERA_API_KEYS") ?? envVar("INFERA_API_KEY") ?? "";
+  return raw
+    .split(",")
+    .map((k) => k.trim())
+    .filter(Boolean);
 }

@@ -41,15 +41,15 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
   v("INFERA_ROUTER", "string", "server", "Router mode: auto | mixed | disagg (`--router`).", {
     configKey: "router",
   }),
-  v("INFERA_API_KEYS", "list", "server", "Accepted API keys, comma-separated (`--api-key`).", {
+  v("INFERA_API_KEYS", "list", "server, up", "Accepted API keys, comma-separated (`--api-key`).", {
     configKey: "apiKeys",
     secret: true,
   }),
   v(
     "INFERA_API_KEY",
     "list",
-    "server, bench",
-    "server: same as INFERA_API_KEYS when that is unset; bench: the bearer token it sends (`--api-key`).",
+    "server, up, bench",
+    "server, up: same as INFERA_API_KEYS when that is unset; bench: the bearer token it sends (`--api-key`).",
     { configKey: "apiKeys", secret: true },
   ),
   v("INFERA_METRICS_PUBLIC", "boolean", "server", "Serve /metrics without an API key (`--metrics-public`).", {

@@ -182,7 +182,7 @@ export function addEtcdFlags(cmd: Command): Command {
     )
     .option("--etcd-prefix <prefix>", "etcd key prefix", envVar("INFERA_ETCD_PREFIX") ?? DEFAULT_ETCD_PREFIX)
     .option("--etcd-user <user>", "etcd user name (auth)", envVar("INFERA_ETCD_USER"))
-    .option("--etcd-password <password>", "etcd password (or env INFERA_ETCD_PASSWORD)")
+    .option("--etcd-password <password>", "refused (argv is public): etcd password in INFERA_ETCD_PASSWORD")
     .option("--etcd-ca <file>", "CA certificate (PEM) for TLS to etcd")
     .option("--etcd-cert <file>", "client certificate (PEM) for mutual TLS")
     .option("--etcd-key <file>", "client key (PEM) for mutual TLS");

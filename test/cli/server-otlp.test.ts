@@ -18,7 +18,7 @@ import { flagsToConfig } from "../../src/cli/server.ts";
 import { resolveServerConfig } from "../../src/server/config.ts";
 import { ConfigError } from "../../src/server/config-schema.ts";
 import { stopChild } from "../../src/util/child-process.ts";
-import { serverArgs, spawnInfera } from "../helpers/infera.ts";
+import { exitWithin, serverArgs, spawnInfera } from "../helpers/infera.ts";
 import { type OtlpReceiver, startOtlpReceiver } from "../helpers/otlp-receiver.ts";
 import { freePort } from "../helpers/ports.ts";
 import { waitFor200 } from "../helpers/wait.ts";
@@ -44,14 +44,7 @@ test("a URL with a password on --otlp-endpoint is refused before the server star
     },
   );
   // A server that took the URL would listen for ever: give it a bounded time to exit.
-  const code = await new Promise<number | string | null>((r) => {
-    const t = setTimeout(() => r("still running"), 20_000);
-    proc.on("exit", (c) => {
-      clearTimeout(t);
-      r(c);
-    });
-  });
-  if (code === "still running") await stopChild(proc, 1000);
+  const code = await exitWithin(proc, 20_000);
   assert.equal(code, 2, output());
   assert.match(output(), /--otlp-endpoint http:\/\/otel:\*\*\*@127\.0\.0\.1:1.*carries a password/);
   assert.match(output(), /INFERA_OTLP_ENDPOINT/);

@@ -139,6 +139,8 @@ test("`infera up` inside the image serves a completion to the host, and the heal
   const name = await runDetached("infera-test-up", [
     "--env",
     `INFERA_PORT=${port}`,
+    "--env",
+    "INFERA_API_KEYS=sk-image",
     IMAGE,
     "up",
     "--workers",
@@ -147,8 +149,6 @@ test("`infera up` inside the image serves a completion to the host, and the heal
     "127.0.0.1",
     "--port",
     String(port),
-    "--api-key",
-    "sk-image",
   ]);
   await waitFor200(`http://127.0.0.1:${port}/ready`, {
     timeoutMs: 90_000,

@@ -1,6 +1,7 @@
 /** `bin/infera.js` run as a child process the way the process-level tests run it. */
 import type { ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import { stopChild } from "../../src/util/child-process.ts";
 import { spawnTracked } from "./procs.ts";
 import { waitUntil } from "./wait.ts";
 
@@ -40,6 +41,22 @@ export function spawnInfera(
   proc.stdout?.on("data", keep);
   proc.stderr?.on("data", keep);
   return { proc, output: () => out };
+}
+
+/**
+ * The exit code of `proc`, or "still running" (then stopped) after `ms`: for a command that must
+ * exit at once (a refused flag), where one that took its input would run for ever.
+ */
+export async function exitWithin(proc: ChildProcess, ms: number): Promise<number | string | null> {
+  const code = await new Promise<number | string | null>((r) => {
+    const t = setTimeout(() => r("still running"), ms);
+    proc.on("exit", (c) => {
+      clearTimeout(t);
+      r(c);
+    });
+  });
+  if (code === "still running") await stopChild(proc, 1000);
+  return code;
 }
 
 /**

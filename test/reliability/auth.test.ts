@@ -1,5 +1,5 @@
 /**
- * Auth, with two keys set (--api-key twice) on `infera server` run as its own process at
+ * Auth, with two keys set (INFERA_API_KEYS) on `infera server` run as its own process at
  * debug log level: every API and admin path refuses a missing or wrong key with a 401 in
  * OpenAI's shape and serves the right one; the comparison is constant-time (timingSafeEqual
  * over fixed-length digests); no key (right or wrong) appears in the server's logs, and keys
@@ -67,18 +67,16 @@ test("auth: every API/admin path refuses missing and wrong keys; constant-time; 
   await new Promise<void>((r) => worker!.listen(0, "127.0.0.1", r));
   const workerUrl = `http://127.0.0.1:${(worker.address() as AddressInfo).port}`;
   const port = await freePort();
-  server = spawn(
-    process.execPath,
-    [INFERA, ...serverArgs(port), "--worker", workerUrl, "--api-key", KEY_FLAG, "--api-key", KEY_2],
-    {
-      stdio: ["ignore", "pipe", "pipe"],
-      env: {
-        ...process.env,
-        INFERA_LOG_LEVEL: "trace",
-        INFERA_SCRAPE_INTERVAL_MS: "0",
-      },
+  server = spawn(process.execPath, [INFERA, ...serverArgs(port), "--worker", workerUrl], {
+    stdio: ["ignore", "pipe", "pipe"],
+    env: {
+      ...process.env,
+      INFERA_LOG_LEVEL: "trace",
+      INFERA_SCRAPE_INTERVAL_MS: "0",
+      // Keys in the environment: on argv they are refused (test/cli/argv-secrets.test.ts).
+      INFERA_API_KEYS: `${KEY_FLAG},${KEY_2}`,
     },
-  );
+  });
   let logs = "";
   const keep = (d: Buffer) => {
     logs += d.toString();

@@ -177,8 +177,9 @@ test("#30.8: infera up drains on SIGTERM", async () => {
 test("#30.9 and #30.11: dashboard headers; a 413 Node clients can read", async () => {
   const port = await freePort();
   const dead = await freePort();
-  const s = spawnInfera(serverArgs(port, "--worker", `http://127.0.0.1:${dead}`, "--api-key", "k"), {
+  const s = spawnInfera(serverArgs(port, "--worker", `http://127.0.0.1:${dead}`), {
     logLevel: "warn",
+    env: { INFERA_API_KEYS: "k" },
     keepChars: 4000,
   });
   cleanups.push(() => s.proc.kill("SIGKILL"));

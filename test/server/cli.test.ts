@@ -31,10 +31,15 @@ describe("infera server (CLI)", () => {
     writeFileSync(cfg, `port: 1\nmaxBodyBytes: 999999\napiKeys: [file-key]\nscrapeIntervalMs: 0\n`);
     child = spawn(
       process.execPath,
-      [BIN, "server", "--config", cfg, "--port", String(port), "--worker", sim.url, "--api-key", "flag-key"],
+      [BIN, "server", "--config", cfg, "--port", String(port), "--worker", sim.url],
       {
         // info level: the start-up logs must not carry the keys either.
-        env: { ...process.env, INFERA_LOG_LEVEL: "info", INFERA_MAX_BODY_BYTES: "2048" },
+        env: {
+          ...process.env,
+          INFERA_LOG_LEVEL: "info",
+          INFERA_MAX_BODY_BYTES: "2048",
+          INFERA_API_KEYS: "flag-key",
+        },
         stdio: ["ignore", "pipe", "pipe"],
       },
     );
@@ -67,7 +72,7 @@ describe("infera server (CLI)", () => {
       max_tokens: 2,
     });
     assert.equal((await post(ok)).status, 401);
-    assert.equal((await post(ok, "file-key")).status, 401, "the flag's keys replace the file's");
+    assert.equal((await post(ok, "file-key")).status, 401, "the env's keys replace the file's");
     const good = await post(ok, "flag-key");
     assert.equal(good.status, 200);
     await good.json();

@@ -382,8 +382,14 @@ describe("infera server --print-config", () => {
       "port: 9100\nnats:\n  url: nats://h:4222\n  password: file-secret\ndiscovery:\n  kind: etcd\n  etcdEndpoints: [http://e:2379]\n",
     );
     const { code, output } = await run(
-      ["--config", f, "--print-config", "--nats-token", "tok-secret", "--etcd-password", "etcd-secret"],
-      { INFERA_API_KEYS: "key-one,key-two", INFERA_MAX_RETRIES: "4" },
+      // Secrets come from the environment: on argv they are refused (test/cli/argv-secrets.test.ts).
+      ["--config", f, "--print-config"],
+      {
+        INFERA_API_KEYS: "key-one,key-two",
+        INFERA_MAX_RETRIES: "4",
+        INFERA_NATS_TOKEN: "tok-secret",
+        INFERA_ETCD_PASSWORD: "etcd-secret",
+      },
     );
     assert.equal(code, 0, output);
     for (const secret of ["file-secret", "tok-secret", "etcd-secret", "key-one", "key-two"])

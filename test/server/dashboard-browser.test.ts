@@ -60,20 +60,8 @@ describe("dashboard in headless Chromium", { timeout: 180_000 }, () => {
   before(async () => {
     const port = await freePort();
     up = spawnInfera(
-      [
-        "up",
-        "--workers",
-        "4",
-        "--policy",
-        "kv-aware",
-        "--port",
-        String(port),
-        "--speed",
-        "20",
-        "--api-key",
-        KEY,
-      ],
-      { logLevel: "warn", stdout: true, keepChars: 20_000 },
+      ["up", "--workers", "4", "--policy", "kv-aware", "--port", String(port), "--speed", "20"],
+      { logLevel: "warn", stdout: true, keepChars: 20_000, env: { INFERA_API_KEYS: KEY } },
     );
     up.proc.stdout!.on("data", (d: Buffer) => {
       stdout += d.toString();

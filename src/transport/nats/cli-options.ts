@@ -70,10 +70,23 @@ export function addNatsOptions(
         .choices(["zmq", "nats"])
         .env("INFERA_EVENT_PLANE"),
     )
-    .addOption(new Option("--nats-url <urls>", "NATS server URL(s), comma-separated").env("INFERA_NATS_URL"))
-    .addOption(new Option("--nats-token <token>", "NATS auth token").env("INFERA_NATS_TOKEN"))
+    .addOption(
+      new Option(
+        "--nats-url <urls>",
+        "NATS server URL(s), comma-separated; credentials in one only via INFERA_NATS_URL",
+      ).env("INFERA_NATS_URL"),
+    )
+    .addOption(
+      new Option("--nats-token <token>", "refused (argv is public): NATS token in INFERA_NATS_TOKEN").env(
+        "INFERA_NATS_TOKEN",
+      ),
+    )
     .addOption(new Option("--nats-user <user>", "NATS user").env("INFERA_NATS_USER"))
-    .addOption(new Option("--nats-password <password>", "NATS password").env("INFERA_NATS_PASSWORD"))
+    .addOption(
+      new Option("--nats-password <password>", "refused (argv is public): in INFERA_NATS_PASSWORD").env(
+        "INFERA_NATS_PASSWORD",
+      ),
+    )
     .addOption(
       new Option("--nats-nkey-seed-file <path>", "file holding a NATS nkey user seed (SU...)").env(
         "INFERA_NATS_NKEY_SEED_FILE",

@@ -153,10 +153,11 @@ test("infera engine sim --nats-url runs the agent and the KV relay beside the en
       "none",
       "--nats-url",
       nats.url,
-      "--nats-token",
-      "tok-1",
     ],
-    { env: { ...process.env, INFERA_LOG_LEVEL: "info" }, stdio: ["ignore", "pipe", "pipe"] },
+    {
+      env: { ...process.env, INFERA_LOG_LEVEL: "info", INFERA_NATS_TOKEN: "tok-1" },
+      stdio: ["ignore", "pipe", "pipe"],
+    },
   );
   const exited = new Promise<void>((r) => proc.once("exit", () => r()));
   cleanups.push(async () => {
