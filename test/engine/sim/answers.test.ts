@@ -338,6 +338,8 @@ describe("sim priority under --scheduling-policy priority", () => {
         "priority",
         "--max-num-seqs",
         "1",
+        "--max-model-len",
+        "40000",
         "--speed",
         "1",
       ])),
@@ -360,8 +362,10 @@ describe("sim priority under --scheduling-policy priority", () => {
         .then(() => order.push(priority));
     // A long first request holds the one slot until the other three wait behind it; once it is
     // cancelled they are admitted lowest priority value first, whatever their arrival order.
+    // Long enough (~90 s at --speed 1) that it cannot end before the three queue, however slowly
+    // a loaded box runs this process (1,500 tokens, ~4.6 s, did end first at a CI run's start).
     const hold = new AbortController();
-    const first = ask(0, 1500, hold.signal).catch(() => {});
+    const first = ask(0, 30_000, hold.signal).catch(() => {});
     const rest = [ask(9, 2), ask(5, 2), ask(-3, 2)];
     const deadline = Date.now() + 20_000;
     while (sim.engine.scheduler.waiting.length < 3 && Date.now() < deadline)
