@@ -329,11 +329,16 @@ describe("sim answers like vLLM: --enable-auto-tool-choice --tool-call-parser he
 });
 
 describe("sim priority under --scheduling-policy priority", () => {
-  let sim: SimHandle;
-  let client: OpenAI;
-  before(
-    async () =>
-      ({ sim, client } = await start([
+  it("accepts priority and admits lower values first", async () => {
+    // A long first request holds the one slot until the other three wait behind it; once it is
+    // cancelled they are admitted lowest priority value first, whatever their arrival order.
+    // Long enough (~90 s at --speed 1) that it cannot end before the three queue. On a fresh
+    // CI clone the hold request's connection was sometimes closed under it ("other side
+    // closed", UND_ERR_SOCKET, cause not found yet: see the session note); a scenario whose hold
+    // failed proves nothing, so it is run again on a fresh sim (at most 3 times).
+    let lastHoldError = "";
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const { sim, client } = await start([
         "--scheduling-policy",
         "priority",
         "--max-num-seqs",
@@ -342,38 +347,53 @@ describe("sim priority under --scheduling-policy priority", () => {
         "40000",
         "--speed",
         "1",
-      ])),
-  );
-  after(async () => sim?.close());
-
-  it("accepts priority and admits lower values first", async () => {
-    const order: number[] = [];
-    const ask = (priority: number, max_tokens: number, signal?: AbortSignal) =>
-      client.chat.completions
-        .create(
-          {
-            model: "m",
-            messages: MSG,
-            max_tokens,
-            priority,
-          } as unknown as OpenAI.ChatCompletionCreateParamsNonStreaming,
-          { signal },
-        )
-        .then(() => order.push(priority));
-    // A long first request holds the one slot until the other three wait behind it; once it is
-    // cancelled they are admitted lowest priority value first, whatever their arrival order.
-    // Long enough (~90 s at --speed 1) that it cannot end before the three queue, however slowly
-    // a loaded box runs this process (1,500 tokens, ~4.6 s, did end first at a CI run's start).
-    const hold = new AbortController();
-    const first = ask(0, 30_000, hold.signal).catch(() => {});
-    const rest = [ask(9, 2), ask(5, 2), ask(-3, 2)];
-    const deadline = Date.now() + 20_000;
-    while (sim.engine.scheduler.waiting.length < 3 && Date.now() < deadline)
-      await new Promise((r) => setTimeout(r, 5));
-    assert.equal(sim.engine.scheduler.waiting.length, 3);
-    hold.abort();
-    await Promise.all([first, ...rest]);
-    assert.deepEqual(order, [-3, 5, 9]);
+      ]);
+      try {
+        const order: number[] = [];
+        const ask = (priority: number, max_tokens: number, signal?: AbortSignal) =>
+          client.chat.completions
+            .create(
+              {
+                model: "m",
+                messages: MSG,
+                max_tokens,
+                priority,
+              } as unknown as OpenAI.ChatCompletionCreateParamsNonStreaming,
+              { signal },
+            )
+            .then(() => order.push(priority));
+        const hold = new AbortController();
+        let holdFailed = false;
+        const holdBy = Date.now() + 20_000;
+        const first = ask(0, 30_000, hold.signal).catch((e: unknown) => {
+          if (!hold.signal.aborted) {
+            holdFailed = true;
+            lastHoldError = String((e as { cause?: unknown }).cause ?? e);
+          }
+        });
+        // The hold must be running before the others arrive: sent in the same tick, all four
+        // could reach the waiting queue before the first step (seen: 4 waiting, -3 admitted first).
+        while (sim.engine.scheduler.running.length === 0 && !holdFailed && Date.now() < holdBy)
+          await new Promise((r) => setTimeout(r, 2));
+        if (holdFailed) continue;
+        const rest = [ask(9, 2), ask(5, 2), ask(-3, 2)];
+        const deadline = Date.now() + 20_000;
+        while (sim.engine.scheduler.waiting.length < 3 && !holdFailed && Date.now() < deadline)
+          await new Promise((r) => setTimeout(r, 5));
+        if (holdFailed) {
+          hold.abort();
+          continue;
+        }
+        assert.equal(sim.engine.scheduler.waiting.length, 3);
+        hold.abort();
+        await Promise.all([first, ...rest]);
+        assert.deepEqual(order, [-3, 5, 9]);
+        return;
+      } finally {
+        await sim.close();
+      }
+    }
+    assert.fail(`the hold request failed on every attempt: ${lastHoldError}`);
   });
 });
 
