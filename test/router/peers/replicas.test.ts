@@ -21,7 +21,7 @@ import { EtcdRegistrar } from "../../../src/discovery/etcd-registrar.ts";
 import { encodeAnnouncement } from "../../../src/router/peers/wire.ts";
 import { stopChild } from "../../../src/util/child-process.ts";
 import { etcdctl, startEtcd } from "../../helpers/etcd.ts";
-import { serverArgs, spawnInfera } from "../../helpers/infera.ts";
+import { serverArgs, spawnInfera, waitReadyWorkers } from "../../helpers/infera.ts";
 import { startNats } from "../../helpers/nats.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { parseMetric, type SimProcess, simWorkerRecord, startSim } from "../../helpers/sim.ts";
@@ -90,21 +90,8 @@ async function startReplica(
   });
   procs.push(proc);
   const url = `http://127.0.0.1:${port}`;
-  await waitUntil(
-    async () => {
-      if (proc.exitCode !== null) throw new Error(`server exited ${proc.exitCode}: ${output()}`);
-      try {
-        const r = await fetch(`${url}/ready`);
-        return r.ok && ((await r.json()) as { workers: number }).workers === 2;
-      } catch {
-        return false;
-      }
-    },
-    // Generous: the shared 2-core box runs other suites and benches at the same time.
-    90_000,
-    "server ready",
-    50,
-  );
+  // Generous (its default 90 s): the shared 2-core box runs other suites and benches too.
+  await waitReadyWorkers(url, proc, output, 2);
   return { url, proc, output };
 }
 
