@@ -17,9 +17,25 @@ export interface SubscriptionWatch {
   subscribed(n?: number, ms?: number): Promise<void>;
 }
 
-/** An XPUB that counts the subscriptions reaching it; read until the socket closes. */
-export function watchedPublisher(): { pub: XPublisher; watch: SubscriptionWatch } {
-  const pub = new XPublisher({ linger: 0, verbosity: "allSubs" });
+/**
+ * vLLM's KV-event PUB send high-water mark: `ZmqEventPublisher.__init__` `hwm: int = 100_000`,
+ * then `self._pub.set_hwm(self._hwm)` (vllm-project/vllm vllm/distributed/kv_events.py @
+ * 0181ea3173e53eea8cf04a86891488e3dc89bb34, unchanged @ b4e69e0af33f4698e157a262cc787fe61983cd3d).
+ * With libzmq's default of 1000, a burst that libzmq's I/O thread had not yet moved on a loaded
+ * box overflowed the PUB's queue and was dropped: a gap the real engine would not have made.
+ */
+export const VLLM_PUB_HWM = 100_000;
+
+/**
+ * An XPUB that counts the subscriptions reaching it; read until the socket closes. `sendHwm` is
+ * the PUB's send high-water mark (libzmq's default 1000 unless given).
+ */
+export function watchedPublisher(sendHwm?: number): { pub: XPublisher; watch: SubscriptionWatch } {
+  const pub = new XPublisher({
+    linger: 0,
+    verbosity: "allSubs",
+    ...(sendHwm === undefined ? {} : { sendHighWaterMark: sendHwm }),
+  });
   let subscriptions = 0;
   void (async () => {
     try {

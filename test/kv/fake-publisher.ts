@@ -5,12 +5,14 @@
  *
  * The PUB is an XPUB, so the test can wait for each subscription to arrive (`subscribed()`,
  * ../helpers/xpub.ts) rather than sleep while the SUB "joins".
+ *
+ * The PUB's send high-water mark is vLLM's (VLLM_PUB_HWM, ../helpers/xpub.ts).
  */
 import { Packr } from "msgpackr";
 import { Router, type XPublisher } from "zeromq";
 import { encodeSeq } from "../../src/kv/events.ts";
 import { freePort } from "../helpers/ports.ts";
-import { type SubscriptionWatch, watchedPublisher } from "../helpers/xpub.ts";
+import { type SubscriptionWatch, VLLM_PUB_HWM, watchedPublisher } from "../helpers/xpub.ts";
 
 const packr = new Packr({ useRecords: false });
 
@@ -39,7 +41,7 @@ export class FakePublisher {
 
   constructor(topic = "kv-events") {
     this.topic = topic;
-    ({ pub: this.pub, watch: this.watch } = watchedPublisher());
+    ({ pub: this.pub, watch: this.watch } = watchedPublisher(VLLM_PUB_HWM));
   }
 
   /** Binds fresh ports, or the given endpoints (an engine restarted on the same sockets). */

@@ -2,15 +2,15 @@
  * A minimal vLLM-style KV event publisher for relay tests: PUB `[topic, seq, payload]` and a
  * ROUTER replay socket, with a switch to withhold a batch from the live socket (as a ZMQ drop).
  * The PUB is an XPUB, so a test can wait for its subscriber (`subscribed()`, ../../helpers/xpub.ts)
- * rather than sleep while the SUB "joins".
+ * rather than sleep while the SUB "joins"; its send high-water mark is vLLM's (VLLM_PUB_HWM).
  */
 import { pack } from "msgpackr";
 import { Router } from "zeromq";
 import { freePort } from "../../helpers/ports.ts";
-import { watchedPublisher } from "../../helpers/xpub.ts";
+import { VLLM_PUB_HWM, watchedPublisher } from "../../helpers/xpub.ts";
 
 export class FakeKvEngine {
-  private readonly watched = watchedPublisher();
+  private readonly watched = watchedPublisher(VLLM_PUB_HWM);
   readonly pub = this.watched.pub;
   readonly router = new Router({ linger: 0 });
   readonly sent: { seq: number; payload: Buffer }[] = [];
