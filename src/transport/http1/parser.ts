@@ -56,9 +56,12 @@ const CR = 0x0d;
 const LF = 0x0a;
 
 const STATUS_LINE = /^HTTP\/1\.([01]) ([1-9]\d\d)(?: ([\t\x20-\x7e\x80-\xff]*))?$/;
-/** field-name ":" OWS field-value OWS, name a token, value without control bytes (HTAB allowed). */
-const FIELD =
-  /^([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?)[ \t]*$/;
+/** A trailer field line: a token name right before the colon, a value without control bytes but HTAB. */
+const FIELD = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*$/;
+/** tchar (RFC 9110 §5.6.2), by byte. */
+const TCHAR = new Uint8Array(256);
+for (const c of "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+  TCHAR[c.charCodeAt(0)] = 1;
 const CHUNK_SIZE = /^([0-9A-Fa-f]{1,12})[ \t]*(?:;[\t\x20-\x7e\x80-\xff]*)?$/;
 const DIGITS = /^\d{1,15}$/;
 const KEEP_ALIVE_TIMEOUT = /(?:^|[\s,])timeout\s*=\s*(\d+)/i;
@@ -196,8 +199,10 @@ export class ResponseParser {
     const got = this.collect(buf, at, CRLFCRLF, MAX_HEAD, "UND_ERR_HEADERS_OVERFLOW");
     if (got === null) return buf.length;
     const [bytes, next] = got;
-    const lines = bytes.toString("latin1").split("\r\n");
-    const m = STATUS_LINE.exec(lines[0]!);
+    const text = bytes.toString("latin1");
+    let eol = text.indexOf("\r\n");
+    if (eol < 0) eol = text.length;
+    const m = STATUS_LINE.exec(eol === text.length ? text : text.slice(0, eol));
     if (m === null) throw new ParseError("HPE_INVALID_CONSTANT", "Invalid HTTP status line");
     const status = Number(m[2]);
     const raw: string[] = [];
@@ -206,13 +211,12 @@ export class ResponseParser {
     let te = false;
     let close = m[1] === "0";
     let hint: number | undefined;
-    for (let i = 1; i < lines.length; i++) {
-      const f = FIELD.exec(lines[i]!);
-      // obs-fold (a line starting with SP/HTAB), a bare CR or LF, a bad name: all refused.
-      if (f === null) throw new ParseError("HPE_INVALID_HEADER_TOKEN", "Invalid header field");
-      const name = f[1]!;
-      const value = f[2]!;
-      raw.push(name, value);
+    for (let pos = eol + 2; pos < text.length; pos = eol + 2) {
+      eol = text.indexOf("\r\n", pos);
+      if (eol < 0) eol = text.length;
+      field(text, pos, eol, raw);
+      const name = raw[raw.length - 2]!;
+      const value = raw[raw.length - 1]!;
       switch (name.length) {
         case 10:
           if (name.toLowerCase() === "connection") {
@@ -296,6 +300,30 @@ export class ResponseParser {
     return next;
   }
 }
+
+/**
+ * Appends the name and value of the field line `s[from, to)` to `raw`, or throws: a name of
+ * tchars right before the colon (so obs-fold's leading white space and a space before the
+ * colon fail), a value without control bytes but HTAB (so a bare CR or LF fails), OWS trimmed.
+ */
+function field(s: string, from: number, to: number, raw: string[]): void {
+  let i = from;
+  while (i < to && TCHAR[s.charCodeAt(i)] === 1) i++;
+  if (i === from || i === to || s.charCodeAt(i) !== 0x3a) throw badField();
+  const name = s.slice(from, i);
+  i++;
+  while (i < to && isOws(s.charCodeAt(i))) i++;
+  let j = to;
+  while (j > i && isOws(s.charCodeAt(j - 1))) j--;
+  for (let k = i; k < j; k++) {
+    const c = s.charCodeAt(k);
+    if (c < 0x20 ? c !== 0x09 : c === 0x7f) throw badField();
+  }
+  raw.push(name, s.slice(i, j));
+}
+
+const isOws = (c: number): boolean => c === 0x20 || c === 0x09;
+const badField = (): ParseError => new ParseError("HPE_INVALID_HEADER_TOKEN", "Invalid header field");
 
 const CRLF = Buffer.from("\r\n");
 const CRLFCRLF = Buffer.from("\r\n\r\n");
