@@ -68,6 +68,10 @@ export class Http1Connection implements ResponseSink, Carrier, Swept {
   private stallMs = 0;
   /** A per-request timer, only for timeouts too short for the sweeper's tick. */
   private precise: NodeJS.Timeout | null = null;
+  /** Whether the carried request's bytes went out (a request cancelled before leaves the socket clean). */
+  private sent = false;
+  /** An idle connection's eviction time, kept while a request is being announced. */
+  private idleDeadline = 0;
 
   constructor(ep: Endpoint, owner: ConnectionOwner) {
     this.ep = ep;
@@ -111,6 +115,8 @@ export class Http1Connection implements ResponseSink, Carrier, Swept {
 
   private send(r: PendingRequest): void {
     this.parser.reset(r.method === "HEAD");
+    this.idleDeadline = this.deadline;
+    this.sent = false;
     this.phase = P_HEAD;
     const t = r.headersTimeout;
     this.deadline = t > 0 ? Date.now() + t : Number.POSITIVE_INFINITY;
@@ -125,6 +131,7 @@ export class Http1Connection implements ResponseSink, Carrier, Swept {
       r.handler.onConnect(r.abort);
       if (this.req !== r) return; // aborted from onConnect
     }
+    this.sent = true;
     const b = r.bytes;
     if (Array.isArray(b)) {
       this.socket.cork();
@@ -213,8 +220,17 @@ export class Http1Connection implements ResponseSink, Carrier, Swept {
   cancel(r: PendingRequest, err: Error): void {
     if (this.req !== r) return;
     this.detach(r);
-    // The engine learns of the abort only from the closed connection (HTTP/1.1 has no other way).
-    this.destroy();
+    if (!this.sent && this.phase === P_HEAD && this.served > 0) {
+      // Cancelled as it was announced (a request aborted while it waited in the queue): none
+      // of it was written, so the connection is as clean as before and goes back to the pool.
+      this.phase = P_IDLE;
+      this.deadline = this.idleDeadline;
+      this.socket.unref();
+      this.owner.release(this);
+    } else {
+      // The engine learns of the abort only from the closed connection (HTTP/1.1 has no other way).
+      this.destroy();
+    }
     r.handler.onError(err);
   }
 

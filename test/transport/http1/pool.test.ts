@@ -273,6 +273,34 @@ describe("Http1Pool against raw upstreams", () => {
     await waitUntil(async () => u.closed === 1, 5000, "the worker saw its connection close");
   });
 
+  it("a request aborted while queued is never written, and leaves its connection reusable", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const u = await upstream((sock, n) => {
+      const answer = () => sock.write(`HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n{"n":${n}}`);
+      if (n === 2) void gate.then(answer);
+      else answer();
+    });
+    const ex = new HttpExecutor({ connections: 1 });
+    try {
+      await (await send(u, ex)).json();
+      const first = send(u, ex);
+      await waitUntil(async () => u.requests === 2, 5000, "the second request at the worker");
+      const ac = new AbortController();
+      const queued = send(u, ex, undefined, ac.signal);
+      ac.abort();
+      release();
+      assert.deepEqual(await (await first).json(), { n: 2 });
+      await assert.rejects(queued, (e: Error) => e.name === "AbortError");
+      assert.deepEqual(await (await send(u, ex)).json(), { n: 3 }, "the queued one never reached the worker");
+      assert.equal(u.conns, 1, "the connection it was handed to was kept");
+    } finally {
+      await ex.close();
+    }
+  });
+
   it("a head that does not come in time is a TimeoutError, even when trickled a byte at a time", async () => {
     const silent = await upstream(() => {});
     await assert.rejects(send(silent, exec, 200), TimeoutError);
