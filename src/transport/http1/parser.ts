@@ -58,6 +58,12 @@ const LF = 0x0a;
 const STATUS_LINE = /^HTTP\/1\.([01]) ([1-9]\d\d)(?: ([\t\x20-\x7e\x80-\xff]*))?$/;
 /** A trailer field line: a token name right before the colon, a value without control bytes but HTAB. */
 const FIELD = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*$/;
+/** A hex digit's value by byte, 0xff for any other byte. */
+const HEX = new Uint8Array(256).fill(0xff);
+for (let d = 0; d < 16; d++) {
+  HEX["0123456789abcdef".charCodeAt(d)] = d;
+  HEX["0123456789ABCDEF".charCodeAt(d)] = d;
+}
 /** tchar (RFC 9110 §5.6.2), by byte. */
 const TCHAR = new Uint8Array(256);
 for (const c of "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -270,18 +276,35 @@ export class ResponseParser {
   }
 
   private chunkSize(buf: Buffer, at: number): number {
+    // The common line, whole in this packet: hex digits then CRLF, read in place.
+    if (this.pending === null) {
+      let i = at;
+      let size = 0;
+      for (; i < buf.length && i - at < 13; i++) {
+        const v = HEX[buf[i]!]!;
+        if (v === 0xff) break;
+        size = size * 16 + v;
+      }
+      if (i > at && i - at <= 12 && i + 1 < buf.length && buf[i] === CR && buf[i + 1] === LF) {
+        this.chunk(size);
+        return i + 2;
+      }
+    }
     const got = this.collect(buf, at, CRLF, MAX_CHUNK_LINE, "HPE_INVALID_CHUNK_SIZE");
     if (got === null) return buf.length;
     const [line, next] = got;
     const m = CHUNK_SIZE.exec(line.toString("latin1"));
     if (m === null) throw new ParseError("HPE_INVALID_CHUNK_SIZE", "Invalid character in chunk size");
-    const size = Number.parseInt(m[1]!, 16);
+    this.chunk(Number.parseInt(m[1]!, 16));
+    return next;
+  }
+
+  private chunk(size: number): void {
     if (size === 0) this.state = S_TRAILERS;
     else {
       this.remaining = size;
       this.state = S_CHUNK_DATA;
     }
-    return next;
   }
 
   /** Trailer fields after the last chunk (validated, then dropped), up to the empty line. */
