@@ -239,7 +239,9 @@ export class Http1Connection implements ResponseSink, Carrier, Swept {
   private complete(r: PendingRequest, extra: boolean): void {
     this.detach(r);
     this.served++;
-    if (this.reusable && !extra && this.phase !== P_CLOSED) {
+    // An answer that came while the request was still being written (an early error to a large
+    // body): the rest of the body would go out ahead of the next request; not reused.
+    if (this.reusable && !extra && this.phase !== P_CLOSED && this.socket.writableLength === 0) {
       this.phase = P_IDLE;
       this.deadline = Date.now() + this.idleMs;
       if (this.socketPaused) {

@@ -301,6 +301,53 @@ describe("Http1Pool against raw upstreams", () => {
     }
   });
 
+  it("an answer that comes before a large body was written leaves the connection unused after", async () => {
+    // The worker answers a 400 as soon as it has the head and reads no more of this
+    // connection: 8 MiB cannot all leave the client's socket. Reusing it would queue the next
+    // request behind the unsent rest of the body, where the worker never reads it.
+    let conns = 0;
+    const server = net.createServer((sock) => {
+      conns++;
+      sock.setNoDelay(true);
+      sock.on("error", () => {});
+      let head = "";
+      const onData = (d: Buffer) => {
+        head += d.toString("latin1");
+        if (!head.includes("\r\n\r\n")) return;
+        sock.off("data", onData);
+        sock.pause();
+        sock.write('HTTP/1.1 400 Bad Request\r\ncontent-length: 13\r\n\r\n{"error":"x"}');
+        if (conns > 1) sock.resume();
+      };
+      sock.on("data", onData);
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`;
+    const w = { record: mixedRecord({ id: "big", model: "m", url }) } as unknown as WorkerState;
+    const ex = new HttpExecutor();
+    try {
+      const big = await ex.send(
+        w,
+        "chat",
+        { model: "m", pad: "x".repeat(8 << 20) },
+        { signal: new AbortController().signal },
+      );
+      assert.equal(big.status, 400);
+      await big.json();
+      const next = await ex.send(
+        w,
+        "chat",
+        { model: "m" },
+        { signal: new AbortController().signal, timeoutMs: 3000 },
+      );
+      assert.equal(next.status, 400);
+      assert.equal(conns, 2, "the next request went on a fresh connection");
+    } finally {
+      await ex.close();
+      server.close();
+    }
+  });
+
   it("a head that does not come in time is a TimeoutError, even when trickled a byte at a time", async () => {
     const silent = await upstream(() => {});
     await assert.rejects(send(silent, exec, 200), TimeoutError);
