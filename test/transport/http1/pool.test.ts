@@ -3,107 +3,22 @@
  * hostile and odd upstreams, each a real `net` server writing bytes by hand: answers split
  * across packets, Content-Length and close-delimited answers, `connection: close`, the
  * keep-alive hint and the keep-alive race, a close mid-body, an oversized head, a bad status
- * line, bad chunk framing, Content-Length with Transfer-Encoding, aborts (the worker must see
- * its connection close, the only way an engine learns to stop generating) and timeouts.
+ * line, bad chunk framing, Content-Length with Transfer-Encoding, unasked-for bytes.
+ * (Aborts, timeouts and early answers: connection.test.ts.)
  *
  * Error expectations are the ones the request plane gave under undici (same `code`s, so the
  * executor's `classify` and the relay's `bodyFailure` map them as before): a failure before
  * the head that the worker caused is a 502 UpstreamError (parse errors) or a
- * WorkerUnreachableError (connection lost), a slow head a TimeoutError.
+ * WorkerUnreachableError (connection lost).
  */
 import assert from "node:assert/strict";
-import net from "node:net";
-import { after, describe, it } from "node:test";
-import { TimeoutError, UpstreamError } from "../../../src/protocol/errors.ts";
-import type { WorkerState } from "../../../src/router/types.ts";
+import { describe, it } from "node:test";
+import { UpstreamError } from "../../../src/protocol/errors.ts";
 import { bodyFailure } from "../../../src/server/relay-whole.ts";
 import { HttpExecutor } from "../../../src/transport/http.ts";
 import { connectionFailureKind, WorkerUnreachableError } from "../../../src/transport/types.ts";
-import { mixedRecord } from "../../helpers/records.ts";
 import { waitUntil } from "../../helpers/wait.ts";
-
-/** What the upstream does with each request: `n` counts requests on this connection (1-based). */
-type OnRequest = (sock: net.Socket, n: number, head: string) => void;
-
-interface Upstream {
-  url: string;
-  worker: WorkerState;
-  /** Connections accepted so far. */
-  conns: number;
-  /** Requests seen so far. */
-  requests: number;
-  /** Connections the client closed. */
-  closed: number;
-  close(): Promise<void>;
-}
-
-const servers: Upstream[] = [];
-after(async () => {
-  for (const s of servers) await s.close();
-});
-
-/** A raw upstream: reads request heads (and Content-Length bodies) and hands each to `on`. */
-async function upstream(on: OnRequest): Promise<Upstream> {
-  const socks = new Set<net.Socket>();
-  const u = { conns: 0, requests: 0, closed: 0 } as Upstream;
-  const server = net.createServer((sock) => {
-    u.conns++;
-    socks.add(sock);
-    // Each write its own packet, as an engine's event stream is (Nagle would batch them).
-    sock.setNoDelay(true);
-    sock.on("close", () => {
-      u.closed++;
-      socks.delete(sock);
-    });
-    sock.on("error", () => {});
-    let buf = Buffer.alloc(0);
-    let n = 0;
-    sock.on("data", (d: Buffer) => {
-      buf = Buffer.concat([buf, d]);
-      for (;;) {
-        const end = buf.indexOf("\r\n\r\n");
-        if (end < 0) return;
-        const head = buf.toString("latin1", 0, end);
-        const len = Number(/content-length: (\d+)/i.exec(head)?.[1] ?? 0);
-        if (buf.length < end + 4 + len) return;
-        buf = buf.subarray(end + 4 + len);
-        u.requests++;
-        on(sock, ++n, head);
-      }
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-  u.url = `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`;
-  u.worker = { record: mixedRecord({ id: "w", model: "m", url: u.url }) } as unknown as WorkerState;
-  u.close = async () => {
-    for (const s of socks) s.destroy();
-    await new Promise<void>((r) => server.close(() => r()));
-  };
-  servers.push(u);
-  return u;
-}
-
-const exec = new HttpExecutor();
-after(() => exec.close());
-
-const send = (
-  u: Upstream,
-  ex = exec,
-  timeoutMs?: number,
-  signal: AbortSignal = new AbortController().signal,
-) => ex.send(u.worker, "chat", { model: "m" }, { signal, timeoutMs });
-
-const text = async (body: AsyncIterable<Uint8Array>): Promise<string> => {
-  let s = "";
-  for await (const c of body) s += Buffer.from(c).toString("latin1");
-  return s;
-};
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-const SSE =
-  "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" +
-  "9\r\ndata: 1\n\n\r\nE\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+import { SSE, send, sleep, text, upstream } from "./raw-upstream.ts";
 
 describe("Http1Pool against raw upstreams", () => {
   it("a chunked answer split across two packets at every byte boundary", async () => {
@@ -251,140 +166,6 @@ describe("Http1Pool against raw upstreams", () => {
       const up = await send(u);
       await assert.rejects(text(up.body), (e: Error & { code?: string }) => /^HPE_/.test(e.code ?? ""));
       await waitUntil(async () => u.closed === 1, 5000, "the connection closed");
-    }
-  });
-
-  it("an abort mid-stream closes the worker's connection", async () => {
-    let first!: () => void;
-    const wrote = new Promise<void>((r) => {
-      first = r;
-    });
-    const u = await upstream((sock) => {
-      sock.write("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n");
-      first();
-    });
-    const ac = new AbortController();
-    const up = await send(u, exec, undefined, ac.signal);
-    const it = up.body[Symbol.asyncIterator]();
-    assert.equal(Buffer.from((await it.next()).value as Uint8Array).toString(), "data: 1\n\n");
-    await wrote;
-    ac.abort();
-    await assert.rejects(it.next());
-    await waitUntil(async () => u.closed === 1, 5000, "the worker saw its connection close");
-  });
-
-  it("a request aborted while queued is never written, and leaves its connection reusable", async () => {
-    let release!: () => void;
-    const gate = new Promise<void>((r) => {
-      release = r;
-    });
-    const u = await upstream((sock, n) => {
-      const answer = () => sock.write(`HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n{"n":${n}}`);
-      if (n === 2) void gate.then(answer);
-      else answer();
-    });
-    const ex = new HttpExecutor({ connections: 1 });
-    try {
-      await (await send(u, ex)).json();
-      const first = send(u, ex);
-      await waitUntil(async () => u.requests === 2, 5000, "the second request at the worker");
-      const ac = new AbortController();
-      const queued = send(u, ex, undefined, ac.signal);
-      ac.abort();
-      release();
-      assert.deepEqual(await (await first).json(), { n: 2 });
-      await assert.rejects(queued, (e: Error) => e.name === "AbortError");
-      assert.deepEqual(await (await send(u, ex)).json(), { n: 3 }, "the queued one never reached the worker");
-      assert.equal(u.conns, 1, "the connection it was handed to was kept");
-    } finally {
-      await ex.close();
-    }
-  });
-
-  it("an answer that comes before a large body was written leaves the connection unused after", async () => {
-    // The worker answers a 400 as soon as it has the head and reads no more of this
-    // connection: 8 MiB cannot all leave the client's socket. Reusing it would queue the next
-    // request behind the unsent rest of the body, where the worker never reads it.
-    let conns = 0;
-    const server = net.createServer((sock) => {
-      conns++;
-      sock.setNoDelay(true);
-      sock.on("error", () => {});
-      let head = "";
-      const onData = (d: Buffer) => {
-        head += d.toString("latin1");
-        if (!head.includes("\r\n\r\n")) return;
-        sock.off("data", onData);
-        sock.pause();
-        sock.write('HTTP/1.1 400 Bad Request\r\ncontent-length: 13\r\n\r\n{"error":"x"}');
-        if (conns > 1) sock.resume();
-      };
-      sock.on("data", onData);
-    });
-    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-    const url = `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`;
-    const w = { record: mixedRecord({ id: "big", model: "m", url }) } as unknown as WorkerState;
-    const ex = new HttpExecutor();
-    try {
-      const big = await ex.send(
-        w,
-        "chat",
-        { model: "m", pad: "x".repeat(8 << 20) },
-        { signal: new AbortController().signal },
-      );
-      assert.equal(big.status, 400);
-      await big.json();
-      const next = await ex.send(
-        w,
-        "chat",
-        { model: "m" },
-        { signal: new AbortController().signal, timeoutMs: 3000 },
-      );
-      assert.equal(next.status, 400);
-      assert.equal(conns, 2, "the next request went on a fresh connection");
-    } finally {
-      await ex.close();
-      server.close();
-    }
-  });
-
-  it("a head that does not come in time is a TimeoutError, even when trickled a byte at a time", async () => {
-    const silent = await upstream(() => {});
-    await assert.rejects(send(silent, exec, 200), TimeoutError);
-    await waitUntil(async () => silent.closed === 1, 5000, "the timed-out connection closed");
-    const trickle = await upstream((sock) => {
-      const head = "HTTP/1.1 200 OK\r\nx-slow: ";
-      let i = 0;
-      const t = setInterval(() => {
-        if (sock.destroyed) clearInterval(t);
-        else sock.write(head[i++ % head.length]!);
-      }, 20);
-    });
-    await assert.rejects(send(trickle, exec, 300), TimeoutError);
-  });
-
-  it("a body that stalls past the body timeout fails as a TimeoutError", async () => {
-    const ex = new HttpExecutor({ bodyTimeoutMs: 300 });
-    try {
-      const u = await upstream((sock) => sock.write("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{"));
-      const up = await send(u, ex);
-      const err = await text(up.body).then(
-        () => null,
-        (e: Error) => e,
-      );
-      assert.ok(bodyFailure(err) instanceof TimeoutError, String(err));
-      // Chunks that keep coming, each within the timeout, do not trip it.
-      const slow = await upstream((sock) => {
-        sock.write("HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\n");
-        let i = 0;
-        const t = setInterval(() => {
-          sock.write("x");
-          if (++i === 6) clearInterval(t);
-        }, 100);
-      });
-      assert.equal(await text((await send(slow, ex)).body), "xxxxxx");
-    } finally {
-      await ex.close();
     }
   });
 
