@@ -78,6 +78,8 @@ export class ResponseParser {
   /** Bytes of an incomplete head, chunk-size line or trailer section. */
   private pending: Buffer | null = null;
   private remaining = 0;
+  /** Trailer bytes so far: together capped like a head (undici counts them against maxHeaderSize). */
+  private trailerBytes = 0;
   private noBody = false;
   /** Set when `onBody` returned false; `execute` stops and returns where it got to. */
   paused = false;
@@ -300,8 +302,10 @@ export class ResponseParser {
   }
 
   private chunk(size: number): void {
-    if (size === 0) this.state = S_TRAILERS;
-    else {
+    if (size === 0) {
+      this.state = S_TRAILERS;
+      this.trailerBytes = 0;
+    } else {
       this.remaining = size;
       this.state = S_CHUNK_DATA;
     }
@@ -314,9 +318,11 @@ export class ResponseParser {
       this.state = S_DONE;
       return at + 2;
     }
-    const got = this.collect(buf, at, CRLF, MAX_HEAD, "UND_ERR_HEADERS_OVERFLOW");
+    const got = this.collect(buf, at, CRLF, MAX_HEAD - this.trailerBytes, "UND_ERR_HEADERS_OVERFLOW");
     if (got === null) return buf.length;
     const [line, next] = got;
+    this.trailerBytes += line.length + 2;
+    if (this.trailerBytes > MAX_HEAD) throw overflow("UND_ERR_HEADERS_OVERFLOW");
     if (line.length === 0) this.state = S_DONE;
     else if (!FIELD.test(line.toString("latin1")))
       throw new ParseError("HPE_INVALID_HEADER_TOKEN", "Invalid trailer field");

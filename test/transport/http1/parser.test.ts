@@ -206,6 +206,14 @@ describe("ResponseParser", () => {
     assert.throws(() => parse([Buffer.from(big.slice(0, 18_000))]), { code: "UND_ERR_HEADERS_OVERFLOW" });
   });
 
+  it("endless trailer lines are refused once past the head's size, not read forever", () => {
+    const line = `x-t: ${"a".repeat(100)}\r\n`;
+    const s = `HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n${line.repeat(200)}`;
+    assert.throws(() => parse([Buffer.from(s)]), { code: "UND_ERR_HEADERS_OVERFLOW" });
+    const ok = `HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n${line.repeat(10)}\r\n`;
+    assert.equal(parse([Buffer.from(ok)]).done, true);
+  });
+
   it("an endless chunk-size line is refused, not buffered", () => {
     const s = `HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;${"x".repeat(5000)}`;
     assert.throws(() => parse([Buffer.from(s)]), { code: "HPE_INVALID_CHUNK_SIZE" });
