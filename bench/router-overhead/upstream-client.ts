@@ -4,7 +4,9 @@
  * both driven through their core `dispatch` API with the same minimal handler, against one
  * upstream in a child process that answers every request at once with fixed bytes (a
  * Content-Length JSON answer, or a chunked event stream of 6 events). Interleaved rounds;
- * CPU is this process's user+system time over the timed requests.
+ * CPU is this process's user+system time over the timed requests. A third client is the
+ * whole request plane as the server calls it: `HttpExecutor.send` (over `Http1Pool`) with its
+ * answer body attached to a sink, as the relay does.
  *
  *   node bench/router-overhead/upstream-client.ts [--requests 20000] [--concurrency 16] [--rounds 3]
  */
@@ -12,8 +14,11 @@ import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { loadavg } from "node:os";
 import { Pool } from "undici";
+import type { WorkerState } from "../../src/router/types.ts";
+import { HttpExecutor } from "../../src/transport/http.ts";
 import { Http1Pool } from "../../src/transport/http1/pool.ts";
 import type { Http1Handler } from "../../src/transport/http1/request.ts";
+import { setRawBody } from "../../src/transport/types.ts";
 
 const args = new Map<string, string>();
 for (let i = 2; i < process.argv.length; i += 2)
@@ -65,6 +70,23 @@ function once1(dispatch: Dispatch, body: Buffer): Promise<number> {
   });
 }
 
+/** The executor's send, its body attached to a sink as the server's relay attaches it. */
+function viaExecutor(ex: HttpExecutor, worker: WorkerState, raw: Buffer, h: Http1Handler): void {
+  const body = { model: "m" };
+  setRawBody(body, raw);
+  ex.send(worker, "chat", body, {
+    signal: NEVER,
+    headers: { "x-request-id": "87480d7331294e94a3994e09a47cf1b8" },
+  }).then((up) => {
+    const b = up.body as unknown as {
+      attach(s: { onData(c: Uint8Array): boolean; onEnd(): void; onError(e: Error): void }): void;
+    };
+    b.attach({ onData: (c) => h.onData(c as Buffer), onEnd: () => h.onComplete([]), onError: h.onError });
+  }, h.onError);
+}
+
+const NEVER = new AbortController().signal;
+
 async function run(dispatch: Dispatch, body: Buffer, requests: number): Promise<number> {
   let next = 0;
   const cpu0 = process.cpuUsage();
@@ -83,6 +105,8 @@ async function main(): Promise<void> {
   const origin = `http://127.0.0.1:${Number(line.toString())}`;
   const undiciPool = new Pool(origin, { connections: 256, pipelining: 1 });
   const rawPool = new Http1Pool(origin, { connections: 256 });
+  const executor = new HttpExecutor();
+  const worker = { record: { url: origin } } as unknown as WorkerState;
   const headers = { "content-type": "application/json", "x-request-id": "87480d7331294e94a3994e09a47cf1b8" };
   const clients: [string, Dispatch][] = [
     [
@@ -95,6 +119,7 @@ async function main(): Promise<void> {
       "Http1Pool",
       (body, h) => rawPool.dispatch({ path: "/v1/chat/completions", method: "POST", headers, body }, h),
     ],
+    ["HttpExecutor.send", (body, h) => viaExecutor(executor, worker, body, h)],
   ];
   const load0 = loadavg()[0]!.toFixed(1);
   const out: Record<string, number[]> = {};
@@ -127,6 +152,7 @@ async function main(): Promise<void> {
   }
   await undiciPool.destroy();
   await rawPool.destroy();
+  await executor.close();
   child.kill();
 }
 
