@@ -154,6 +154,19 @@ function check(z: ZmqApi, rc: number, what: string): void {
   if (rc < 0) throw new Error(`${what}: ${z.strerror(z.errno())}`);
 }
 
+/**
+ * Runs a libzmq call again while it fails with EINTR (a signal — the profiler's SIGPROF under
+ * `--cpu-prof`, a child's SIGCHLD — arrived while it waited), then checks it. Safe for connect:
+ * its EINTR comes from `process_commands`, before anything is parsed or attached (zeromq/libzmq
+ * src/socket_base.cpp `connect_internal` @ 45501798a230d862c3e0f3fa77324452a56c1d5f); a 1,000-
+ * worker server under `--cpu-prof` lost a subscriber to `connect …: Interrupted system call`.
+ */
+function retrying(z: ZmqApi, call: () => number, what: string): void {
+  let rc = call();
+  for (let tries = 0; rc < 0 && z.errno() === EINTR && tries < 100; tries++) rc = call();
+  check(z, rc, what);
+}
+
 let monitorSeq = 0;
 
 export class NativeSub {
@@ -176,13 +189,13 @@ export class NativeSub {
     check(z, z.setsockopt(s, ZMQ_SUBSCRIBE, t, t.length), "ZMQ_SUBSCRIBE");
     // The PUB side dropping its connection is how a restarted engine can look from here.
     const inproc = `inproc://infera-kv-mon-${process.pid}-${monitorSeq++}`;
-    check(z, z.monitor(s, inproc, ZMQ_EVENT_DISCONNECTED), "zmq_socket_monitor");
+    retrying(z, () => z.monitor(s, inproc, ZMQ_EVENT_DISCONNECTED), "zmq_socket_monitor");
     const m = z.socket(z.ctx, ZMQ_PAIR);
     if (!m) throw new Error(`zmq_socket: ${z.strerror(z.errno())}`);
     this.mon = m;
     check(z, z.setsockopt(m, ZMQ_LINGER, intBuf, 4), "ZMQ_LINGER");
-    check(z, z.connect(m, inproc), "monitor connect");
-    check(z, z.connect(s, endpoint), `connect ${endpoint}`);
+    retrying(z, () => z.connect(m, inproc), "monitor connect");
+    retrying(z, () => z.connect(s, endpoint), `connect ${endpoint}`);
     this.fd = this.fdOf(s);
     this.monitorFd = this.fdOf(m);
     // A ZMQ_FD signals new messages only once a read has found the socket empty (libzmq's ypipe

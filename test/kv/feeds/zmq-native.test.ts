@@ -163,3 +163,41 @@ test("NativeSub reads whole messages, counts frames past four, and resumes at th
   assert.deepEqual(got[1].frames[2], [7, 7]);
   assert.equal(sub.read(), null);
 });
+
+test("NativeSub connects again when a signal interrupts zmq_connect (EINTR)", {
+  skip: !native,
+}, async () => {
+  // libzmq's zmq_connect fails with EINTR when a signal (the profiler's SIGPROF under
+  // --cpu-prof) lands in its process_commands, before it has done anything (zeromq/libzmq
+  // src/socket_base.cpp connect_internal @ 45501798a230d862c3e0f3fa77324452a56c1d5f): the call
+  // is to be made again, not the subscriber stopped. Here the first TCP connect reports EINTR.
+  const real = loadNativeZmq();
+  assert.ok(real);
+  const EINTR = 4;
+  let interrupted = 0;
+  let lastWasFake = false;
+  const z: typeof real = {
+    ...real,
+    connect: (s, ep) => {
+      if (ep.startsWith("tcp://") && interrupted === 0) {
+        interrupted++;
+        lastWasFake = true;
+        return -1;
+      }
+      lastWasFake = false;
+      return real.connect(s, ep);
+    },
+    errno: () => (lastWasFake ? EINTR : real.errno()),
+  };
+  const endpoint = `tcp://127.0.0.1:${await freePort()}`;
+  const pub = new XPublisher({ linger: 0 });
+  await pub.bind(endpoint);
+  closers.push(() => pub.close());
+  const sub = new NativeSub(z, endpoint, "t");
+  closers.push(() => sub.close());
+  assert.equal(interrupted, 1);
+  const [subscription] = await pub.receive();
+  assert.equal(subscription?.toString(), "\x01t", "connected after the interrupted call");
+  await pub.send(["t", "a"]);
+  await waitFor(() => sub.read()?.count === 2, 3000, "the message");
+});
