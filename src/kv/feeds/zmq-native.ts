@@ -263,14 +263,25 @@ function readMessage(z: ZmqApi, s: Ptr): NativeFrames | null {
 // ---- the fd watcher ---------------------------------------------------------------------------
 
 /**
- * Run in the worker: wait in epoll for any watched fd to turn readable, report the readable ones,
- * wait until the main thread has drained them. epoll, not poll(): poll() hands the kernel every
- * fd on each call (registering on and leaving each one's wait queue), so one wake-up cost
- * O(watched fds) — ≈ 100 µs of this thread's CPU per KV event at 256 workers (513 fds), i.e. a
- * tenth of a core at 1,000 events/s spread over the fleet, the usual shape (one message per
- * wake-up). epoll_wait costs O(ready fds). Level-triggered, as poll() was: an fd libzmq has not
- * consumed yet is reported again. The fd set changes by ordered ops from the main thread
- * ([1, fd] add, [2, fd] remove) so a number closed and reused is removed, then added again.
+ * Run in the worker: wait in epoll for any watched fd to be signalled and report it to the main
+ * thread, which drains the socket.
+ *
+ * epoll, not poll(): poll() hands the kernel every fd on each call (registering on and leaving
+ * each one's wait queue), so one wake-up cost O(watched fds) — ≈ 100 µs of this thread's CPU per
+ * KV event at 256 workers (513 fds), a tenth of a core at 1,000 events/s spread over the fleet,
+ * the usual shape (one message per wake-up). epoll_wait costs O(ready fds).
+ *
+ * Edge-triggered (EPOLLET): a ZMQ_FD is libzmq's mailbox eventfd, written each time the socket's
+ * reader is asleep and something arrives — after a read found it empty (libzmq src/mailbox.cpp
+ * `send`: `if (!_cpipe.flush ()) _signaler.send ()`, src/signaler.cpp; doc/zmq_getsockopt.adoc
+ * "ZMQ_FD" @ 00e514e2c9b8ae0373a2b9d0e594310efd152fe5) — and every eventfd write is an epoll
+ * event (linux fs/eventfd.c `eventfd_write` wakes the wait queue on each write). The main thread
+ * drains each reported socket until EAGAIN, so the next arrival writes again and is reported;
+ * nothing is lost and the watcher need not wait for the drain (level-triggered poll() had to,
+ * one futex wait and wake per event on both threads).
+ *
+ * The fd set changes by ordered ops from the main thread ([1, fd] add, [2, fd] remove), so a
+ * number closed and reused is removed, then added again; an add reports an fd already readable.
  * struct epoll_event is packed on x86-64 (12 bytes, data at 4), 16 bytes elsewhere (data at 8)
  * (linux include/uapi/linux/eventpoll.h, EPOLL_PACKED).
  */
@@ -283,7 +294,6 @@ const epollCtl = libc.func("int epoll_ctl(int, int, int, void *)");
 const epollWait = libc.func("int epoll_wait(int, void *, int, int)");
 const read = libc.func("long read(int, _Out_ uint8_t *, unsigned long)");
 const port = workerData.port;
-const ctrl = new Int32Array(workerData.sab);
 const wakeFd = workerData.wakeFd;
 const junk = Buffer.alloc(8);
 const SIZE = process.arch === "x64" ? 12 : 16;
@@ -291,15 +301,15 @@ const DATA = process.arch === "x64" ? 4 : 8;
 const MAX = 1024;
 const events = Buffer.alloc(SIZE * MAX);
 const one = Buffer.alloc(SIZE);
-// EPOLL_CLOEXEC; EPOLL_CTL_ADD 1, _DEL 2, _MOD 3; EPOLLIN 1 (sys/epoll.h).
+// EPOLL_CLOEXEC; EPOLL_CTL_ADD 1, _DEL 2, _MOD 3; EPOLLIN 1, EPOLLET 1 << 31 (sys/epoll.h).
 const ep = epollCreate(0o2000000);
 if (ep < 0) throw new Error("epoll_create1 failed");
 function ctl(op, fd) {
   one.fill(0);
-  one.writeUInt32LE(1, 0);
+  one.writeUInt32LE((1 | 0x80000000) >>> 0, 0);
   one.writeInt32LE(fd, DATA);
-  // An add of an fd already there (a watch again after a pause) is a no-op; a remove of one
-  // closed meanwhile fails (the kernel removed it at close): both fine.
+  // An add of an fd already there is made a modify (it re-arms: a readable fd is reported); a
+  // remove of one closed meanwhile fails (the kernel removed it at close): both fine.
   if (epollCtl(ep, op, fd, one) < 0 && op === 1) epollCtl(ep, 3, fd, one);
 }
 ctl(1, wakeFd);
@@ -318,10 +328,7 @@ for (;;) {
     if (fd === wakeFd) read(wakeFd, junk, 8);
     else ready.push(fd);
   }
-  if (ready.length === 0) continue;
-  const gen = Atomics.load(ctrl, 0);
-  port.postMessage(ready);
-  Atomics.wait(ctrl, 0, gen, 1000);
+  if (ready.length > 0) port.postMessage(ready);
 }
 `;
 
@@ -335,7 +342,6 @@ export class FdWatcher {
   private static one: FdWatcher | null = null;
   private readonly worker: Worker;
   private readonly port: MessagePort;
-  private readonly ctrl = new Int32Array(new SharedArrayBuffer(4));
   private readonly drains = new Map<number, Drain>();
   /** Ops not yet sent to the worker: pairs of (1 add | 2 remove, fd). */
   private ops: number[] = [];
@@ -364,7 +370,7 @@ export class FdWatcher {
     this.port = port1;
     this.worker = new Worker(WATCHER_SOURCE, {
       eval: true,
-      workerData: { koffi: z.koffiPath, port: port2, sab: this.ctrl.buffer, wakeFd: this.wakeFd },
+      workerData: { koffi: z.koffiPath, port: port2, wakeFd: this.wakeFd },
       transferList: [port2],
     });
     this.worker.unref();
@@ -374,13 +380,11 @@ export class FdWatcher {
     });
     this.port.on("message", (ready: number[]) => this.onReady(ready));
     this.port.unref();
-    // The worker sits in poll() or Atomics.wait (up to 1 s each); at exit Node waits for it, so
-    // it is told to stop now rather than holding the process for that second.
+    // The worker sits in epoll_wait (up to 1 s); at exit Node waits for it, so it is told to
+    // stop now rather than holding the process for that second.
     process.once("exit", () => {
       this.port.postMessage(null);
       this.wake(this.wakeFd);
-      Atomics.add(this.ctrl, 0, 1);
-      Atomics.notify(this.ctrl, 0);
     });
   }
 
@@ -409,11 +413,6 @@ export class FdWatcher {
   }
 
   private onReady(ready: number[]): void {
-    try {
-      for (const fd of ready) this.drains.get(fd)?.();
-    } finally {
-      Atomics.add(this.ctrl, 0, 1);
-      Atomics.notify(this.ctrl, 0);
-    }
+    for (const fd of ready) this.drains.get(fd)?.();
   }
 }

@@ -5,13 +5,16 @@
  * `send_multipart((topic, seq.to_bytes(8, "big"), payload))`, replay over a ROUTER).
  */
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, test } from "node:test";
 import { Registry } from "prom-client";
 import { XPublisher } from "zeromq";
 import { encodeSeq } from "../../../src/kv/events.ts";
 import type { KvZmqReader } from "../../../src/kv/feeds/types.ts";
 import { ZmqKvFeed } from "../../../src/kv/feeds/zmq.ts";
-import { loadNativeZmq, NativeSub } from "../../../src/kv/feeds/zmq-native.ts";
+import { FdWatcher, loadNativeZmq, NativeSub } from "../../../src/kv/feeds/zmq-native.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { KvIngestMetrics } from "../../../src/kv/metrics.ts";
 import { createLogger } from "../../../src/util/log.ts";
@@ -200,4 +203,70 @@ test("NativeSub connects again when a signal interrupts zmq_connect (EINTR)", {
   assert.equal(subscription?.toString(), "\x01t", "connected after the interrupted call");
   await pub.send(["t", "a"]);
   await waitFor(() => sub.read()?.count === 2, 3000, "the message");
+});
+
+test("the fd watcher reports every arrival on 200 sockets, one message at a time and in bursts", {
+  skip: !native,
+}, async () => {
+  // The watcher (edge-triggered epoll over each socket's ZMQ_FD) must report a socket again
+  // after each drain that found it empty, also when the message arrives while the main thread
+  // is still busy (a drain in progress, other work): a lost report would stall that worker's
+  // KV events for good. Sparse traffic over many sockets is the fleet's usual shape.
+  const z = loadNativeZmq();
+  assert.ok(z);
+  const watcher = FdWatcher.get(z);
+  const dir = mkdtempSync(join(tmpdir(), "fd-watcher-"));
+  closers.push(() => rmSync(dir, { recursive: true, force: true }));
+  const n = 200;
+  const pubs: XPublisher[] = [];
+  const subs: NativeSub[] = [];
+  const got = new Array<number>(n).fill(0);
+  for (let i = 0; i < n; i++) {
+    const pub = new XPublisher({ linger: 0 });
+    await pub.bind(`ipc://${join(dir, `p${i}`)}`);
+    pubs.push(pub);
+    const sub = new NativeSub(z, `ipc://${join(dir, `p${i}`)}`, "t");
+    subs.push(sub);
+    watcher.watch(sub.fd, () => {
+      while (sub.read()) got[i]++;
+    });
+  }
+  closers.push(() => {
+    for (const s of subs) {
+      watcher.unwatch(s.fd);
+      s.close();
+    }
+    for (const p of pubs) p.close();
+  });
+  await Promise.all(pubs.map((p) => p.receive())); // every subscription has arrived
+  const sent = new Array<number>(n).fill(0);
+  let seed = 7;
+  const rnd = () => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return seed % n;
+  };
+  for (let round = 0; round < 40; round++) {
+    // One message to each of a few sockets, then a burst to one, then the main thread busy for
+    // 3 ms while more arrive (their reports queue up behind it).
+    for (let k = 0; k < 10; k++) {
+      const i = rnd();
+      await pubs[i].send(["t", "x"]);
+      sent[i]++;
+    }
+    const b = rnd();
+    for (let k = 0; k < 20; k++) await pubs[b].send(["t", "y"]);
+    sent[b] += 20;
+    const until = performance.now() + 3;
+    while (performance.now() < until) {
+      // busy
+    }
+    await new Promise((r) => setTimeout(r, round % 3));
+  }
+  const total = sent.reduce((a, b) => a + b, 0);
+  await waitFor(() => got.reduce((a, b) => a + b, 0) >= total, 5000, `${total} messages`);
+  assert.deepEqual(got, sent);
+  // Quiet, then one more message to each socket: each is reported again.
+  await new Promise((r) => setTimeout(r, 50));
+  for (const p of pubs) await p.send(["t", "z"]);
+  await waitFor(() => got.every((g, i) => g === sent[i] + 1), 5000, "one more on each socket");
 });
