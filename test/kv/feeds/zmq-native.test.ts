@@ -129,19 +129,27 @@ test("both readers agree: gap filled by replay, malformed frames, a message of 5
   }
 });
 
-test("NativeSub reads whole messages, counts frames past four, and resumes at the next message", {
-  skip: !native,
-}, async () => {
-  const z = loadNativeZmq();
-  assert.ok(z, "libzmq's C API loads on Linux");
+/**
+ * An XPUB (a PUB to the SUB) that shows when the subscription has arrived — sent before that,
+ * messages would be dropped (ZMQ's slow joiner; see FakePublisher.subscribed()) — and a
+ * NativeSub on topic "t" connected to it through `z`.
+ */
+async function pubAndSub(z: NonNullable<ReturnType<typeof loadNativeZmq>>) {
   const endpoint = `tcp://127.0.0.1:${await freePort()}`;
-  // An XPUB (a PUB to the SUB) that shows when the subscription has arrived: sent before
-  // that, the messages would be dropped (ZMQ's slow joiner). See FakePublisher.subscribed().
   const pub = new XPublisher({ linger: 0 });
   await pub.bind(endpoint);
   closers.push(() => pub.close());
   const sub = new NativeSub(z, endpoint, "t");
   closers.push(() => sub.close());
+  return { pub, sub };
+}
+
+test("NativeSub reads whole messages, counts frames past four, and resumes at the next message", {
+  skip: !native,
+}, async () => {
+  const z = loadNativeZmq();
+  assert.ok(z, "libzmq's C API loads on Linux");
+  const { pub, sub } = await pubAndSub(z);
   const [subscription] = await pub.receive();
   assert.equal(subscription?.toString(), "\x01t", "the SUB's subscription to topic t");
   await pub.send(["t", "a", "b", "c", "d", "e"]);
@@ -192,12 +200,7 @@ test("NativeSub connects again when a signal interrupts zmq_connect (EINTR)", {
     },
     errno: () => (lastWasFake ? EINTR : real.errno()),
   };
-  const endpoint = `tcp://127.0.0.1:${await freePort()}`;
-  const pub = new XPublisher({ linger: 0 });
-  await pub.bind(endpoint);
-  closers.push(() => pub.close());
-  const sub = new NativeSub(z, endpoint, "t");
-  closers.push(() => sub.close());
+  const { pub, sub } = await pubAndSub(z);
   assert.equal(interrupted, 1);
   const [subscription] = await pub.receive();
   assert.equal(subscription?.toString(), "\x01t", "connected after the interrupted call");
