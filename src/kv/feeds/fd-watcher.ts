@@ -18,14 +18,16 @@ type Fn<A extends unknown[], R> = (...args: A) => R;
  * KV event at 256 workers (513 fds), a tenth of a core at 1,000 events/s spread over the fleet,
  * the usual shape (one message per wake-up). epoll_wait costs O(ready fds).
  *
- * Edge-triggered (EPOLLET): a ZMQ_FD is libzmq's mailbox eventfd, written each time the socket's
- * reader is asleep and something arrives — after a read found it empty (libzmq src/mailbox.cpp
- * `send`: `if (!_cpipe.flush ()) _signaler.send ()`, src/signaler.cpp; doc/zmq_getsockopt.adoc
- * "ZMQ_FD" @ 00e514e2c9b8ae0373a2b9d0e594310efd152fe5) — and every eventfd write is an epoll
- * event (linux fs/eventfd.c `eventfd_write` wakes the wait queue on each write). The main thread
- * drains each reported socket until EAGAIN, so the next arrival writes again and is reported;
- * nothing is lost and the watcher need not wait for the drain (level-triggered poll() had to,
- * one futex wait and wake per event on both threads).
+ * Edge-triggered (EPOLLET): a ZMQ_FD is libzmq's mailbox eventfd, written each time a command
+ * arrives while the socket's reader is passive — after a read found its mailbox empty; a recv
+ * that finds nothing processes the commands with a zero timeout first, so a drain to EAGAIN
+ * leaves it passive (zeromq/libzmq src/mailbox.cpp `send`: `if (!ok) _signaler.send ()`, `recv`;
+ * src/signaler.cpp `send` writes the eventfd, `recv_failable` reads it and writes back any
+ * signals it took too many, one more report at worst; src/socket_base.cpp `recv` @
+ * 6b708e4a453a31e240211792f42e4f0c67b7fc03) — and every eventfd write is an epoll event. The
+ * main thread drains each reported socket until EAGAIN, so the next arrival writes again and is
+ * reported: nothing is lost, and the watcher need not wait for the drain (level-triggered poll()
+ * had to, one futex wait and wake per event on both threads).
  *
  * The fd set changes by ordered ops from the main thread ([1, fd] add, [2, fd] remove), so a
  * number closed and reused is removed, then added again; an add reports an fd already readable.
