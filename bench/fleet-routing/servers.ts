@@ -164,6 +164,12 @@ export const FLOW_LOCAL_NAME = "kv-aware+flow-local";
  * `kv-aware+flow-local-kv`: the same with locality, as `kv-aware+flow-local`.
  */
 export const FLOW_KV_NAME = "kv-aware+flow-kv";
+/**
+ * `kv-aware+flow-local` as before Run L: each replica counts its own dispatches since an engine
+ * reading once, as if it were alone (`load` `perReplicaGrowth: false`), for side-by-side runs
+ * behind several replicas.
+ */
+export const FLOW_LOCAL_ALONE_NAME = "kv-aware+flow-local-alone";
 export const FLOW_LOCAL_KV_NAME = "kv-aware+flow-local-kv";
 const FLOW_MAX_KV = Number(process.env.FLEET_ROUTING_FLOW_MAX_KV ?? 0.6);
 const FLOW_MAX_WAIT_MODEL_S = Number(process.env.FLEET_ROUTING_FLOW_MAX_WAIT_S ?? 1.5);
@@ -194,6 +200,8 @@ const COMPOSED_PROFILES: Readonly<Record<string, (speed: number) => string>> = {
   [HOT_NAME]: () => HOT_YAML,
   [FLOW_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }"),
   [FLOW_LOCAL_NAME]: (speed) => FLOW_YAML(speed, "{ name: load }", FLOW_LOCALITY_WAIT_MODEL_S),
+  [FLOW_LOCAL_ALONE_NAME]: (speed) =>
+    FLOW_YAML(speed, "{ name: load, params: { perReplicaGrowth: false } }", FLOW_LOCALITY_WAIT_MODEL_S),
   [FLOW_KV_NAME]: (speed) => FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`),
   [FLOW_LOCAL_KV_NAME]: (speed) =>
     FLOW_YAML(speed, `{ name: load, params: { maxKvUsage: ${FLOW_MAX_KV} } }`, FLOW_LOCALITY_WAIT_MODEL_S),

@@ -400,7 +400,10 @@ export function registerServer(program: Command): void {
     .option("--flow-max-queue <n>", "requests queued for admission at most, this replica (default 1000)")
     .option("--flow-max-wait <ms>", "a queued request's maximum wait before 429 (default 30000)")
     .option("--flow-tenant-header", "key flows by the x-infera-tenant header (else by API key)")
-    .option("--flow-replicas <n>", "server replicas the per-key RPM/TPM limits are split among (default 1)")
+    .option(
+      "--flow-replicas <n>",
+      "server replicas: the per-key RPM/TPM limits are split among them; without peers, the load headroom counts own dispatches per replica (default 1)",
+    )
     .option("--print-config", "print the merged, validated config as YAML (secrets as ***) and exit")
     .action(async (given: ServerFlags, cmd: Command) => {
       const { resolveServerConfig } = await import("../server/config.ts");

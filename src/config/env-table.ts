@@ -295,7 +295,7 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "INFERA_FLOW_REPLICAS",
     "integer",
     "server",
-    "Server replicas the per-key RPM/TPM limits are split among (default 1; `--flow-replicas`).",
+    "Server replicas behind the balancer: the per-key RPM/TPM limits are split among them, and without a peer plane the `load` headroom counts this replica's dispatches since a reading once per replica (default 1; `--flow-replicas`).",
     { configKey: "flow.replicas" },
   ),
   v(

@@ -62,13 +62,18 @@ export class FlowGate {
   /** The model's routing policy: its overlap source tells locality where a prompt is cached. */
   private readonly policyFor: ((model: string) => RoutingPolicy) | undefined;
 
+  /** Replicas sharing the engines (HeadroomScope.replicas): the peer plane's live set, if any. */
+  private readonly liveReplicas: () => number | null;
+
   constructor(
     cfg: FlowConfig,
     workers: WorkerSet,
     registry: Registry,
     ttft?: TtftPredictor,
     policyFor?: (model: string) => RoutingPolicy,
+    liveReplicas: () => number | null = () => null,
   ) {
+    this.liveReplicas = liveReplicas;
     this.ttft = ttft;
     this.policyFor = policyFor;
     this.cfg = cfg;
@@ -222,6 +227,7 @@ export class FlowGate {
       const scope: HeadroomScope = {
         model,
         ttft: this.ttft,
+        replicas: () => this.liveReplicas() ?? this.cfg.replicas,
         shared<T>(key: string, make: () => T): T {
           if (!store.has(key)) store.set(key, make());
           return store.get(key) as T;
@@ -343,7 +349,7 @@ export function createFlowGate(
 ): FlowGate | undefined {
   const cfg = resolveFlowConfig(layer);
   if (!cfg.enabled) return undefined;
-  const gate = new FlowGate(cfg, workers, registry, ttft, policyFor);
+  const gate = new FlowGate(cfg, workers, registry, ttft, policyFor, () => scraper.liveReplicas());
   scraper.onScraped = () => gate.wake();
   return gate;
 }

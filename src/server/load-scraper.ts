@@ -179,6 +179,11 @@ export class LoadScraper {
     share.onReadings = (rs) => this.file(rs);
   }
 
+  /** Replicas sharing the scrape, this one included (null: no peer plane shares it). */
+  liveReplicas(): number | null {
+    return this.share ? this.share.liveCount() : null;
+  }
+
   /** A peer owns a worker busy here: its readings count as stopped after this long without one. */
   get busyQuietMs(): number {
     return 3 * this.intervalMs;

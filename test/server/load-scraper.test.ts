@@ -211,6 +211,7 @@ describe("LoadScraper shares its scrapes with peers (issue #32)", () => {
       replicaId: "me",
       isMine: (id) => id === "mine",
       busyElsewhere: () => false,
+      liveCount: () => 2,
       report: (readings, busy) => reports.push({ readings: readings.map((r) => r.worker), busy: [...busy] }),
       leave: () => {
         left++;

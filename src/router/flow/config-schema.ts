@@ -87,7 +87,10 @@ export const flowConfigSchema = z
     tenantHeader: z.boolean(),
     /** Output tokens expected of a request without max_tokens (fairness and TPM); default 256. */
     expectedOutputTokens: z.number().int().min(1),
-    /** Limits are split evenly among this many server replicas (default 1). */
+    /**
+     * Server replicas behind the balancer (default 1): limits are split evenly among them, and
+     * without a peer plane the `load` signal counts its dispatches since a reading this many times.
+     */
     replicas: z.number().int().min(1),
     /** Per flow key (tenant name, or `key-<12 hex of sha256(key)>`): weight and limits. */
     tenants: z.record(z.string(), tenantSchema),

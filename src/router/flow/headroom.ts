@@ -102,6 +102,11 @@ export interface HeadroomScope {
   readonly model: string;
   /** The server's TTFT predictor (src/router/predict), shared with the pipeline's plugins. */
   readonly ttft?: TtftPredictor;
+  /**
+   * How many server replicas route to these engines, this one included: the peer plane's live
+   * set when replicas share the scrape (src/router/peers/load-share.ts), else `flow.replicas`.
+   */
+  readonly replicas?: () => number;
   shared<T>(key: string, make: () => T): T;
 }
 

@@ -6,7 +6,12 @@
  * its in-flight requests and prefill backlog on the worker. Between two scrapes the engine's
  * queue reads stale, so the growth of this replica's in-flight count on the worker since the
  * reading (net of completions) counts as waiting: a burst cannot all pass on one old reading,
- * while a steady stream whose completions keep pace is not held back.
+ * while a steady stream whose completions keep pace is not held back. Behind a load balancer
+ * the other replicas dispatch to the same engines between the same two scrapes, and their
+ * dispatches show in neither this replica's count nor the reading: so the growth counts once
+ * per replica routing there (`HeadroomScope.replicas`: the peer plane's live set, else
+ * `flow.replicas`), as if each sent what this one did (bench/fleet-routing/RESULTS.md Run L:
+ * 4 replicas each releasing up to `maxWaiting` onto a worker that had just freed).
  *
  * Per-band headroom (`bands`): a band may have tighter thresholds than the rest, e.g. the low
  * band admitted only while the worker runs fewer than 8 of this replica's requests (of every
@@ -40,6 +45,11 @@ const params = z
     maxPendingPrefillTokens: limits.maxPendingPrefillTokens.default(0),
     /** Engine readings older than this are ignored (ms); the in-flight limits still apply. */
     staleMs: z.number().int().min(1).default(5000),
+    /**
+     * Count this replica's dispatches since the reading once per server replica routing to the
+     * engines (false: once, as if it were alone).
+     */
+    perReplicaGrowth: z.boolean().default(true),
     /** Per band name (flow.bands): thresholds that replace the ones above for that band's requests. */
     bands: z.record(z.string(), z.object(limits).partial().strict()).default({}),
     /**
@@ -54,7 +64,7 @@ export default defineHeadroom("load", {
   doc: "headroom while a worker's engine queue, KV usage, in-flight and prefill backlog are under thresholds (GIE saturation detector), tighter per band if set",
   params,
   needs: ["engineLoad"],
-  create: (_scope, p) => {
+  create: (scope, p) => {
     /** Per worker: the reading last seen and this replica's in-flight count when it was seen. */
     const seen = new Map<string, { scrapedAt: number; inFlight: number }>();
     /** Per band index: when a request of that band was last checked (arrival, wake-up while queued). */
@@ -70,7 +80,7 @@ export default defineHeadroom("load", {
         if (now - (lastSeen[i] ?? Number.NEGATIVE_INFINITY) <= p.higherActiveMs) return own;
       return common;
     };
-    const blocked = (w: WorkerState, l: Limits, now: number): string | null => {
+    const blocked = (w: WorkerState, l: Limits, now: number, replicas: number): string | null => {
       if (l.maxInFlight > 0 && w.inFlight >= l.maxInFlight) return "in-flight";
       if (l.maxPendingPrefillTokens > 0 && w.pendingPrefillTokens >= l.maxPendingPrefillTokens)
         return "prefill-backlog";
@@ -81,7 +91,7 @@ export default defineHeadroom("load", {
         s = { scrapedAt: e.scrapedAt, inFlight: w.inFlight };
         seen.set(w.record.id, s);
       }
-      if (e.waiting + Math.max(0, w.inFlight - s.inFlight) > l.maxWaiting) return "engine-queue";
+      if (e.waiting + replicas * Math.max(0, w.inFlight - s.inFlight) > l.maxWaiting) return "engine-queue";
       if (l.maxKvUsage < 1 && e.kvUsage >= l.maxKvUsage) return "kv-usage";
       return null;
     };
@@ -92,11 +102,12 @@ export default defineHeadroom("load", {
         const now = Date.now();
         lastSeen[req.band] = now;
         const l = limitsFor(req.band, req.bandName, now);
+        const replicas = p.perReplicaGrowth ? Math.max(1, scope.replicas?.() ?? 1) : 1;
         const ok: number[] = [];
         let reason: string | undefined;
         let inFlight = 0;
         for (let i = 0; i < candidates.length; i++) {
-          const why = blocked(candidates[i], l, now);
+          const why = blocked(candidates[i], l, now, replicas);
           if (why === null) ok.push(i);
           else reason ??= why;
           inFlight += candidates[i].inFlight;

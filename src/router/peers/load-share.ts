@@ -81,6 +81,11 @@ export class LoadShare implements SharedLoad {
     return [this.replicaId, ...this.live.keys()].sort();
   }
 
+  liveCount(): number {
+    this.prune();
+    return 1 + this.live.size;
+  }
+
   /** The live replica that scrapes `workerId`. */
   ownerOf(workerId: string): string {
     this.prune();

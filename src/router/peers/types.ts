@@ -44,6 +44,11 @@ export interface SharedLoad {
   /** Whether a live peer reported requests in flight on `workerId` (its owner scrapes it busy). */
   busyElsewhere(workerId: string): boolean;
   /**
+   * How many replicas are live, itself included: flow control's `load` signal counts its own
+   * dispatches since an engine reading once per replica (src/router/flow/load.ts).
+   */
+  liveCount(): number;
+  /**
    * Sends this replica's new readings and the workers it has requests in flight on; also its
    * heartbeat (it counts as live for a few `periodMs` after), so it is sent every period.
    */

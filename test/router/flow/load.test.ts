@@ -65,6 +65,53 @@ describe("the load signal, per band", () => {
   });
 });
 
+describe("the load signal behind several replicas", () => {
+  // bench/fleet-routing/RESULTS.md Run L: 4 replicas each counted only their own dispatches
+  // since a reading, so a worker that had just freed took up to 4 × maxWaiting of them.
+  const scoped = (replicas: number) => ({ ...scope, replicas: () => replicas });
+
+  it("counts its own dispatches since the reading once per replica", () => {
+    const w = worker(0);
+    const alone = load.build(scoped(1), {});
+    const four = load.build(scoped(4), {});
+    assert.deepEqual(four.check(req(1), [w]).fits, [0], "the reading itself: an empty engine queue");
+    assert.deepEqual(alone.check(req(1), [w]).fits, [0]);
+    w.inFlight = 1;
+    assert.deepEqual(four.check(req(1), [w]).fits, [0], "1 here ≈ 4 in the fleet ≤ 5");
+    w.inFlight = 2;
+    const v = four.check(req(1), [w]);
+    assert.deepEqual(v.fits, [], "2 here ≈ 8 in the fleet > 5");
+    assert.equal(v.reason, "engine-queue");
+    assert.deepEqual(alone.check(req(1), [w]).fits, [0], "alone: 2 ≤ 5");
+    w.inFlight = 5;
+    assert.deepEqual(alone.check(req(1), [w]).fits, [0]);
+    w.inFlight = 6;
+    assert.deepEqual(alone.check(req(1), [w]).fits, [], "alone: 6 > 5");
+  });
+
+  it("follows the replica count as it changes, and perReplicaGrowth: false counts once", () => {
+    let n = 4;
+    const w = worker(0);
+    const sig = load.build({ ...scope, replicas: () => n }, {});
+    const off = load.build(scoped(4), { perReplicaGrowth: false });
+    assert.deepEqual(sig.check(req(1), [w]).fits, [0]);
+    assert.deepEqual(off.check(req(1), [w]).fits, [0]);
+    w.inFlight = 2;
+    assert.deepEqual(sig.check(req(1), [w]).fits, []);
+    assert.deepEqual(off.check(req(1), [w]).fits, [0], "as before Run L");
+    n = 2;
+    assert.deepEqual(sig.check(req(1), [w]).fits, [0], "2 replicas: 2 × 2 ≤ 5");
+    // A new reading resets the count: its queue holds what was sent before it.
+    w.inFlight = 4;
+    w.engineLoad = { running: 4, waiting: 1, kvUsage: 0.1, scrapedAt: Date.now() + 1 };
+    assert.deepEqual(sig.check(req(1), [w]).fits, [0]);
+    w.inFlight = 6;
+    assert.deepEqual(sig.check(req(1), [w]).fits, [0], "1 waiting + 2 × 2 since ≤ 5");
+    w.inFlight = 7;
+    assert.deepEqual(sig.check(req(1), [w]).fits, [], "1 waiting + 2 × 3 since > 5");
+  });
+});
+
 describe("the queue with a band held back by its own bound", () => {
   it("lets a higher band pass an aged lower entry that does not fit", async () => {
     const w = worker(0);

@@ -87,8 +87,10 @@ test("ownership: one owner per worker, the same in every replica, about a third 
   const rs = ["replica-a", "replica-b", "replica-c"].map((id) => member(bus, id, () => now));
   // Alone (nobody heard yet): each replica scrapes everything itself, as without peers.
   for (const r of rs) assert.ok(WORKERS.every((w) => r.load.isMine(w)));
+  for (const r of rs) assert.equal(r.load.liveCount(), 1, "alone: flow control counts one replica");
   for (const r of rs) r.load.report([], [], PERIOD);
   for (const r of rs) assert.deepEqual(r.load.liveReplicas(), ["replica-a", "replica-b", "replica-c"]);
+  for (const r of rs) assert.equal(r.load.liveCount(), 3);
   const owners = (r: (typeof rs)[number]) => WORKERS.map((w) => r.load.ownerOf(w));
   const first = owners(rs[0]);
   assert.deepEqual(owners(rs[1]), first, "b agrees with a");
@@ -109,6 +111,7 @@ test("ownership: one owner per worker, the same in every replica, about a third 
   rs[0].load.report([], [], PERIOD);
   rs[1].load.report([], [], PERIOD);
   assert.deepEqual(rs[0].load.liveReplicas(), ["replica-a", "replica-b"]);
+  assert.equal(rs[0].load.liveCount(), 2, "c's window is over");
   const after = owners(rs[0]);
   assert.deepEqual(owners(rs[1]), after);
   for (let i = 0; i < WORKERS.length; i++) {
@@ -118,6 +121,7 @@ test("ownership: one owner per worker, the same in every replica, about a third 
   // b's server closes: it says goodbye, and a takes everything over at once.
   rs[1].load.leave();
   assert.deepEqual(rs[0].load.liveReplicas(), ["replica-a"]);
+  assert.equal(rs[0].load.liveCount(), 1);
   assert.ok(WORKERS.every((w) => rs[0].load.isMine(w)));
 });
 
