@@ -14,6 +14,8 @@
  * run from another checkout (DIR/bench/nats/agent-proc.ts, e.g. `git archive` of an earlier
  * commit with a node_modules symlink), interleaved with the others; and reports each agent's
  * CPU (user + system, /proc/<pid>/stat) per request, per phase, to compare agents side by side.
+ * `--agent-prof DIR`: every agent process runs with --cpu-prof into DIR/<worker id>/
+ * (summarise with scripts/cpu-prof-top.mjs).
  */
 
 import { type ChildProcess, spawn } from "node:child_process";
@@ -38,10 +40,13 @@ const N = arg("requests", 400);
 const CONC = arg("concurrency", 32);
 const SECONDS = arg("seconds", 8);
 const MODEL = "bench-model";
-const BASELINE = (() => {
-  const i = process.argv.indexOf("--baseline");
+const strArg = (name: string): string | undefined => {
+  const i = process.argv.indexOf(`--${name}`);
   return i > 0 ? process.argv[i + 1] : undefined;
-})();
+};
+const BASELINE = strArg("baseline");
+/** `--agent-prof DIR`: each agent process writes a CPU profile under DIR/<worker id>/. */
+const AGENT_PROF = strArg("agent-prof");
 
 /** User + system CPU of process `pid` so far, in µs (/proc/<pid>/stat, 100 ticks/s). */
 function cpuUs(pid: number | undefined): number {
@@ -215,7 +220,8 @@ async function startAgentProc(
   workerId: string,
   script = "bench/nats/agent-proc.ts",
 ): Promise<ChildProcess> {
-  const child = spawn(process.execPath, [script, natsUrl, engineUrl, MODEL, workerId], {
+  const prof = AGENT_PROF ? ["--cpu-prof", "--cpu-prof-dir", `${AGENT_PROF}/${workerId}`] : [];
+  const child = spawn(process.execPath, [...prof, script, natsUrl, engineUrl, MODEL, workerId], {
     stdio: ["ignore", "pipe", "inherit"],
     env: process.env,
   });
