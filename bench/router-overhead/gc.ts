@@ -18,6 +18,9 @@ import { Pool } from "undici";
 import { handleFatalSignals, killOnExit } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
+import { exitWithUsageIfAsked } from "../usage.ts";
+
+exitWithUsageIfAsked(import.meta.url, process.argv.slice(2));
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const args = new Map<string, string>();
