@@ -2,6 +2,7 @@
  * Router overhead: the same closed-loop load against
  *   (a) a sim directly, (b) through `infera server`, (c) through nginx proxy_pass,
  *   (d) through a bare node:http + undici proxy (the Node.js floor, for reference),
+ *   (i) through the same node:http server with a raw `net` upstream client instead of undici,
  *   (e) through `infera server` run from the TypeScript sources (Node's type stripping),
  *       beside (b), which runs the compiled dist/ when it is current,
  * non-streamed and streamed, in one run. Prints throughput and latency percentiles, the
@@ -160,6 +161,69 @@ http.createServer((req, res) => {
 }).listen(Number(port), "127.0.0.1");
 `;
 
+/**
+ * (i) node:http server (as d) with a raw upstream client instead of undici: pooled keep-alive
+ * `net` sockets, the request head and body in one write, the answer's head parsed by hand
+ * (Content-Length or chunked) and its bytes relayed as they come. No hardening: it prices the
+ * upstream half of (d), to tell what a raw client could save (issue #32, lane U).
+ */
+const BARE_RAW_PROXY = `
+import http from "node:http";
+import net from "node:net";
+const [port, upstream] = process.argv.slice(2);
+const u = new URL(upstream);
+const free = [];
+const CRLF2 = Buffer.from("\\r\\n\\r\\n");
+function getUp() {
+  const s = free.pop();
+  if (s) return s;
+  const n = net.connect(Number(u.port), u.hostname);
+  n.setNoDelay(true);
+  n.on("error", () => {});
+  return n;
+}
+function relay(up, res, head, body) {
+  up.write(Buffer.concat([Buffer.from(head, "latin1"), body]));
+  let buf = null, state = 0, remaining = 0, chunked = false;
+  const onData = (d) => {
+    buf = buf ? Buffer.concat([buf, d]) : d;
+    if (state === 0) {
+      const i = buf.indexOf(CRLF2);
+      if (i < 0) return;
+      const h = buf.latin1Slice(0, i);
+      const status = Number(h.slice(9, 12));
+      const lh = h.toLowerCase();
+      const m = /content-length: *(\\d+)/.exec(lh);
+      const ct = /content-type: *([^\\r]*)/.exec(lh);
+      if (m) { remaining = Number(m[1]); chunked = false; } else chunked = true;
+      res.writeHead(status, { "content-type": ct ? ct[1] : "application/json" });
+      buf = buf.subarray(i + 4); state = 1;
+    }
+    if (!chunked) { remaining -= buf.length; if (buf.length) res.write(buf); buf = null; if (remaining <= 0) finish(); return; }
+    for (;;) {
+      if (remaining > 2) { const t = Math.min(remaining - 2, buf.length); if (t) res.write(buf.subarray(0, t)); remaining -= t; buf = buf.subarray(t); if (remaining > 2) return; }
+      if (remaining > 0) { const t = Math.min(remaining, buf.length); remaining -= t; buf = buf.subarray(t); if (remaining > 0) return; }
+      const j = buf.indexOf("\\r\\n");
+      if (j < 0) return;
+      const size = parseInt(buf.latin1Slice(0, j), 16);
+      if (size === 0) { if (buf.length >= j + 4) return finish(); return; }
+      buf = buf.subarray(j + 2); remaining = size + 2;
+    }
+  };
+  const finish = () => { up.off("data", onData); free.push(up); res.end(); };
+  up.on("data", onData);
+}
+http.createServer((req, res) => {
+  const chunks = [];
+  req.on("data", (c) => chunks.push(c));
+  req.on("end", () => {
+    const body = Buffer.concat(chunks);
+    const head = req.method + " " + req.url + " HTTP/1.1\\r\\nhost: " + u.host + "\\r\\ncontent-type: application/json\\r\\ncontent-length: " + body.length + "\\r\\n\\r\\n";
+    relay(getUp(), res, head, body);
+  });
+}).listen(Number(port), "127.0.0.1");
+`;
+
 interface RunResult {
   latencies: number[];
   seconds: number;
@@ -313,6 +377,11 @@ async function main(): Promise<void> {
     const bareProc = start(process.execPath, [join(dir, "bare-proxy.mjs"), String(barePort), simUrl]);
     const bareUrl = `http://127.0.0.1:${barePort}`;
     await waitHttp(`${bareUrl}/health`);
+    const rawPort = await freePort();
+    writeFileSync(join(dir, "bare-raw-proxy.mjs"), BARE_RAW_PROXY);
+    const rawProc = start(process.execPath, [join(dir, "bare-raw-proxy.mjs"), String(rawPort), simUrl]);
+    const rawUrl = `http://127.0.0.1:${rawPort}`;
+    await waitHttp(`${rawUrl}/health`);
     // (g) right after (b): the same process, dashboard closed then open, as close in time as can be.
     type Key =
       | "a_direct"
@@ -320,6 +389,7 @@ async function main(): Promise<void> {
       | "g_infera_dashboard"
       | "c_nginx"
       | "d_bare_node"
+      | "i_bare_raw"
       | "e_infera_src"
       | "f_baseline"
       | "h_infera_traced";
@@ -329,6 +399,7 @@ async function main(): Promise<void> {
       g_infera_dashboard: serverUrl,
       c_nginx: nginxUrl,
       d_bare_node: bareUrl,
+      i_bare_raw: rawUrl,
       e_infera_src: srcUrl,
     };
     if (DASHBOARD_POLL_MS <= 0) delete targets.g_infera_dashboard;
@@ -347,6 +418,7 @@ async function main(): Promise<void> {
       b_infera: serverProc.pid!,
       c_nginx: nginxProc.pid!,
       d_bare_node: bareProc.pid!,
+      i_bare_raw: rawProc.pid!,
       e_infera_src: srcProc.pid!,
       g_infera_dashboard: serverProc.pid!,
     };
@@ -450,6 +522,7 @@ async function main(): Promise<void> {
       const b = stat("b_infera");
       const c = stat("c_nginx");
       const d = stat("d_bare_node");
+      const i = stat("i_bare_raw");
       const e = stat("e_infera_src");
       const f = BASELINE ? stat("f_baseline") : null;
       const h = TRACED ? stat("h_infera_traced") : null;
@@ -464,6 +537,7 @@ async function main(): Promise<void> {
         [`b infera server (${serverFrom === "dist" ? "dist/" : "src, type-stripped"})`, b],
         ["c nginx", c],
         ["d bare node:http+undici proxy", d],
+        ["i bare node:http+raw net upstream", i],
         ["e infera server, src (type stripping)", e],
         ...(f ? ([[`f baseline infera server (${BASELINE})`, f]] as const) : []),
         ...(h ? ([["h = b with tracing on (--otlp-endpoint)", h]] as const) : []),

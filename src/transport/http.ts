@@ -1,15 +1,18 @@
 /**
- * The HTTP request plane: sends an OpenAI body straight to a worker's engine URL over an
- * undici `Pool` per worker (keep-alive, no pipelining so that one slow stream never blocks
- * another). Connection failures before any response byte become `WorkerUnreachableError`,
+ * The HTTP request plane: sends an OpenAI body straight to a worker's engine URL over a raw
+ * HTTP/1.1 connection pool per worker (`./http1/`: keep-alive `net` sockets, no pipelining so
+ * that one slow stream never blocks another; it replaced undici's `Pool` here for CPU per
+ * request, issue #32). Connection failures before any response byte become `WorkerUnreachableError`,
  * which the MixedRouter retries on another worker; so does a request the pool failed before
  * handing it to a connection (pool closed or destroyed under it): nothing of it reached the
  * worker, so it is always safe to send elsewhere.
  */
-import { type Dispatcher, Pool } from "undici";
+import type { Dispatcher } from "undici";
 import { TimeoutError, UpstreamError } from "../protocol/errors.ts";
 import type { AbortLike } from "../util/abort.ts";
 import { splitBaseUrl } from "./base-url.ts";
+import { Http1Dispatcher } from "./http1/dispatcher.ts";
+import { Http1Pool } from "./http1/pool.ts";
 import { type BodySource, PushBody } from "./push-body.ts";
 
 import {
@@ -40,25 +43,24 @@ export interface HttpExecutorOptions {
 export class HttpExecutor implements RequestExecutor {
   private readonly opts: HttpExecutorOptions;
   /** Per worker URL: its origin's pool and the path prefix its requests go under. */
-  private readonly pools = new Map<string, { pool: Pool; prefix: string }>();
+  private readonly pools = new Map<string, WorkerPool>();
   private closed = false;
 
   constructor(opts: HttpExecutorOptions = {}) {
     this.opts = opts;
   }
 
-  private pool(url: string): { pool: Pool; prefix: string } {
+  private pool(url: string): WorkerPool {
     let p = this.pools.get(url);
     if (!p) {
       const base = splitBaseUrl(url);
-      const pool = new Pool(base.origin, {
+      const pool = new Http1Pool(base.origin, {
         connections: this.opts.connections ?? 256,
-        pipelining: 1,
-        keepAliveTimeout: this.opts.keepAliveTimeoutMs ?? 4000,
-        headersTimeout: this.opts.headersTimeoutMs ?? 600_000,
-        bodyTimeout: this.opts.bodyTimeoutMs ?? 300_000,
+        keepAliveTimeoutMs: this.opts.keepAliveTimeoutMs ?? 4000,
+        headersTimeoutMs: this.opts.headersTimeoutMs ?? 600_000,
+        bodyTimeoutMs: this.opts.bodyTimeoutMs ?? 300_000,
       });
-      p = { pool, prefix: base.prefix };
+      p = { pool, prefix: base.prefix, dispatcher: null };
       this.pools.set(url, p);
     }
     return p;
@@ -100,7 +102,10 @@ export class HttpExecutor implements RequestExecutor {
    * (its sockets) behind.
    */
   dispatcherFor(url: string): Dispatcher | undefined {
-    return this.closed ? undefined : this.pool(url).pool;
+    if (this.closed) return undefined;
+    const p = this.pool(url);
+    p.dispatcher ??= new Http1Dispatcher(p.pool);
+    return p.dispatcher;
   }
 
   /**
@@ -125,17 +130,23 @@ export class HttpExecutor implements RequestExecutor {
   }
 }
 
+/** A worker URL's pool, the path its requests go under, and the pool as undici's scrapes take it. */
+interface WorkerPool {
+  pool: Http1Pool;
+  prefix: string;
+  dispatcher: Http1Dispatcher | null;
+}
+
+// Frozen: the pool serialises a frozen header object once and reuses the lines.
 const JSON_HEADERS: Record<string, string> = Object.freeze({ "content-type": "application/json" }) as Record<
   string,
   string
 >;
 
 /**
- * One request on undici's `dispatch` API: the answer's body is a `PushBody` fed straight from
- * the parser's callbacks, instead of `request`'s body `Readable` (its stream machinery, an
- * `AsyncResource` and a header-object parse per answer were a measurable share of the server's
- * CPU per request). These are undici's core handler hooks; its newer controller-style hooks are
- * adapted onto them by a wrapper object per request.
+ * One request on the pool's `dispatch` API (undici's core handler hooks, which `Http1Pool`
+ * keeps): the answer's body is a `PushBody` fed straight from the parser's callbacks, no
+ * stream machinery per answer.
  *
  * The caller's signal aborts the request at any point until the body ends: before the headers
  * `send` rejects with the abort reason, after them the body fails with it.
@@ -158,7 +169,7 @@ class UpstreamHandler implements BodySource {
   private resumeFn: (() => void) | null = null;
   private body: PushBody | null = null;
   private done = false;
-  /** An abort that came before undici handed over its abort function. */
+  /** An abort that came before the pool handed over its abort function. */
   private pendingAbort: Error | null = null;
   private readonly onAbort: () => void;
 
@@ -182,14 +193,14 @@ class UpstreamHandler implements BodySource {
     signal.addEventListener("abort", this.onAbort, { once: true });
   }
 
-  // --- undici's handler hooks ----------------------------------------------------------
+  // --- the pool's handler hooks (undici's core hooks) ----------------------------------------------------------
 
   onConnect(abort: (err?: Error) => void): void {
     this.abortFn = abort;
     if (this.pendingAbort) abort(this.pendingAbort);
   }
 
-  onHeaders(statusCode: number, rawHeaders: Buffer[] | string[] | null, resume: () => void): boolean {
+  onHeaders(statusCode: number, rawHeaders: string[] | null, resume: () => void): boolean {
     if (statusCode < 200) return true; // 1xx: the real answer follows
     this.resumeFn = resume;
     const body = new PushBody(this);
@@ -212,7 +223,7 @@ class UpstreamHandler implements BodySource {
     this.finish();
     if (!this.settled) {
       this.settled = true;
-      // undici calls onConnect just before it writes the request to a socket: without it,
+      // The pool calls onConnect just before it writes the request to a socket: without it,
       // the request never left this process (still queued when its pool was closed or
       // destroyed), so it is a connect-class failure the router may retry anywhere.
       this.reject(this.abortFn === null ? notSent(err, this.url) : classify(err, this.url));
@@ -227,7 +238,7 @@ class UpstreamHandler implements BodySource {
 
   abort(reason: Error): void {
     if (this.done) return;
-    // Not handed to a connection yet: undici calls onConnect first, where it takes effect.
+    // Not handed to a connection yet: the pool calls onConnect first, where it takes effect.
     if (this.abortFn) this.abortFn(reason);
     else this.pendingAbort = reason;
   }
@@ -258,12 +269,12 @@ function signalReason(signal: AbortLike): Error {
  */
 class DispatchedUpstream implements UpstreamResponse {
   readonly status: number;
-  private readonly raw: Buffer[] | string[];
+  private readonly raw: string[];
   readonly body: PushBody;
   private parsed: Record<string, string> | null = null;
   private ct: string | null | undefined = undefined;
 
-  constructor(status: number, raw: Buffer[] | string[], body: PushBody) {
+  constructor(status: number, raw: string[], body: PushBody) {
     this.status = status;
     this.raw = raw;
     this.body = body;
@@ -274,8 +285,8 @@ class DispatchedUpstream implements UpstreamResponse {
       const headers: Record<string, string> = {};
       const raw = this.raw;
       for (let i = 0; i + 1 < raw.length; i += 2) {
-        const k = raw[i]!.toString().toLowerCase();
-        const v = raw[i + 1]!.toString();
+        const k = raw[i]!.toLowerCase();
+        const v = raw[i + 1]!;
         headers[k] = headers[k] === undefined ? v : `${headers[k]}, ${v}`;
       }
       this.parsed = headers;
@@ -289,8 +300,8 @@ class DispatchedUpstream implements UpstreamResponse {
       const raw = this.raw;
       for (let i = 0; i + 1 < raw.length; i += 2) {
         const k = raw[i]!;
-        if (k.length === 12 && k.toString().toLowerCase() === "content-type") {
-          this.ct = raw[i + 1]!.toString();
+        if (k.length === 12 && k.toLowerCase() === "content-type") {
+          this.ct = raw[i + 1]!;
           break;
         }
       }

@@ -187,6 +187,51 @@ test("vLLM map form with every optional field left off (omit_defaults) and no dp
   assert.equal(s.kvCacheSpecKind, null);
 });
 
+// vllm-project/vllm vllm/distributed/kv_events.py @ b4e69e0af33f4698e157a262cc787fe61983cd3d:
+// `class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)` while
+// `KVCacheEvent` stays `tag=True, omit_defaults=True` without array_like: the batch is an array
+// [ts, events(, data_parallel_rank)] whose events are tagged maps — neither older form.
+test("vLLM b4e69e0 form: array batch (omit_defaults) of tagged map events", () => {
+  const stored = m([
+    ["type", "BlockStored"],
+    ["block_hashes", [BIG, 9]],
+    ["parent_block_hash", null],
+    ["token_ids", toks(32)],
+    ["block_size", 16],
+    ["lora_id", null],
+    ["medium", "GPU"],
+    ["lora_name", null],
+    ["group_idx", 0],
+    ["kv_cache_spec_kind", "full_attention"],
+  ]);
+  const removed = m([
+    ["type", "BlockRemoved"],
+    ["block_hashes", [9]],
+    ["medium", "GPU"],
+  ]);
+  for (const [batch, dp] of [
+    [[1733000001.5, [stored, removed]], null],
+    [[1733000001.5, [stored, removed], 2], 2],
+  ] as [V, number | null][]) {
+    const msg = ok([Buffer.from("kv"), seqFrame(7), mp(batch)], "seq");
+    assert.equal(msg.seq, 7);
+    assert.equal(msg.batch.ts, 1733000001.5);
+    assert.equal(msg.batch.dpRank, dp);
+    const s = msg.batch.events[0] as BlockStored;
+    assert.deepEqual(s.blockHashes, [Number(BIG), 9]);
+    assert.equal(s.blockSize, 16);
+    assert.equal(s.groupIdx, 0);
+    assert.equal(s.kvCacheSpecKind, "full_attention");
+    assert.equal(s.tokenIds.length, 32);
+    assert.deepEqual(msg.batch.events[1], {
+      type: "BlockRemoved",
+      blockHashes: [9],
+      medium: "GPU",
+      groupIdx: null,
+    });
+  }
+});
+
 test("vLLM array form: [tag, ...fields] in field order, batch [ts, events, dp_rank]", () => {
   const stored: V = [
     "BlockStored",

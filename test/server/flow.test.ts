@@ -229,7 +229,7 @@ describe("infera server: flow control", () => {
     await Promise.all(held.map(async (x) => (await x).text()));
   });
 
-  it("a client that leaves while queued is out of the queue within 50 ms", async () => {
+  it("a client that leaves while queued is out of the queue at once, not at its timeout", async () => {
     const b = await blocker();
     const ac = new AbortController();
     const queued = post({}, 1, ac.signal).catch((e: Error) => e);
@@ -248,7 +248,9 @@ describe("infera server: flow control", () => {
       "queue empty",
       1,
     );
-    assert.ok(ms < 50, `left the queue within ${ms.toFixed(1)} ms`);
+    // Under 50 ms on an idle box; the bound only has to be far below the queue's own timeout
+    // (maxWaitMs above), so a loaded box's scheduling stall cannot fail it.
+    assert.ok(ms < 500, `left the queue within ${ms.toFixed(1)} ms`);
     assert.ok((await queued) instanceof Error);
     const m = await (await fetch(`${srv.url}/metrics`)).text();
     assert.equal(parseMetric(m, "infera_flow_rejections_total", { reason: "cancelled" }), 1);
