@@ -18,6 +18,8 @@ import { Pool } from "undici";
 import { handleFatalSignals, killOnExit } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
+import { startSim } from "../../test/helpers/sim.ts";
+import { waitFor200 } from "../../test/helpers/wait.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 
 exitWithUsageIfAsked(import.meta.url, process.argv.slice(2));
@@ -46,20 +48,6 @@ function start(argv: string[], cwd: string): { proc: ChildProcess; out: () => st
     out += d;
   });
   return { proc, out: () => out };
-}
-
-async function waitHttp(url: string): Promise<void> {
-  for (let i = 0; i < 300; i++) {
-    try {
-      const r = await fetch(url);
-      await r.text();
-      if (r.ok) return;
-    } catch {
-      // not yet
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${url} did not come up`);
 }
 
 async function load(url: string, n: number): Promise<number> {
@@ -127,7 +115,7 @@ async function measure(root: string, simUrl: string): Promise<GcStats & { errors
   );
   try {
     const url = `http://127.0.0.1:${port}`;
-    await waitHttp(`${url}/ready`);
+    await waitFor200(`${url}/ready`, { timeoutMs: 30_000, what: "infera server", output: server.out });
     let errors = await load(url, WARMUP);
     const from = server.out().length;
     errors += await load(url, REQUESTS);
@@ -138,29 +126,11 @@ async function measure(root: string, simUrl: string): Promise<GcStats & { errors
 }
 
 async function main(): Promise<void> {
-  const simPort = await freePort();
-  const sim = start(
-    [
-      "bin/infera-sim.js",
-      "serve",
-      "sim-model",
-      "--host",
-      "127.0.0.1",
-      "--port",
-      String(simPort),
-      "--speed",
-      "10000",
-      "--max-num-seqs",
-      "256",
-    ],
-    ROOT,
-  );
+  const sim = await startSim({ args: ["--speed", "10000", "--max-num-seqs", "256"] });
   try {
-    const simUrl = `http://127.0.0.1:${simPort}`;
-    await waitHttp(`${simUrl}/health`);
     const load0 = loadavg()[0]!.toFixed(1);
-    const rows: [string, GcStats & { errors: number }][] = [["this checkout", await measure(ROOT, simUrl)]];
-    if (BASELINE) rows.push([`baseline (${BASELINE})`, await measure(BASELINE, simUrl)]);
+    const rows: [string, GcStats & { errors: number }][] = [["this checkout", await measure(ROOT, sim.url)]];
+    if (BASELINE) rows.push([`baseline (${BASELINE})`, await measure(BASELINE, sim.url)]);
     console.log(
       `gc: ${REQUESTS} ${STREAM ? "streamed" : "non-streamed"} requests after ${WARMUP} warm-up, c=16; load average ${load0} → ${loadavg()[0]!.toFixed(1)}`,
     );
@@ -174,7 +144,7 @@ async function main(): Promise<void> {
       );
     }
   } finally {
-    sim.proc.kill("SIGTERM");
+    await sim.stop();
   }
 }
 
