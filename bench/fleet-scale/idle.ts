@@ -10,7 +10,16 @@
  *     [--baseline /path/to/checkout] [--cpu-prof DIR]
  *
  * `--cpu-prof DIR` runs the servers under `node --cpu-prof` (DIR/this, DIR/baseline): the
- * profiler's sampling costs CPU itself, so take CPU figures from a run without it.
+ * profiler's sampling costs CPU itself, so take CPU figures from a run without it. Each window is
+ * printed on the profiles' clock (`node scripts/cpu-prof-top.mjs DIR/this --window START,END`).
+ *
+ * The window starts `--settle` seconds (default 30) after the server is ready (all N routed,
+ * subscribed, replay asked of each): past the start-up tail — the replays' ingest, the JIT, the
+ * first scrape of every worker, its second (a worker is only seen idle once two scrapes agree)
+ * and the first idle round (the idle pace is 20 s ± 25 %, so every worker has had its first idle
+ * scrape by 2 + 2 + 25 s). A window that starts earlier charges the idle figure with start-up.
+ * Per second of the window the server's CPU is also sampled (`--series`: printed), to show
+ * whether what is left is steady or bursts.
  */
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -31,6 +40,10 @@ const SECONDS = Number(opt("seconds", "20"));
 const ROUNDS = Number(opt("rounds", "2"));
 const BASELINE = argv.includes("--baseline") ? opt("baseline", "") : undefined;
 const PROF = argv.includes("--cpu-prof") ? opt("cpu-prof", "") : undefined;
+const SETTLE_S = Number(opt("settle", "30"));
+const SERIES = argv.includes("--series");
+/** µs on CLOCK_MONOTONIC, the clock of a `.cpuprofile`'s samples. */
+const monoUs = () => Number(process.hrtime.bigint() / 1000n);
 const MODEL = "sim-model";
 const BS = 16;
 const BLOCKS = 256;
@@ -64,11 +77,20 @@ async function main(): Promise<void> {
         const s = await startServer(workersFile, "warn", undefined, { root, nodeArgs });
         children.push(s);
         await waitServerReady(s, N, 120_000 + N * 200);
-        // Past start-up (replays, first scrapes, JIT): then an idle window.
-        await sleep(5000);
+        // Past start-up (replays, first scrapes, the first idle round, JIT): then the window.
+        await sleep(SETTLE_S * 1000);
         const w = cpuWindow({ server: s.pid, fleet: fleet.pid });
-        await sleep(SECONDS * 1000);
+        const from = monoUs();
+        const perSecond: number[] = [];
+        for (let k = 0; k < SECONDS; k++) {
+          const c = cpuWindow({ server: s.pid });
+          await sleep(1000);
+          perSecond.push(c.end().server);
+        }
         const shares = w.end();
+        const to = monoUs();
+        if (SERIES) say(`round ${r + 1} ${name}: server % per second ${perSecond.join(" ")}`);
+        say(`round ${r + 1} ${name}: profile window ${from},${to}`);
         rows[name] ??= { server: [], fleet: [], machine: [] };
         const row = rows[name];
         row.server.push(shares.server);

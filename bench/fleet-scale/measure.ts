@@ -2,7 +2,7 @@
  * What the fleet-scale bench reads off processes and servers: CPU time and RSS from /proc, and
  * Prometheus text (counter sums, histogram quantiles between two scrapes).
  */
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 
 /** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ, 100 on Linux). */
@@ -31,6 +31,30 @@ export function cpuOf(pid: number): CpuSample | null {
   } catch {
     return null;
   }
+}
+
+/**
+ * CPU seconds per thread of a process, by thread name (/proc/<pid>/task/<tid>/stat; threads of
+ * one name summed: V8's workers, libuv's pool). Node names a worker thread's main thread
+ * "node" or its eval name; the main thread is "MainThread".
+ */
+export function threadCpuOf(pid: number): Record<string, number> {
+  const out: Record<string, number> = {};
+  try {
+    for (const tid of readdirSync(`/proc/${pid}/task`)) {
+      try {
+        const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
+        const name = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
+        const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+        out[name] = (out[name] ?? 0) + (Number(f[11]) + Number(f[12])) / USER_HZ;
+      } catch {
+        // the thread ended
+      }
+    }
+  } catch {
+    // the process ended
+  }
+  return out;
 }
 
 /** Share of one core the process used between two samples, in percent. */
@@ -70,6 +94,11 @@ function machineJiffies(): { busy: number; total: number } {
  */
 export function cpuWindow(pids: Record<string, number>): { end(): Record<string, number> } {
   const start = Object.fromEntries(Object.entries(pids).map(([k, p]) => [k, cpuOf(p)]));
+  const threads0 = Object.fromEntries(
+    Object.entries(pids)
+      .filter(([k]) => k.startsWith("server"))
+      .map(([k, p]) => [k, threadCpuOf(p)]),
+  );
   const m0 = machineJiffies();
   return {
     end: () => {
@@ -83,6 +112,21 @@ export function cpuWindow(pids: Record<string, number>): { end(): Record<string,
             // A server's kernel time apart: what its sockets cost beside its own code.
             if (k.startsWith("server") && start[k] && now && now.at > start[k].at)
               share.push([`${k}Kernel`, round1((100 * (now.sys - start[k].sys)) / (now.at - start[k].at))]);
+            // …and its threads apart from the main one (the KV fd watcher, GC helpers, libuv's pool).
+            const t0 = threads0[k];
+            if (t0 && start[k] && now && now.at > start[k].at) {
+              const t1 = threadCpuOf(p);
+              const secs = now.at - start[k].at;
+              let other = 0;
+              for (const [name, c] of Object.entries(t1)) {
+                const d = c - (t0[name] ?? 0);
+                if (name === "MainThread") share.push([`${k}Main`, round1((100 * d) / secs)]);
+                else other += d;
+                if (process.env.FLEET_THREADS && d > 0)
+                  process.stderr.write(`  ${k} thread ${name}: ${round1((100 * d) / secs)}%\n`);
+              }
+              share.push([`${k}OtherThreads`, round1((100 * other) / secs)]);
+            }
             return share;
           }),
         ),

@@ -14,17 +14,16 @@
  * Wake-ups: libzmq gives each socket a file descriptor (ZMQ_FD) that turns readable when the
  * socket's state may have changed; the owning thread then drains it (libzmq include/zmq.h and
  * doc/zmq_getsockopt.adoc "ZMQ_FD" @ 00e514e2c9b8ae0373a2b9d0e594310efd152fe5). Node has no
- * public way to watch an arbitrary fd, so one worker thread blocks in libc `poll()` on every
- * registered fd (never touching the sockets themselves, which are not thread safe), tells the
- * main thread which are readable, and waits until the main thread has drained them before it
- * polls again (the fds stay readable until libzmq, on the main thread, consumes the signal).
+ * public way to watch an arbitrary fd, so one worker thread waits in edge-triggered epoll on
+ * every registered fd (never touching the sockets themselves, which are not thread safe) and
+ * tells the main thread which were signalled; the main thread drains each until EAGAIN
+ * (./fd-watcher.ts).
  *
  * Linux only; `loadNativeZmq()` returns null elsewhere or when anything is missing, and the
  * caller falls back to zeromq.js.
  */
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
-import { MessageChannel, type MessagePort, Worker } from "node:worker_threads";
 import koffi from "koffi";
 import "zeromq";
 
@@ -154,6 +153,19 @@ function check(z: ZmqApi, rc: number, what: string): void {
   if (rc < 0) throw new Error(`${what}: ${z.strerror(z.errno())}`);
 }
 
+/**
+ * Runs a libzmq call again while it fails with EINTR (a signal — the profiler's SIGPROF under
+ * `--cpu-prof`, a child's SIGCHLD — arrived while it waited), then checks it. Safe for connect:
+ * its EINTR comes from `process_commands`, before anything is parsed or attached (zeromq/libzmq
+ * src/socket_base.cpp `connect_internal` @ 45501798a230d862c3e0f3fa77324452a56c1d5f); a 1,000-
+ * worker server under `--cpu-prof` lost a subscriber to `connect …: Interrupted system call`.
+ */
+function retrying(z: ZmqApi, call: () => number, what: string): void {
+  let rc = call();
+  for (let tries = 0; rc < 0 && z.errno() === EINTR && tries < 100; tries++) rc = call();
+  check(z, rc, what);
+}
+
 let monitorSeq = 0;
 
 export class NativeSub {
@@ -176,13 +188,13 @@ export class NativeSub {
     check(z, z.setsockopt(s, ZMQ_SUBSCRIBE, t, t.length), "ZMQ_SUBSCRIBE");
     // The PUB side dropping its connection is how a restarted engine can look from here.
     const inproc = `inproc://infera-kv-mon-${process.pid}-${monitorSeq++}`;
-    check(z, z.monitor(s, inproc, ZMQ_EVENT_DISCONNECTED), "zmq_socket_monitor");
+    retrying(z, () => z.monitor(s, inproc, ZMQ_EVENT_DISCONNECTED), "zmq_socket_monitor");
     const m = z.socket(z.ctx, ZMQ_PAIR);
     if (!m) throw new Error(`zmq_socket: ${z.strerror(z.errno())}`);
     this.mon = m;
     check(z, z.setsockopt(m, ZMQ_LINGER, intBuf, 4), "ZMQ_LINGER");
-    check(z, z.connect(m, inproc), "monitor connect");
-    check(z, z.connect(s, endpoint), `connect ${endpoint}`);
+    retrying(z, () => z.connect(m, inproc), "monitor connect");
+    retrying(z, () => z.connect(s, endpoint), `connect ${endpoint}`);
     this.fd = this.fdOf(s);
     this.monitorFd = this.fdOf(m);
     // A ZMQ_FD signals new messages only once a read has found the socket empty (libzmq's ypipe
@@ -245,127 +257,4 @@ function readMessage(z: ZmqApi, s: Ptr): NativeFrames | null {
   }
   f.count = count;
   return f;
-}
-
-// ---- the fd watcher ---------------------------------------------------------------------------
-
-/** Run in the worker: poll the fds, report the readable ones, wait until they were drained. */
-const WATCHER_SOURCE = `
-const { workerData, receiveMessageOnPort } = require("node:worker_threads");
-const koffi = require(workerData.koffi);
-const libc = koffi.load("libc.so.6");
-const poll = libc.func("int poll(_Inout_ uint8_t *fds, unsigned long n, int timeout)");
-const read = libc.func("long read(int, _Out_ uint8_t *, unsigned long)");
-const port = workerData.port;
-const ctrl = new Int32Array(workerData.sab);
-const wakeFd = workerData.wakeFd;
-const junk = Buffer.alloc(8);
-let fds = [];
-let set = Buffer.alloc(8);
-function rebuild() {
-  set = Buffer.alloc(8 * (fds.length + 1));
-  set.writeInt32LE(wakeFd, 0); set.writeInt16LE(1, 4);
-  fds.forEach((fd, i) => { set.writeInt32LE(fd, 8 * (i + 1)); set.writeInt16LE(1, 8 * (i + 1) + 4); });
-}
-rebuild();
-for (;;) {
-  let m;
-  let changed = false;
-  while ((m = receiveMessageOnPort(port))) {
-    if (m.message === null) process.exit(0);
-    fds = m.message; changed = true;
-  }
-  if (changed) rebuild();
-  for (let i = 0; i < fds.length + 1; i++) set.writeInt16LE(0, 8 * i + 6);
-  const n = poll(set, fds.length + 1, 1000);
-  if (n <= 0) continue;
-  if (set.readInt16LE(6) !== 0) read(wakeFd, junk, 8);
-  const ready = [];
-  for (let i = 0; i < fds.length; i++) if (set.readInt16LE(8 * (i + 1) + 6) !== 0) ready.push(fds[i]);
-  if (ready.length === 0) continue;
-  const gen = Atomics.load(ctrl, 0);
-  port.postMessage(ready);
-  Atomics.wait(ctrl, 0, gen, 1000);
-}
-`;
-
-type Drain = () => void;
-
-/**
- * The process's one fd watcher: `watch(fd, drain)` calls `drain` on the main thread whenever
- * the fd turns readable; `drain` must read its socket until it would block (or unwatch it).
- */
-export class FdWatcher {
-  private static one: FdWatcher | null = null;
-  private readonly worker: Worker;
-  private readonly port: MessagePort;
-  private readonly ctrl = new Int32Array(new SharedArrayBuffer(4));
-  private readonly drains = new Map<number, Drain>();
-  private readonly wakeFd: number;
-  private readonly wake: (fd: number) => void;
-
-  static get(z: ZmqApi): FdWatcher {
-    FdWatcher.one ??= new FdWatcher(z);
-    return FdWatcher.one;
-  }
-
-  private constructor(z: ZmqApi) {
-    const libc = koffi.load("libc.so.6");
-    const eventfd = libc.func("int eventfd(unsigned int, int)") as Fn<[number, number], number>;
-    const write = libc.func("long write(int, const uint8_t *, unsigned long)") as Fn<
-      [number, Uint8Array, number],
-      number
-    >;
-    // EFD_NONBLOCK | EFD_CLOEXEC (linux/eventfd.h).
-    this.wakeFd = eventfd(0, 0o4000 | 0o2000000);
-    if (this.wakeFd < 0) throw new Error("eventfd failed");
-    const one = Buffer.alloc(8);
-    one.writeBigUInt64LE(1n);
-    this.wake = (fd) => void write(fd, one, 8);
-    const { port1, port2 } = new MessageChannel();
-    this.port = port1;
-    this.worker = new Worker(WATCHER_SOURCE, {
-      eval: true,
-      workerData: { koffi: z.koffiPath, port: port2, sab: this.ctrl.buffer, wakeFd: this.wakeFd },
-      transferList: [port2],
-    });
-    this.worker.unref();
-    // The watcher gone means no socket would ever be read again: fail loudly, not silently.
-    this.worker.on("error", (err) => {
-      throw err;
-    });
-    this.port.on("message", (ready: number[]) => this.onReady(ready));
-    this.port.unref();
-    // The worker sits in poll() or Atomics.wait (up to 1 s each); at exit Node waits for it, so
-    // it is told to stop now rather than holding the process for that second.
-    process.once("exit", () => {
-      this.port.postMessage(null);
-      this.wake(this.wakeFd);
-      Atomics.add(this.ctrl, 0, 1);
-      Atomics.notify(this.ctrl, 0);
-    });
-  }
-
-  watch(fd: number, drain: Drain): void {
-    this.drains.set(fd, drain);
-    this.publish();
-  }
-
-  unwatch(fd: number): void {
-    if (this.drains.delete(fd)) this.publish();
-  }
-
-  private publish(): void {
-    this.port.postMessage([...this.drains.keys()]);
-    this.wake(this.wakeFd);
-  }
-
-  private onReady(ready: number[]): void {
-    try {
-      for (const fd of ready) this.drains.get(fd)?.();
-    } finally {
-      Atomics.add(this.ctrl, 0, 1);
-      Atomics.notify(this.ctrl, 0);
-    }
-  }
 }

@@ -9,8 +9,9 @@
  */
 import { Subscriber } from "zeromq";
 import "../../util/zmq-limits.ts";
+import { FdWatcher } from "./fd-watcher.ts";
 import type { KvZmqReader } from "./types.ts";
-import { FdWatcher, loadNativeZmq, type NativeFrames, NativeSub } from "./zmq-native.ts";
+import { loadNativeZmq, type NativeFrames, NativeSub } from "./zmq-native.ts";
 
 /** Yield to the event loop after this much continuous work, so /health stays responsive. */
 const YIELD_AFTER_MS = 20;

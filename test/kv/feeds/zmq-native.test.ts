@@ -5,10 +5,14 @@
  * `send_multipart((topic, seq.to_bytes(8, "big"), payload))`, replay over a ROUTER).
  */
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, test } from "node:test";
 import { Registry } from "prom-client";
 import { XPublisher } from "zeromq";
 import { encodeSeq } from "../../../src/kv/events.ts";
+import { FdWatcher } from "../../../src/kv/feeds/fd-watcher.ts";
 import type { KvZmqReader } from "../../../src/kv/feeds/types.ts";
 import { ZmqKvFeed } from "../../../src/kv/feeds/zmq.ts";
 import { loadNativeZmq, NativeSub } from "../../../src/kv/feeds/zmq-native.ts";
@@ -126,19 +130,27 @@ test("both readers agree: gap filled by replay, malformed frames, a message of 5
   }
 });
 
-test("NativeSub reads whole messages, counts frames past four, and resumes at the next message", {
-  skip: !native,
-}, async () => {
-  const z = loadNativeZmq();
-  assert.ok(z, "libzmq's C API loads on Linux");
+/**
+ * An XPUB (a PUB to the SUB) that shows when the subscription has arrived — sent before that,
+ * messages would be dropped (ZMQ's slow joiner; see FakePublisher.subscribed()) — and a
+ * NativeSub on topic "t" connected to it through `z`.
+ */
+async function pubAndSub(z: NonNullable<ReturnType<typeof loadNativeZmq>>) {
   const endpoint = `tcp://127.0.0.1:${await freePort()}`;
-  // An XPUB (a PUB to the SUB) that shows when the subscription has arrived: sent before
-  // that, the messages would be dropped (ZMQ's slow joiner). See FakePublisher.subscribed().
   const pub = new XPublisher({ linger: 0 });
   await pub.bind(endpoint);
   closers.push(() => pub.close());
   const sub = new NativeSub(z, endpoint, "t");
   closers.push(() => sub.close());
+  return { pub, sub };
+}
+
+test("NativeSub reads whole messages, counts frames past four, and resumes at the next message", {
+  skip: !native,
+}, async () => {
+  const z = loadNativeZmq();
+  assert.ok(z, "libzmq's C API loads on Linux");
+  const { pub, sub } = await pubAndSub(z);
   const [subscription] = await pub.receive();
   assert.equal(subscription?.toString(), "\x01t", "the SUB's subscription to topic t");
   await pub.send(["t", "a", "b", "c", "d", "e"]);
@@ -162,4 +174,103 @@ test("NativeSub reads whole messages, counts frames past four, and resumes at th
   assert.equal(got[0].frames.length, 4); // views of the first four frames only
   assert.deepEqual(got[1].frames[2], [7, 7]);
   assert.equal(sub.read(), null);
+});
+
+test("NativeSub connects again when a signal interrupts zmq_connect (EINTR)", {
+  skip: !native,
+}, async () => {
+  // libzmq's zmq_connect fails with EINTR when a signal (the profiler's SIGPROF under
+  // --cpu-prof) lands in its process_commands, before it has done anything (zeromq/libzmq
+  // src/socket_base.cpp connect_internal @ 45501798a230d862c3e0f3fa77324452a56c1d5f): the call
+  // is to be made again, not the subscriber stopped. Here the first TCP connect reports EINTR.
+  const real = loadNativeZmq();
+  assert.ok(real);
+  const EINTR = 4;
+  let interrupted = 0;
+  let lastWasFake = false;
+  const z: typeof real = {
+    ...real,
+    connect: (s, ep) => {
+      if (ep.startsWith("tcp://") && interrupted === 0) {
+        interrupted++;
+        lastWasFake = true;
+        return -1;
+      }
+      lastWasFake = false;
+      return real.connect(s, ep);
+    },
+    errno: () => (lastWasFake ? EINTR : real.errno()),
+  };
+  const { pub, sub } = await pubAndSub(z);
+  assert.equal(interrupted, 1);
+  const [subscription] = await pub.receive();
+  assert.equal(subscription?.toString(), "\x01t", "connected after the interrupted call");
+  await pub.send(["t", "a"]);
+  await waitFor(() => sub.read()?.count === 2, 3000, "the message");
+});
+
+test("the fd watcher reports every arrival on 200 sockets, one message at a time and in bursts", {
+  skip: !native,
+}, async () => {
+  // The watcher (edge-triggered epoll over each socket's ZMQ_FD) must report a socket again
+  // after each drain that found it empty, also when the message arrives while the main thread
+  // is still busy (a drain in progress, other work): a lost report would stall that worker's
+  // KV events for good. Sparse traffic over many sockets is the fleet's usual shape.
+  const z = loadNativeZmq();
+  assert.ok(z);
+  const watcher = FdWatcher.get(z);
+  const dir = mkdtempSync(join(tmpdir(), "fd-watcher-"));
+  closers.push(() => rmSync(dir, { recursive: true, force: true }));
+  const n = 200;
+  const pubs: XPublisher[] = [];
+  const subs: NativeSub[] = [];
+  const got = new Array<number>(n).fill(0);
+  for (let i = 0; i < n; i++) {
+    const pub = new XPublisher({ linger: 0 });
+    await pub.bind(`ipc://${join(dir, `p${i}`)}`);
+    pubs.push(pub);
+    const sub = new NativeSub(z, `ipc://${join(dir, `p${i}`)}`, "t");
+    subs.push(sub);
+    watcher.watch(sub.fd, () => {
+      while (sub.read()) got[i]++;
+    });
+  }
+  closers.push(() => {
+    for (const s of subs) {
+      watcher.unwatch(s.fd);
+      s.close();
+    }
+    for (const p of pubs) p.close();
+  });
+  await Promise.all(pubs.map((p) => p.receive())); // every subscription has arrived
+  const sent = new Array<number>(n).fill(0);
+  let seed = 7;
+  const rnd = () => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return seed % n;
+  };
+  for (let round = 0; round < 40; round++) {
+    // One message to each of a few sockets, then a burst to one, then the main thread busy for
+    // 3 ms while more arrive (their reports queue up behind it).
+    for (let k = 0; k < 10; k++) {
+      const i = rnd();
+      await pubs[i].send(["t", "x"]);
+      sent[i]++;
+    }
+    const b = rnd();
+    for (let k = 0; k < 20; k++) await pubs[b].send(["t", "y"]);
+    sent[b] += 20;
+    const until = performance.now() + 3;
+    while (performance.now() < until) {
+      // busy
+    }
+    await new Promise((r) => setTimeout(r, round % 3));
+  }
+  const total = sent.reduce((a, b) => a + b, 0);
+  await waitFor(() => got.reduce((a, b) => a + b, 0) >= total, 5000, `${total} messages`);
+  assert.deepEqual(got, sent);
+  // Quiet, then one more message to each socket: each is reported again.
+  await new Promise((r) => setTimeout(r, 50));
+  for (const p of pubs) await p.send(["t", "z"]);
+  await waitFor(() => got.every((g, i) => g === sent[i] + 1), 5000, "one more on each socket");
 });
