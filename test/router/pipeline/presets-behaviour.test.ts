@@ -7,7 +7,7 @@ import type { Scheduler } from "../../../src/router/pipeline/scheduler.ts";
 import type { RoutingPolicy, RoutingRequest, WorkerState } from "../../../src/router/types.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
-import { storedPrefix } from "../../helpers/kv-events.ts";
+import { blockRemoved, storedPrefix } from "../../helpers/kv-events.ts";
 import { presetScheduler } from "./preset.ts";
 
 const BS = 16;
@@ -75,7 +75,7 @@ test("kv-aware sends a request to the worker holding its prefix, and not after B
   assert.equal(sel.reason, "overlap");
   assert.ok(sel.overlapBlocks! >= Math.floor(docTokens.length / BS) - 1);
   // The engine evicts the first block: nothing of the prefix is reachable any more.
-  index.apply("b", { type: "BlockRemoved", blockHashes: [1000], medium: "GPU", groupIdx: null });
+  index.apply("b", blockRemoved([1000]));
   const after = p.select(request(`${doc} Question: what is topic 70?`), ws);
   assert.equal(after.worker.record.id, "a"); // all equal now: smallest id
   assert.equal(after.reason, "load");
