@@ -23,6 +23,8 @@
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { Mulberry32 } from "../../src/util/mulberry32.ts";
+// Plain event objects (its only import of src is a type), so they suit a --root checkout too.
+import { blockRemoved, blockStored } from "../../test/helpers/kv-events.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 
 const argv = process.argv.slice(2);
@@ -137,27 +139,18 @@ class Engine {
     }
     const evs: unknown[] = [];
     if (stored.length > 0)
-      evs.push({
-        type: "BlockStored",
-        blockHashes: stored,
-        parentBlockHash: first > 0 ? parent : null,
-        tokenIds: tokens.slice(first * BS, full * BS),
-        blockSize: BS,
-        loraId: null,
-        medium: "GPU",
-        loraName: null,
-        extraKeys: null,
-        groupIdx: null,
-        kvCacheSpecKind: null,
-      });
+      evs.push(
+        blockStored(stored, tokens.slice(first * BS, full * BS), BS, {
+          parentBlockHash: first > 0 ? parent : null,
+        }),
+      );
     const removed: number[] = [];
     for (const [k, h] of this.pool) {
       if (this.pool.size <= BLOCKS) break;
       this.pool.delete(k);
       removed.push(h);
     }
-    if (removed.length > 0)
-      evs.push({ type: "BlockRemoved", blockHashes: removed, medium: "GPU", groupIdx: null });
+    if (removed.length > 0) evs.push(blockRemoved(removed));
     if (evs.length > 0) this.index.applyEvents(this.id, evs, BS);
   }
 }

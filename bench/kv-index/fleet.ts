@@ -12,6 +12,7 @@
  * Engine hashes are unique per worker and block, as with vLLM's per-process random hash seed.
  */
 import type { KvEvent } from "../../src/kv/events.ts";
+import { blockStored } from "../../test/helpers/kv-events.ts";
 
 export const BS = 16;
 const CHAIN = 64;
@@ -50,21 +51,6 @@ export const PROBE = tokensFor(424242, 8192);
 /** The system prompt then tokens nobody holds: every worker matches 64 blocks, then the walk ends. */
 export const SYSTEM_PROBE = [...SYSTEM, ...tokensFor(31337, 8192 - SYSTEM.length)];
 
-function storedEvent(hashes: number[], tokens: number[]): KvEvent {
-  return {
-    type: "BlockStored",
-    blockHashes: hashes,
-    parentBlockHash: null,
-    tokenIds: tokens,
-    blockSize: BS,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: null,
-    groupIdx: null,
-  };
-}
-
 export function buildFleet(idx: FleetIndex, shape: FleetShape): void {
   const { workers, blocks } = shape;
   const promptBlocks = PROBE.length / BS;
@@ -79,10 +65,10 @@ export function buildFleet(idx: FleetIndex, shape: FleetShape): void {
   for (let w = 0; w < workers; w++) {
     const id = `worker-${w}`;
     idx.addWorker(id, BS, blocks);
-    idx.apply(id, storedEvent(hashes(CHAIN), SYSTEM));
+    idx.apply(id, blockStored(hashes(CHAIN), SYSTEM, BS));
     let stored = CHAIN;
     if (w < 8) {
-      idx.apply(id, storedEvent(hashes(promptBlocks), PROBE));
+      idx.apply(id, blockStored(hashes(promptBlocks), PROBE, BS));
       stored += promptBlocks;
     }
     const group = Math.floor(w / replicas);
@@ -90,14 +76,14 @@ export function buildFleet(idx: FleetIndex, shape: FleetShape): void {
       const c = group * perWorkerPool + j;
       pool[0] = c; // a different first token per pool chain, so each is its own prefix
       pool[1] = 0x5ee;
-      idx.apply(id, storedEvent(hashes(CHAIN), pool));
+      idx.apply(id, blockStored(hashes(CHAIN), pool, BS));
       stored += CHAIN;
     }
     while (stored < blocks) {
       const n = Math.min(CHAIN, blocks - stored);
       own[0] = stored; // a different root per chain
       own[1] = w;
-      idx.apply(id, storedEvent(hashes(n), own));
+      idx.apply(id, blockStored(hashes(n), own, BS));
       stored += n;
     }
   }

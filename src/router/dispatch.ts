@@ -38,8 +38,8 @@ export interface HealthReporter {
 }
 
 /**
- * One request's claim on a worker. `releaser`, the closure that close listeners and promise
- * callbacks take, is made on first use only (the streamed-chunks path never needs one).
+ * One request's claim on a worker. `releaser` makes the closure that close listeners and
+ * promise callbacks take, only where one is needed (the streamed-chunks path never needs one).
  */
 export class WorkerClaim implements RouteLifecycle {
   readonly worker: WorkerState;
@@ -49,7 +49,6 @@ export class WorkerClaim implements RouteLifecycle {
   private prefillPending: boolean;
   /** A failure was reported for this claim: it counts once against the worker. */
   private judged = false;
-  private releaseFn: (() => void) | null = null;
   /** The answer's status once `send` has one (0 before). */
   private status = 0;
   private cancelled = false;
@@ -162,10 +161,13 @@ export class WorkerClaim implements RouteLifecycle {
     }
   }
 
-  /** `release`, bound once, for close listeners and promise callbacks. */
+  /**
+   * `release` as a closure, for close listeners and promise callbacks. Not kept on the claim:
+   * an object holding a closure over itself survived young-generation collections under
+   * Node 24's Maglev tier (see src/server/http-util.ts `readBody`), and with it the request.
+   */
   releaser(): () => void {
-    if (this.releaseFn === null) this.releaseFn = () => this.release();
-    return this.releaseFn;
+    return () => this.release();
   }
 
   /**

@@ -288,9 +288,17 @@ export class FlowGate {
   }
 }
 
+/**
+ * `t.first` as a closure, made outside the ticket's own methods: a closure over `this` written
+ * into `this` by the method that made it kept every ticket, and with it the request, alive
+ * through young-generation collections under Node 24's Maglev tier (src/server/http-util.ts).
+ */
+const firstReporter = (t: FlowTicket) => (): void => t.first();
+
 /** A dispatched request's report to the queue: first token (prefill backlog freed), end. */
 export class FlowTicket {
   private readonly admission: Admission;
+  private readonly wake: () => void;
   private readonly dispatchedAt = performance.now();
   private firstAt = 0;
   /** The answer's first streamed token: the prompt's prefill backlog left its worker. */
@@ -298,12 +306,16 @@ export class FlowTicket {
 
   constructor(admission: Admission, wake: () => void) {
     this.admission = admission;
-    this.onFirst = () => {
-      if (this.firstAt > 0) return;
-      this.firstAt = performance.now();
-      admission.first(this.firstAt - this.dispatchedAt);
-      wake();
-    };
+    this.wake = wake;
+    this.onFirst = firstReporter(this);
+  }
+
+  /** The first token came (once). */
+  first(): void {
+    if (this.firstAt > 0) return;
+    this.firstAt = performance.now();
+    this.admission.first(this.firstAt - this.dispatchedAt);
+    this.wake();
   }
 
   /** The request ended with upstream `status` (0: none came) and its output tokens, if known. */

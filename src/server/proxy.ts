@@ -73,8 +73,9 @@ export async function handleCompletion(
       if (pending) await pending;
     }
     if (res.destroyed) return;
-    // Nothing may await between the admission and router.handle (see admit).
-    ticket = await admit(ctx.flow, rreq, raw.length, req.headers, abort, tr, ctx.preparePrompt);
+    // Nothing may await between the admission and router.handle (see admit). Without flow
+    // control there is nothing to wait for: no promise, no microtask turn.
+    if (ctx.flow) ticket = await admit(ctx.flow, rreq, raw.length, req.headers, abort, tr, ctx.preparePrompt);
     const up = await router.handle(rreq, ctx.executor, abort);
     answered = up.status;
     if (abort.aborted) {

@@ -11,22 +11,28 @@ import { type BodySink, isReadable, isRelayBody, type RelayBody } from "../trans
  * full) reading pauses until `res` drains. Node stream bodies are pumped with events (no
  * promise per chunk); any other AsyncIterable with for-await.
  */
-export async function pump(
+export function pump(
   body: AsyncIterable<Uint8Array>,
   res: ServerResponse | null,
   onChunk: (c: Uint8Array) => boolean,
 ): Promise<void> {
+  // Not an async function: the relay body's promise is the answer's (an async wrapper was one
+  // more promise and microtask per request).
   if (isRelayBody(body)) {
-    await new Promise<void>((resolve, reject) =>
+    return new Promise<void>((resolve, reject) =>
       body.attach(new SinkPump(body, res, onChunk, resolve, reject)),
     );
-    return;
   }
-  if (!isReadable(body)) {
-    for await (const c of body) if (!onChunk(c) && res) await drained(res);
-    return;
-  }
-  await pumpEvents(body, res, onChunk);
+  if (!isReadable(body)) return pumpIterable(body, res, onChunk);
+  return pumpEvents(body, res, onChunk);
+}
+
+async function pumpIterable(
+  body: AsyncIterable<Uint8Array>,
+  res: ServerResponse | null,
+  onChunk: (c: Uint8Array) => boolean,
+): Promise<void> {
+  for await (const c of body) if (!onChunk(c) && res) await drained(res);
 }
 
 /** Relays a relay body (the HTTP executor's) with plain calls: pause on a full socket, resume on drain. */

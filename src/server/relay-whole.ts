@@ -32,7 +32,13 @@ export async function relayWhole(
   }
   const relay = new WholeRelay(res, up, requestId, ctx.maxResponseBufferBytes);
   try {
-    await pump(up.body, res, relay.onChunk);
+    // A body's chunks are Uint8Arrays (the NATS plane hands over its messages' bytes as they
+    // are): one not a Buffer is viewed as one, else a lone chunk's toString("utf8") would give
+    // Uint8Array's "123,34,…" and a valid answer would be refused as invalid. (The closure is
+    // not kept on the relay: see WholeRelay.)
+    await pump(up.body, res, (c) =>
+      relay.push(Buffer.isBuffer(c) ? c : Buffer.from(c.buffer, c.byteOffset, c.byteLength)),
+    );
   } catch (err) {
     up.abort();
     throw bodyFailure(err);
@@ -84,7 +90,11 @@ function usageOf(json: Record<string, unknown>): Usage | null {
   };
 }
 
-/** The buffer of one non-streamed answer, switching to relaying once it passes the limit. */
+/**
+ * The buffer of one non-streamed answer, switching to relaying once it passes the limit. It
+ * holds no closure over itself: such an object survived young-generation collections under
+ * Node 24's Maglev tier (see ./http-util.ts `readBody`), and with it the whole request.
+ */
 class WholeRelay {
   private readonly res: ServerResponse;
   private readonly up: UpstreamResponse;
@@ -96,21 +106,15 @@ class WholeRelay {
   /** The last two chunks while relaying: the usage object sits at the end of the answer. */
   private prev: Buffer | null = null;
   private last: Buffer | null = null;
-  readonly onChunk: (c: Uint8Array) => boolean;
 
   constructor(res: ServerResponse, up: UpstreamResponse, requestId: string, limit: number) {
     this.res = res;
     this.up = up;
     this.requestId = requestId;
     this.limit = limit;
-    // A body's chunks are Uint8Arrays (the NATS plane hands over its messages' bytes as they
-    // are): one not a Buffer is viewed as one, else a lone chunk's toString("utf8") would give
-    // Uint8Array's "123,34,…" and a valid answer would be refused as invalid.
-    this.onChunk = (c) =>
-      this.push(Buffer.isBuffer(c) ? c : Buffer.from(c.buffer, c.byteOffset, c.byteLength));
   }
 
-  private push(c: Buffer): boolean {
+  push(c: Buffer): boolean {
     if (this.relaying) {
       this.prev = this.last;
       this.last = c;

@@ -13,6 +13,13 @@ export interface Usage {
 const BOUNDARY = Buffer.from("\n\n");
 const USAGE = Buffer.from('"usage"');
 const EMPTY_CHOICES = Buffer.from('"choices":[]');
+/**
+ * What `findUsage` and `hasEmptyChoices` search for natively: the needles' tails from a byte
+ * that is rare in JSON. Node's Buffer search finds a short needle by its first byte, and `"`
+ * starts every key and string (searching `"usage"` itself took ≈ 1 µs per KiB of events).
+ */
+const USAGE_TAIL = Buffer.from('ge"');
+const EMPTY_ARRAY = Buffer.from("[]");
 /** A stream that never sends a blank line must not be held back forever. */
 const MAX_PENDING = 64 * 1024;
 
@@ -37,7 +44,7 @@ export class SseUsageFilter {
       buf = Buffer.concat([this.pending, buf]);
       this.pending = null;
     }
-    const last = buf.lastIndexOf(BOUNDARY);
+    const last = lastBoundary(buf);
     if (last < 0) {
       if (buf.length > MAX_PENDING) return buf;
       this.pending = buf;
@@ -51,8 +58,9 @@ export class SseUsageFilter {
       this.pending = null;
       return EMPTY;
     }
-    if (complete.indexOf(USAGE) < 0) return complete;
-    return this.inspect(complete);
+    // One search over the whole chunk: most chunks carry no usage and leave here.
+    const at = findUsage(complete, 0);
+    return at < 0 ? complete : this.inspect(complete, at);
   }
 
   /** What is left at the end of the stream (`invalid` is set when it is not an event). */
@@ -66,27 +74,78 @@ export class SseUsageFilter {
     return p;
   }
 
-  private inspect(complete: Buffer): Buffer {
-    const kept: Buffer[] = [];
-    let dropped = false;
-    let start = 0;
-    while (start < complete.length) {
-      let stop = complete.indexOf(BOUNDARY, start);
+  /**
+   * Reads the usage of every event that mentions `"usage"` (the first at `at`) and, when the
+   * server asked for usage itself, drops the usage-only ones (`"choices":[]`). Only those
+   * events are located (each Buffer search is a native call of ≈ 0.2 µs, and a stream's last
+   * chunk often holds all of its events): the rest are passed on as they are.
+   */
+  private inspect(complete: Buffer, at: number): Buffer {
+    let kept: Buffer[] | null = null;
+    let from = 0;
+    while (at >= 0) {
+      const start = eventStart(complete, at);
+      let stop = complete.indexOf(BOUNDARY, at);
       stop = stop < 0 ? complete.length : stop + 2;
       const ev = complete.subarray(start, stop);
-      start = stop;
-      if (ev.indexOf(USAGE) >= 0) {
-        const usage = parseUsage(ev);
-        if (usage) this.usage = usage;
-        if (this.stripUsageChunk && ev.indexOf(EMPTY_CHOICES) >= 0) {
-          dropped = true;
-          continue;
-        }
+      const usage = parseUsage(ev, at - start);
+      if (usage) this.usage = usage;
+      if (this.stripUsageChunk && hasEmptyChoices(ev)) {
+        kept ??= [];
+        if (start > from) kept.push(complete.subarray(from, start));
+        from = stop;
       }
-      kept.push(ev);
+      at = stop < complete.length ? findUsage(complete, stop) : -1;
     }
-    return dropped ? Buffer.concat(kept) : complete;
+    if (kept === null) return complete;
+    if (from < complete.length) kept.push(complete.subarray(from));
+    return kept.length === 1 ? kept[0]! : Buffer.concat(kept);
   }
+}
+
+/** The first `"usage"` in `b` at or after `from`, or -1 (`b.indexOf(USAGE, from)`, faster). */
+function findUsage(b: Buffer, from: number): number {
+  const lead = USAGE.length - USAGE_TAIL.length;
+  let i = b.indexOf(USAGE_TAIL, from + lead);
+  while (i >= 0) {
+    if (startsWith(b, i - lead, USAGE)) return i - lead;
+    i = b.indexOf(USAGE_TAIL, i + 1);
+  }
+  return -1;
+}
+
+/** Whether `ev` holds `"choices":[]` (`ev.indexOf(EMPTY_CHOICES) >= 0`, faster). */
+function hasEmptyChoices(ev: Buffer): boolean {
+  const lead = EMPTY_CHOICES.length - EMPTY_ARRAY.length;
+  let i = ev.indexOf(EMPTY_ARRAY, lead);
+  while (i >= 0) {
+    if (startsWith(ev, i - lead, EMPTY_CHOICES)) return true;
+    i = ev.indexOf(EMPTY_ARRAY, i + 1);
+  }
+  return false;
+}
+
+/**
+ * Where the last event boundary (a blank line, `\n\n`) of `b` starts, or -1. A chunk usually
+ * ends with one: checked first, without a native call.
+ */
+function lastBoundary(b: Buffer): number {
+  const n = b.length;
+  if (n >= 2 && b[n - 1] === LF && b[n - 2] === LF) return n - 2;
+  return b.lastIndexOf(BOUNDARY);
+}
+
+/**
+ * The start of the event holding position `at` of `b`, as splitting `b` at every `\n\n` from its
+ * start places it: just after the boundary before `at`. In a run of k line feeds that split
+ * takes them two by two, so the event starts after the run's last complete pair.
+ */
+function eventStart(b: Buffer, at: number): number {
+  const p = b.lastIndexOf(BOUNDARY, at - 1);
+  if (p < 0) return 0;
+  let run = p;
+  while (run > 0 && b[run - 1] === LF) run--;
+  return run + 2 * ((p + 2 - run) >> 1);
 }
 
 const EMPTY = Buffer.alloc(0);
@@ -109,8 +168,13 @@ function isBlank(b: Buffer): boolean {
   return true;
 }
 
-const startsWith = (b: Buffer, at: number, prefix: Buffer): boolean =>
-  b.length - at >= prefix.length && b.compare(prefix, 0, prefix.length, at, at + prefix.length) === 0;
+/** Whether `b` holds `prefix` at `at`: a byte loop (Buffer.compare is a native call per line). */
+function startsWith(b: Buffer, at: number, prefix: Buffer): boolean {
+  const n = prefix.length;
+  if (b.length - at < n) return false;
+  for (let i = 0; i < n; i++) if (b[at + i] !== prefix[i]) return false;
+  return true;
+}
 
 /**
  * Whether every line of `b` (complete events) is what an OpenAI-compatible engine sends: a
@@ -120,6 +184,11 @@ const startsWith = (b: Buffer, at: number, prefix: Buffer): boolean =>
 function validEvents(b: Buffer): boolean {
   let at = 0;
   while (at < b.length) {
+    // A blank line (every event ends with one) needs no search.
+    if (b[at] === LF) {
+      at++;
+      continue;
+    }
     let eol = b.indexOf(LF, at);
     if (eol < 0) eol = b.length;
     let end = eol;
@@ -148,11 +217,11 @@ const PROMPT_RE = /"prompt_tokens"\s*:\s*(\d+)/;
 const COMPLETION_RE = /"completion_tokens"\s*:\s*(\d+)/;
 
 /**
- * Token counts of a usage-bearing event. A regex over the `"usage"` tail instead of a full
- * JSON.parse: the chunk is forwarded as bytes anyway, only two numbers are wanted.
+ * Token counts of a usage-bearing event (`"usage"` at `at`, or searched for). A regex over the
+ * `"usage"` tail instead of a full JSON.parse: the chunk is forwarded as bytes anyway, only two
+ * numbers are wanted.
  */
-function parseUsage(ev: Buffer): Usage | null {
-  const at = ev.indexOf(USAGE);
+function parseUsage(ev: Buffer, at = findUsage(ev, 0)): Usage | null {
   if (at < 0) return null;
   const tail = ev.toString("latin1", at);
   const p = PROMPT_RE.exec(tail);

@@ -151,6 +151,14 @@ const JSON_HEADERS: Record<string, string> = Object.freeze({ "content-type": "ap
  * The caller's signal aborts the request at any point until the body ends: before the headers
  * `send` rejects with the abort reason, after them the body fails with it.
  */
+/**
+ * The handler's abort listener, made here and not in the constructor: a closure over `this`
+ * written into `this` by the method that made it kept every handler, and with it the request,
+ * alive through young-generation collections under Node 24's Maglev tier (promoted to the old
+ * generation; see bench/router-overhead/RESULTS.md, 2026-12-05 lane L).
+ */
+const abortListener = (h: UpstreamHandler) => (): void => h.abortFromSignal();
+
 class UpstreamHandler implements BodySource {
   private readonly url: string;
   private readonly signal: AbortLike;
@@ -175,7 +183,7 @@ class UpstreamHandler implements BodySource {
     this.signal = signal;
     this.resolve = resolve;
     this.reject = reject;
-    this.onAbort = () => this.abort(signalReason(this.signal));
+    this.onAbort = abortListener(this);
     if (signal.aborted) {
       this.settled = true;
       this.done = true;
@@ -233,6 +241,11 @@ class UpstreamHandler implements BodySource {
     // Not handed to a connection yet: the pool calls onConnect first, where it takes effect.
     if (this.abortFn) this.abortFn(reason);
     else this.pendingAbort = reason;
+  }
+
+  /** The caller's signal fired. */
+  abortFromSignal(): void {
+    this.abort(signalReason(this.signal));
   }
 
   private finish(): void {

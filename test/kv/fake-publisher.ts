@@ -130,14 +130,6 @@ async function bindRetrying(sock: XPublisher | Router, endpoint: string): Promis
   }
 }
 
-export function storedEv(hashes: number[], parent: number | null, tokens: number[], bs: number): unknown[] {
-  return ["BlockStored", hashes, parent, tokens, bs, null, "GPU", null, null, 0];
-}
-
-export function removedEv(hashes: number[]): unknown {
-  return { type: "BlockRemoved", block_hashes: hashes, medium: "GPU", group_idx: 0 };
-}
-
 export async function waitFor(cond: () => boolean, ms = 5000, what = "condition"): Promise<void> {
   const end = Date.now() + ms;
   while (!cond()) {

@@ -4,32 +4,15 @@
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import type { BlockRemoved, BlockStored } from "../../src/kv/events.ts";
+import type { BlockStored } from "../../src/kv/events.ts";
 import { DEFAULT_MAX_BLOCKS, KvIndex } from "../../src/kv/index.ts";
+import { blockRemoved, blockStored } from "../helpers/kv-events.ts";
 
 const toks = (n: number, from = 1) => Array.from({ length: n }, (_, i) => from + i);
 
-function stored(hashes: number[], tokenIds: number[], extra: Partial<BlockStored> = {}): BlockStored {
-  return {
-    type: "BlockStored",
-    blockHashes: hashes,
-    parentBlockHash: null,
-    tokenIds,
-    blockSize: 16,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: null,
-    groupIdx: null,
-    ...extra,
-  };
-}
-const removed = (hashes: number[], groupIdx: number | null = null): BlockRemoved => ({
-  type: "BlockRemoved",
-  blockHashes: hashes,
-  medium: "GPU",
-  groupIdx,
-});
+const stored = (hashes: number[], tokenIds: number[], more: Partial<BlockStored> = {}) =>
+  blockStored(hashes, tokenIds, 16, more);
+const removed = (hashes: number[], groupIdx: number | null = null) => blockRemoved(hashes, { groupIdx });
 
 test("DP ranks: a rank's BlockRemoved leaves the same block on another rank; best rank reported", () => {
   // vLLM and SGLang run one publisher (and one block pool) per DP rank, with the same block

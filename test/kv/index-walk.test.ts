@@ -12,6 +12,7 @@ import { KvIndex as BaselineIndex } from "../../bench/kv-index/baseline/index.ts
 import type { BlockStored, EngineBlockHash, KvEvent } from "../../src/kv/events.ts";
 import { hashPrompt, type RouterBlockHash, routerHashAt } from "../../src/kv/hash.ts";
 import { KvIndex } from "../../src/kv/index.ts";
+import { blockRemoved, blockStored } from "../helpers/kv-events.ts";
 
 function rng(seed: number): () => number {
   let s = seed >>> 0 || 1;
@@ -23,27 +24,13 @@ function rng(seed: number): () => number {
   };
 }
 
-function stored(
+const stored = (
   hashes: number[],
   parent: number | null,
   tokenIds: number[],
   blockSize: number,
-  extra: Partial<BlockStored> = {},
-): BlockStored {
-  return {
-    type: "BlockStored",
-    blockHashes: hashes,
-    parentBlockHash: parent,
-    tokenIds,
-    blockSize,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: null,
-    groupIdx: null,
-    ...extra,
-  };
-}
+  more: Partial<BlockStored> = {},
+) => blockStored(hashes, tokenIds, blockSize, { parentBlockHash: parent, ...more });
 
 interface Seq {
   tokens: number[];
@@ -113,7 +100,7 @@ test("one walk gives the per-worker index's overlaps, best ranks and counters un
       const seq = pick(list);
       const hashes = seq.hashes.filter(() => rnd() < 0.3);
       if (rnd() < 0.1) hashes.push(999_999_999);
-      apply(id, rank, { type: "BlockRemoved", blockHashes: hashes, medium: "GPU", groupIdx: null });
+      apply(id, rank, blockRemoved(hashes));
     } else if (r < 0.94) {
       // The engine reuses a hash for other tokens.
       const seq = pick(list);
@@ -193,9 +180,9 @@ test("a block two ranks of one worker both hold, with one router hash twice on a
   idx.applyEvents("a", [stored([1], null, toks, 4), stored([2], null, toks, 4)], 4, 0);
   assert.equal(idx.blockCount("a"), 2);
   assert.equal(idx.distinctBlocks(), 1);
-  idx.applyEvents("a", [{ type: "BlockRemoved", blockHashes: [1], medium: "GPU", groupIdx: null }], 4, 0);
+  idx.applyEvents("a", [blockRemoved([1])], 4, 0);
   assert.deepEqual([...idx.overlaps(toks, ["a"])], [1]);
-  idx.applyEvents("a", [{ type: "BlockRemoved", blockHashes: [2], medium: "GPU", groupIdx: null }], 4, 0);
+  idx.applyEvents("a", [blockRemoved([2])], 4, 0);
   assert.deepEqual([...idx.overlaps(toks, ["a"])], [0]);
   assert.equal(idx.distinctBlocks(), 0);
 });
@@ -213,8 +200,7 @@ test("many holders of one block: the shared holder list grows and shrinks", () =
   );
   // Every other worker evicts the second block.
   ids.forEach((id, i) => {
-    if (i % 2)
-      idx.apply(id, { type: "BlockRemoved", blockHashes: [1000 + i], medium: "GPU", groupIdx: null });
+    if (i % 2) idx.apply(id, blockRemoved([1000 + i]));
   });
   assert.deepEqual(
     [...idx.overlaps(toks, ids)],

@@ -2,30 +2,17 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { BlockStored, KvEvent } from "../../src/kv/events.ts";
 import { KvIndex, saltFromExtraKeys } from "../../src/kv/index.ts";
+import { blockRemoved, blockStored } from "../helpers/kv-events.ts";
 
 const BS = 4;
 const prompt = Array.from({ length: 22 }, (_, i) => 500 + i); // 5 full blocks + 2 tokens
 
-function stored(
+const stored = (
   hashes: number[],
   parent: number | null,
   tokenIds: number[],
-  extra: Partial<BlockStored> = {},
-): KvEvent {
-  return {
-    type: "BlockStored",
-    blockHashes: hashes,
-    parentBlockHash: parent,
-    tokenIds,
-    blockSize: BS,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: null,
-    groupIdx: null,
-    ...extra,
-  };
-}
+  more: Partial<BlockStored> = {},
+) => blockStored(hashes, tokenIds, BS, { parentBlockHash: parent, ...more });
 
 test("blocks stored across chained events give each worker its cached prefix length", () => {
   const idx = new KvIndex();
@@ -46,15 +33,15 @@ test("blocks stored across chained events give each worker its cached prefix len
 test("BlockRemoved by engine hash breaks the prefix at the removed block", () => {
   const idx = new KvIndex();
   idx.apply("a", stored([1, 2, 3, 4], null, prompt.slice(0, 16)), BS);
-  idx.apply("a", { type: "BlockRemoved", blockHashes: [3, 4], medium: "GPU", groupIdx: null });
+  idx.apply("a", blockRemoved([3, 4]));
   assert.deepEqual([...idx.overlaps(prompt, ["a"])], [2]);
-  idx.apply("a", { type: "BlockRemoved", blockHashes: [1], medium: null, groupIdx: null });
+  idx.apply("a", blockRemoved([1], { medium: null }));
   assert.deepEqual([...idx.overlaps(prompt, ["a"])], [0]);
-  idx.apply("a", { type: "BlockRemoved", blockHashes: [77], medium: null, groupIdx: null });
+  idx.apply("a", blockRemoved([77], { medium: null }));
   assert.equal(idx.counters.unknownRemovals, 1);
   // CPU-medium removals do not touch GPU blocks.
   idx.apply("a", stored([11, 12], null, prompt.slice(0, 8)));
-  idx.apply("a", { type: "BlockRemoved", blockHashes: [11], medium: "CPU", groupIdx: null });
+  idx.apply("a", blockRemoved([11], { medium: "CPU" }));
   assert.deepEqual([...idx.overlaps(prompt, ["a"])], [2]);
 });
 
@@ -128,7 +115,7 @@ test("candidateRows: block size, held blocks and sync per candidate in one pass,
   assert.deepEqual(rows(), expected());
   // Blocks move between two decisions over the same list: the counts are read again, not kept.
   idx.apply("b", stored([401], null, prompt.slice(0, 8), { blockSize: 8 }));
-  idx.apply("a", { type: "BlockRemoved", blockHashes: [102], medium: "GPU", groupIdx: null } as KvEvent);
+  idx.apply("a", blockRemoved([102]));
   idx.setSync("s", 0, "synced");
   // A one-worker probe in between (the bridge's confirmation) leaves the fleet's list alone.
   idx.overlaps(prompt, ["b"]);

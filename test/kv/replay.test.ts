@@ -13,7 +13,8 @@ import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { KvIngest } from "../../src/kv/feeds/zmq-ingest.ts";
 import { KvIndex } from "../../src/kv/index.ts";
 import { createLogger } from "../../src/util/log.ts";
-import { FakePublisher, removedEv, storedEv, waitFor } from "./fake-publisher.ts";
+import { removedWire, storedWire } from "../helpers/kv-events.ts";
+import { FakePublisher, waitFor } from "./fake-publisher.ts";
 
 const BS = 4;
 const HISTORY = 3000;
@@ -57,7 +58,7 @@ async function engineWithHistory(): Promise<FakePublisher> {
   await pub.start();
   closers.push(() => pub.close());
   for (let i = 0; i < HISTORY; i++)
-    await pub.publish([storedEv([2 * i + 1, 2 * i + 2], null, promptOf(i), BS)], { drop: true });
+    await pub.publish([storedWire([2 * i + 1, 2 * i + 2], null, promptOf(i), BS)], { drop: true });
   return pub;
 }
 
@@ -106,10 +107,10 @@ test("a gap during operation whose replay loses replies in transit is resumed: t
   await pub.subscribed(); // the SUB has joined
   // 500 batches the subscriber misses, then one it sees: a gap of 500.
   for (let i = HISTORY; i < HISTORY + 500; i++)
-    await pub.publish([storedEv([2 * i + 1, 2 * i + 2], null, promptOf(i), BS)], { drop: true });
+    await pub.publish([storedWire([2 * i + 1, 2 * i + 2], null, promptOf(i), BS)], { drop: true });
   pub.dropReply = (seq, request) => request === 1 && (seq === HISTORY + 250 || seq === -1);
   const last = HISTORY + 500;
-  await pub.publish([storedEv([2 * last + 1, 2 * last + 2], null, promptOf(last), BS)]);
+  await pub.publish([storedWire([2 * last + 1, 2 * last + 2], null, promptOf(last), BS)]);
   await waitFor(() => sub.stats.lastSeq === last, 5000, "gap filled");
   assert.equal(sub.stats.gaps, 1);
   assert.equal(sub.stats.resets, 0);
@@ -135,7 +136,7 @@ test("a history older than the buffer: the rank is unknown (-1), not empty, unti
   assert.equal(index.blockCount("w1"), 2 * 999);
   // An eviction of a block the index saw stored: the LRU has freed everything older first.
   await pub.subscribed();
-  await pub.publish([removedEv([2 * (HISTORY - 999) + 1])]);
+  await pub.publish([removedWire([2 * (HISTORY - 999) + 1])]);
   await waitFor(() => sub.sync === "synced", 3000, "rebuilt");
   assert.deepEqual([...index.overlaps(promptOf(HISTORY - 1), ["w1"])], [2]);
 });
@@ -148,14 +149,14 @@ test("without a replay socket an engine with history is unknown, not empty, and 
   assert.equal(sub.sync, "unknown");
   await pub.subscribed();
   const p = promptOf(HISTORY + 1);
-  await pub.publish([storedEv([9001, 9002], null, p, BS)]);
+  await pub.publish([storedWire([9001, 9002], null, p, BS)]);
   await waitFor(() => index.blockCount("w1") === 2, 3000, "live batch applied");
   assert.equal(sub.sync, "unknown", "seq 3000 is not the engine's first batch");
   assert.deepEqual([...index.overlaps(p, ["w1"])], [-1]);
   assert.equal(sub.stats.resets, 0);
   // A pool's worth of stores (kvBlocks 10) since the hole: the cache has turned over.
   for (let i = 0; i < 4; i++)
-    await pub.publish([storedEv([9100 + 2 * i, 9101 + 2 * i], null, promptOf(HISTORY + 10 + i), BS)]);
+    await pub.publish([storedWire([9100 + 2 * i, 9101 + 2 * i], null, promptOf(HISTORY + 10 + i), BS)]);
   await waitFor(() => sub.sync === "synced", 3000, "rebuilt by turnover");
   assert.deepEqual([...index.overlaps(p, ["w1"])], [2]);
 });

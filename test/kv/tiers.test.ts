@@ -16,42 +16,16 @@ import { scorers } from "../../src/router/pipeline/registry.ts";
 import type { ModelScope, StepContext } from "../../src/router/pipeline/types.ts";
 import type { RoutingRequest } from "../../src/router/types.ts";
 import { createLogger } from "../../src/util/log.ts";
+import { blockRemoved, blockStored } from "../helpers/kv-events.ts";
 import { makeWorker } from "../router/pipeline/recorder.ts";
 
 const BS = 4;
 const prompt = Array.from({ length: 22 }, (_, i) => 700 + i); // 5 full blocks
 const HASHES = [11, 12, 13, 14, 15];
 
-const gpuStored = (): KvEvent => ({
-  type: "BlockStored",
-  blockHashes: HASHES,
-  parentBlockHash: null,
-  tokenIds: prompt.slice(0, 20),
-  blockSize: BS,
-  loraId: null,
-  medium: "GPU",
-  loraName: null,
-  extraKeys: null,
-  groupIdx: null,
-});
-const offloaded = (hashes: number[], medium = "CPU"): KvEvent => ({
-  type: "BlockStored",
-  blockHashes: hashes,
-  parentBlockHash: null,
-  tokenIds: [],
-  blockSize: BS,
-  loraId: null,
-  medium,
-  loraName: null,
-  extraKeys: null,
-  groupIdx: null,
-});
-const removed = (hashes: number[], medium: string): KvEvent => ({
-  type: "BlockRemoved",
-  blockHashes: hashes,
-  medium,
-  groupIdx: null,
-});
+const gpuStored = (): KvEvent => blockStored(HASHES, prompt.slice(0, 20), BS);
+const offloaded = (hashes: number[], medium = "CPU"): KvEvent => blockStored(hashes, [], BS, { medium });
+const removed = (hashes: number[], medium: string): KvEvent => blockRemoved(hashes, { medium });
 
 test("a prefix offloaded to CPU stays findable after the GPU evicts it; its CPU eviction ends that", () => {
   const idx = new KvIndex();

@@ -17,6 +17,7 @@ import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { KvIngest } from "../../src/kv/feeds/zmq-ingest.ts";
 import { DEFAULT_MAX_BLOCKS, KvIndex } from "../../src/kv/index.ts";
 import { createLogger } from "../../src/util/log.ts";
+import { storedWire } from "../helpers/kv-events.ts";
 import { FakePublisher, waitFor } from "../kv/fake-publisher.ts";
 import { fileDone, fileStarted, record } from "./summary.ts";
 
@@ -100,7 +101,7 @@ test("4M blocks from one publisher: index capped, drops counted, /health stays r
   for (let b = 0; b < TOTAL / PER_BATCH; b++) {
     const base = b * PER_BATCH + 1;
     const hashes = Array.from({ length: PER_BATCH }, (_, i) => base + i);
-    await pub.publish([["BlockStored", hashes, null, hashes, 1, null, "GPU", null, null, 0]]);
+    await pub.publish([storedWire(hashes, null, hashes, 1)]);
     await new Promise((r) => setImmediate(r)); // the publisher shares this event loop: let it breathe
   }
   const sub = ingest.subscriber("flood")!;

@@ -19,7 +19,8 @@ import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { KvIngest } from "../../src/kv/feeds/zmq-ingest.ts";
 import { KvIndex } from "../../src/kv/index.ts";
 import { createLogger } from "../../src/util/log.ts";
-import { FakePublisher, removedEv, storedEv, waitFor } from "../kv/fake-publisher.ts";
+import { removedWire, storedWire } from "../helpers/kv-events.ts";
+import { FakePublisher, waitFor } from "../kv/fake-publisher.ts";
 import { fileDone, fileStarted, record as recordFigure } from "./summary.ts";
 
 fileStarted(import.meta.url);
@@ -95,8 +96,8 @@ test("a live copy of a batch the start-up replay delivered (seq 0) is skipped, n
   const { pubs, disc, index, ingest } = await setup();
   const pub = pubs[0];
   const p = toks(8);
-  await pub.publish([storedEv([1, 2], null, p, BS)]); // seq 0, before the server existed
-  await pub.publish([removedEv([2])]); // seq 1
+  await pub.publish([storedWire([1, 2], null, p, BS)]); // seq 0, before the server existed
+  await pub.publish([removedWire([2])]); // seq 1
   disc.put(record("w", pubs));
   await ingest.synced();
   await pub.subscribed(); // the SUB has joined
@@ -104,7 +105,7 @@ test("a live copy of a batch the start-up replay delivered (seq 0) is skipped, n
   // The same seq 0 arrives live (the SUB joined before the replay answered): before the fix it
   // reset the worker and re-applied seq 0 alone, bringing back the removed block 2.
   await pub.resend(0);
-  await pub.publish([storedEv([7], null, toks(4, 900), BS)]); // seq 2, a marker
+  await pub.publish([storedWire([7], null, toks(4, 900), BS)]); // seq 2, a marker
   const sub = ingest.subscriber("w")!;
   await waitFor(() => sub.stats.lastSeq === 2, WAIT_MS, "marker applied");
   assert.equal(sub.stats.restarts, 0);
@@ -119,7 +120,7 @@ test("an engine restart whose first batches were missed resets the rank and rebu
   await ingest.synced();
   await old.subscribed();
   const a = toks(8, 1000);
-  for (let i = 0; i < 5; i++) await old.publish([storedEv([10 + i], null, toks(4, 1000 + 4 * i), BS)]);
+  for (let i = 0; i < 5; i++) await old.publish([storedWire([10 + i], null, toks(4, 1000 + 4 * i), BS)]);
   await waitFor(() => ingest.subscriber("w")!.stats.lastSeq === 4, WAIT_MS, "old engine's batches");
   assert.deepEqual([...index.overlaps(a, ["w"])], [1]);
 
@@ -131,8 +132,8 @@ test("an engine restart whose first batches were missed resets the rank and rebu
   await fresh.start(at);
   closers.push(() => fresh.close());
   const b = toks(8, 5000);
-  await fresh.publish([storedEv([50], null, b.slice(0, 4), BS)], { drop: true });
-  await fresh.publish([storedEv([51], 50, b.slice(4, 8), BS)], { drop: true });
+  await fresh.publish([storedWire([50], null, b.slice(0, 4), BS)], { drop: true });
+  await fresh.publish([storedWire([51], 50, b.slice(4, 8), BS)], { drop: true });
   await fresh.publish([], { drop: true });
   const sub = ingest.subscriber("w")!;
   // seq 3, 4, … go out live until the reconnected SUB sees one (earlier ones are lost on the wire).
@@ -154,7 +155,7 @@ test("an engine restart whose first batches were missed resets the rank and rebu
   assert.equal(await counter(registry, "infera_kv_worker_resets_total", { reason: "restart" }), 1);
   // Later batches of the new engine are applied again.
   const next = sub.stats.lastSeq + 1;
-  await fresh.publish([storedEv([60], null, toks(4, 7000), BS)]);
+  await fresh.publish([storedWire([60], null, toks(4, 7000), BS)]);
   await waitFor(() => sub.stats.lastSeq === next, WAIT_MS, "new engine's live batch");
   assert.deepEqual([...index.overlaps(toks(4, 7000), ["w"])], [1]);
   recordFigure(
@@ -169,7 +170,7 @@ test("an engine restart whose first batches were missed resets the rank and rebu
 test("an engine restart seen before any live batch (all came by replay) is detected and rebuilt", async () => {
   const { pubs, disc, index, ingest, registry } = await setup();
   const old = pubs[0];
-  for (let i = 0; i < 6; i++) await old.publish([storedEv([10 + i], null, toks(4, 1000 + 4 * i), BS)]);
+  for (let i = 0; i < 6; i++) await old.publish([storedWire([10 + i], null, toks(4, 1000 + 4 * i), BS)]);
   disc.put(record("w", pubs));
   await ingest.synced(); // seq 0..5 through replay only; nothing live yet
   const at = { endpoint: old.endpoint, replayEndpoint: old.replayEndpoint };
@@ -179,7 +180,7 @@ test("an engine restart seen before any live batch (all came by replay) is detec
   closers.push(() => fresh.close());
   const sub = ingest.subscriber("w")!;
   for (let i = 0; i < 50 && sub.stats.restarts === 0; i++) {
-    await fresh.publish([storedEv([80 + i], null, toks(4, 8000 + 4 * i), BS)]);
+    await fresh.publish([storedWire([80 + i], null, toks(4, 8000 + 4 * i), BS)]);
     await sleep(100);
   }
   await waitFor(() => sub.stats.restarts === 1, WAIT_MS, "restart detected");
@@ -200,12 +201,12 @@ test("a forward jump the replay cannot fill resets the rank and is counted", asy
   disc.put(record("w", pubs));
   await ingest.synced();
   await pub.subscribed();
-  await pub.publish([storedEv([1], null, toks(4, 10), BS)]);
+  await pub.publish([storedWire([1], null, toks(4, 10), BS)]);
   const sub = ingest.subscriber("w")!;
   await waitFor(() => sub.stats.lastSeq === 0, WAIT_MS, "first batch");
   pub.bufferSteps = 1;
   for (let i = 0; i < 20; i++) await pub.publish([], { drop: true });
-  await pub.publish([storedEv([2], null, toks(4, 20), BS)]);
+  await pub.publish([storedWire([2], null, toks(4, 20), BS)]);
   await waitFor(() => sub.stats.resets === 1, WAIT_MS, "reset");
   // The stale entries are gone and the rank is unknown (-1, routed as untracked), not empty.
   assert.equal(sub.sync, "unknown");
@@ -229,12 +230,12 @@ test("SGLang snapshot topic: a new epoch is a restart; the epoch suffix does not
   await ingest.synced();
   await pub.subscribed();
   const t1 = `${pub.topic}\x00sgl-kv-epoch=aaaa`;
-  await pub.publish([storedEv([1], null, toks(4, 10), BS)], { topic: t1 });
+  await pub.publish([storedWire([1], null, toks(4, 10), BS)], { topic: t1 });
   const sub = ingest.subscriber("w")!;
   // Before the fix the topic "kv-events\0sgl-kv-epoch=…" did not equal "kv-events" and every
   // batch was dropped.
   await waitFor(() => index.overlaps(toks(4, 10), ["w"])[0] === 1, WAIT_MS, "epoch-topic batch applied");
-  await pub.publish([storedEv([2], null, toks(4, 20), BS)], { topic: `${pub.topic}\x00sgl-kv-epoch=bbbb` });
+  await pub.publish([storedWire([2], null, toks(4, 20), BS)], { topic: `${pub.topic}\x00sgl-kv-epoch=bbbb` });
   await waitFor(() => sub.stats.restarts === 1, WAIT_MS, "epoch change");
   assert.equal(await counter(registry, "infera_kv_sequence_anomalies_total", { kind: "epoch" }), 1);
 });
@@ -246,13 +247,13 @@ test("every DP rank is followed with its own sequence; a rank's removal keeps th
   await Promise.all(pubs.map((p) => p.subscribed()));
   assert.equal(ingest.subscribers("w").length, 2);
   const p = toks(8, 300);
-  await pubs[0].publish([storedEv([1, 2], null, p, BS)]);
+  await pubs[0].publish([storedWire([1, 2], null, p, BS)]);
   await pubs[1].publish([], { drop: true }); // rank 1 is at seq 1 when rank 0 is at seq 0
-  await pubs[1].publish([storedEv([1, 2], null, p, BS)]);
+  await pubs[1].publish([storedWire([1, 2], null, p, BS)]);
   const [s0, s1] = ingest.subscribers("w");
   await waitFor(() => s0.stats.lastSeq === 0 && s1.stats.lastSeq === 1, WAIT_MS, "both ranks");
   assert.equal(s0.stats.resets + s1.stats.resets, 0);
-  await pubs[0].publish([removedEv([1, 2])]);
+  await pubs[0].publish([removedWire([1, 2])]);
   await waitFor(() => index.blockCount("w", 0) === 0, WAIT_MS, "rank 0 removal");
   const ranks = new Int32Array(1);
   assert.deepEqual([...index.overlaps(p, ["w"], null, null, ranks)], [2]);

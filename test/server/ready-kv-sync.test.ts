@@ -12,7 +12,8 @@ import type { WorkerRecord } from "../../src/discovery/types.ts";
 import { createServerKvIngest } from "../../src/kv/server-ingest.ts";
 import { type InferaServer, startServer } from "../../src/server/app.ts";
 import { createLogger } from "../../src/util/log.ts";
-import { FakePublisher, storedEv } from "../kv/fake-publisher.ts";
+import { storedWire } from "../helpers/kv-events.ts";
+import { FakePublisher } from "../kv/fake-publisher.ts";
 
 const BS = 16;
 const logger = createLogger("test");
@@ -47,7 +48,7 @@ async function engine(history: number, silent: boolean): Promise<FakePublisher> 
   closers.push(() => pub.close());
   for (let i = 0; i < history; i++) {
     const toks = Array.from({ length: BS }, (_, k) => 10 + i * BS + k);
-    await pub.publish([storedEv([i + 1], null, toks, BS)], { drop: true });
+    await pub.publish([storedWire([i + 1], null, toks, BS)], { drop: true });
   }
   pub.silent = silent;
   return pub;

@@ -88,7 +88,7 @@ export async function handleTranslated(
     if (ctx.preparePrompt) await rreq.prepare();
     if (res.destroyed) return;
     // Nothing may await between the admission and router.handle (see admit).
-    ticket = await admit(ctx.flow, rreq, raw.length, req.headers, abort, tr, ctx.preparePrompt);
+    if (ctx.flow) ticket = await admit(ctx.flow, rreq, raw.length, req.headers, abort, tr, ctx.preparePrompt);
     const up = await router.handle(rreq, exec, abort);
     answered = up.status;
     if (abort.aborted) {

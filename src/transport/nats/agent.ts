@@ -1,6 +1,7 @@
 /**
  * Worker-side end of the NATS request plane. Subscribes to the worker's request subject, calls
- * the local engine over HTTP, and streams the engine's response bytes back on the client's inbox
+ * the local engine over HTTP (the raw HTTP/1.1 client, `Http1Pool`, as the HTTP plane does;
+ * issue #32), and streams the engine's response bytes back on the client's inbox
  * (frames.ts has the wire format). Credit from the client bounds what is in flight: when the
  * client falls behind, the agent stops reading the engine's body, and TCP backpressure holds
  * the engine, so nothing buffers without bound. A client abort, or a client that goes silent
@@ -14,10 +15,11 @@ import {
   type PublishOptions,
   type Subscription,
 } from "@nats-io/transport-node";
-import { Pool } from "undici";
 import { createLogger, type Logger } from "../../util/log.ts";
 import { splitBaseUrl } from "../base-url.ts";
+import { Http1Pool } from "../http1/pool.ts";
 import { connectionFailureKind, ENDPOINT_PATHS, type EndpointKind, endpointKindOf } from "../types.ts";
+import { AgentStream, EngineCall, type StreamFrames } from "./agent-stream.ts";
 import {
   CTL_ABORT,
   CTL_CREDIT,
@@ -56,45 +58,11 @@ const TE = new TextEncoder();
 /** nats.js sets `reply: ""` on it on first use; nothing else ever writes it. */
 const NO_OPTIONS: PublishOptions = {};
 
-/** One in-flight request. */
-class AgentStream {
-  readonly inbox: string;
-  readonly pingMs: number;
-  sent = 0;
-  allowed: number;
-  lastHeard: number;
-  lastSent: number;
-  readonly ac = new AbortController();
-  creditWaiter: (() => void) | null = null;
-  done = false;
-
-  constructor(inbox: string, window: number, pingMs: number, now: number) {
-    this.inbox = inbox;
-    this.pingMs = pingMs;
-    this.allowed = window;
-    this.lastHeard = now;
-    this.lastSent = now;
-  }
-
-  wake(): void {
-    const w = this.creditWaiter;
-    this.creditWaiter = null;
-    if (w) w();
-  }
-
-  abort(reason: string): void {
-    if (this.done) return;
-    this.done = true;
-    this.ac.abort(new Error(reason));
-    this.wake();
-  }
-}
-
-export class NatsRequestAgent {
+export class NatsRequestAgent implements StreamFrames {
   readonly subject: string;
   readonly controlSubject: string;
   private readonly nc: NatsConnection;
-  private readonly pool: Pool;
+  private readonly pool: Http1Pool;
   private readonly log: Logger;
   private readonly streams = new Map<string, AgentStream>();
   /** Aborts that overtook their request (kept one sweep, then dropped). */
@@ -114,12 +82,12 @@ export class NatsRequestAgent {
     // Pool takes an origin only; an engine URL with a path keeps it as a prefix (base-url.ts).
     const base = splitBaseUrl(opts.engineUrl);
     this.pathPrefix = base.prefix;
-    this.pool = new Pool(base.origin, {
+    this.pool = new Http1Pool(base.origin, {
       connections: opts.maxEngineConnections ?? 1024,
-      keepAliveTimeout: 30_000,
-      // The agent's own idle checks end silent streams; undici must not cut long prefills.
-      headersTimeout: 0,
-      bodyTimeout: 0,
+      keepAliveTimeoutMs: 30_000,
+      // The agent's own idle checks end silent streams; the client must not cut long prefills.
+      headersTimeoutMs: 0,
+      bodyTimeoutMs: 0,
     });
     this.log = opts.logger ?? createLogger("nats-agent", { worker: opts.workerId });
     this.sweepMs = opts.sweepMs ?? 250;
@@ -214,67 +182,67 @@ export class NatsRequestAgent {
     });
   }
 
-  private async run(
+  /** The engine request of `st`; resolves once it is over for the agent (ended, failed, aborted). */
+  private run(
     st: AgentStream,
     endpoint: EndpointKind,
     headers: Record<string, string>,
     body: Uint8Array,
   ): Promise<void> {
-    if (st.done) return;
-    const path = this.pathPrefix + ENDPOINT_PATHS[endpoint];
-    let res: Awaited<ReturnType<Pool["request"]>>;
-    try {
-      res = await this.pool.request({ path, method: "POST", headers, body, signal: st.ac.signal });
-    } catch (err) {
-      if (st.done) return;
-      // Nothing reached the engine (refused, reset): the router may retry elsewhere, as over HTTP.
-      const kind = connectionFailureKind(err);
-      if (kind) this.error(st, 502, "worker_unreachable", `engine ${errMsg(err)}`, kind);
-      else this.error(st, 502, "upstream_error", `engine request failed: ${errMsg(err)}`);
-      return;
-    }
-    if (st.done) {
-      res.body.destroy();
-      return;
-    }
+    if (st.done) return Promise.resolve();
+    const maxChunk = Math.max(1024, (this.nc.info?.max_payload ?? 1 << 20) - 4096);
+    return new Promise<void>((resolve) => {
+      this.pool.dispatch(
+        {
+          path: this.pathPrefix + ENDPOINT_PATHS[endpoint],
+          method: "POST",
+          headers,
+          // A view of the message's bytes, not a copy.
+          body: Buffer.from(body.buffer, body.byteOffset, body.byteLength),
+        },
+        new EngineCall(st, this, maxChunk, resolve),
+      );
+    });
+  }
+
+  // --- StreamFrames (the engine call's frames) -----------------------------------------------
+
+  head(st: AgentStream, status: number, raw: string[]): void {
     const head = natsHeaders();
     head.set(H_FRAME, "head");
     head.set(H_SEQ, "0");
-    head.set(H_STATUS, String(res.statusCode));
-    for (const [k, v] of Object.entries(res.headers)) {
-      if (v === undefined || !isRelayedHeader(k)) continue;
+    head.set(H_STATUS, String(status));
+    // Repeated fields joined as one (as undici's header object gave them before).
+    const fields: Record<string, string> = {};
+    for (let i = 0; i + 1 < raw.length; i += 2) {
+      const k = raw[i]!.toLowerCase();
+      if (!isRelayedHeader(k)) continue;
+      const v = raw[i + 1]!;
+      fields[k] = fields[k] === undefined ? v : `${fields[k]}, ${v}`;
+    }
+    for (const k in fields) {
       try {
-        head.set(k, Array.isArray(v) ? v.join(", ") : v);
+        head.set(k, fields[k]!);
       } catch {
         // A header NATS cannot carry: dropped.
       }
     }
     this.publish(st, undefined, head);
-    const maxChunk = Math.max(1024, (this.nc.info?.max_payload ?? 1 << 20) - 4096);
-    try {
-      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-        if (st.done) break;
-        let off = 0;
-        while (off < chunk.length) {
-          while (st.sent >= st.allowed && !st.done) {
-            await new Promise<void>((resolve) => {
-              st.creditWaiter = resolve;
-            });
-          }
-          if (st.done) break;
-          const end = Math.min(chunk.length, off + maxChunk);
-          this.publish(st, off === 0 && end === chunk.length ? chunk : chunk.subarray(off, end));
-          st.sent++;
-          off = end;
-        }
-      }
-    } catch (err) {
-      if (!st.done) this.error(st, 502, "upstream_stream_error", `engine stream failed: ${errMsg(err)}`);
+  }
+
+  data(st: AgentStream, bytes: Uint8Array): void {
+    this.publish(st, bytes);
+  }
+
+  failed(st: AgentStream, err: Error, answered: boolean): void {
+    if (answered) {
+      this.error(st, 502, "upstream_stream_error", `engine stream failed: ${errMsg(err)}`);
       return;
-    } finally {
-      if (st.done) res.body.destroy();
     }
-    if (!st.done) this.frame(st, "end");
+    // Nothing reached the engine (refused, reset): the router may retry elsewhere, as over HTTP.
+    const kind = connectionFailureKind(err);
+    if (kind) this.error(st, 502, "worker_unreachable", `engine ${errMsg(err)}`, kind);
+    else this.error(st, 502, "upstream_error", `engine request failed: ${errMsg(err)}`);
   }
 
   private publish(
@@ -293,7 +261,7 @@ export class NatsRequestAgent {
     }
   }
 
-  private frame(st: AgentStream, kind: FrameKind): void {
+  frame(st: AgentStream, kind: FrameKind): void {
     const h = natsHeaders();
     h.set(H_FRAME, kind);
     h.set(H_SEQ, String(st.sent));

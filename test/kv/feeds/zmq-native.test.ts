@@ -19,8 +19,9 @@ import { loadNativeZmq, NativeSub } from "../../../src/kv/feeds/zmq-native.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { KvIngestMetrics } from "../../../src/kv/metrics.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { storedWire } from "../../helpers/kv-events.ts";
 import { freePort } from "../../helpers/ports.ts";
-import { FakePublisher, storedEv, waitFor } from "../fake-publisher.ts";
+import { FakePublisher, waitFor } from "../fake-publisher.ts";
 
 const BS = 4;
 const logger = createLogger("test", {});
@@ -78,7 +79,7 @@ test("the native reader is the default on Linux and reads a burst of 3,000 in or
   await sub.synced;
   await pub.subscribed(); // the SUB's subscription has reached the PUB
   const n = 3000;
-  for (let i = 0; i < n; i++) await pub.publish([storedEv([10_000 + i], null, toks(4, 4 * i), BS)]);
+  for (let i = 0; i < n; i++) await pub.publish([storedWire([10_000 + i], null, toks(4, 4 * i), BS)]);
   await waitFor(() => sub.stats.lastSeq === n - 1, 10_000, "every batch applied");
   assert.equal(sub.stats.batches, n);
   assert.equal(sub.stats.gaps, 0);
@@ -107,12 +108,12 @@ test("both readers agree: gap filled by replay, malformed frames, a message of 5
   for (const r of runs) await r.sub.synced;
   await pub.subscribed(runs.length);
   const p = toks(16, 7000);
-  await pub.publish([storedEv([1], null, p.slice(0, 4), BS)]); // seq 0
-  await pub.publish([storedEv([2], 1, p.slice(4, 8), BS)], { drop: true }); // seq 1, missed live
-  await pub.publish([storedEv([3], 2, p.slice(8, 12), BS)]); // seq 2: a gap, replayed
+  await pub.publish([storedWire([1], null, p.slice(0, 4), BS)]); // seq 0
+  await pub.publish([storedWire([2], 1, p.slice(4, 8), BS)], { drop: true }); // seq 1, missed live
+  await pub.publish([storedWire([3], 2, p.slice(8, 12), BS)]); // seq 2: a gap, replayed
   await pub.sendRaw([pub.topic, Buffer.alloc(3), Buffer.from([0x90])]); // a 3-byte seq frame
   await pub.sendRaw([pub.topic, encodeSeq(99), Buffer.alloc(1), Buffer.alloc(1), Buffer.alloc(1)]);
-  await pub.publish([storedEv([4], 3, p.slice(12, 16), BS)]); // seq 3
+  await pub.publish([storedWire([4], 3, p.slice(12, 16), BS)]); // seq 3
   for (const r of runs) await waitFor(() => r.sub.stats.lastSeq === 3, 5000, "seq 3 applied");
   // The engine restarts and numbers from 0 again: a backward live seq.
   await pub.resend(0);

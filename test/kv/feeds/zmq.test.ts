@@ -5,7 +5,8 @@ import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import { KvIngest } from "../../../src/kv/feeds/zmq-ingest.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { createLogger } from "../../../src/util/log.ts";
-import { FakePublisher, removedEv, storedEv, waitFor } from "../fake-publisher.ts";
+import { removedWire, storedWire } from "../../helpers/kv-events.ts";
+import { FakePublisher, waitFor } from "../fake-publisher.ts";
 
 const BS = 4;
 const logger = createLogger("test", {});
@@ -55,15 +56,15 @@ async function setup(replay = true) {
 test("start-up replay from seq 0 builds the index from events sent before the server existed", async () => {
   const { pub, disc, index, ingest, rec } = await setup();
   const p = toks(16);
-  await pub.publish([storedEv([11, 12], null, p.slice(0, 8), BS)]);
-  await pub.publish([storedEv([13, 14], 12, p.slice(8, 16), BS)]);
+  await pub.publish([storedWire([11, 12], null, p.slice(0, 8), BS)]);
+  await pub.publish([storedWire([13, 14], 12, p.slice(8, 16), BS)]);
   disc.put(rec);
   await ingest.synced();
   assert.deepEqual([...index.overlaps(p, ["w1"])], [4]);
   // Live events after the replay, once the SUB's subscription has reached the PUB.
   await waitFor(() => ingest.subscriber("w1")!.stats.lastSeq >= 1);
   await pub.subscribed();
-  await pub.publish([removedEv([13, 14])]);
+  await pub.publish([removedWire([13, 14])]);
   await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "removal applied");
   assert.equal(ingest.subscriber("w1")!.stats.replays, 1);
 });
@@ -74,9 +75,9 @@ test("a dropped message is recovered by replay; a gap beyond the buffer resets t
   await ingest.synced();
   await pub.subscribed(); // the SUB's subscription has reached the PUB
   const p = toks(24, 5000);
-  await pub.publish([storedEv([1, 2], null, p.slice(0, 8), BS)]);
-  await pub.publish([storedEv([3], 2, p.slice(8, 12), BS)], { drop: true }); // missed by the subscriber
-  await pub.publish([storedEv([4], 3, p.slice(12, 16), BS)]); // seq gap → replay from the missed seq
+  await pub.publish([storedWire([1, 2], null, p.slice(0, 8), BS)]);
+  await pub.publish([storedWire([3], 2, p.slice(8, 12), BS)], { drop: true }); // missed by the subscriber
+  await pub.publish([storedWire([4], 3, p.slice(12, 16), BS)]); // seq gap → replay from the missed seq
   await waitFor(() => index.overlaps(p, ["w1"])[0] === 4, 3000, "replay fills the gap");
   const sub = ingest.subscriber("w1")!;
   assert.equal(sub.stats.gaps, 1);
@@ -88,9 +89,9 @@ test("a dropped message is recovered by replay; a gap beyond the buffer resets t
   // Now the engine's buffer is too short to cover a gap: the rank's old entries are dropped and
   // it is unknown (overlap -1: routed on what this server sent it), not empty.
   pub.bufferSteps = 1;
-  await pub.publish([storedEv([5], 4, p.slice(16, 20), BS)], { drop: true });
-  await pub.publish([storedEv([6], 5, p.slice(20, 24), BS)], { drop: true });
-  await pub.publish([storedEv([21, 22], null, toks(8, 9000), BS)]);
+  await pub.publish([storedWire([5], 4, p.slice(16, 20), BS)], { drop: true });
+  await pub.publish([storedWire([6], 5, p.slice(20, 24), BS)], { drop: true });
+  await pub.publish([storedWire([21, 22], null, toks(8, 9000), BS)]);
   await waitFor(() => sub.stats.resets === 1, 3000, "reset");
   assert.equal(sub.sync, "unknown");
   assert.equal(index.syncOf("w1"), "unknown");
@@ -101,7 +102,7 @@ test("a dropped message is recovered by replay; a gap beyond the buffer resets t
   assert.equal(index.blockCount("w1"), 2);
   // The engine evicts a block stored after the hole: its LRU has freed everything older, so
   // the rank is rebuilt.
-  await pub.publish([removedEv([22])]);
+  await pub.publish([removedWire([22])]);
   await waitFor(() => sub.sync === "synced", 3000, "rebuilt by an eviction");
   assert.deepEqual([...index.overlaps(toks(8, 9000), ["w1"])], [1]);
   assert.deepEqual([...index.overlaps(p, ["w1"])], [0]);
@@ -116,17 +117,17 @@ test("without a replay socket a gap resets; malformed frames are counted, not fa
   // Without a replay socket nothing before the first live batch can be had...
   assert.equal(sub.sync, "unknown");
   const p = toks(8, 7000);
-  await pub.publish([storedEv([1, 2], null, p, BS)]);
+  await pub.publish([storedWire([1, 2], null, p, BS)]);
   // ...but a first batch numbered 0 says there was nothing before it.
   await waitFor(() => index.overlaps(p, ["w1"])[0] === 2, 3000, "first batch");
   assert.equal(sub.sync, "synced");
   await pub.sendRaw([pub.topic, "not-8-bytes", "x"]);
   await pub.sendRaw([pub.topic, Buffer.alloc(8), Buffer.from([0xc1])]);
-  await pub.publish([{ type: "Bogus" }, storedEv([3], 2, toks(4, 1), BS)]);
+  await pub.publish([{ type: "Bogus" }, storedWire([3], 2, toks(4, 1), BS)]);
   await waitFor(() => sub.stats.malformed >= 3, 3000, "malformed counted");
   assert.equal(index.blockCount("w1"), 3);
   await pub.publish([], { drop: true });
-  await pub.publish([storedEv([9], null, toks(4, 1), BS)]);
+  await pub.publish([storedWire([9], null, toks(4, 1), BS)]);
   await waitFor(() => sub.stats.resets === 1, 3000, "reset without replay");
   assert.equal(index.blockCount("w1"), 1);
   assert.equal(sub.sync, "unknown");
@@ -141,7 +142,7 @@ test("ATOM framing ([topic, payload], no seq, no replay socket) feeds the index"
   await ingest.synced();
   await pub.subscribed();
   const p = toks(12, 3000);
-  await pub.publishAtom([storedEv([1, 2, 3], null, p, BS)]);
+  await pub.publishAtom([storedWire([1, 2, 3], null, p, BS)]);
   // No sequence numbers and no replay: the engine's history before us cannot be had, so the
   // rank is unknown (-1) while the index learns...
   await waitFor(() => index.blockCount("w1") === 3, 3000, "atom batch applied");

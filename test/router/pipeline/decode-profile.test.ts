@@ -5,12 +5,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { parse as parseYaml } from "yaml";
-import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { choosePair } from "../../../src/router/disagg/select.ts";
 import { buildScheduling } from "../../../src/router/pipeline/build.ts";
 import type { RoutingRequest } from "../../../src/router/types.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { storedPrefix } from "../../helpers/kv-events.ts";
 import { makeWorker } from "./recorder.ts";
 
 const logger = createLogger("test");
@@ -34,19 +34,7 @@ function fleet() {
   d2.inFlight = 1; // least-load prefers d1
   const index = new KvIndex();
   for (const w of [p, d1, d2]) index.addWorker(w.record.id, 16);
-  const ev: KvEvent = {
-    type: "BlockStored",
-    blockHashes: Array.from({ length: 8 }, (_, i) => 50 + i),
-    parentBlockHash: null,
-    tokenIds: tokens,
-    blockSize: 16,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: null,
-    groupIdx: null,
-  };
-  index.applyEvents("d2", [ev], 16); // d2 holds the whole prompt
+  index.applyEvents("d2", [storedPrefix(tokens, 16, 50)], 16); // d2 holds the whole prompt (8 blocks)
   return { p, d1, d2, index };
 }
 

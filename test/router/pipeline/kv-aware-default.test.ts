@@ -7,7 +7,6 @@
  */
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { WorkerClaim } from "../../../src/router/dispatch.ts";
 import { buildScheduling } from "../../../src/router/pipeline/build.ts";
@@ -15,6 +14,7 @@ import type { Scheduler } from "../../../src/router/pipeline/scheduler.ts";
 import type { RoutingRequest, WorkerState } from "../../../src/router/types.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { storedPrefix } from "../../helpers/kv-events.ts";
 import { makeWorker } from "./recorder.ts";
 
 const BS = 16;
@@ -39,22 +39,7 @@ function request(text: string): RoutingRequest {
 const docOf = (tenant: string) =>
   Array.from({ length: 60 }, (_, i) => `${tenant} manual, section ${i}: item ${i * 7}.`).join(" ");
 
-function stored(tokens: readonly number[], hashBase: number): KvEvent {
-  const n = Math.floor(tokens.length / BS);
-  return {
-    type: "BlockStored",
-    blockHashes: Array.from({ length: n }, (_, i) => hashBase + i),
-    parentBlockHash: null,
-    tokenIds: tokens.slice(0, n * BS),
-    blockSize: BS,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: null,
-    groupIdx: null,
-    kvCacheSpecKind: null,
-  } as KvEvent;
-}
+const stored = (tokens: readonly number[], hashBase: number) => storedPrefix(tokens, BS, hashBase);
 
 function setup(policy: string, n = 4) {
   const index = new KvIndex();

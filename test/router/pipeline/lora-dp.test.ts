@@ -16,7 +16,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
-import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { MixedRouter } from "../../../src/router/mixed.ts";
 import type {
@@ -29,6 +28,7 @@ import type {
 import { LiveWorker, type WorkerSet } from "../../../src/router/worker-set.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { storedPrefix } from "../../helpers/kv-events.ts";
 import { presetScheduler } from "./preset.ts";
 
 const BS = 16;
@@ -76,21 +76,12 @@ function request(text: string, model: string): RoutingRequest {
   };
 }
 
-function storedFor(tokens: readonly number[], hashBase: number, lora: string | null): KvEvent {
+function storedFor(tokens: readonly number[], hashBase: number, lora: string | null) {
+  if (!lora) return storedPrefix(tokens, BS, hashBase, { groupIdx: 0 });
   const blocks = Math.floor(tokens.length / BS);
-  return {
-    type: "BlockStored",
-    blockHashes: Array.from({ length: blocks }, (_, i) => hashBase + i),
-    parentBlockHash: null,
-    tokenIds: tokens.slice(0, blocks * BS),
-    blockSize: BS,
-    loraId: lora ? 1 : null,
-    medium: "GPU",
-    loraName: lora,
-    // vLLM: the LoRA name in every block's extra keys.
-    extraKeys: lora ? Array.from({ length: blocks }, () => [lora]) : null,
-    groupIdx: 0,
-  };
+  // vLLM: the LoRA name in every block's extra keys.
+  const extraKeys = Array.from({ length: blocks }, () => [lora]);
+  return storedPrefix(tokens, BS, hashBase, { loraId: 1, loraName: lora, extraKeys, groupIdx: 0 });
 }
 
 const doc = Array.from({ length: 60 }, (_, i) => `Clause ${i} says the rate is ${i * 3}.`).join(" ");

@@ -10,6 +10,7 @@ import type { ModelScope, StepContext } from "../../../src/router/pipeline/types
 import { requestLoad } from "../../../src/router/pipeline/util.ts";
 import type { RoutingRequest, WorkerState } from "../../../src/router/types.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { blockStored } from "../../helpers/kv-events.ts";
 import { makeWorker, type WorkerSpec } from "./recorder.ts";
 
 const logger = createLogger("test");
@@ -136,24 +137,7 @@ test("scorers: kv-prefix counts uncached blocks from the index, approximating wo
   index.addWorker("b", 16);
   const r = req("x".repeat(64));
   const tokens = r.promptTokens();
-  index.applyEvents(
-    "a",
-    [
-      {
-        type: "BlockStored",
-        blockHashes: [1, 2],
-        parentBlockHash: null,
-        tokenIds: tokens.slice(0, 32),
-        blockSize: 16,
-        loraId: null,
-        medium: "GPU",
-        loraName: null,
-        extraKeys: null,
-        groupIdx: null,
-      },
-    ],
-    16,
-  );
+  index.applyEvents("a", [blockStored([1, 2], tokens.slice(0, 32), 16)], 16);
   const sc = scope(index);
   const s = scorer("kv-prefix", {}, sc);
   const c: StepContext = { ...ctx(w, { req: r, sc }) };

@@ -2,12 +2,12 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
 import { ApproxPrefixTree } from "../../../src/kv/approx-tree.ts";
-import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import type { Scheduler } from "../../../src/router/pipeline/scheduler.ts";
 import type { RoutingPolicy, RoutingRequest, WorkerState } from "../../../src/router/types.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
 import { createLogger } from "../../../src/util/log.ts";
+import { blockRemoved, storedPrefix } from "../../helpers/kv-events.ts";
 import { presetScheduler } from "./preset.ts";
 
 const BS = 16;
@@ -50,21 +50,8 @@ function request(text: string, salt?: string, id?: string): RoutingRequest {
 }
 
 /** What an engine would publish after caching `tokens`: one BlockStored with all full blocks. */
-function storedFor(tokens: readonly number[], hashBase: number, salt?: string): KvEvent {
-  const n = Math.floor(tokens.length / BS);
-  return {
-    type: "BlockStored",
-    blockHashes: Array.from({ length: n }, (_, i) => hashBase + i),
-    parentBlockHash: null,
-    tokenIds: tokens.slice(0, n * BS),
-    blockSize: BS,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: salt ? [[salt]] : null,
-    groupIdx: null,
-  };
-}
+const storedFor = (tokens: readonly number[], hashBase: number, salt?: string) =>
+  storedPrefix(tokens, BS, hashBase, { extraKeys: salt ? [[salt]] : null });
 
 const doc = Array.from(
   { length: 120 },
@@ -88,7 +75,7 @@ test("kv-aware sends a request to the worker holding its prefix, and not after B
   assert.equal(sel.reason, "overlap");
   assert.ok(sel.overlapBlocks! >= Math.floor(docTokens.length / BS) - 1);
   // The engine evicts the first block: nothing of the prefix is reachable any more.
-  index.apply("b", { type: "BlockRemoved", blockHashes: [1000], medium: "GPU", groupIdx: null });
+  index.apply("b", blockRemoved([1000]));
   const after = p.select(request(`${doc} Question: what is topic 70?`), ws);
   assert.equal(after.worker.record.id, "a"); // all equal now: smallest id
   assert.equal(after.reason, "load");

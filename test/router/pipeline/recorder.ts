@@ -5,10 +5,10 @@
  * each one's choices. Both read the same WorkerState objects and index; neither mutates them.
  */
 import type { WorkerRecord } from "../../../src/discovery/types.ts";
-import type { KvEvent } from "../../../src/kv/events.ts";
 import { KvIndex } from "../../../src/kv/index.ts";
 import type { RoutingPolicy, RoutingRequest, Selection, WorkerState } from "../../../src/router/types.ts";
 import { getDefaultTokenizer } from "../../../src/tokenizer/tokenizer.ts";
+import { blockRemoved, storedPrefix } from "../../helpers/kv-events.ts";
 
 const tok = getDefaultTokenizer();
 
@@ -117,21 +117,6 @@ function request(id: string, text: string, salt?: string): RoutingRequest {
   };
 }
 
-function stored(tokens: readonly number[], bs: number, base: number, blocks: number): KvEvent {
-  return {
-    type: "BlockStored",
-    blockHashes: Array.from({ length: blocks }, (_, i) => base + i),
-    parentBlockHash: null,
-    tokenIds: tokens.slice(0, blocks * bs),
-    blockSize: bs,
-    loraId: null,
-    medium: "GPU",
-    loraName: null,
-    extraKeys: null,
-    groupIdx: null,
-  } as KvEvent;
-}
-
 /** Runs the scenario on several sides at once (same workers, same index); their records. */
 export function record(sc: Scenario, sides: Side[], index: KvIndex = new KvIndex()): Recorded[][] {
   const r = rng(sc.seed);
@@ -200,7 +185,7 @@ export function record(sc: Scenario, sides: Side[], index: KvIndex = new KvIndex
         const blocks = Math.max(1, Math.floor(Math.floor(tokens.length / bs) * (0.3 + 0.7 * r())));
         const ranks = w.record.kvEvents!.ranks?.map((x) => x.dpRank) ?? [0];
         const rank = pick(ranks);
-        index.applyEvents(w.record.id, [stored(tokens, bs, hashBase, blocks)], bs, rank);
+        index.applyEvents(w.record.id, [storedPrefix(tokens, bs, hashBase, {}, blocks)], bs, rank);
         const h = held.get(w.record.id) ?? [];
         for (let i = 0; i < blocks; i++) h.push(hashBase + i);
         held.set(w.record.id, h);
@@ -208,12 +193,7 @@ export function record(sc: Scenario, sides: Side[], index: KvIndex = new KvIndex
       } else {
         const h = held.get(w.record.id) ?? [];
         const gone = h.splice(0, Math.ceil(h.length * r() * 0.5));
-        if (gone.length > 0)
-          index.applyEvents(
-            w.record.id,
-            [{ type: "BlockRemoved", blockHashes: gone, medium: "GPU", groupIdx: null } as KvEvent],
-            bs,
-          );
+        if (gone.length > 0) index.applyEvents(w.record.id, [blockRemoved(gone)], bs);
       }
     } else if (x < 0.9) {
       // Load changes: in-flight, pending prefill, engine gauges.

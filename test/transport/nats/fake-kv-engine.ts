@@ -6,6 +6,7 @@
  */
 import { pack } from "msgpackr";
 import { Router } from "zeromq";
+import { storedWire } from "../../helpers/kv-events.ts";
 import { freePort } from "../../helpers/ports.ts";
 import { VLLM_PUB_HWM, watchedPublisher } from "../../helpers/xpub.ts";
 
@@ -33,11 +34,7 @@ export class FakeKvEngine {
 
   /** A BlockStored batch for `tokens` (one block), as vLLM's positional encoding. */
   static batch(hash: number, parent: number | null, tokens: number[]): Buffer {
-    return pack([
-      Date.now() / 1000,
-      [["BlockStored", [hash], parent, tokens, tokens.length, null, "GPU", null, null, 0]],
-      0,
-    ]);
+    return pack([Date.now() / 1000, [storedWire([hash], parent, tokens, tokens.length)], 0]);
   }
 
   async publish(payload: Buffer, opts: { drop?: boolean } = {}): Promise<number> {

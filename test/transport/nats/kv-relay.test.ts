@@ -11,6 +11,7 @@ import { type NatsKvRelay, startKvRelay } from "../../../src/transport/nats/kv-r
 import { startKvSubscriber } from "../../../src/transport/nats/kv-subscriber.ts";
 import { kvRankSubject, readKvSeq } from "../../../src/transport/nats/kv-wire.ts";
 import { kvReplaySubject, kvSubject } from "../../../src/transport/nats/subjects.ts";
+import { storedWire } from "../../helpers/kv-events.ts";
 import { type NatsServerHandle, startNats } from "../../helpers/nats.ts";
 import { waitUntil } from "../../helpers/wait.ts";
 import { FakeKvEngine, seqBuf } from "./fake-kv-engine.ts";
@@ -242,7 +243,7 @@ test("a DP engine: the relay follows every rank's sockets, each on its own subje
   await ingest.synced();
   await Promise.all(engines.map((e) => e.subscribed())); // ZMQ slow joiner on both relays
   const toks = [1, 2, 3, 4, 5, 6, 7, 8];
-  const stored = ["BlockStored", [11, 12], null, toks, 4, null, "GPU", null, null, 0];
+  const stored = storedWire([11, 12], null, toks, 4);
   await engines[0].publish(packr.pack([1, [stored], 0]));
   await engines[1].publish(packr.pack([1, [stored], 1]));
   const index = ingest.index;

@@ -268,6 +268,52 @@ test("a consumer that falls behind stops the agent at the credit window", async 
   }
 });
 
+test("an answer that ends while its last chunk waits for credit: the chunk, then the end", async () => {
+  // A Content-Length answer in three writes apart in time (three socket reads at the agent):
+  // with a window of 1 and a client not reading yet, the second read finds no credit and
+  // waits; the third completes the answer meanwhile, so the end frame must wait behind both
+  // (agent-stream.ts).
+  const parts = ['{"part":1,', '"pad":"', `${"x".repeat(2000)}"}`];
+  const total = parts.join("");
+  const engine = createServer((_req, res) => {
+    res.writeHead(200, {
+      "content-type": "application/json",
+      "content-length": String(Buffer.byteLength(total)),
+    });
+    res.write(parts[0]);
+    setTimeout(() => res.write(parts[1]), 30);
+    setTimeout(() => res.end(parts[2]), 60);
+  });
+  await new Promise<void>((r) => engine.listen(0, "127.0.0.1", () => r()));
+  const port = (engine.address() as AddressInfo).port;
+  const a = await startRequestAgent({
+    nc: ncAgent,
+    engineUrl: `http://127.0.0.1:${port}`,
+    model: MODEL,
+    workerId: "w-credit",
+  });
+  const one = new NatsRequestExecutor({ nc: ncClient, window: 1, pingMs: 200 });
+  try {
+    const w = state({ id: "w-credit", url: `http://127.0.0.1:${port}`, natsSubject: a.subject });
+    // stream: true, or the client would read the answer whole at once (client.ts, bufferWhole).
+    const up = await one.send(w, "completion", { prompt: "x", stream: true }, { signal: signal() });
+    const it = up.body[Symbol.asyncIterator]();
+    let text = "";
+    // Not reading: the engine's answer completes meanwhile, its tail held at the agent.
+    await new Promise((r) => setTimeout(r, 300));
+    const st = a.streamStats();
+    assert.equal(st.length, 1, "the stream is still open at the agent");
+    assert.deepEqual(st, [{ sent: 1, allowed: 1 }], "held at the window");
+    for (let r = await it.next(); !r.done; r = await it.next()) text += Buffer.from(r.value).toString();
+    assert.equal(text, total);
+    await waitUntil(() => a.active === 0, 2000, "the agent's stream closed");
+  } finally {
+    one.close();
+    await a.close();
+    engine.close();
+  }
+});
+
 test("no agent on the subject → WorkerUnreachableError (connect), the router's retry path", async () => {
   const ghost = state({ id: "ghost", url: "http://127.0.0.1:9" });
   const t0 = Date.now();
