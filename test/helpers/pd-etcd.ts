@@ -14,7 +14,7 @@ import { EtcdWatcher } from "../../src/discovery/etcd-watcher.ts";
 import { type EtcdHandle, startEtcd } from "./etcd.ts";
 import { INFERA_BIN, serverArgs, spawnInfera } from "./infera.ts";
 import { engineListenArgs } from "./launcher.ts";
-import { freePort } from "./ports.ts";
+import { freePort, isPortRace } from "./ports.ts";
 import { spawnTracked } from "./procs.ts";
 import { waitFor200, waitUntil } from "./wait.ts";
 
@@ -32,7 +32,10 @@ export interface PdLaunchOptions {
 
 /** A launched half: its process and the tail of its output. */
 export interface PdEngine {
+  /** The current attempt's process (a start that lost a port race is started again). */
   proc: ChildProcess;
+  /** Marks the half stopped on purpose, so its exit starts nothing again. */
+  stopped(): void;
   output(): string;
 }
 
@@ -132,57 +135,86 @@ export async function startPdEtcdStage(o: PdEtcdStageOptions): Promise<PdEtcdSta
                 `127.0.0.1:${moriioProxyPort}`,
                 ...(l.moriio.mode ? ["--moriio-mode", l.moriio.mode] : []),
               ];
-        const child = spawnTracked(
-          process.execPath,
-          [
-            INFERA_BIN,
-            ...l.words,
-            "--model",
-            "sim-model",
-            "--served-model-name",
-            l.model,
-            "--worker-id",
-            `${l.model}-${l.role}`,
-            "--role",
-            l.role,
-            "--connector",
-            l.connector,
-            ...(await engineListenArgs(await freePort())),
-            "--bootstrap-port",
-            String(await freePort()),
-            "--side-channel-port",
-            String(await freePort()),
-            "--handshake-port",
-            String(await freePort()),
-            "--notify-port",
-            String(await freePort()),
-            ...moriio,
-            "--etcd-endpoints",
-            stageEtcd.endpoint,
-            "--etcd-prefix",
-            o.prefix,
-            "--lease-ttl",
-            "3",
-            "--",
-            ...l.simArgs,
-          ],
-          {
-            // Own process group: the launcher and the engine it runs are stopped together.
-            detached: true,
-            stdio: ["ignore", "pipe", "pipe"],
-            env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
-          },
-        );
-        let out = "";
-        const keep = (b: Buffer) => {
-          out = (out + b.toString()).slice(-6000);
+        // Fresh ports on every attempt: each is picked free, but another test process can bind it
+        // before this engine does (EADDRINUSE at start-up). Such a start is retried with new
+        // ports, up to 3 attempts in all; any other exit is the test's to see.
+        const spawnOnce = async (): Promise<ChildProcess> => {
+          const child = spawnTracked(
+            process.execPath,
+            [
+              INFERA_BIN,
+              ...l.words,
+              "--model",
+              "sim-model",
+              "--served-model-name",
+              l.model,
+              "--worker-id",
+              `${l.model}-${l.role}`,
+              "--role",
+              l.role,
+              "--connector",
+              l.connector,
+              ...(await engineListenArgs(await freePort())),
+              "--bootstrap-port",
+              String(await freePort()),
+              "--side-channel-port",
+              String(await freePort()),
+              "--handshake-port",
+              String(await freePort()),
+              "--notify-port",
+              String(await freePort()),
+              ...moriio,
+              "--etcd-endpoints",
+              stageEtcd.endpoint,
+              "--etcd-prefix",
+              o.prefix,
+              "--lease-ttl",
+              "3",
+              "--",
+              ...l.simArgs,
+            ],
+            {
+              // Own process group: the launcher and the engine it runs are stopped together.
+              detached: true,
+              stdio: ["ignore", "pipe", "pipe"],
+              env: { ...process.env, INFERA_LOG_LEVEL: "warn" },
+            },
+          );
+          groups.push(child.pid as number);
+          return child;
         };
-        child.stdout?.on("data", keep);
-        child.stderr?.on("data", keep);
-        groups.push(child.pid as number);
-        return { proc: child, output: () => out };
+        let out = "";
+        let stopped = false;
+        const engine: PdEngine = {
+          proc: await spawnOnce(),
+          output: () => out,
+          stopped: () => {
+            stopped = true;
+          },
+        };
+        const attach = (child: ChildProcess, attempt: number) => {
+          let attemptOut = "";
+          const keep = (b: Buffer) => {
+            attemptOut += b.toString();
+            out = (out + b.toString()).slice(-6000);
+          };
+          child.stdout?.on("data", keep);
+          child.stderr?.on("data", keep);
+          // "close", not "exit": the output is all read by then.
+          child.once("close", () => {
+            if (stopped || attempt >= 3 || !isPortRace(new Error(attemptOut))) return;
+            out += `\n[stage] attempt ${attempt} lost a port race; starting again with fresh ports\n`;
+            void spawnOnce().then((next) => {
+              engine.proc = next;
+              attach(next, attempt + 1);
+            });
+          });
+        };
+        attach(engine.proc, 1);
+        return engine;
       },
       stop(e) {
+        e.stopped();
         try {
           process.kill(-(e.proc.pid as number), "SIGTERM");
         } catch {
