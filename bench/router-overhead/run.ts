@@ -275,19 +275,24 @@ async function load(url: string, stream: boolean, requests: number, concurrency:
 const pct = (sorted: number[], p: number) =>
   sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 
-/** CPU seconds (user + system) used so far by a process and its children (nginx's worker). */
-function cpuSeconds(pid: number): number {
+/**
+ * CPU seconds [user, system] used so far by a process and its children (nginx's worker). The
+ * split says whether a cost is the proxy's own code or the kernel's socket work it asks for.
+ */
+function cpuSeconds(pid: number): [number, number] {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
     const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    let ticks = Number(f[11]) + Number(f[12]);
+    const out: [number, number] = [Number(f[11]) / 100, Number(f[12]) / 100];
     const kids = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim();
-    let sub = 0;
-    for (const k of kids ? kids.split(" ") : []) sub += cpuSeconds(Number(k));
-    ticks /= 100;
-    return ticks + sub;
+    for (const k of kids ? kids.split(" ") : []) {
+      const [u, s] = cpuSeconds(Number(k));
+      out[0] += u;
+      out[1] += s;
+    }
+    return out;
   } catch {
-    return 0;
+    return [0, 0];
   }
 }
 
@@ -319,6 +324,8 @@ interface Agg {
   lowConc: number[];
   /** CPU seconds the proxy process (or the sim, for a) spent during the concurrent runs. */
   cpu: number;
+  /** The part of `cpu` spent in the kernel (system time). */
+  sysCpu: number;
   /** Read / write syscalls of that process during the concurrent runs. */
   reads: number;
   writes: number;
@@ -471,7 +478,7 @@ async function main(): Promise<void> {
       const mode = stream ? "streamed" : "non-streamed";
       const agg = {} as Record<Key, Agg>;
       for (const k of keys) {
-        agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, reads: 0, writes: 0 };
+        agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, sysCpu: 0, reads: 0, writes: 0 };
         // warm-up (JIT, pools); (g) shares (b)'s process, warmed again with the poller on.
         await withDashboard(k, () => load(targets[k]!, stream, WARMUP, CONCURRENCY));
       }
@@ -481,7 +488,9 @@ async function main(): Promise<void> {
           const cpu0 = cpuSeconds(cpuPid);
           const io0 = syscalls(cpuPid);
           const res = await withDashboard(k, () => load(targets[k]!, stream, REQUESTS, CONCURRENCY));
-          agg[k].cpu += cpuSeconds(cpuPid) - cpu0;
+          const cpu1 = cpuSeconds(cpuPid);
+          agg[k].cpu += cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1];
+          agg[k].sysCpu += cpu1[1] - cpu0[1];
           const io1 = syscalls(cpuPid);
           agg[k].reads += io1[0] - io0[0];
           agg[k].writes += io1[1] - io0[1];
@@ -515,6 +524,7 @@ async function main(): Promise<void> {
           l99: pct(l, 99),
           errors: agg[k].errors,
           cpuUs: (agg[k].cpu / Math.max(1, agg[k].count)) * 1e6,
+          sysUs: (agg[k].sysCpu / Math.max(1, agg[k].count)) * 1e6,
           sys: `${(agg[k].reads / Math.max(1, agg[k].count)).toFixed(2)} / ${(agg[k].writes / Math.max(1, agg[k].count)).toFixed(2)}`,
         };
       };
@@ -528,9 +538,9 @@ async function main(): Promise<void> {
       const h = TRACED ? stat("h_infera_traced") : null;
       out(`\n${mode}`);
       out(
-        "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | read/write syscalls per req | errors |",
+        "| target | req/s | p50 ms | p99 ms | c=1 p50 ms | c=1 p99 ms | CPU µs/req (process) | of which kernel | read/write syscalls per req | errors |",
       );
-      out("|---|---|---|---|---|---|---|---|---|");
+      out("|---|---|---|---|---|---|---|---|---|---|");
       const g = keys.includes("g_infera_dashboard") ? stat("g_infera_dashboard") : null;
       for (const [name, s] of [
         ["a sim direct", a],
@@ -544,7 +554,7 @@ async function main(): Promise<void> {
         ...(g ? ([[`g = b with the dashboard polled every ${DASHBOARD_POLL_MS} ms`, g]] as const) : []),
       ] as const) {
         out(
-          `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.sys} | ${s.errors} |`,
+          `| ${name} | ${s.rps.toFixed(0)} | ${s.p50.toFixed(3)} | ${s.p99.toFixed(3)} | ${s.l50.toFixed(3)} | ${s.l99.toFixed(3)} | ${s.cpuUs.toFixed(0)} | ${s.sysUs.toFixed(0)} | ${s.sys} | ${s.errors} |`,
         );
       }
       out(
