@@ -46,10 +46,14 @@ const CONCURRENCY = Number(args.get("concurrency") ?? 16);
 const ROUNDS = Number(args.get("rounds") ?? 2);
 const LATENCY_REQUESTS = Number(args.get("latency-requests") ?? 1000);
 /**
- * Requests per target before measuring: enough for V8 to finish optimising the Node targets'
- * hot paths (its compiler threads count in the process's CPU), so the figures are steady-state.
+ * Requests per target and mode before measuring: enough for V8 to finish optimising the Node
+ * targets' hot paths (its compiler threads count in the process's CPU), so the figures are
+ * steady-state. 3,000 was not: `--trace-opt` on infera server (dist, non-streamed, c=16, this
+ * 2-core box) counted 254 optimised compiles in the 10,000 requests after a 4,000 warm-up, then
+ * 28, 3, 5, 1, 0 per further 10,000, and user CPU per request fell from 87 to ≈ 50 µs over
+ * the first 20,000. nginx has no JIT; the bare Node proxies warm up faster than infera (less code).
  */
-const WARMUP = Number(args.get("warmup") ?? 3000);
+const WARMUP = Number(args.get("warmup") ?? 20000);
 const NGINX = args.get("nginx") ?? "/usr/sbin/nginx";
 const MAX_TOKENS = Number(args.get("max-tokens") ?? 4);
 const BASELINE = args.get("baseline");
