@@ -482,7 +482,17 @@ async function main(): Promise<void> {
       const mode = stream ? "streamed" : "non-streamed";
       const agg = {} as Record<Key, Agg>;
       for (const k of keys) {
-        agg[k] = { latencies: [], seconds: 0, count: 0, errors: 0, lowConc: [], cpu: 0, sysCpu: 0, reads: 0, writes: 0 };
+        agg[k] = {
+          latencies: [],
+          seconds: 0,
+          count: 0,
+          errors: 0,
+          lowConc: [],
+          cpu: 0,
+          sysCpu: 0,
+          reads: 0,
+          writes: 0,
+        };
         // warm-up (JIT, pools); (g) shares (b)'s process, warmed again with the poller on.
         await withDashboard(k, () => load(targets[k]!, stream, WARMUP, CONCURRENCY));
       }
