@@ -1,5 +1,4 @@
-import { createServer } from "node:net";
-import { freePort } from "./ports.ts";
+import { freePortRun } from "./ports.ts";
 
 /** The engine personalities the simulator takes through `infera engine <kind> --sim`. */
 export type SimPersonality = "vllm" | "sglang" | "atom";
@@ -14,24 +13,9 @@ export function simEngineWords(as: SimPersonality | "sim" = "sim"): string[] {
   return as === "sim" ? ["engine", "sim"] : ["engine", as, "--sim"];
 }
 
-async function canBind(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const srv = createServer();
-    srv.once("error", () => resolve(false));
-    srv.listen({ port, host: "0.0.0.0", exclusive: true }, () => srv.close(() => resolve(true)));
-  });
-}
-
-/** `n` consecutive free ports (per-DP-rank sockets bind base + r); returns the first. */
-export async function freePortRange(n: number): Promise<number> {
-  for (let attempt = 0; attempt < 50; attempt++) {
-    const base = await freePort();
-    if (base + n > 65535) continue;
-    let ok = true;
-    for (let p = base; p < base + n && ok; p++) ok = await canBind(p);
-    if (ok) return base;
-  }
-  throw new Error(`no ${n} consecutive free ports found`);
+/** `n` consecutive free ports (per-DP-rank sockets bind base + r), checked on all interfaces. */
+export function freePortRange(n: number): Promise<number> {
+  return freePortRun(n, "0.0.0.0");
 }
 
 /**

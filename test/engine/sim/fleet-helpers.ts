@@ -10,7 +10,7 @@ import { Dealer, Subscriber } from "zeromq";
 import type { FleetManifest } from "../../../src/engine/sim/fleet.ts";
 import { stopChild } from "../../../src/util/child-process.ts";
 import { serverArgs } from "../../helpers/infera.ts";
-import { freePort } from "../../helpers/ports.ts";
+import { freePort, freePortRun } from "../../helpers/ports.ts";
 import { spawnTracked } from "../../helpers/procs.ts";
 
 const SIM_BIN = fileURLToPath(new URL("../../../bin/infera-sim.js", import.meta.url));
@@ -25,15 +25,9 @@ export function bindable(port: number): Promise<boolean> {
   });
 }
 
-/** `n` consecutive ports, all free a moment ago, below the ephemeral range. */
-export async function freePortBlock(n: number): Promise<number> {
-  for (let tries = 0; tries < 200; tries++) {
-    const base = await freePort();
-    let ok = true;
-    for (let k = 1; k < n && ok; k++) ok = await bindable(base + k);
-    if (ok) return base;
-  }
-  throw new Error(`no block of ${n} free ports`);
+/** `n` consecutive ports, all free a moment ago (and claimed), below the ephemeral range. */
+export function freePortBlock(n: number): Promise<number> {
+  return freePortRun(n);
 }
 
 export interface FleetProcess {
