@@ -40,6 +40,28 @@ const offload = (factor: number) =>
 const doc = (tag: string, words: number) =>
   Array.from({ length: words }, (_, i) => `${tag}${i % 97} w${(i * 31) % 89}`).join(" ");
 
+/** The feeds' sync report, the server's `kv` metric samples and each sim's KV-related ones. */
+async function kvDiagnostics(server: InferaServer | undefined, sims: SimProcess[]): Promise<string> {
+  const samples = async (url: string, re: RegExp): Promise<string> => {
+    try {
+      const text = await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(2000) })).text();
+      return text
+        .split("\n")
+        .filter((l) => re.test(l) && !l.startsWith("#"))
+        .join("\n");
+    } catch (err) {
+      return `(metrics unavailable: ${String(err)})`;
+    }
+  };
+  const out = [`sync: ${JSON.stringify(server?.kvIngest?.syncReport?.() ?? null)}`];
+  if (server) out.push(`server:\n${await samples(server.url, /kv/)}`);
+  for (const s of sims)
+    out.push(
+      `sim ${s.url} (${s.kvEndpoint}):\n${await samples(s.url, /prefix_cache|kv_cache_usage|kv_event/)}`,
+    );
+  return out.join("\n");
+}
+
 async function direct(sim: SimProcess, prompt: string): Promise<void> {
   const r = await fetch(`${sim.url}/v1/completions`, {
     method: "POST",
@@ -101,7 +123,10 @@ for (const factor of [1, 2]) {
       try {
         await up(15_000);
       } catch (err) {
-        logger.warn({ err: String(err) }, "KV events never arrived; starting the scenario afresh");
+        // Evidence for the next reader (the stall is not understood): the feeds' sync state, the
+        // server's KV counters and each sim's own, printed into the test log before the restart.
+        console.error(`offloaded-tier (factor ${factor}): KV events never arrived (${String(err)})`);
+        console.error(await kvDiagnostics(server, sims));
         await server?.close();
         await Promise.all(sims.map((x) => x.stop()));
         await up(30_000);
