@@ -19,13 +19,13 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
-import { Pool } from "undici";
 import { handleFatalSignals, killOnExit } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { startSim } from "../../test/helpers/sim.ts";
 import { waitFor200 } from "../../test/helpers/wait.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
+import { closedLoop } from "./closed-loop.ts";
 
 exitWithUsageIfAsked(import.meta.url, process.argv.slice(2));
 
@@ -47,39 +47,7 @@ function cpu(pid: number): [number, number] {
   return [Number(f[11]) / 100, Number(f[12]) / 100];
 }
 
-async function load(url: string, n: number): Promise<number> {
-  const pool = new Pool(url, { connections: 16, pipelining: 1 });
-  let next = 0;
-  let errors = 0;
-  await Promise.all(
-    Array.from({ length: 16 }, async () => {
-      while (next < n) {
-        const i = next++;
-        try {
-          const r = await pool.request({
-            path: "/v1/chat/completions",
-            method: "POST",
-            headers: { "content-type": "application/json" },
-            body: JSON.stringify({
-              model: "sim-model",
-              messages: [{ role: "user", content: `Benchmark request ${i % 64}: say something short.` }],
-              max_tokens: 4,
-              stream: STREAM,
-            }),
-          });
-          for await (const _ of r.body) {
-            // drain
-          }
-          if (r.statusCode !== 200) errors++;
-        } catch {
-          errors++;
-        }
-      }
-    }),
-  );
-  await pool.close();
-  return errors;
-}
+const load = (url: string, n: number): Promise<number> => closedLoop(url, n, STREAM);
 
 async function main(): Promise<void> {
   const sim = await startSim({ args: ["--speed", "10000", "--max-num-seqs", "256"] });
