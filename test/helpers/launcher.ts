@@ -13,11 +13,6 @@ export function simEngineWords(as: SimPersonality | "sim" = "sim"): string[] {
   return as === "sim" ? ["engine", "sim"] : ["engine", as, "--sim"];
 }
 
-/** `n` consecutive free ports (per-DP-rank sockets bind base + r), checked on all interfaces. */
-export function freePortRange(n: number): Promise<number> {
-  return freePortRun(n, "0.0.0.0");
-}
-
 /**
  * The listen flags an `infera engine ...` launcher is given in tests: HTTP on 127.0.0.1:`port`,
  * KV events and their replay on free ports — `dp` consecutive ones each, since rank r binds
@@ -25,10 +20,11 @@ export function freePortRange(n: number): Promise<number> {
  */
 export async function engineListenArgs(port: number, opts: { dp?: number } = {}): Promise<string[]> {
   const dp = opts.dp ?? 1;
-  const pub = await freePortRange(dp);
-  let replay = await freePortRange(dp);
+  // Checked on all interfaces: the engines bind their KV sockets there.
+  const pub = await freePortRun(dp, "0.0.0.0");
+  let replay = await freePortRun(dp, "0.0.0.0");
   // The two ranges must not overlap (the launcher refuses that).
-  while (replay < pub + dp && pub < replay + dp) replay = await freePortRange(dp);
+  while (replay < pub + dp && pub < replay + dp) replay = await freePortRun(dp, "0.0.0.0");
   return [
     "--host",
     "127.0.0.1",

@@ -23,12 +23,13 @@ const CLAIMS = join(tmpdir(), `infera-test-ports-${process.getuid?.() ?? "u"}`);
 const given = new Set<number>();
 mkdirSync(CLAIMS, { recursive: true });
 
-function bindable(port: number): Promise<boolean> {
+/** Whether a listener could bind `port` on `host` right now (it is closed again at once). */
+export function bindable(port: number, host = "127.0.0.1"): Promise<boolean> {
   return new Promise((resolve) => {
     const srv = createServer();
     srv.unref();
     srv.once("error", () => resolve(false));
-    srv.listen(port, "127.0.0.1", () => srv.close(() => resolve(true)));
+    srv.listen(port, host, () => srv.close(() => resolve(true)));
   });
 }
 
@@ -69,9 +70,10 @@ export async function retryOnPortRace<T>(start: () => Promise<T>): Promise<T> {
   }
 }
 
-/** True for a start-up that failed because a picked port was taken meanwhile. */
+/** True for a start-up (its error, or its output) that failed because a picked port was taken meanwhile. */
 export function isPortRace(err: unknown): boolean {
-  return /EADDRINUSE|address already in use/i.test((err as Error)?.message ?? "");
+  const text = typeof err === "string" ? err : ((err as Error)?.message ?? "");
+  return /EADDRINUSE|address already in use/i.test(text);
 }
 
 /** A TCP port that was free on 127.0.0.1 a moment ago, outside the kernel's ephemeral range. */
@@ -94,17 +96,8 @@ export async function freePortRun(n: number, bindHost = "127.0.0.1"): Promise<nu
     if (base + n > LAST) continue;
     let ok = true;
     for (let p = base; p < base + n && ok; p++)
-      ok = (await canBind(p, bindHost)) && (p === base || claimPort(p));
+      ok = (await bindable(p, bindHost)) && (p === base || claimPort(p));
     if (ok) return base;
   }
   throw new Error(`no ${n} consecutive free ports found`);
-}
-
-function canBind(port: number, host: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const srv = createServer();
-    srv.unref();
-    srv.once("error", () => resolve(false));
-    srv.listen({ port, host, exclusive: true }, () => srv.close(() => resolve(true)));
-  });
 }

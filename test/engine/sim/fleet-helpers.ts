@@ -1,7 +1,6 @@
-/** Shared by the fleet tests: a fleet as a child process, a KV-event collector, port blocks. */
+/** Shared by the fleet tests: a fleet as a child process, a KV-event collector. */
 import type { ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -10,25 +9,11 @@ import { Dealer, Subscriber } from "zeromq";
 import type { FleetManifest } from "../../../src/engine/sim/fleet.ts";
 import { stopChild } from "../../../src/util/child-process.ts";
 import { serverArgs } from "../../helpers/infera.ts";
-import { freePort, freePortRun } from "../../helpers/ports.ts";
+import { freePort } from "../../helpers/ports.ts";
 import { spawnTracked } from "../../helpers/procs.ts";
 
 const SIM_BIN = fileURLToPath(new URL("../../../bin/infera-sim.js", import.meta.url));
 const unpackr = new Unpackr({ int64AsType: "bigint", useRecords: false, mapsAsObjects: true });
-
-export function bindable(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const srv = createServer();
-    srv.unref();
-    srv.once("error", () => resolve(false));
-    srv.listen(port, "127.0.0.1", () => srv.close(() => resolve(true)));
-  });
-}
-
-/** `n` consecutive ports, all free a moment ago (and claimed), below the ephemeral range. */
-export function freePortBlock(n: number): Promise<number> {
-  return freePortRun(n);
-}
 
 export interface FleetProcess {
   proc: ChildProcess;

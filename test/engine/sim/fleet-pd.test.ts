@@ -10,14 +10,9 @@ import { after, before, describe, it } from "node:test";
 import OpenAI from "openai";
 import type { PartialWorkerRecord } from "../../../src/discovery/static.ts";
 import type { FleetManifest } from "../../../src/engine/sim/fleet.ts";
+import { freePortRun } from "../../helpers/ports.ts";
 import { parseMetric } from "../../helpers/sim.ts";
-import {
-  type FleetProcess,
-  freePortBlock,
-  type ServerProcess,
-  spawnFleet,
-  startStaticServer,
-} from "./fleet-helpers.ts";
+import { type FleetProcess, type ServerProcess, spawnFleet, startStaticServer } from "./fleet-helpers.ts";
 
 const MODEL = "fleet-pd-model";
 const KV = JSON.stringify({
@@ -108,7 +103,7 @@ for (const kind of ["nixl", "sglang"] as const) {
     let server: ServerProcess;
     let base = 0;
     before(async () => {
-      base = await freePortBlock(2);
+      base = await freePortRun(2);
       [pFleet, dFleet] = await Promise.all([
         spawnFleet(2, fleetArgs(kind, "prefill", base)),
         spawnFleet(2, fleetArgs(kind, "decode", base)),

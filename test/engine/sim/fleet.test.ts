@@ -10,8 +10,9 @@ import { after, before, describe, it } from "node:test";
 import { ArgParseError, parseSimArgs, SIM_HELP } from "../../../src/engine/sim/args.ts";
 import { FleetStartError, type SimFleet, startSimFleet } from "../../../src/engine/sim/fleet.ts";
 import { fleetKvTransferConfig } from "../../../src/engine/sim/fleet-ports.ts";
+import { bindable, freePortRun } from "../../helpers/ports.ts";
 import { kvEventsReceived, parseMetric } from "../../helpers/sim.ts";
-import { bindable, EventTags, freePortBlock, replay, spawnFleet, waitUntil } from "./fleet-helpers.ts";
+import { EventTags, replay, spawnFleet, waitUntil } from "./fleet-helpers.ts";
 
 const MODEL = "fleet-model";
 const ANY_KV = JSON.stringify({
@@ -142,7 +143,7 @@ describe("sim fleet in one process", () => {
 
 describe("sim fleet ports", () => {
   it("engine i: HTTP --port + i; KV-event and replay ports + i x dp size, then + rank", async () => {
-    const [http, kv, rp] = [await freePortBlock(3), await freePortBlock(6), await freePortBlock(6)];
+    const [http, kv, rp] = [await freePortRun(3), await freePortRun(6), await freePortRun(6)];
     const cfg = JSON.stringify({
       enable_kv_cache_events: true,
       publisher: "zmq",
@@ -175,7 +176,7 @@ describe("sim fleet ports", () => {
   });
 
   it("a port in use fails the whole fleet, naming the engine and port, and releases every engine", async () => {
-    const [http, kv] = [await freePortBlock(4), await freePortBlock(4)];
+    const [http, kv] = [await freePortRun(4), await freePortRun(4)];
     const squatter: Server = createServer();
     await new Promise<void>((r) => squatter.listen(http + 2, "127.0.0.1", r));
     try {
@@ -240,7 +241,7 @@ describe("infera-sim --fleet (process)", () => {
   });
 
   it("a port in use: exit 1, the error names the engine and the port", async () => {
-    const kv = await freePortBlock(3);
+    const kv = await freePortRun(3);
     const squatter: Server = createServer();
     await new Promise<void>((r) => squatter.listen(kv + 1, "127.0.0.1", r));
     try {
@@ -259,7 +260,7 @@ describe("infera-sim --fleet (process)", () => {
 
 describe("fleets of every personality", () => {
   it("SGLang: engine i's bootstrap server on --disaggregation-bootstrap-port + i", async () => {
-    const b = await freePortBlock(3);
+    const b = await freePortRun(3);
     const fleet = await startSimFleet({
       count: 3,
       argv: [
@@ -281,7 +282,7 @@ describe("fleets of every personality", () => {
   });
 
   it("ATOM: engine i's handshake port (and /kv_transfer_info) is the configured one + i", async () => {
-    const h = await freePortBlock(2);
+    const h = await freePortRun(2);
     const fleet = await startSimFleet({
       count: 2,
       argv: [
