@@ -34,8 +34,6 @@ export interface PdLaunchOptions {
 export interface PdEngine {
   /** The current attempt's process (a start that lost a port race is started again). */
   proc: ChildProcess;
-  /** Marks the half stopped on purpose, so its exit starts nothing again. */
-  stopped(): void;
   output(): string;
 }
 
@@ -65,6 +63,8 @@ export interface PdEtcdStageOptions {
 
 export async function startPdEtcdStage(o: PdEtcdStageOptions): Promise<PdEtcdStage> {
   const groups: number[] = [];
+  /** Halves stopped on purpose: their exit starts nothing again. */
+  const stopped = new WeakSet<PdEngine>();
   const moriioProxy = new zmq.Router({ linger: 0 });
   const pings = new Map<string, Record<string, unknown>>();
   await moriioProxy.bind("tcp://127.0.0.1:*");
@@ -184,25 +184,19 @@ export async function startPdEtcdStage(o: PdEtcdStageOptions): Promise<PdEtcdSta
           return child;
         };
         let out = "";
-        let stopped = false;
-        const engine: PdEngine = {
-          proc: await spawnOnce(),
-          output: () => out,
-          stopped: () => {
-            stopped = true;
-          },
-        };
+        const engine: PdEngine = { proc: await spawnOnce(), output: () => out };
         const attach = (child: ChildProcess, attempt: number) => {
+          // This attempt's own output tail (the start-up error is the last thing it prints).
           let attemptOut = "";
           const keep = (b: Buffer) => {
-            attemptOut += b.toString();
+            attemptOut = (attemptOut + b.toString()).slice(-6000);
             out = (out + b.toString()).slice(-6000);
           };
           child.stdout?.on("data", keep);
           child.stderr?.on("data", keep);
           // "close", not "exit": the output is all read by then.
           child.once("close", () => {
-            if (stopped || attempt >= 3 || !isPortRace(new Error(attemptOut))) return;
+            if (stopped.has(engine) || attempt >= 3 || !isPortRace(attemptOut)) return;
             out += `\n[stage] attempt ${attempt} lost a port race; starting again with fresh ports\n`;
             void spawnOnce().then((next) => {
               engine.proc = next;
@@ -214,7 +208,7 @@ export async function startPdEtcdStage(o: PdEtcdStageOptions): Promise<PdEtcdSta
         return engine;
       },
       stop(e) {
-        e.stopped();
+        stopped.add(e);
         try {
           process.kill(-(e.proc.pid as number), "SIGTERM");
         } catch {
