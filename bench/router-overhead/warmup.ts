@@ -16,7 +16,6 @@
  * as seconds of `writev`), perf samples CPU time only.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
 import { handleFatalSignals, killOnExit } from "../../src/util/child-process.ts";
@@ -24,6 +23,7 @@ import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { startSim } from "../../test/helpers/sim.ts";
 import { waitFor200 } from "../../test/helpers/wait.ts";
+import { cpuOf } from "../fleet-scale/measure.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 import { closedLoop } from "./closed-loop.ts";
 
@@ -42,9 +42,9 @@ handleFatalSignals();
 
 /** [user, kernel] CPU seconds of a process so far. */
 function cpu(pid: number): [number, number] {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return [Number(f[11]) / 100, Number(f[12]) / 100];
+  const s = cpuOf(pid);
+  if (!s) throw new Error(`infera server (pid ${pid}) is gone`);
+  return [s.cpu - s.sys, s.sys];
 }
 
 const load = (url: string, n: number): Promise<number> => closedLoop(url, n, STREAM);
