@@ -10,12 +10,10 @@
 import assert from "node:assert/strict";
 import net from "node:net";
 import { after, before, describe, it } from "node:test";
-import OpenAI from "openai";
-import { MemoryDiscovery } from "../../src/discovery/memory.ts";
-import { completeRecord } from "../../src/discovery/static.ts";
-import { type InferaServer, startServer } from "../../src/server/index.ts";
+import type OpenAI from "openai";
+import type { InferaServer } from "../../src/server/index.ts";
+import { gatewayFor } from "../helpers/gateway.ts";
 import { type SimProcess, startSim } from "../helpers/sim.ts";
-import { waitUntil } from "../helpers/wait.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 
@@ -51,13 +49,8 @@ describe("upstream connections are reused (issue #32)", () => {
   before(async () => {
     sim = await startSim({ model: "conn", args: ["--speed", "1000", "--seed", "1"], timeoutMs: 60_000 });
     counter = await startCounter(sim.port);
-    const memory = new MemoryDiscovery([
-      completeRecord({ id: "w", url: counter.url, model: "conn", engine: "vllm" }),
-    ]);
     // The scraper's own timer is off: the test scrapes when it wants (scrapeAll).
-    server = await startServer({ port: 0, scrapeIntervalMs: 0 }, { discovery: memory });
-    await waitUntil(() => server.workers.list().length === 1, 15_000, "worker registered");
-    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "none", maxRetries: 0 });
+    ({ server, client } = await gatewayFor(counter.url, "conn"));
   });
   after(async () => {
     await server?.close();

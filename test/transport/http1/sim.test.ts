@@ -6,12 +6,10 @@
  */
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import OpenAI from "openai";
-import { MemoryDiscovery } from "../../../src/discovery/memory.ts";
-import { completeRecord } from "../../../src/discovery/static.ts";
-import { type InferaServer, startServer } from "../../../src/server/index.ts";
+import type OpenAI from "openai";
+import type { InferaServer } from "../../../src/server/index.ts";
+import { gatewayFor } from "../../helpers/gateway.ts";
 import { type SimProcess, startSim } from "../../helpers/sim.ts";
-import { waitUntil } from "../../helpers/wait.ts";
 
 process.env.INFERA_LOG_LEVEL ??= "silent";
 
@@ -22,12 +20,7 @@ describe("raw HTTP/1.1 request plane, end to end with a sim and the openai clien
 
   before(async () => {
     sim = await startSim({ model: "h1", args: ["--speed", "1000", "--seed", "7"], timeoutMs: 60_000 });
-    const memory = new MemoryDiscovery([
-      completeRecord({ id: "w", url: sim.url, model: "h1", engine: "vllm" }),
-    ]);
-    server = await startServer({ port: 0, scrapeIntervalMs: 0 }, { discovery: memory });
-    await waitUntil(() => server.workers.list().length === 1, 15_000, "worker registered");
-    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "none", maxRetries: 0 });
+    ({ server, client } = await gatewayFor(sim.url, "h1"));
   });
   after(async () => {
     await server?.close();
