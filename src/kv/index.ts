@@ -587,6 +587,7 @@ export class KvIndex implements PrefixIndex {
     cacheSalt?: string | null,
     loraName?: string | null,
     bestRank?: Int32Array,
+    into?: Int32Array,
   ): Int32Array {
     const out = this.walker.overlaps(
       this.table,
@@ -595,6 +596,7 @@ export class KvIndex implements PrefixIndex {
       cacheSalt,
       loraName,
       bestRank,
+      into,
     );
     // A worker whose view is not in sync is unknown, not empty: the caller's fallback decides.
     if (this.unsynced.size > 0)

@@ -61,7 +61,8 @@ export interface PrefixIndex {
   /**
    * For each of `workerIds`, how many leading full blocks of `tokens` the worker's best rank
    * holds (-1 for a worker the index does not track or whose view is not `synced`). `bestRank`, when given, receives that
-   * rank per worker (-1 when none holds any).
+   * rank per worker (-1 when none holds any). `out`, when given, receives the overlaps and is
+   * returned (a caller's reused row: nothing allocated per call).
    */
   overlaps(
     tokens: ArrayLike<number>,
@@ -69,6 +70,7 @@ export interface PrefixIndex {
     cacheSalt?: string | null,
     loraName?: string | null,
     bestRank?: Int32Array,
+    out?: Int32Array,
   ): Int32Array;
   /**
    * For each of `workerIds`, the leading blocks of `tokens` it holds offloaded in host memory and

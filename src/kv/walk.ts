@@ -90,7 +90,7 @@ export class FleetWalk {
     return this.marks.byteLength + this.scratch.byteLength;
   }
 
-  /** Overlaps of the plan's candidates (not tracked: -1), best ranks into `bestRank` when given. */
+  /** Overlaps of the plan's candidates (not tracked: -1) into `into` (else a new row), best ranks into `bestRank` when given. */
   overlaps(
     table: BlockTable,
     tokens: ArrayLike<number>,
@@ -98,8 +98,10 @@ export class FleetWalk {
     cacheSalt?: string | null,
     loraName?: string | null,
     bestRank?: Int32Array,
+    into?: Int32Array,
   ): Int32Array {
-    const out = new Int32Array(p.n);
+    // Every entry is written below (a walked size's depth, or −1 untracked).
+    const out = into ?? new Int32Array(p.n);
     if (bestRank) bestRank.fill(-1, 0, p.n);
     const { hids, starts, sizes } = p;
     const marks = this.marks;

@@ -13,6 +13,7 @@ import { Packr } from "msgpackr";
 import { decodeBatch, decodeBatchGeneric, type KvEvent } from "../../src/kv/events.ts";
 import { KvIndex } from "../../src/kv/index.ts";
 import { scorers } from "../../src/router/pipeline/registry.ts";
+import { RowArena } from "../../src/router/pipeline/rows.ts";
 import type { ModelScope, StepContext } from "../../src/router/pipeline/types.ts";
 import type { RoutingRequest } from "../../src/router/types.ts";
 import { createLogger } from "../../src/util/log.ts";
@@ -105,6 +106,7 @@ test("kv-prefix: an offloaded prefix attracts its follow-up at a lower weight th
     step: "mixed",
     scope: sc,
     all,
+    rows: new RowArena(),
     overlaps: () => s.overlapSource!.overlaps(c).overlaps,
     ranks: () => new Int32Array(3).fill(-1),
     bridged: () => null,

@@ -14,6 +14,7 @@ import type { RouteLifecycle, RoutingPolicy, RoutingRequest, Selection, WorkerSt
 import { type DecisionLog, type DecisionRecord, explain } from "./decisions.ts";
 import type { BridgeCounters } from "./pending-prefixes.ts";
 import { filters as filterDefs, pickers as pickerDefs, scorers as scorerDefs } from "./registry.ts";
+import { RowArena } from "./rows.ts";
 import type {
   Filter,
   ModelScope,
@@ -99,6 +100,7 @@ class Ctx implements StepContext {
   readonly step: Step;
   readonly scope: ModelScope;
   readonly all: readonly WorkerState[];
+  readonly rows: RowArena;
   private readonly source: OverlapSource | undefined;
   private readonly heldOf: ((id: string) => number) | undefined;
   reason?: string;
@@ -108,7 +110,7 @@ class Ctx implements StepContext {
   private ld: Float64Array | null = null;
   private hd: Float64Array | null = null;
   private pb: Int32Array | null = null;
-  private rows: IndexRows | null | undefined = undefined;
+  private idxRows: IndexRows | null | undefined = undefined;
   /** `held` reads the index's count where it tracks the worker (see OverlapSource.heldFromIndex). */
   private readonly heldFromIndex: boolean;
 
@@ -119,11 +121,13 @@ class Ctx implements StepContext {
     all: readonly WorkerState[],
     source: OverlapSource | undefined,
     heldOf: ((id: string) => number) | undefined,
+    rows: RowArena,
   ) {
     this.req = req;
     this.step = step;
     this.scope = scope;
     this.all = all;
+    this.rows = rows;
     this.source = source;
     this.heldOf = heldOf;
     // Without a view of its own the step reads the index's counts (the `else` in `held`).
@@ -135,7 +139,7 @@ class Ctx implements StepContext {
     if (this.source) this.ov = this.source.overlaps(this);
     else {
       const n = this.all.length;
-      this.ov = n === 0 ? EMPTY_OVERLAPS : { overlaps: new Int32Array(n), ranks: new Int32Array(n).fill(-1) };
+      this.ov = n === 0 ? EMPTY_OVERLAPS : { overlaps: this.rows.i32(n), ranks: this.rows.i32(n).fill(-1) };
     }
     return this.ov;
   }
@@ -158,7 +162,7 @@ class Ctx implements StepContext {
     if (!this.bs) {
       const idx = this.scope.kvIndex;
       const all = this.all;
-      const bs = new Int32Array(all.length);
+      const bs = this.rows.i32(all.length);
       const rows = this.indexRows();
       for (let i = 0; i < all.length; i++) {
         const r = all[i].record;
@@ -172,21 +176,21 @@ class Ctx implements StepContext {
 
   /** The index's block size, held blocks and sync per candidate, in one pass (null: no index or no bulk read). */
   indexRows(): IndexRows | null {
-    if (this.rows === undefined) {
+    if (this.idxRows === undefined) {
       const idx = this.scope.kvIndex;
-      if (!idx?.candidateRows) this.rows = null;
+      if (!idx?.candidateRows) this.idxRows = null;
       else {
         const n = this.all.length;
         const rows: IndexRows = {
-          blockSize: new Int32Array(n),
-          held: new Int32Array(n),
-          sync: new Uint8Array(n),
+          blockSize: this.rows.i32(n),
+          held: this.rows.i32(n),
+          sync: this.rows.u8(n),
         };
         idx.candidateRows(candidateView(this.all).ids, rows.blockSize, rows.held, rows.sync);
-        this.rows = rows;
+        this.idxRows = rows;
       }
     }
-    return this.rows;
+    return this.idxRows;
   }
 
   promptBlocks(pos: number): number {
@@ -194,7 +198,7 @@ class Ctx implements StepContext {
     if (!this.pb) {
       const len = this.req.promptTokens().length;
       const n = this.all.length;
-      const pb = new Int32Array(n);
+      const pb = this.rows.i32(n);
       this.blockSize(0);
       const bs = this.bs!;
       for (let i = 0; i < n; i++) pb[i] = Math.floor(len / bs[i]);
@@ -207,7 +211,7 @@ class Ctx implements StepContext {
     // Read by cache-pressure for every candidate and by argmin's ties: once per position, and
     // the index's counts for all candidates at once where it tracks them in sync.
     if (!this.hd) {
-      const hd = new Float64Array(this.all.length).fill(-1);
+      const hd = this.rows.f64(this.all.length).fill(-1);
       const rows = this.heldFromIndex ? this.indexRows() : null;
       if (rows) for (let i = 0; i < hd.length; i++) if (rows.held[i] >= 0) hd[i] = rows.held[i];
       this.hd = hd;
@@ -228,7 +232,7 @@ class Ctx implements StepContext {
   loads(): Float64Array {
     if (!this.ld) {
       const all = this.all;
-      const ld = new Float64Array(all.length);
+      const ld = this.rows.f64(all.length);
       for (let i = 0; i < all.length; i++) ld[i] = requestLoad(all[i]);
       this.ld = ld;
     }
@@ -280,6 +284,26 @@ export class StepPolicy implements RoutingPolicy {
 
   private totalsBuf = new Float64Array(0);
   private valuesBuf = new Float64Array(0);
+  /**
+   * Two arenas, alternated decision by decision, so the last decision's rows stay intact while
+   * the next one runs (./rows.ts); a third for the side questions (`cachedTokens`, `explain`),
+   * whose rows are copied before they return.
+   */
+  private readonly arenas = [new RowArena(), new RowArena()];
+  private turn = 0;
+  private readonly sideRows = new RowArena();
+
+  private nextArena(): RowArena {
+    this.turn ^= 1;
+    const a = this.arenas[this.turn];
+    a.reset();
+    return a;
+  }
+
+  private side(): RowArena {
+    this.sideRows.reset();
+    return this.sideRows;
+  }
 
   /** Zeroed totals (n) and per-scorer values (ns × n) rows, views of buffers kept across decisions. */
   private rows(n: number, ns: number): { totals: Float64Array; values: Float64Array } {
@@ -296,7 +320,7 @@ export class StepPolicy implements RoutingPolicy {
 
   /** Runs the pipeline; returns the context with `winner` set (a position in `all`). */
   decide(req: RoutingRequest, all: readonly WorkerState[]): Ctx {
-    const ctx = new Ctx(req, this.step, this.scope, all, this.source, this.heldOf);
+    const ctx = new Ctx(req, this.step, this.scope, all, this.source, this.heldOf, this.nextArena());
     let at: readonly number[] = identity(all.length);
     for (const f of this.filters) {
       const kept = f.filter(ctx, at);
@@ -400,14 +424,14 @@ export class StepPolicy implements RoutingPolicy {
   /** Per candidate: cached prompt tokens from the step's overlap source (null without one); records nothing. */
   cachedTokens(req: RoutingRequest, candidates: readonly WorkerState[]): number[] | null {
     if (!this.source) return null;
-    const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf);
+    const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf, this.side());
     const ov = ctx.overlaps();
     return Array.from(candidates, (_, i) => ov[i] * ctx.blockSize(i));
   }
 
   /** Per candidate: overlap blocks and total cost, without recording a decision (tests, logs). */
   explain(req: RoutingRequest, candidates: readonly WorkerState[]): { overlaps: number[]; costs: number[] } {
-    const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf);
+    const ctx = new Ctx(req, this.step, this.scope, candidates, this.source, this.heldOf, this.side());
     const at = candidates.map((_, i) => i);
     const costs = new Float64Array(at.length);
     const out = new Float64Array(at.length);

@@ -18,6 +18,7 @@ import type { TtftPredictor } from "../predict/ttft.ts";
 import type { RouteLifecycle, RoutingRequest, WorkerState } from "../types.ts";
 import type { Step } from "./decision-wire.ts";
 import type { BridgeCounters } from "./pending-prefixes.ts";
+import type { RowArena } from "./rows.ts";
 
 /** What a plugin reads; the server starts the matching machinery from the union of them. */
 export type Need =
@@ -97,6 +98,11 @@ export interface StepContext {
   readonly scope: ModelScope;
   /** Every candidate the router gave, before filters. Positions index into this. */
   readonly all: readonly WorkerState[];
+  /**
+   * Zeroed per-candidate rows for this decision (./rows.ts): valid through the step's next
+   * decision, never longer; copy what must outlive it.
+   */
+  readonly rows: RowArena;
   /** Prefix overlap per position of `all` (zeros when the profile has no overlap source). */
   overlaps(): Int32Array;
   /** The best DP rank per position of `all` (-1 when none or unknown). */

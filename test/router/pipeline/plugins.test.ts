@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { KvIndex } from "../../../src/kv/index.ts";
 import { filters, pickers, scorers } from "../../../src/router/pipeline/registry.ts";
+import { RowArena } from "../../../src/router/pipeline/rows.ts";
 import type { ModelScope, StepContext } from "../../../src/router/pipeline/types.ts";
 import { requestLoad } from "../../../src/router/pipeline/util.ts";
 import type { RoutingRequest, WorkerState } from "../../../src/router/types.ts";
@@ -55,6 +56,7 @@ function ctx(
     step: "mixed",
     scope: o.sc ?? scope(),
     all,
+    rows: new RowArena(),
     overlaps: () => Int32Array.from(o.overlaps ?? all.map(() => 0)),
     ranks: () => new Int32Array(all.length).fill(-1),
     bridged: () => null,

@@ -145,16 +145,16 @@ function overlapsOf(parts: SourceParts, ctx: StepContext): OverlapResult {
   const ids = view.ids;
   const tokens = req.promptTokens();
   const lora = index?.isLora(req.model) ? req.model : null;
-  const ranks = new Int32Array(n);
+  const ranks = ctx.rows.i32(n);
   const overlaps = index
-    ? index.overlaps(tokens, ids, req.cacheSalt, lora, ranks)
-    : new Int32Array(n).fill(-1);
+    ? index.overlaps(tokens, ids, req.cacheSalt, lora, ranks, ctx.rows.i32(n))
+    : ctx.rows.i32(n).fill(-1);
   let missing = false;
   for (let i = 0; i < n; i++) if (overlaps[i] < 0) missing = true;
   const text = recent || pending || missing ? req.promptText() : "";
   const fresh = recent ? recent.match(text, ids) : null;
   const path = parts.bridgePath ? parts.bridgePath(text) : null;
-  const bridged = pending ? new Int32Array(n) : undefined;
+  const bridged = pending ? ctx.rows.i32(n) : undefined;
   // Characters of the prompt's text as blocks of the candidate at `i` (the trees count characters).
   const toBlocks = (i: number, chars: number) =>
     text.length > 0 ? Math.floor((ctx.promptBlocks(i) * Math.min(chars, text.length)) / text.length) : 0;
@@ -251,7 +251,7 @@ function tierCredit(
   const lora = index.isLora(req.model) ? req.model : null;
   const t = index.tierOverlaps(req.promptTokens(), candidateView(all).ids, req.cacheSalt, lora);
   if (!t) return null;
-  const out = new Float64Array(all.length);
+  const out = ctx.rows.f64(all.length);
   for (let i = 0; i < all.length; i++) {
     const gpu = Math.max(0, o[i]);
     const host = Math.max(0, t.host[i] - gpu);

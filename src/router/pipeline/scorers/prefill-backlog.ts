@@ -76,7 +76,7 @@ export default defineScorer("prefill-backlog", {
             out[i] = (weight * trim(ls[i], all[i].pendingPrefillTokens)) / ctx.blockSize(i);
           return;
         }
-        const backlog = new Float64Array(all.length);
+        const backlog = ctx.rows.f64(all.length);
         for (let i = 0; i < all.length; i++) backlog[i] = trim(ls[i], all[i].pendingPrefillTokens);
         for (let k = 0; k < at.length; k++) out[k] = (weight * backlog[at[k]]) / ctx.blockSize(at[k]);
       },
