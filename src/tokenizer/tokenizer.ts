@@ -7,7 +7,8 @@
  * template. With a model directory: its `tokenizer.json` and the `chat_template` of its
  * `tokenizer_config.json` (see ./hf-tokenizer.ts).
  */
-import { decode as gptDecode, encode as gptEncode } from "gpt-tokenizer";
+import gptApi, { decode as gptDecode, encode as gptEncode } from "gpt-tokenizer";
+import { type PieceCache, pieceEncoder } from "./piece-cache.ts";
 
 export interface ChatMessageLike {
   role: string;
@@ -64,11 +65,13 @@ export function renderChatML(messages: readonly ChatMessageLike[]): string {
 class GptTokenizer implements Tokenizer {
   readonly id = "o200k_base";
   readonly eosTokenId = 199999;
+  /** Recent pieces in front of the 200,000-entry vocabulary (./piece-cache.ts); null if gpt-tokenizer's internals changed. */
+  private readonly pieces: PieceCache | null = pieceEncoder(gptApi);
   /** o200k_base has no post-processor (no BOS), so `addSpecialTokens` adds nothing. */
   encode(text: string): number[] {
     // Special-token strings are treated as plain text (the template markers are tokenised
     // as ordinary text on both sides, so the ids still agree).
-    return gptEncode(text, { disallowedSpecial: new Set() });
+    return this.pieces ? this.pieces.encode(text) : gptEncode(text, { disallowedSpecial: new Set() });
   }
   decode(ids: readonly number[]): string {
     return gptDecode(ids as number[]);
