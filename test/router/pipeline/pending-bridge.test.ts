@@ -240,3 +240,50 @@ test("PendingPrefixes.forEachMatch: match for every worker with entries, settled
   assert.deepEqual(seen(), perWorker());
   p.forEachMatch([], () => assert.fail("an empty path matches nothing"));
 });
+
+test("PendingPrefixes: looked at every millisecond, entries end exactly on time and are probed every probeEveryMs", () => {
+  // Grace, TTL and probe interval staggered on one worker, and a second worker's entries: each
+  // must end at its own millisecond. (Written for a skip of settles before a worker's next due
+  // time, which measured no gain and was not kept; a cheaper settle must still pass it.)
+  let now = 0;
+  const p = new PendingPrefixes({ graceMs: 50, ttlMs: 400, probeEveryMs: 7, now: () => now });
+  const probes: number[] = [];
+  let confirmAt = 30;
+  const probed = () => {
+    probes.push(now);
+    return { held: now >= confirmAt ? 2 : 0, full: 2 };
+  };
+  const confirmed = p.add("w", [1], { probe: probed }); // prefilled at 3, confirmed by the probe at 31
+  const unconfirmed = p.add("w", [2]); // no probe: prefilled at 10, ends at 10 + grace = 60
+  p.add("w", [3], { ttlMs: 120 }); // never prefilled: its TTL ends it at 120
+  p.add("v", [1], { ttlMs: 90 }); // another worker: TTL at 90
+  const ends: Record<string, number> = {};
+  const watch = (label: string, node: number, worker: string) => {
+    if (ends[label] === undefined && p.match(worker, [node]) === 0) ends[label] = now;
+  };
+  for (now = 1; now <= 200; now++) {
+    if (now === 3) confirmed.prefilled();
+    if (now === 10) unconfirmed.prefilled();
+    // The decision's look over every worker, as kv-prefix's overlap source makes it.
+    p.forEachMatch([1], () => {});
+    watch("confirmed", 1, "w");
+    watch("unconfirmed", 2, "w");
+    watch("ttl", 3, "w");
+    watch("other worker ttl", 1, "v");
+  }
+  assert.deepEqual(ends, { confirmed: 31, unconfirmed: 60, ttl: 120, "other worker ttl": 90 });
+  // Probed at its prefill's first look, then every 7 ms until the index held it.
+  assert.deepEqual(probes, [3, 10, 17, 24, 31]);
+  assert.equal(p.counters.confirmed, 1);
+  assert.equal(p.counters.unconfirmed, 1);
+  assert.equal(p.counters.expired, 2);
+  // An eviction reported between due times is acted on at the next look, not at the next due time.
+  confirmAt = Number.POSITIVE_INFINITY;
+  const e = p.add("w", [5], { probe: probed });
+  e.prefilled();
+  assert.equal(p.match("w", [5]), 1, "prefilled, not confirmed");
+  now += 1;
+  p.evicted("w");
+  assert.equal(p.match("w", [5]), 0, "the eviction ends it at once");
+  assert.equal(p.counters.evicted, 1);
+});
