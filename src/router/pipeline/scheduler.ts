@@ -194,6 +194,10 @@ class Ctx implements StepContext {
   }
 
   promptBlocks(pos: number): number {
+    return this.promptBlocksRow()[pos];
+  }
+
+  promptBlocksRow(): Int32Array {
     // Read by several plugins for every candidate: one row per decision.
     if (!this.pb) {
       const len = this.req.promptTokens().length;
@@ -204,7 +208,7 @@ class Ctx implements StepContext {
       for (let i = 0; i < n; i++) pb[i] = Math.floor(len / bs[i]);
       this.pb = pb;
     }
-    return this.pb[pos];
+    return this.pb;
   }
 
   held(pos: number): number {
