@@ -11,10 +11,9 @@
  */
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
+import { pairedArgs } from "../usage.ts";
 
-const args = new Map<string, string>();
-for (let i = 2; i < process.argv.length; i += 2)
-  args.set(process.argv[i]!.replace(/^--/, ""), process.argv[i + 1]!);
+const args = pairedArgs(process.argv.slice(2));
 const TREE = resolve(args.get("tree") ?? ".");
 const KIB = Number(args.get("kib") ?? 512);
 const ITER = Number(args.get("iterations") ?? 300);

@@ -20,10 +20,9 @@ import { startServer } from "../../src/server/index.ts";
 import { getDefaultTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { type SimProcess, startSim } from "../../test/helpers/sim.ts";
+import { pairedArgs } from "../usage.ts";
 
-const args = new Map<string, string>();
-for (let i = 2; i < process.argv.length; i += 2)
-  args.set(process.argv[i]!.replace(/^--/, ""), process.argv[i + 1]!);
+const args = pairedArgs(process.argv.slice(2));
 const RATE = Number(args.get("rate") ?? 6);
 const DURATION_S = Number(args.get("duration") ?? 20);
 const PROMPT_MIN = Number(args.get("prompt-min") ?? 2000);

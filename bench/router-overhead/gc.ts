@@ -19,15 +19,13 @@ import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
 import { startSim } from "../../test/helpers/sim.ts";
 import { waitFor200 } from "../../test/helpers/wait.ts";
-import { exitWithUsageIfAsked } from "../usage.ts";
+import { exitWithUsageIfAsked, pairedArgs } from "../usage.ts";
 import { closedLoop } from "./closed-loop.ts";
 
 exitWithUsageIfAsked(import.meta.url, process.argv.slice(2));
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
-const args = new Map<string, string>();
-for (let i = 2; i < process.argv.length; i += 2)
-  args.set(process.argv[i]!.replace(/^--/, ""), process.argv[i + 1]!);
+const args = pairedArgs(process.argv.slice(2));
 const REQUESTS = Number(args.get("requests") ?? 8000);
 const WARMUP = Number(args.get("warmup") ?? 3000);
 const STREAM = args.get("stream") === "1";

@@ -35,12 +35,11 @@ import { chooseEntry } from "../../scripts/dist-stamp.mjs";
 import { handleFatalSignals, isRunning, killOnExit } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
+import { pairedArgs } from "../usage.ts";
 import { dashboardPoller, dashboardStats } from "./dashboard-poller.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
-const args = new Map<string, string>();
-for (let i = 2; i < process.argv.length; i += 2)
-  args.set(process.argv[i]!.replace(/^--/, ""), process.argv[i + 1]!);
+const args = pairedArgs(process.argv.slice(2));
 const REQUESTS = Number(args.get("requests") ?? 2000);
 const CONCURRENCY = Number(args.get("concurrency") ?? 16);
 const ROUNDS = Number(args.get("rounds") ?? 2);

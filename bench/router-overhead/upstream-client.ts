@@ -19,10 +19,9 @@ import { HttpExecutor } from "../../src/transport/http.ts";
 import { Http1Pool } from "../../src/transport/http1/pool.ts";
 import type { Http1Handler } from "../../src/transport/http1/request.ts";
 import { setRawBody } from "../../src/transport/types.ts";
+import { pairedArgs } from "../usage.ts";
 
-const args = new Map<string, string>();
-for (let i = 2; i < process.argv.length; i += 2)
-  args.set(process.argv[i]!.replace(/^--/, ""), process.argv[i + 1]!);
+const args = pairedArgs(process.argv.slice(2));
 const REQUESTS = Number(args.get("requests") ?? 20000);
 const CONCURRENCY = Number(args.get("concurrency") ?? 16);
 const ROUNDS = Number(args.get("rounds") ?? 3);

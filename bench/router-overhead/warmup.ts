@@ -24,15 +24,13 @@ import { freePort } from "../../test/helpers/ports.ts";
 import { startSim } from "../../test/helpers/sim.ts";
 import { waitFor200 } from "../../test/helpers/wait.ts";
 import { cpuOf } from "../fleet-scale/measure.ts";
-import { exitWithUsageIfAsked } from "../usage.ts";
+import { exitWithUsageIfAsked, pairedArgs } from "../usage.ts";
 import { closedLoop } from "./closed-loop.ts";
 
 exitWithUsageIfAsked(import.meta.url, process.argv.slice(2));
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
-const args = new Map<string, string>();
-for (let i = 2; i < process.argv.length; i += 2)
-  args.set(process.argv[i]!.replace(/^--/, ""), process.argv[i + 1]!);
+const args = pairedArgs(process.argv.slice(2));
 const CHUNKS = Number(args.get("chunks") ?? 8);
 const CHUNK = Number(args.get("chunk") ?? 5000);
 const STREAM = args.get("stream") === "1";
