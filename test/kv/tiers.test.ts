@@ -112,6 +112,7 @@ test("kv-prefix: an offloaded prefix attracts its follow-up at a lower weight th
     bridged: () => null,
     blockSize: () => BS,
     promptBlocks: () => 5,
+    promptBlocksRow: () => new Int32Array(3).fill(5),
     held: () => 0,
     loads: () => new Float64Array(3),
   };

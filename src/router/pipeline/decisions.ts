@@ -156,15 +156,12 @@ export class DecisionLog {
         s.bridgeBuf = new Int32Array(s.cachedBuf.length);
       }
       // Computed once per step by the overlap source and cached in the context: no index walk.
-      // Whole rows are copied where the context has them (a copy per row, not a call per cell).
-      const o = overlap.overlaps();
+      // Whole rows are copied (a copy per row, not a call per cell).
       const b = overlap.bridged();
-      const pb = overlap.promptBlocksRow?.();
       s.hasBridge = b !== null;
-      s.cachedBuf.set(o.subarray(0, n));
+      s.cachedBuf.set(overlap.overlaps().subarray(0, n));
+      s.promptBuf.set(overlap.promptBlocksRow().subarray(0, n));
       if (b) s.bridgeBuf.set(b.subarray(0, n));
-      if (pb) s.promptBuf.set(pb.subarray(0, n));
-      else for (let i = 0; i < n; i++) s.promptBuf[i] = overlap.promptBlocks(i);
     } else s.hasBridge = false;
     const syncOf = this.syncOf;
     s.hasSync = overlap !== null && syncOf !== undefined;

@@ -1,7 +1,7 @@
 /**
  * Per-decision scratch rows (issue #32). A decision over N candidates fills a dozen per-candidate
- * rows (block sizes, loads, overlaps, ranks, held blocks …). Past 8 entries V8 gives a typed
- * array its own off-heap backing store: at 256 workers each `new Float64Array(256)` cost ≈ 1.2 µs
+ * rows (block sizes, loads, overlaps, ranks, held blocks …). Past 64 bytes (8 doubles, 16
+ * int32s) V8 gives a typed array its own off-heap backing store: at 256 workers each `new Float64Array(256)` cost ≈ 1.2 µs
  * with its share of GC on Node 24 (measured in a loop of 1e6), about a quarter of the decision.
  * A `RowArena` carves zeroed views out of one buffer it keeps across decisions instead, so the
  * only allocation per row is the small view object.

@@ -286,8 +286,6 @@ export class StepPolicy implements RoutingPolicy {
     this.heldOf = view ? (id) => view.held(id) : undefined;
   }
 
-  private totalsBuf = new Float64Array(0);
-  private valuesBuf = new Float64Array(0);
   /**
    * Two arenas, alternated decision by decision, so the last decision's rows stay intact while
    * the next one runs (./rows.ts); a third for the side questions (`cachedTokens`, `explain`),
@@ -309,19 +307,6 @@ export class StepPolicy implements RoutingPolicy {
     return this.sideRows;
   }
 
-  /** Zeroed totals (n) and per-scorer values (ns × n) rows, views of buffers kept across decisions. */
-  private rows(n: number, ns: number): { totals: Float64Array; values: Float64Array } {
-    if (this.totalsBuf.length < n) {
-      this.totalsBuf = new Float64Array(n);
-      this.valuesBuf = new Float64Array(n * ns);
-    }
-    const totals = this.totalsBuf.subarray(0, n);
-    const values = this.valuesBuf.subarray(0, n * ns);
-    totals.fill(0);
-    values.fill(0);
-    return { totals, values };
-  }
-
   /** Runs the pipeline; returns the context with `winner` set (a position in `all`). */
   decide(req: RoutingRequest, all: readonly WorkerState[]): Ctx {
     const ctx = new Ctx(req, this.step, this.scope, all, this.source, this.heldOf, this.nextArena());
@@ -336,12 +321,10 @@ export class StepPolicy implements RoutingPolicy {
     const n = at.length;
     const ns = this.scorers.length;
     // No scorers (round-robin, least-load): a shared read-only zero row, nothing allocated.
-    // Otherwise this step's own rows, reused decision after decision: everything that reads
-    // them (picker, trace, decision log, debug log) does so before `decide` returns, and the
-    // log copies them.
-    const rows = ns > 0 ? this.rows(n, ns) : null;
-    const totals = rows ? rows.totals : zeros(n);
-    const values = rows ? rows.values : null;
+    // Otherwise the totals (n) and per-scorer values (ns × n) are rows of this decision
+    // (ctx.rows): the decision log and traces copy them.
+    const totals = ns > 0 ? ctx.rows.f64(n) : zeros(n);
+    const values = ns > 0 ? ctx.rows.f64(n * ns) : null;
     for (let s = 0; s < ns; s++) {
       const out = values!.subarray(s * n, (s + 1) * n);
       this.scorers[s].score(ctx, at, this.weights[s], out);

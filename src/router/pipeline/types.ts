@@ -112,7 +112,7 @@ export interface StepContext {
   /** Full prompt blocks for the candidate at a position (its block size). */
   promptBlocks(pos: number): number;
   /** `promptBlocks` for every position at once (a row of this decision: read, never keep). */
-  promptBlocksRow?(): Int32Array;
+  promptBlocksRow(): Int32Array;
   /** The candidate's block size (index, else record, else 16). */
   blockSize(pos: number): number;
   /** Held blocks of the candidate at a position (cache pressure), from the overlap source. */

@@ -21,7 +21,9 @@ function ctxOf(
   promptBlocks: (pos: number) => number,
   bridged: Int32Array | null = null,
 ): StepContext {
-  return { overlaps: () => overlaps, promptBlocks, bridged: () => bridged } as unknown as StepContext;
+  // The ring reads the prompt blocks as a whole row, one per candidate of `overlaps`.
+  const promptBlocksRow = () => Int32Array.from(overlaps, (_, i) => promptBlocks(i));
+  return { overlaps: () => overlaps, promptBlocksRow, bridged: () => bridged } as unknown as StepContext;
 }
 
 test("records each candidate's cached and prompt blocks, copied, grown, and null without a source", () => {

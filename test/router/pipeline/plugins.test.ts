@@ -62,6 +62,8 @@ function ctx(
     bridged: () => null,
     blockSize: (i) => all[i].record.blockSize,
     promptBlocks: (i) => Math.floor(r.promptTokens().length / all[i].record.blockSize),
+    promptBlocksRow: () =>
+      Int32Array.from(all, (w) => Math.floor(r.promptTokens().length / w.record.blockSize)),
     held: (i) => o.held?.[i] ?? 0,
     loads: () => Float64Array.from(all, requestLoad),
   };
