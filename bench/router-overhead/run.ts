@@ -5,6 +5,8 @@
  *   (i) through the same node:http server with a raw `net` upstream client instead of undici,
  *   (e) through `infera server` run from the TypeScript sources (Node's type stripping),
  *       beside (b), which runs the compiled dist/ when it is current,
+ *   (j) through `infera server` as (b) with `--http-front node` (node:http parses every
+ *       request; (b) has the default raw front, src/server/front/front.ts),
  * non-streamed and streamed, in one run. Prints throughput and latency percentiles, the
  * added latency of (b) and (c) over (a), and the ratios b/a and b/c.
  *
@@ -364,6 +366,20 @@ async function main(): Promise<void> {
     ]);
     const serverUrl = `http://127.0.0.1:${serverPort}`;
     await waitHttp(`${serverUrl}/ready`);
+    const nodeFrontPort = await freePort();
+    const nodeFrontProc = start(process.execPath, [
+      ...profFlags("j"),
+      "bin/infera.js",
+      ...serverArgs(nodeFrontPort),
+      "--worker",
+      simUrl,
+      "--scrape-interval",
+      "0",
+      "--http-front",
+      "node",
+    ]);
+    const nodeFrontUrl = `http://127.0.0.1:${nodeFrontPort}`;
+    await waitHttp(`${nodeFrontUrl}/ready`);
     // The same server run from the TypeScript sources (Node's type stripping; b runs dist/ when
     // it is built and current, see bin/infera.js), so the compiled build's effect is measured
     // side by side.
@@ -396,6 +412,7 @@ async function main(): Promise<void> {
     type Key =
       | "a_direct"
       | "b_infera"
+      | "j_infera_node_front"
       | "g_infera_dashboard"
       | "c_nginx"
       | "d_bare_node"
@@ -406,6 +423,7 @@ async function main(): Promise<void> {
     const targets: Partial<Record<Key, string>> = {
       a_direct: simUrl,
       b_infera: serverUrl,
+      j_infera_node_front: nodeFrontUrl,
       g_infera_dashboard: serverUrl,
       c_nginx: nginxUrl,
       d_bare_node: bareUrl,
@@ -426,6 +444,7 @@ async function main(): Promise<void> {
     const pids: Partial<Record<Key, number>> = {
       a_direct: simProc.pid!,
       b_infera: serverProc.pid!,
+      j_infera_node_front: nodeFrontProc.pid!,
       c_nginx: nginxProc.pid!,
       d_bare_node: bareProc.pid!,
       i_bare_raw: rawProc.pid!,
@@ -547,6 +566,7 @@ async function main(): Promise<void> {
       const d = stat("d_bare_node");
       const i = stat("i_bare_raw");
       const e = stat("e_infera_src");
+      const j = stat("j_infera_node_front");
       const f = BASELINE ? stat("f_baseline") : null;
       const h = TRACED ? stat("h_infera_traced") : null;
       out(`\n${mode}`);
@@ -558,6 +578,7 @@ async function main(): Promise<void> {
       for (const [name, s] of [
         ["a sim direct", a],
         [`b infera server (${serverFrom === "dist" ? "dist/" : "src, type-stripped"})`, b],
+        ["j = b with --http-front node", j],
         ["c nginx", c],
         ["d bare node:http+undici proxy", d],
         ["i bare node:http+raw net upstream", i],
@@ -581,6 +602,9 @@ async function main(): Promise<void> {
       );
       out(
         `infera CPU per request, b (${serverFrom}) vs e (src, type-stripped): ${b.cpuUs.toFixed(0)} vs ${e.cpuUs.toFixed(0)} µs (b/e ${(b.cpuUs / e.cpuUs).toFixed(2)}); throughput b/e ${(b.rps / e.rps).toFixed(2)}, e/c ${(e.rps / c.rps).toFixed(2)}`,
+      );
+      out(
+        `raw front (b) vs node:http front (j): CPU ${b.cpuUs.toFixed(0)} vs ${j.cpuUs.toFixed(0)} µs/req (b/j ${(b.cpuUs / j.cpuUs).toFixed(2)}); req/s b/j ${(b.rps / j.rps).toFixed(2)}; p99 ${b.p99.toFixed(3)} vs ${j.p99.toFixed(3)} ms; j/c CPU ${(j.cpuUs / c.cpuUs).toFixed(2)}×, b/c CPU ${(b.cpuUs / c.cpuUs).toFixed(2)}×`,
       );
       if (h)
         out(

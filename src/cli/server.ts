@@ -70,6 +70,7 @@ interface ServerFlags extends NatsCliValues {
   kvBalanceAbs?: string;
   kvBalanceRel?: string;
   router?: string;
+  httpFront?: string;
   apiKey?: string[];
   maxBodySize?: string;
   requestTimeout?: string;
@@ -127,6 +128,7 @@ export const FLAG_FOR_KEY: Readonly<Record<string, string>> = {
   apiKeys: "--api-key",
   maxBodyBytes: "--max-body-size",
   requestTimeoutMs: "--request-timeout",
+  httpFront: "--http-front",
   maxResponseBufferBytes: "--max-response-buffer",
   promptBudgetMs: "--prompt-budget",
   promptCacheTokens: "--prompt-cache-tokens",
@@ -212,6 +214,7 @@ export function flagsToConfig(f: ServerFlags, o: ConfigOptions = {}): ServerConf
     apiKeys: f.apiKey,
     maxBodyBytes: optSize("--max-body-size", f.maxBodySize),
     requestTimeoutMs: optNum(f.requestTimeout),
+    httpFront: f.httpFront,
     maxResponseBufferBytes: optSize("--max-response-buffer", f.maxResponseBuffer),
     promptBudgetMs: optNum(f.promptBudget),
     promptCacheTokens: optNum(f.promptCacheTokens),
@@ -331,6 +334,10 @@ export function registerServer(program: Command): void {
     )
     .option("--kv-balance-rel <r>", "kv-aware-classic/approx-prefix: ... and max > min × r (default 1.5)")
     .option("--router <mode>", "auto | mixed | disagg (default auto)")
+    .option(
+      "--http-front <front>",
+      "raw (default: the completion routes' plain requests parsed off the socket) | node (node:http for all)",
+    )
     .option(
       "--api-key <key>",
       "refused (argv is public): accepted API keys in INFERA_API_KEYS (comma-separated) or `apiKeys`",

@@ -79,6 +79,13 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     { configKey: "requestTimeoutMs" },
   ),
   v(
+    "INFERA_HTTP_FRONT",
+    "string",
+    "server",
+    "Who parses client requests: raw (the completion routes' plain requests off the socket, the rest node:http) | node (`--http-front`).",
+    { configKey: "httpFront" },
+  ),
+  v(
     "INFERA_UPSTREAM_HEADERS_TIMEOUT_MS",
     "integer",
     "server",

@@ -19,10 +19,18 @@ import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { createLogger, type Logger } from "../util/log.ts";
 import { mergeConfig, type ServerConfig, type ServerConfigInput } from "./config.ts";
 import type { KvIngest, ManagedExecutor } from "./extension-api.ts";
-import { closeOnce, createHttpServer, drainer, listen, RequestTracker } from "./lifecycle.ts";
+import { RawFront } from "./front/front.ts";
+import {
+  closeOnce,
+  createHttpServer,
+  drainer,
+  KEEP_ALIVE_TIMEOUT_MS,
+  listen,
+  RequestTracker,
+} from "./lifecycle.ts";
 import type { LoadScraper } from "./load-scraper.ts";
 import type { ServerMetrics } from "./metrics.ts";
-import { createDispatcher } from "./routes.ts";
+import { createDispatcher, isHotPath } from "./routes.ts";
 import type { TtftReport } from "./ttft-sink.ts";
 import { routeContext, type WireOptions, wire } from "./wiring.ts";
 
@@ -85,7 +93,17 @@ export async function startServer(
   const w = await wire(config, scheduling, logger, opts);
   const tracker = new RequestTracker();
   const ctx = routeContext(config, w, tracker, logger);
-  const httpServer = createHttpServer(config, createDispatcher(ctx, tracker));
+  const dispatch = createDispatcher(ctx, tracker);
+  const httpServer = createHttpServer(config, dispatch);
+  const front =
+    config.httpFront === "raw"
+      ? new RawFront(httpServer, {
+          isHot: isHotPath,
+          handle: dispatch,
+          keepAliveTimeoutMs: KEEP_ALIVE_TIMEOUT_MS,
+        })
+      : null;
+  if (front) w.metrics.watchFront(front);
   const { port, url } = await listen(httpServer, config);
   logger.info(
     {
@@ -99,6 +117,7 @@ export async function startServer(
   );
   const close = closeOnce(
     httpServer,
+    front,
     () => w.scraper.stop(),
     async () => {
       w.router.close();
@@ -112,7 +131,15 @@ export async function startServer(
   );
   // Requests queued for admission go to another replica at once (503 server_draining).
   const closeQueue = () => w.flow?.queue.close(new DrainingError());
-  const drain = drainer({ tracker, httpServer, logger, inFlight: w.proxy.inFlight, closeQueue, close });
+  const drain = drainer({
+    tracker,
+    httpServer,
+    front,
+    logger,
+    inFlight: w.proxy.inFlight,
+    closeQueue,
+    close,
+  });
   return {
     url,
     host: config.host,

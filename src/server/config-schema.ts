@@ -48,6 +48,9 @@ const strList = (what: string) =>
   z.array(str(what), { invalid_type_error: `expected a list of strings (${what})` });
 
 export const ROUTER_MODES = ["auto", "mixed", "disagg"] as const;
+/** Who parses client requests (src/server/front/front.ts). */
+export const HTTP_FRONTS = ["raw", "node"] as const;
+export type HttpFront = (typeof HTTP_FRONTS)[number];
 export const EVENT_PLANES = ["zmq", "nats"] as const;
 
 /** etcd's `discovery.options` (src/discovery/etcd-watcher.ts createEtcdWatcherFromConfig). */
@@ -247,6 +250,7 @@ export const serverConfigLayerSchema = z
     maxBodyBytes: posInt("max body size"),
     maxResponseBufferBytes: posInt("max response buffer"),
     requestTimeoutMs: ms("request timeout"),
+    httpFront: z.enum(HTTP_FRONTS, { errorMap: () => ({ message: "expected raw or node (HTTP front)" }) }),
     drainTimeoutS: num("drain timeout, seconds", { min: 0 }),
     promptBudgetMs: ms("prompt tokenizing budget"),
     promptCacheTokens: num("prompt token cache size", { int: true, min: 0 }),

@@ -20,6 +20,7 @@ import type { ProfilesConfig } from "../router/pipeline/config-schema.ts";
 import type { BreakerOptions } from "../router/worker-set.ts";
 import type { HttpExecutorOptions } from "../transport/http.ts";
 import type { NatsConnectOptions } from "../transport/nats/connection.ts";
+import type { HttpFront } from "./config-schema.ts";
 import {
   ConfigError,
   type DisaggConfig,
@@ -62,6 +63,11 @@ export interface ServerConfig {
    * (Node's `requestTimeout`; 0 disables it).
    */
   requestTimeoutMs: number;
+  /**
+   * `raw`: the completion routes' plain requests are served straight off the socket
+   * (src/server/front/), everything else by node:http; `node`: node:http serves all.
+   */
+  httpFront: HttpFront;
   /**
    * Non-streamed answers are held (to check them) up to this size; a larger one is relayed as
    * it arrives, unchecked, so a few huge answers cannot exhaust memory.
@@ -142,6 +148,7 @@ export const defaultServerConfig: ServerConfig = {
   apiKeys: [],
   maxBodyBytes: 4 * 1024 * 1024,
   requestTimeoutMs: 60_000,
+  httpFront: "raw",
   maxResponseBufferBytes: 16 * 1024 * 1024,
   drainTimeoutS: 30,
   promptBudgetMs: 100,

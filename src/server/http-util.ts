@@ -3,6 +3,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { InferaError, PayloadTooLargeError, toInferaError } from "../protocol/errors.ts";
 import type { Logger } from "../util/log.ts";
 import { POOL_FROM, releaseBodyBuffer, takeBodyBuffer } from "./body-buffers.ts";
+import { bufferedBody } from "./front/exchange.ts";
 
 export class BodyAbortedError extends Error {}
 
@@ -20,6 +21,9 @@ export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
   if (declared !== undefined && Number(declared) > limit) {
     return Promise.reject(new PayloadTooLargeError(limit));
   }
+  // The raw front (./front/front.ts) read the body whole before the request began.
+  const whole = bufferedBody(req);
+  if (whole !== undefined) return Promise.resolve(whole);
   return new Promise((resolve, reject) => {
     const body = new BodyBuffer(limit);
     let done = false;

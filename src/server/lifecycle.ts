@@ -10,6 +10,7 @@ import { DrainingError, InferaError } from "../protocol/errors.ts";
 import type { RequestAbort } from "../util/abort.ts";
 import type { Logger } from "../util/log.ts";
 import type { ServerConfig } from "./config.ts";
+import type { RawFront } from "./front/front.ts";
 import { DrainCutError } from "./request-context.ts";
 
 /**
@@ -46,6 +47,9 @@ export class RequestTracker {
   }
 }
 
+/** How long an idle client connection is kept (node:http's and the raw front's). */
+export const KEEP_ALIVE_TIMEOUT_MS = 65_000;
+
 /** The node:http server with the configured timeouts; malformed requests get a JSON error. */
 export function createHttpServer(
   config: ServerConfig,
@@ -58,7 +62,12 @@ export function createHttpServer(
   // enough that a short configured limit fires near its time.
   const checkEvery = Math.max(100, Math.min(30_000, Math.floor(headersTimeout / 4)));
   const httpServer = createServer(
-    { keepAliveTimeout: 65_000, headersTimeout, requestTimeout, connectionsCheckingInterval: checkEvery },
+    {
+      keepAliveTimeout: KEEP_ALIVE_TIMEOUT_MS,
+      headersTimeout,
+      requestTimeout,
+      connectionsCheckingInterval: checkEvery,
+    },
     handle,
   );
   httpServer.on("clientError", (err: NodeJS.ErrnoException, socket) => {
@@ -95,6 +104,7 @@ export async function listen(
  */
 export function closeOnce(
   httpServer: Server,
+  front: RawFront | null,
   beforeHttp: () => void,
   afterHttp: () => Promise<void>,
 ): () => Promise<void> {
@@ -105,6 +115,7 @@ export function closeOnce(
       await new Promise<void>((resolve) => {
         httpServer.close(() => resolve());
         httpServer.closeAllConnections();
+        front?.closeAll();
       });
       await afterHttp();
     })();
@@ -115,6 +126,8 @@ export function closeOnce(
 export interface DrainParts {
   tracker: RequestTracker;
   httpServer: Server;
+  /** The raw front, when on: its idle connections are closed as node's are. */
+  front: RawFront | null;
   logger: Logger;
   /** The requests in flight, cut (an error event, a 503) when the grace period is over. */
   inFlight: ReadonlySet<RequestAbort> | undefined;
@@ -139,6 +152,7 @@ export function drainer(p: DrainParts): (graceMs: number) => Promise<number> {
       );
       // Stops the listener and closes idle keep-alive connections (Node >= 19).
       p.httpServer.close();
+      p.front?.closeIdle();
       p.closeQueue?.();
       // A keep-alive connection with a request in flight gets its answer, then is closed:
       // `connection: close` on answers not started, an end after those already streaming.

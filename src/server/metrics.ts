@@ -201,6 +201,32 @@ export class ServerMetrics {
   }
 
   /**
+   * The raw front (src/server/front/front.ts): requests it served itself, and client
+   * connections it handed to node:http (a request it would not take: see request-head.ts).
+   */
+  watchFront(front: { served: number; handedOff: number }): void {
+    const registers = [this.registry];
+    new Counter({
+      name: "infera_http_front_requests_total",
+      help: "Requests the raw HTTP front served itself (the rest went to node:http)",
+      registers,
+      collect() {
+        this.reset();
+        this.inc(front.served);
+      },
+    });
+    new Counter({
+      name: "infera_http_front_handoffs_total",
+      help: "Client connections the raw HTTP front handed to node:http (a request it does not take)",
+      registers,
+      collect() {
+        this.reset();
+        this.inc(front.handedOff);
+      },
+    });
+  }
+
+  /**
    * The pending bridges' entries (src/router/pipeline/pending-prefixes.ts) per model: `added`,
    * then how each left (confirmed by KV events, failed, cancelled, unconfirmed after the grace,
    * evicted, expired at the TTL, capped). Peers' announcements are counted by the peer mesh

@@ -26,6 +26,11 @@ export interface Route {
   method: "GET" | "POST";
   path: string;
   handler: RouteHandler;
+  /**
+   * Served by the raw front (./front/front.ts) when the request is plain: the handler must use
+   * only the part of node:http's request and response that ./front/exchange.ts provides.
+   */
+  hot?: true;
 }
 
 /** Translated APIs (./api/translated.ts); the handler answers its own errors. */
@@ -47,8 +52,8 @@ const completions =
     void handleCompletion(c.proxy, kind, req, res);
 
 export const ROUTES: readonly Route[] = [
-  { method: "POST", path: "/v1/chat/completions", handler: completions("chat") },
-  { method: "POST", path: "/v1/completions", handler: completions("completion") },
+  { method: "POST", path: "/v1/chat/completions", handler: completions("chat"), hot: true },
+  { method: "POST", path: "/v1/completions", handler: completions("completion"), hot: true },
   { method: "POST", path: "/v1/responses", handler: translated(responsesTranslation) },
   { method: "POST", path: "/v1/messages", handler: translated(messagesTranslation) },
   { method: "POST", path: "/v1/embeddings", handler: pass("embeddings") },
@@ -56,12 +61,12 @@ export const ROUTES: readonly Route[] = [
   { method: "POST", path: "/v1/score", handler: pass("score") },
   { method: "POST", path: "/tokenize", handler: pass("tokenize") },
   { method: "POST", path: "/detokenize", handler: pass("detokenize") },
-  { method: "GET", path: "/health", handler: status.health },
-  { method: "GET", path: "/ready", handler: status.ready },
-  { method: "GET", path: "/metrics", handler: status.metrics },
-  { method: "GET", path: "/v1/models", handler: status.models },
-  { method: "GET", path: "/v1/workers", handler: status.workers },
-  { method: "GET", path: "/debug/decisions", handler: status.decisions },
+  { method: "GET", path: "/health", handler: status.health, hot: true },
+  { method: "GET", path: "/ready", handler: status.ready, hot: true },
+  { method: "GET", path: "/metrics", handler: status.metrics, hot: true },
+  { method: "GET", path: "/v1/models", handler: status.models, hot: true },
+  { method: "GET", path: "/v1/workers", handler: status.workers, hot: true },
+  { method: "GET", path: "/debug/decisions", handler: status.decisions, hot: true },
 ];
 
 /** path → method → handler, and every path the server knows (for 405 vs 404). */
@@ -72,6 +77,14 @@ for (const r of ROUTES) {
   m.set(r.method, r.handler);
 }
 const KNOWN = new Set([...byPath.keys(), ...DASHBOARD_PATHS]);
+const HOT = new Set(ROUTES.filter((r) => r.hot).map((r) => `${r.method} ${r.path}`));
+
+/**
+ * Whether the raw front may serve a plain `method` request to `path`. The status routes are
+ * there too: a client's pool that sends a GET on a kept-alive connection would otherwise move
+ * that connection to node:http for good.
+ */
+export const isHotPath = (method: string, path: string): boolean => HOT.has(`${method} ${path}`);
 
 /** The request listener: one per server, no closure per request. */
 export function createDispatcher(

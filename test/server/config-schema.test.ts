@@ -354,7 +354,11 @@ describe("the INFERA_* table", () => {
 
   it("every server key in it is a key of the schema", () => {
     for (const e of ENV_TABLE.filter((x) => x.configKey)) {
-      const enums: Record<string, string> = { INFERA_ROUTER: "auto", INFERA_EVENT_PLANE: "zmq" };
+      const enums: Record<string, string> = {
+        INFERA_ROUTER: "auto",
+        INFERA_EVENT_PLANE: "zmq",
+        INFERA_HTTP_FRONT: "node",
+      };
       const sample =
         enums[e.name] ??
         { integer: "1", number: "1", boolean: "1", list: "a", string: "a", path: "/a" }[e.type];

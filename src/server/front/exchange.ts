@@ -1,0 +1,320 @@
+/**
+ * One request and its answer on the raw front (./front.ts), as the completion handlers see
+ * them: the parts of node:http's `IncomingMessage` and `ServerResponse` that the hot path
+ * (routes.ts's dispatcher, proxy.ts, relay-whole.ts, pump.ts, http-util.ts, request-context.ts,
+ * lifecycle.ts's tracker and drain) uses, with node:http's meaning:
+ *
+ * - request: `headers`, `method`, `url`, `httpVersion`, `complete` (always true: the body came
+ *   whole), `socket`, `resume()`, the events `close` (the client left) and `error`; the body is
+ *   read with `bufferedBody` (http-util's `readBody` asks it first).
+ * - response: `statusCode`, `setHeader`/`getHeader`/`removeHeader`, `writeHead`, `write` (false
+ *   when the socket is full; `drain` follows), `end`, `cork`/`uncork`/`writableCorked`,
+ *   `destroy`, `headersSent`, `writableEnded`, `writableFinished`, `destroyed`, `socket`, and
+ *   the events `drain`, `finish`, `close`, `error`.
+ *
+ * The answer's head is written as node:http writes it: the status line with its reason, the
+ * fields set, `date`, `connection: keep-alive` and `keep-alive: timeout=<s>` (or `connection:
+ * close`), `content-length` when known else chunked framing; names and values are checked as
+ * node checks them (a CR or LF in a value throws `ERR_INVALID_CHAR`). The head leaves with the
+ * first body bytes in one write.
+ */
+import { EventEmitter } from "node:events";
+import { STATUS_CODES } from "node:http";
+import type { Socket } from "node:net";
+
+/** What the connection (./front.ts) learns from its answer. */
+export interface ExchangeOwner {
+  readonly keepAliveTimeoutS: number;
+  /** The answer is written whole (`close`: the connection must end after it). */
+  answered(res: RawResponse, close: boolean): void;
+}
+
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+const VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+
+/** node:http's error for a bad header, with its code. */
+class HeaderError extends TypeError {
+  readonly code: string;
+  constructor(code: string, message: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
+let dateSecond = 0;
+let dateText = "";
+/** The `date` field, formatted once per second (node:http caches it the same way). */
+function httpDate(): string {
+  const now = Date.now();
+  const s = Math.floor(now / 1000);
+  if (s !== dateSecond) {
+    dateSecond = s;
+    dateText = new Date(now).toUTCString();
+  }
+  return dateText;
+}
+
+export class RawRequest extends EventEmitter {
+  readonly method: "POST" | "GET";
+  readonly httpVersion = "1.1";
+  readonly complete = true;
+  readonly url: string;
+  readonly headers: Record<string, string>;
+  readonly socket: Socket;
+  /** The body, whole; `null` once handed to the reader. */
+  private body: Buffer | null;
+
+  constructor(
+    socket: Socket,
+    method: "POST" | "GET",
+    url: string,
+    headers: Record<string, string>,
+    body: Buffer,
+  ) {
+    super();
+    this.method = method;
+    this.socket = socket;
+    this.url = url;
+    this.headers = headers;
+    this.body = body;
+  }
+
+  /** The body is already read: nothing to resume. */
+  resume(): this {
+    return this;
+  }
+
+  /** The body, once (http-util's `readBody`). */
+  takeBody(): Buffer {
+    const b = this.body ?? Buffer.alloc(0);
+    this.body = null;
+    return b;
+  }
+}
+
+/** The whole body of a raw front request, or undefined for a node:http one. */
+export function bufferedBody(req: object): Buffer | undefined {
+  return req instanceof RawRequest ? req.takeBody() : undefined;
+}
+
+const LAST_CHUNK = "0\r\n\r\n";
+
+export class RawResponse extends EventEmitter {
+  statusCode = 200;
+  headersSent = false;
+  writableEnded = false;
+  writableFinished = false;
+  destroyed = false;
+  writableCorked = 0;
+  readonly socket: Socket;
+  private readonly owner: ExchangeOwner;
+  /** The answer's fields: lower-case names and their values, side by side (a few, so a list). */
+  private readonly names: string[] = [];
+  private readonly values: (string | number)[] = [];
+  /** The head not yet written (it leaves with the first body bytes). */
+  private head: string | null = null;
+  private chunked = false;
+  private close = false;
+  private closed = false;
+  private readonly finished = (err?: Error | null): void => {
+    if (err || this.destroyed) return;
+    this.writableFinished = true;
+    this.emit("finish");
+    this.emitClose();
+    this.owner.answered(this, this.close);
+  };
+
+  /** `close`: the request said `Connection: close`; the answer says so and ends the connection. */
+  constructor(socket: Socket, owner: ExchangeOwner, close = false) {
+    super();
+    this.socket = socket;
+    this.owner = owner;
+    this.close = close;
+  }
+
+  setHeader(name: string, value: string | number): this {
+    if (this.headersSent)
+      throw new HeaderError("ERR_HTTP_HEADERS_SENT", "Cannot set headers after they are sent to the client");
+    this.put(checkName(name), value);
+    return this;
+  }
+
+  getHeader(name: string): string | number | undefined {
+    const i = this.names.indexOf(name.toLowerCase());
+    return i < 0 ? undefined : this.values[i];
+  }
+
+  removeHeader(name: string): void {
+    if (this.headersSent)
+      throw new HeaderError(
+        "ERR_HTTP_HEADERS_SENT",
+        "Cannot remove headers after they are sent to the client",
+      );
+    const i = this.names.indexOf(name.toLowerCase());
+    if (i >= 0) {
+      this.names.splice(i, 1);
+      this.values.splice(i, 1);
+    }
+  }
+
+  private put(key: string, value: string | number): void {
+    const i = this.names.indexOf(key);
+    if (i >= 0) this.values[i] = value;
+    else {
+      this.names.push(key);
+      this.values.push(value);
+    }
+  }
+
+  writeHead(status: number, headers?: Record<string, string | number | undefined>): this {
+    if (this.headersSent)
+      throw new HeaderError(
+        "ERR_HTTP_HEADERS_SENT",
+        "Cannot write headers after they are sent to the client",
+      );
+    if (!Number.isInteger(status) || status < 100 || status > 999)
+      throw new RangeError(`Invalid status code: ${status}`);
+    this.statusCode = status;
+    if (headers)
+      for (const k in headers) {
+        const v = headers[k];
+        if (v !== undefined) this.put(checkName(k), v);
+      }
+    this.head = this.buildHead(-1);
+    this.headersSent = true;
+    return this;
+  }
+
+  /** A body chunk; false when the socket's buffer is full (`drain` follows). */
+  write(chunk: string | Uint8Array): boolean {
+    if (this.writableEnded || this.destroyed) return false;
+    if (!this.headersSent) this.writeHead(this.statusCode);
+    const data = typeof chunk === "string" ? Buffer.from(chunk, "utf8") : chunk;
+    if (data.length === 0) return true;
+    return this.socket.write(this.frame(data, false));
+  }
+
+  end(chunk?: string | Uint8Array): this {
+    if (this.writableEnded || this.destroyed) return this;
+    this.writableEnded = true;
+    const data = chunk === undefined ? null : typeof chunk === "string" ? Buffer.from(chunk, "utf8") : chunk;
+    if (!this.headersSent) {
+      // As node:http: an answer ended before its head was written has a known length.
+      this.head = this.buildHead(data ? data.length : 0);
+      this.headersSent = true;
+    }
+    this.socket.write(this.frame(data, true), this.finished);
+    return this;
+  }
+
+  cork(): void {
+    this.writableCorked++;
+    this.socket.cork();
+  }
+
+  uncork(): void {
+    if (this.writableCorked === 0) return;
+    this.writableCorked--;
+    this.socket.uncork();
+  }
+
+  /** Ends the exchange at once: the socket is destroyed (the client sees the connection drop). */
+  destroy(err?: Error): this {
+    if (this.destroyed) return this;
+    this.destroyed = true;
+    this.socket.destroy(err);
+    return this;
+  }
+
+  /** The socket closed (or the answer was written): `close`, once. */
+  gone(): void {
+    if (this.writableFinished) return;
+    this.destroyed = true;
+    this.emitClose();
+  }
+
+  private emitClose(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.emit("close");
+  }
+
+  /** The bytes of one write: the head if still unwritten, then `data` in the answer's framing. */
+  private frame(data: Uint8Array | null, last: boolean): Uint8Array | string {
+    const head = this.head;
+    this.head = null;
+    const n = data ? data.length : 0;
+    if (!this.chunked) {
+      if (head === null) return data ?? CHUNK_EMPTY;
+      if (n === 0) return head;
+      return concat(head, data!, "");
+    }
+    let pre = head ?? "";
+    if (n > 0) pre += `${n.toString(16)}\r\n`;
+    const post = n > 0 ? (last ? `\r\n${LAST_CHUNK}` : "\r\n") : last ? LAST_CHUNK : "";
+    if (n === 0) return pre + post;
+    return concat(pre, data!, post);
+  }
+
+  /** The head; `length` ≥ 0 when the whole body is known (from `end` before any write). */
+  private buildHead(length: number): string {
+    const { names, values } = this;
+    if (length >= 0 && !names.includes("content-length") && !names.includes("transfer-encoding"))
+      this.put("content-length", length);
+    let head = `HTTP/1.1 ${this.statusCode} ${STATUS_CODES[this.statusCode] ?? "unknown"}\r\n`;
+    let date = false;
+    let conn: string | null = null;
+    let framing = false;
+    for (let i = 0; i < names.length; i++) {
+      const k = names[i]!;
+      const v = values[i]!;
+      const t = typeof v === "number" ? String(v) : v;
+      if (typeof v !== "number" && !VALUE.test(t))
+        throw new HeaderError("ERR_INVALID_CHAR", `Invalid character in header content ["${k}"]`);
+      head += `${k}: ${t}\r\n`;
+      if (k === "date") date = true;
+      else if (k === "connection") conn = t.toLowerCase();
+      else if (k === "content-length") framing = true;
+      else if (k === "transfer-encoding") {
+        framing = true;
+        this.chunked = t.toLowerCase() === "chunked";
+      }
+    }
+    if (!date) head += `date: ${httpDate()}\r\n`;
+    if (conn === null)
+      head += this.close
+        ? "connection: close\r\n"
+        : `connection: keep-alive\r\nkeep-alive: timeout=${this.owner.keepAliveTimeoutS}\r\n`;
+    else this.close ||= conn === "close";
+    if (!framing) {
+      this.chunked = true;
+      head += "transfer-encoding: chunked\r\n";
+    }
+    return `${head}\r\n`;
+  }
+}
+
+const CHUNK_EMPTY = Buffer.alloc(0);
+
+/** Names already checked and lowered (the handlers set a handful, the same every request). */
+const LOWERED = new Map<string, string>();
+
+function checkName(name: string): string {
+  const known = LOWERED.get(name);
+  if (known !== undefined) return known;
+  if (!TOKEN.test(name))
+    throw new HeaderError("ERR_INVALID_HTTP_TOKEN", `Header name must be a valid HTTP token ["${name}"]`);
+  const lower = name.toLowerCase();
+  if (LOWERED.size < 256) LOWERED.set(name, lower);
+  return lower;
+}
+
+/** `pre` + `data` + `post` in one buffer (latin1 for the framing, which is ASCII). */
+function concat(pre: string, data: Uint8Array, post: string): Buffer {
+  const out = Buffer.allocUnsafe(pre.length + data.length + post.length);
+  let at = out.write(pre, 0, "latin1");
+  out.set(data, at);
+  at += data.length;
+  if (post.length > 0) out.write(post, at, "latin1");
+  return out;
+}
