@@ -77,14 +77,18 @@ for (const r of ROUTES) {
   m.set(r.method, r.handler);
 }
 const KNOWN = new Set([...byPath.keys(), ...DASHBOARD_PATHS]);
-const HOT = new Set(ROUTES.filter((r) => r.hot).map((r) => `${r.method} ${r.path}`));
+const hotPaths = (method: string) =>
+  new Set(ROUTES.filter((r) => r.hot && r.method === method).map((r) => r.path));
+const HOT_POST = hotPaths("POST");
+const HOT_GET = hotPaths("GET");
 
 /**
  * Whether the raw front may serve a plain `method` request to `path`. The status routes are
  * there too: a client's pool that sends a GET on a kept-alive connection would otherwise move
  * that connection to node:http for good.
  */
-export const isHotPath = (method: string, path: string): boolean => HOT.has(`${method} ${path}`);
+export const isHotPath = (method: string, path: string): boolean =>
+  method === "POST" ? HOT_POST.has(path) : method === "GET" && HOT_GET.has(path);
 
 /** The request listener: one per server, no closure per request. */
 export function createDispatcher(

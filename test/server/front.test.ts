@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { once } from "node:events";
 import { createServer, get, type IncomingMessage, type ServerResponse } from "node:http";
-import { type AddressInfo, connect, type Socket } from "node:net";
+import { type AddressInfo, connect, createServer as createNetServer, type Socket } from "node:net";
 import { after, before, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { RawResponse } from "../../src/server/front/exchange.ts";
@@ -96,6 +96,52 @@ describe("RawResponse checks fields as node:http does", () => {
     const res2 = new RawResponse(sock, owner);
     res2.writeHead(200, { "content-length": 2 });
     assert.throws(() => res2.setHeader("x-late", "1"), { code: "ERR_HTTP_HEADERS_SENT" });
+  });
+});
+
+describe("RawResponse on a real socket: framing of small and large bodies", () => {
+  it("content-length and chunked answers, a 100 KiB chunk among small ones, latin1 head bytes", async () => {
+    const server = createNetServer();
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const accepted = once(server, "connection");
+    const client = connect((server.address() as AddressInfo).port, "127.0.0.1");
+    const [sock] = (await accepted) as [Socket];
+    const raw: Buffer[] = [];
+    client.on("data", (d: Buffer) => raw.push(d));
+    const answers = new AnswerReader(client);
+    const owner = { keepAliveTimeoutS: 7, answered() {} };
+    const big = Buffer.alloc(100 * 1024, "x");
+    // Content-Length, one large body: written beside its head, not copied.
+    const a = new RawResponse(sock, owner);
+    a.writeHead(200, { "content-length": big.length, "x-name": "caf\u00e9" });
+    a.end(big);
+    const first = await answers.next();
+    assert.equal(first.body.length, big.length);
+    assert.equal(first.fields.get("keep-alive"), "timeout=7");
+    // The obs-text byte went out as one byte (latin1), as node:http writes it.
+    const wire = Buffer.concat(raw);
+    assert.ok(wire.includes(Buffer.from("x-name: caf\xe9\r\n", "latin1")));
+    // Chunked: small, large, small, then the last chunk.
+    const b = new RawResponse(sock, owner);
+    b.writeHead(200, { "content-type": "text/event-stream" });
+    b.write("data: 1\n\n");
+    b.write(big);
+    b.write(Buffer.from("data: 2\n\n"));
+    b.end();
+    const second = await answers.next();
+    assert.equal(second.fields.get("transfer-encoding"), "chunked");
+    assert.equal(second.body, `data: 1\n\n${big.toString()}data: 2\n\n`);
+    // end(data) before any head: a known length, as node:http does.
+    const c = new RawResponse(sock, owner);
+    c.statusCode = 404;
+    c.end("gone");
+    const third = await answers.next();
+    assert.equal(third.status, 404);
+    assert.equal(third.fields.get("content-length"), "4");
+    assert.equal(third.body, "gone");
+    client.destroy();
+    sock.destroy();
+    await new Promise((r) => server.close(r));
   });
 });
 

@@ -191,7 +191,7 @@ export class RawResponse extends EventEmitter {
     if (!this.headersSent) this.writeHead(this.statusCode);
     const data = typeof chunk === "string" ? Buffer.from(chunk, "utf8") : chunk;
     if (data.length === 0) return true;
-    return this.socket.write(this.frame(data, false));
+    return this.send(data, false);
   }
 
   end(chunk?: string | Uint8Array): this {
@@ -203,7 +203,7 @@ export class RawResponse extends EventEmitter {
       this.head = this.buildHead(data ? data.length : 0);
       this.headersSent = true;
     }
-    this.socket.write(this.frame(data, true), this.finished);
+    this.send(data, true, this.finished);
     return this;
   }
 
@@ -239,21 +239,35 @@ export class RawResponse extends EventEmitter {
     this.emit("close");
   }
 
-  /** The bytes of one write: the head if still unwritten, then `data` in the answer's framing. */
-  private frame(data: Uint8Array | null, last: boolean): Uint8Array | string {
+  /**
+   * Writes `data` in the answer's framing, after the head if it is still unwritten: one write
+   * (a copy) for a small chunk, a corked head / data / trailer (one `writev`, no copy) for a
+   * large one. The framing is written as latin1, as node:http writes heads (obs-text in a
+   * value stays one byte).
+   */
+  private send(data: Uint8Array | null, last: boolean, cb?: (err?: Error | null) => void): boolean {
     const head = this.head;
     this.head = null;
     const n = data ? data.length : 0;
-    if (!this.chunked) {
-      if (head === null) return data ?? CHUNK_EMPTY;
-      if (n === 0) return head;
-      return concat(head, data!, "");
-    }
     let pre = head ?? "";
-    if (n > 0) pre += `${n.toString(16)}\r\n`;
-    const post = n > 0 ? (last ? `\r\n${LAST_CHUNK}` : "\r\n") : last ? LAST_CHUNK : "";
-    if (n === 0) return pre + post;
-    return concat(pre, data!, post);
+    let post = "";
+    if (this.chunked) {
+      if (n > 0) pre += `${n.toString(16)}\r\n`;
+      post = n > 0 ? (last ? `\r\n${LAST_CHUNK}` : "\r\n") : last ? LAST_CHUNK : "";
+    }
+    const s = this.socket;
+    if (n === 0)
+      return pre.length + post.length === 0 ? s.write(EMPTY, cb) : s.write(pre + post, "latin1", cb);
+    if (n <= COPY_MAX_BYTES) return s.write(concat(pre, data!, post), cb);
+    s.cork();
+    if (pre.length > 0) s.write(pre, "latin1");
+    let ok: boolean;
+    if (post.length > 0) {
+      s.write(data!);
+      ok = s.write(post, "latin1", cb);
+    } else ok = s.write(data!, cb);
+    s.uncork();
+    return ok;
   }
 
   /** The head; `length` ≥ 0 when the whole body is known (from `end` before any write). */
@@ -294,7 +308,9 @@ export class RawResponse extends EventEmitter {
   }
 }
 
-const CHUNK_EMPTY = Buffer.alloc(0);
+const EMPTY = Buffer.alloc(0);
+/** Past this, a body chunk is not copied behind its framing but written beside it. */
+const COPY_MAX_BYTES = 16 * 1024;
 
 /** Names already checked and lowered (the handlers set a handful, the same every request). */
 const LOWERED = new Map<string, string>();

@@ -155,7 +155,8 @@ class RawConnection implements ExchangeOwner {
     this.res?.emit("drain");
   };
   private readonly onError = (err: Error): void => {
-    this.res?.emit("error", err);
+    // As node's response: an error with nobody listening must not throw ('close' follows anyway).
+    if (this.res && this.res.listenerCount("error") > 0) this.res.emit("error", err);
   };
 
   constructor(front: RawFront, socket: Socket) {
