@@ -336,7 +336,7 @@ export function registerServer(program: Command): void {
     .option("--router <mode>", "auto | mixed | disagg (default auto)")
     .option(
       "--http-front <front>",
-      "raw (default: the completion routes' plain requests parsed off the socket) | node (node:http for all)",
+      "raw (default: plain requests to the API and status routes parsed off the socket) | node (node:http for all)",
     )
     .option(
       "--api-key <key>",

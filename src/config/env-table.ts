@@ -82,7 +82,7 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "INFERA_HTTP_FRONT",
     "string",
     "server",
-    "Who parses client requests: raw (the completion routes' plain requests off the socket, the rest node:http) | node (`--http-front`).",
+    "Who parses client requests: raw (plain requests to the API and status routes off the socket, the rest node:http) | node (`--http-front`).",
     { configKey: "httpFront" },
   ),
   v(

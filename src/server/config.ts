@@ -64,7 +64,7 @@ export interface ServerConfig {
    */
   requestTimeoutMs: number;
   /**
-   * `raw`: the completion routes' plain requests are served straight off the socket
+   * `raw`: the route table's plain requests are served straight off the socket
    * (src/server/front/), everything else by node:http; `node`: node:http serves all.
    */
   httpFront: HttpFront;

@@ -54,13 +54,13 @@ const completions =
 export const ROUTES: readonly Route[] = [
   { method: "POST", path: "/v1/chat/completions", handler: completions("chat"), hot: true },
   { method: "POST", path: "/v1/completions", handler: completions("completion"), hot: true },
-  { method: "POST", path: "/v1/responses", handler: translated(responsesTranslation) },
-  { method: "POST", path: "/v1/messages", handler: translated(messagesTranslation) },
-  { method: "POST", path: "/v1/embeddings", handler: pass("embeddings") },
-  { method: "POST", path: "/v1/rerank", handler: pass("rerank") },
-  { method: "POST", path: "/v1/score", handler: pass("score") },
-  { method: "POST", path: "/tokenize", handler: pass("tokenize") },
-  { method: "POST", path: "/detokenize", handler: pass("detokenize") },
+  { method: "POST", path: "/v1/responses", handler: translated(responsesTranslation), hot: true },
+  { method: "POST", path: "/v1/messages", handler: translated(messagesTranslation), hot: true },
+  { method: "POST", path: "/v1/embeddings", handler: pass("embeddings"), hot: true },
+  { method: "POST", path: "/v1/rerank", handler: pass("rerank"), hot: true },
+  { method: "POST", path: "/v1/score", handler: pass("score"), hot: true },
+  { method: "POST", path: "/tokenize", handler: pass("tokenize"), hot: true },
+  { method: "POST", path: "/detokenize", handler: pass("detokenize"), hot: true },
   { method: "GET", path: "/health", handler: status.health, hot: true },
   { method: "GET", path: "/ready", handler: status.ready, hot: true },
   { method: "GET", path: "/metrics", handler: status.metrics, hot: true },
@@ -83,7 +83,8 @@ const HOT_POST = hotPaths("POST");
 const HOT_GET = hotPaths("GET");
 
 /**
- * Whether the raw front may serve a plain `method` request to `path`. The status routes are
+ * Whether the raw front may serve a plain `method` request to `path`: every route of the table
+ * (the dashboard's and the model-card prefix route are node:http's). The status routes are
  * there too: a client's pool that sends a GET on a kept-alive connection would otherwise move
  * that connection to node:http for good.
  */

@@ -300,6 +300,39 @@ describe("the raw front in the server, beside node:http's", () => {
     }
   });
 
+  it("the translated and pass-through routes: the same answers from both fronts", async () => {
+    const msg = (stream: boolean) =>
+      JSON.stringify({
+        model: "sim-model",
+        max_tokens: 3,
+        stream,
+        messages: [{ role: "user", content: "Hi" }],
+      });
+    const cases: [string, string][] = [
+      ["/v1/messages", msg(false)],
+      ["/v1/messages", msg(true)],
+      ["/v1/responses", JSON.stringify({ model: "sim-model", input: "Hi", max_output_tokens: 3 })],
+      ["/tokenize", JSON.stringify({ model: "sim-model", prompt: "Hi" })],
+    ];
+    const served = await counter(raw.server.url, "infera_http_front_requests_total");
+    for (const [path, body] of cases) {
+      const got: Answer[] = [];
+      for (const c of [raw, nodeFront]) {
+        const { sock, answers } = await open(c.server.url);
+        sock.write(post(body, path, "Anthropic-Version: 2023-06-01\r\n"));
+        got.push(await answers.next());
+        sock.destroy();
+      }
+      const [r, n] = got as [Answer, Answer];
+      assert.equal(r.status, n.status, path);
+      if (path !== "/tokenize") assert.equal(r.status, 200, `${path}: ${r.body}`);
+      assert.deepEqual([...r.fields.keys()].sort(), [...n.fields.keys()].sort(), `${path}: ${body}`);
+      assert.equal(r.fields.get("content-type"), n.fields.get("content-type"), path);
+    }
+    // The four, and this read of /metrics.
+    assert.equal((await counter(raw.server.url, "infera_http_front_requests_total")) - served, 5);
+  });
+
   it("Connection: close is answered raw as node:http answers it, and the connection ends", async () => {
     const got: Answer[] = [];
     const handoffs = await counter(raw.server.url, "infera_http_front_handoffs_total");

@@ -1,8 +1,8 @@
 /**
  * One request and its answer on the raw front (./front.ts), as the completion handlers see
- * them: the parts of node:http's `IncomingMessage` and `ServerResponse` that the hot path
- * (routes.ts's dispatcher, proxy.ts, relay-whole.ts, pump.ts, http-util.ts, request-context.ts,
- * lifecycle.ts's tracker and drain) uses, with node:http's meaning:
+ * them: the parts of node:http's `IncomingMessage` and `ServerResponse` that the hot routes'
+ * handlers (routes.ts's dispatcher, proxy.ts, api/, status-routes.ts, relay-whole.ts, pump.ts,
+ * http-util.ts, request-context.ts, lifecycle.ts's tracker and drain) use, with node's meaning:
  *
  * - request: `headers`, `method`, `url`, `httpVersion`, `complete` (always true: the body came
  *   whole), `socket`, `resume()`, the events `close` (the client left) and `error`; the body is

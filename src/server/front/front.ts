@@ -1,5 +1,5 @@
 /**
- * The raw front (issue #32): the plainest requests to the completion and status routes served
+ * The raw front (issue #32): the plainest requests to the route table's hot routes served
  * straight off the socket, every other request by node:http as before.
  *
  * Why: node:http's server side (IncomingMessage and ServerResponse streams, their events, the
