@@ -23,6 +23,8 @@ const { pdProtocols } = await mod("src/router/disagg/protocols/index.ts");
 const http = await mod("src/transport/http.ts");
 const types = await mod("src/transport/types.ts");
 const rawBodyOf: (b: object) => Buffer | undefined = types.rawBodyOf ?? (() => undefined);
+// setRawBody lives in src/transport/types.ts now; older trees had it in http.ts.
+const setRawBody: (b: object, raw: Buffer) => void = types.setRawBody ?? http.setRawBody;
 const sent = (b: object) => rawBodyOf(b) ?? JSON.stringify(b);
 
 // A chat prompt of about KIB KiB in a few messages, with escapes JSON.stringify has to write.
@@ -54,7 +56,7 @@ const rec = (id: string, role: string, kind: string) => ({
 
 function once(kind: string): number {
   const body = JSON.parse(text) as Record<string, unknown>;
-  http.setRawBody(body, Buffer.from(text));
+  setRawBody(body, Buffer.from(text));
   const proto = pdProtocols[kind];
   const input = {
     body,
