@@ -114,6 +114,31 @@ async function waitHttp(url: string, timeoutMs = 30_000): Promise<void> {
   throw new Error(`${url} did not come up`);
 }
 
+/**
+ * `infera server` in front of `simUrl` (engine scrapes off) as a child process, ready: its
+ * process and URL. `prof` names its `--cpu-prof` subdirectory (none: not profiled).
+ */
+async function inferaServer(
+  simUrl: string,
+  o: { prof?: string; extra?: string[]; env?: Record<string, string>; cwd?: string } = {},
+): Promise<{ proc: ChildProcess; url: string }> {
+  const port = await freePort();
+  const argv = [
+    ...(o.prof ? profFlags(o.prof) : []),
+    "bin/infera.js",
+    ...serverArgs(port),
+    "--worker",
+    simUrl,
+    "--scrape-interval",
+    "0",
+    ...(o.extra ?? []),
+  ];
+  const proc = start(process.execPath, argv, o.env ?? {}, o.cwd ?? ROOT);
+  const url = `http://127.0.0.1:${port}`;
+  await waitHttp(`${url}/ready`);
+  return { proc, url };
+}
+
 function nginxConf(dir: string, port: number, upstreamPort: number): string {
   return `worker_processes 1;
 daemon off;
@@ -339,7 +364,7 @@ interface Agg {
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), "infera-bench-ro-"));
   try {
-    const [simPort, serverPort, nginxPort] = [await freePort(), await freePort(), await freePort()];
+    const [simPort, nginxPort] = [await freePort(), await freePort()];
     const simProc = start(process.execPath, [
       "bin/infera-sim.js",
       "serve",
@@ -355,42 +380,15 @@ async function main(): Promise<void> {
     ]);
     const simUrl = `http://127.0.0.1:${simPort}`;
     await waitHttp(`${simUrl}/health`);
-    const serverProc = start(process.execPath, [
-      ...profFlags("b"),
-      "bin/infera.js",
-      ...serverArgs(serverPort),
-      "--worker",
-      simUrl,
-      "--scrape-interval",
-      "0",
-    ]);
-    const serverUrl = `http://127.0.0.1:${serverPort}`;
-    await waitHttp(`${serverUrl}/ready`);
-    const nodeFrontPort = await freePort();
-    const nodeFrontProc = start(process.execPath, [
-      ...profFlags("j"),
-      "bin/infera.js",
-      ...serverArgs(nodeFrontPort),
-      "--worker",
-      simUrl,
-      "--scrape-interval",
-      "0",
-      "--http-front",
-      "node",
-    ]);
-    const nodeFrontUrl = `http://127.0.0.1:${nodeFrontPort}`;
-    await waitHttp(`${nodeFrontUrl}/ready`);
+    const { proc: serverProc, url: serverUrl } = await inferaServer(simUrl, { prof: "b" });
+    const { proc: nodeFrontProc, url: nodeFrontUrl } = await inferaServer(simUrl, {
+      prof: "j",
+      extra: ["--http-front", "node"],
+    });
     // The same server run from the TypeScript sources (Node's type stripping; b runs dist/ when
     // it is built and current, see bin/infera.js), so the compiled build's effect is measured
     // side by side.
-    const srcPort = await freePort();
-    const srcProc = start(
-      process.execPath,
-      ["bin/infera.js", ...serverArgs(srcPort), "--worker", simUrl, "--scrape-interval", "0"],
-      { INFERA_DIST: "0" },
-    );
-    const srcUrl = `http://127.0.0.1:${srcPort}`;
-    await waitHttp(`${srcUrl}/ready`);
+    const { proc: srcProc, url: srcUrl } = await inferaServer(simUrl, { env: { INFERA_DIST: "0" } });
     const serverFrom = chooseEntry();
     writeFileSync(join(dir, "nginx.conf"), nginxConf(dir, nginxPort, simPort));
     const nginxProc = start(NGINX, ["-c", join(dir, "nginx.conf"), "-p", dir]);
@@ -452,24 +450,9 @@ async function main(): Promise<void> {
       g_infera_dashboard: serverProc.pid!,
     };
     if (BASELINE) {
-      const basePort = await freePort();
-      const baseProc = start(
-        process.execPath,
-        [
-          ...profFlags("f"),
-          "bin/infera.js",
-          ...serverArgs(basePort),
-          "--worker",
-          simUrl,
-          "--scrape-interval",
-          "0",
-        ],
-        {},
-        BASELINE,
-      );
-      targets.f_baseline = `http://127.0.0.1:${basePort}`;
-      pids.f_baseline = baseProc.pid!;
-      await waitHttp(`${targets.f_baseline}/ready`);
+      const base = await inferaServer(simUrl, { prof: "f", cwd: BASELINE });
+      targets.f_baseline = base.url;
+      pids.f_baseline = base.proc.pid!;
     }
     if (TRACED) {
       const sink = createServer((req, res) => {
@@ -479,20 +462,9 @@ async function main(): Promise<void> {
       await new Promise<void>((r) => sink.listen(0, "127.0.0.1", r));
       sink.unref();
       const sinkUrl = `http://127.0.0.1:${(sink.address() as AddressInfo).port}`;
-      const hPort = await freePort();
-      const hProc = start(process.execPath, [
-        "bin/infera.js",
-        ...serverArgs(hPort),
-        "--worker",
-        simUrl,
-        "--scrape-interval",
-        "0",
-        "--otlp-endpoint",
-        sinkUrl,
-      ]);
-      targets.h_infera_traced = `http://127.0.0.1:${hPort}`;
-      pids.h_infera_traced = hProc.pid!;
-      await waitHttp(`${targets.h_infera_traced}/ready`);
+      const traced = await inferaServer(simUrl, { extra: ["--otlp-endpoint", sinkUrl] });
+      targets.h_infera_traced = traced.url;
+      pids.h_infera_traced = traced.proc.pid!;
     }
     const keys = Object.keys(targets) as Key[];
     const results: Record<string, Record<Key, Agg>> = {};

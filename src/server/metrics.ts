@@ -146,28 +146,17 @@ export class ServerMetrics {
   /** Label children of one model, cached: the hot path skips prom-client's label hashing. */
   /** Routing's prompt tokenizing: pieced prompts, partial scores, ids reused from the cache. */
   watchPrompts(stats: { pieced: number; partial: number }, cache: { reusedTokens: number } | null): void {
-    const registers = [this.registry];
-    const counter = (name: string, help: string, read: () => number) =>
-      new Counter({
-        name,
-        help,
-        registers,
-        collect() {
-          this.reset();
-          this.inc(read());
-        },
-      });
-    counter(
+    this.countedAt(
       "infera_prompt_tokenized_total",
       "Prompts tokenized for routing piece by piece (longer than one 512-character piece)",
       () => stats.pieced,
     );
-    counter(
+    this.countedAt(
       "infera_prompt_partial_total",
       "Prompts scored on their head: the tokenizing budget (promptBudgetMs) ran out first",
       () => stats.partial,
     );
-    counter(
+    this.countedAt(
       "infera_prompt_cache_reused_tokens_total",
       "Prompt token ids reused from the token prefix cache instead of tokenized",
       () => cache?.reusedTokens ?? 0,
@@ -179,25 +168,16 @@ export class ServerMetrics {
    * peers' readings it filed instead (one scrape shared among replicas, src/router/peers).
    */
   watchScraper(scraper: { scrapes: number; peerReadings: number }): void {
-    const registers = [this.registry];
-    new Counter({
-      name: "infera_engine_scrapes_total",
-      help: "Engine /metrics requests this replica made (its share of the scrapes, with peers)",
-      registers,
-      collect() {
-        this.reset();
-        this.inc(scraper.scrapes);
-      },
-    });
-    new Counter({
-      name: "infera_engine_load_peer_readings_total",
-      help: "Engine load readings taken from peer replicas' scrapes instead of scraping",
-      registers,
-      collect() {
-        this.reset();
-        this.inc(scraper.peerReadings);
-      },
-    });
+    this.countedAt(
+      "infera_engine_scrapes_total",
+      "Engine /metrics requests this replica made (its share of the scrapes, with peers)",
+      () => scraper.scrapes,
+    );
+    this.countedAt(
+      "infera_engine_load_peer_readings_total",
+      "Engine load readings taken from peer replicas' scrapes instead of scraping",
+      () => scraper.peerReadings,
+    );
   }
 
   /**
@@ -205,23 +185,27 @@ export class ServerMetrics {
    * connections it handed to node:http (a request it would not take: see request-head.ts).
    */
   watchFront(front: { served: number; handedOff: number }): void {
-    const registers = [this.registry];
+    this.countedAt(
+      "infera_http_front_requests_total",
+      "Requests the raw HTTP front served itself (the rest went to node:http)",
+      () => front.served,
+    );
+    this.countedAt(
+      "infera_http_front_handoffs_total",
+      "Client connections the raw HTTP front handed to node:http (a request it does not take)",
+      () => front.handedOff,
+    );
+  }
+
+  /** A counter whose value is read from its owner at scrape time (no call on the counted path). */
+  private countedAt(name: string, help: string, read: () => number): void {
     new Counter({
-      name: "infera_http_front_requests_total",
-      help: "Requests the raw HTTP front served itself (the rest went to node:http)",
-      registers,
+      name,
+      help,
+      registers: [this.registry],
       collect() {
         this.reset();
-        this.inc(front.served);
-      },
-    });
-    new Counter({
-      name: "infera_http_front_handoffs_total",
-      help: "Client connections the raw HTTP front handed to node:http (a request it does not take)",
-      registers,
-      collect() {
-        this.reset();
-        this.inc(front.handedOff);
+        this.inc(read());
       },
     });
   }

@@ -21,6 +21,7 @@
 import { EventEmitter } from "node:events";
 import { STATUS_CODES } from "node:http";
 import type { Socket } from "node:net";
+import { FIELD_VALUE, TOKEN } from "../../util/http-grammar.ts";
 
 /** What the connection (./front.ts) learns from its answer. */
 export interface ExchangeOwner {
@@ -28,9 +29,6 @@ export interface ExchangeOwner {
   /** The answer is written whole (`close`: the connection must end after it). */
   answered(res: RawResponse, close: boolean): void;
 }
-
-const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
-const VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 
 /** node:http's error for a bad header, with its code. */
 class HeaderError extends TypeError {
@@ -133,8 +131,7 @@ export class RawResponse extends EventEmitter {
   }
 
   setHeader(name: string, value: string | number): this {
-    if (this.headersSent)
-      throw new HeaderError("ERR_HTTP_HEADERS_SENT", "Cannot set headers after they are sent to the client");
+    this.unsent("set");
     this.put(checkName(name), value);
     return this;
   }
@@ -145,16 +142,21 @@ export class RawResponse extends EventEmitter {
   }
 
   removeHeader(name: string): void {
-    if (this.headersSent)
-      throw new HeaderError(
-        "ERR_HTTP_HEADERS_SENT",
-        "Cannot remove headers after they are sent to the client",
-      );
+    this.unsent("remove");
     const i = this.names.indexOf(name.toLowerCase());
     if (i >= 0) {
       this.names.splice(i, 1);
       this.values.splice(i, 1);
     }
+  }
+
+  /** node:http's refusal of a head change once the head is out. */
+  private unsent(verb: "set" | "remove" | "write"): void {
+    if (this.headersSent)
+      throw new HeaderError(
+        "ERR_HTTP_HEADERS_SENT",
+        `Cannot ${verb} headers after they are sent to the client`,
+      );
   }
 
   private put(key: string, value: string | number): void {
@@ -167,11 +169,7 @@ export class RawResponse extends EventEmitter {
   }
 
   writeHead(status: number, headers?: Record<string, string | number | undefined>): this {
-    if (this.headersSent)
-      throw new HeaderError(
-        "ERR_HTTP_HEADERS_SENT",
-        "Cannot write headers after they are sent to the client",
-      );
+    this.unsent("write");
     if (!Number.isInteger(status) || status < 100 || status > 999)
       throw new RangeError(`Invalid status code: ${status}`);
     this.statusCode = status;
@@ -283,7 +281,7 @@ export class RawResponse extends EventEmitter {
       const k = names[i]!;
       const v = values[i]!;
       const t = typeof v === "number" ? String(v) : v;
-      if (typeof v !== "number" && !VALUE.test(t))
+      if (typeof v !== "number" && !FIELD_VALUE.test(t))
         throw new HeaderError("ERR_INVALID_CHAR", `Invalid character in header content ["${k}"]`);
       head += `${k}: ${t}\r\n`;
       if (k === "date") date = true;

@@ -94,8 +94,9 @@ export class RawFront {
     this.conns.delete(c);
   }
 
-  /** @internal Gives `socket` (and the bytes read of it) to node:http for good. */
-  handOff(c: RawConnection, socket: Socket, bytes: Buffer | null): void {
+  /** @internal Gives `c`'s socket (and the bytes read of it) to node:http for good. */
+  handOff(c: RawConnection, bytes: Buffer | null): void {
+    const socket = c.socket;
     this.conns.delete(c);
     this.handedOff++;
     for (const l of this.nodeListeners) l.call(this.server, socket);
@@ -196,7 +197,7 @@ class RawConnection implements ExchangeOwner {
     const total = head ? head.headLength + head.contentLength : 0;
     if (head === null || total > MAX_RAW_REQUEST_BYTES) {
       this.release();
-      this.front.handOff(this, this.socket, buf);
+      this.front.handOff(this, buf);
       return;
     }
     this.buf = buf.length > total ? buf.subarray(total) : null;

@@ -12,6 +12,8 @@
  * obs-text; a bare CR or LF anywhere, white space before the colon, or obs-fold is not taken.
  */
 
+import { FIELD_VCHAR, TCHAR } from "../../util/http-grammar.ts";
+
 /** A request head the raw front serves; `headers` is keyed by lower-case name like node:http's. */
 export interface HotHead {
   method: "POST" | "GET";
@@ -33,8 +35,9 @@ export const MAX_HOT_HEAD_BYTES = 16 * 1024;
  * the request line, then fields with a token name, no white space before the colon, and a value
  * of HTAB, SP, VCHAR or obs-text, each line ended by CRLF (checked on the head + CRLF).
  */
-const HEAD =
-  /^(POST|GET) (\/[A-Za-z0-9/_.-]*) HTTP\/1\.1\r\n(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n){1,64}$/;
+const HEAD = new RegExp(
+  `^(POST|GET) (\\/[A-Za-z0-9/_.-]*) HTTP\\/1\\.1\\r\\n(?:[${TCHAR}]+:[${FIELD_VCHAR}]*\\r\\n){1,64}$`,
+);
 const DIGITS = /^[0-9]{1,15}$/;
 
 const CRLF2 = Buffer.from("\r\n\r\n", "latin1");

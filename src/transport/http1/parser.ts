@@ -15,6 +15,7 @@
  * executor's and the relay's existing classification treats them as it did under undici.
  */
 import { maxHeaderSize } from "node:http";
+import { FIELD_VCHAR, TCHAR, TOKEN } from "../../util/http-grammar.ts";
 import { ParseError } from "./errors.ts";
 
 /**
@@ -55,9 +56,9 @@ const S_DONE = 7;
 const CR = 0x0d;
 const LF = 0x0a;
 
-const STATUS_LINE = /^HTTP\/1\.([01]) ([1-9]\d\d)(?: ([\t\x20-\x7e\x80-\xff]*))?$/;
+const STATUS_LINE = new RegExp(`^HTTP\\/1\\.([01]) ([1-9]\\d\\d)(?: ([${FIELD_VCHAR}]*))?$`);
 /** A trailer field line: a token name right before the colon, a value without control bytes but HTAB. */
-const FIELD = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*$/;
+const FIELD = new RegExp(`^[${TCHAR}]+:[${FIELD_VCHAR}]*$`);
 /** A hex digit's value by byte, 0xff for any other byte. */
 const HEX = new Uint8Array(256).fill(0xff);
 for (let d = 0; d < 16; d++) {
@@ -65,10 +66,9 @@ for (let d = 0; d < 16; d++) {
   HEX["0123456789ABCDEF".charCodeAt(d)] = d;
 }
 /** tchar (RFC 9110 §5.6.2), by byte. */
-const TCHAR = new Uint8Array(256);
-for (const c of "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-  TCHAR[c.charCodeAt(0)] = 1;
-const CHUNK_SIZE = /^([0-9A-Fa-f]{1,12})[ \t]*(?:;[\t\x20-\x7e\x80-\xff]*)?$/;
+const TCHAR_BYTE = new Uint8Array(256);
+for (let c = 0; c < 256; c++) if (TOKEN.test(String.fromCharCode(c))) TCHAR_BYTE[c] = 1;
+const CHUNK_SIZE = new RegExp(`^([0-9A-Fa-f]{1,12})[ \\t]*(?:;[${FIELD_VCHAR}]*)?$`);
 const DIGITS = /^\d{1,15}$/;
 const KEEP_ALIVE_TIMEOUT = /(?:^|[\s,])timeout\s*=\s*(\d+)/i;
 
@@ -337,7 +337,7 @@ export class ResponseParser {
  */
 function field(s: string, from: number, to: number, raw: string[]): void {
   let i = from;
-  while (i < to && TCHAR[s.charCodeAt(i)] === 1) i++;
+  while (i < to && TCHAR_BYTE[s.charCodeAt(i)] === 1) i++;
   if (i === from || i === to || s.charCodeAt(i) !== 0x3a) throw badField();
   const name = s.slice(from, i);
   i++;

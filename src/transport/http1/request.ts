@@ -4,6 +4,8 @@
  * (legacy) dispatch hooks, so the executor's handler and undici's own `request()` (the load
  * scraper's) both drive it unchanged.
  */
+
+import { TOKEN } from "../../util/http-grammar.ts";
 import { invalidArg } from "./errors.ts";
 
 /** undici's core dispatch handler hooks, as this client calls them. */
@@ -111,7 +113,6 @@ const RESERVED = new Set([
   "upgrade",
   "expect",
 ]);
-const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 /** A field value: no CR, LF or NUL (what could split the head, as undici checks), nothing past latin1. */
 const BAD_VALUE = /[\r\n\0\u0100-\uffff]/;
 /** A request target: printable, no space (undici's check). */
