@@ -5,7 +5,7 @@
  * No HTTP, no other process: the figure is the pipeline's own CPU, without the box's noise.
  *
  *   node bench/fleet-scale/decide.ts [--workers 256] [--requests 20000] [--in-flight 16]
- *     [--blocks 256] [--tokenize] [--root DIR] [--rounds 3] [--cpu-prof-window]
+ *     [--blocks 256] [--tokenize] [--root DIR] [--rounds 3] [--cpu-prof-window] [--cold KB]
  *
  * The load is the fleet-scale bench's (load.ts): one of 64 shared ~35-token "system" prefixes
  * and a distinct tail, so each request stores one new block and pools of `--blocks` blocks per
@@ -39,6 +39,19 @@ const IN_FLIGHT = Number(opt("in-flight", "16"));
 const BLOCKS = Number(opt("blocks", "256"));
 const ROUNDS = Number(opt("rounds", "3"));
 const TOKENIZE = argv.includes("--tokenize");
+/**
+ * `--cold KB`: before each decision (outside the timing) write one byte per cache line of a
+ * KB-sized buffer, so the decision finds its data evicted as in a busy server, where the HTTP
+ * path, KV ingest, GC and the other processes on the core run between two decisions. In a loop
+ * alone the 256 workers' state stays cached, which a server at 1,000 req/s never sees.
+ */
+const COLD_KB = Number(opt("cold", "0"));
+const cold = new Uint8Array(COLD_KB * 1024);
+let coldSeq = 0;
+function evict(): void {
+  coldSeq = (coldSeq + 1) & 0xff;
+  for (let i = 0; i < cold.length; i += 64) cold[i] = coldSeq;
+}
 const ROOT = opt("root", join(import.meta.dirname, "../.."));
 const BS = 16;
 
@@ -222,6 +235,7 @@ function round(count: number) {
       }
     const req = reqs[k];
     const f: Flight = { w: workers[0], tokens: [], watchers: [] };
+    if (COLD_KB > 0) evict();
     const c0 = process.threadCpuUsage();
     const t0 = performance.now();
     const sel = sched.select(req, workers);
@@ -258,5 +272,5 @@ for (let r = 0; r < ROUNDS; r++) {
   const res = round(REQUESTS);
   if (argv.includes("--cpu-prof-window"))
     process.stderr.write(`window end ${process.hrtime.bigint() / 1000n}\n`);
-  process.stdout.write(`${JSON.stringify({ root: ROOT, tokenize: TOKENIZE, ...res })}\n`);
+  process.stdout.write(`${JSON.stringify({ root: ROOT, tokenize: TOKENIZE, coldKB: COLD_KB, ...res })}\n`);
 }

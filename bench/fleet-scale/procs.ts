@@ -25,7 +25,7 @@ export interface Child {
   stop(): Promise<void>;
 }
 
-function child(cmd: string, argv: string[], env: Record<string, string> = {}): Child {
+export function child(cmd: string, argv: string[], env: Record<string, string> = {}): Child {
   // Lines split across chunks are missed by firstLine; pino writes a line per write.
   const proc = spawn(cmd, argv, {
     cwd: ROOT,
