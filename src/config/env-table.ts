@@ -357,6 +357,12 @@ export const ENV_TABLE: readonly EnvVarSpec[] = [
     "`0`: read KV event SUB sockets with zeromq.js instead of libzmq's C API (src/kv/feeds/zmq-native.ts).",
   ),
   v(
+    "INFERA_KV_FD_WATCHER",
+    "string",
+    "server",
+    "`thread`: wait for the native KV sockets in a worker thread instead of on the main thread's own event loop (src/kv/feeds/loop-fd-watcher.ts).",
+  ),
+  v(
     "INFERA_MORIIO_PROXY",
     "string",
     "engine",

@@ -6,6 +6,7 @@
  */
 import { MessageChannel, type MessagePort, Worker } from "node:worker_threads";
 import koffi from "koffi";
+import { LoopFdWatcher } from "./loop-fd-watcher.ts";
 
 type Fn<A extends unknown[], R> = (...args: A) => R;
 
@@ -87,8 +88,27 @@ type Drain = () => void;
  * The process's one fd watcher: `watch(fd, drain)` calls `drain` on the main thread whenever
  * the fd turns readable; `drain` must read its socket until it would block (or unwatch it).
  */
-export class FdWatcher {
-  private static one: FdWatcher | null = null;
+export interface FdWatcher {
+  watch(fd: number, drain: Drain): void;
+  unwatch(fd: number): void;
+}
+
+let one: FdWatcher | null = null;
+
+export const FdWatcher = {
+  /**
+   * The process's watcher: on the main thread's own loop where libuv can be reached
+   * (./loop-fd-watcher.ts, one wake-up per arrival instead of two), else the worker thread
+   * below. `INFERA_KV_FD_WATCHER=thread` picks the thread.
+   */
+  get(z: { koffiPath: string }): FdWatcher {
+    one ??= LoopFdWatcher.create() ?? new ThreadFdWatcher(z);
+    return one;
+  },
+};
+
+/** The watcher as a worker thread waiting in epoll (WATCHER_SOURCE), reporting over a MessagePort. */
+export class ThreadFdWatcher implements FdWatcher {
   private readonly worker: Worker;
   private readonly port: MessagePort;
   private readonly drains = new Map<number, Drain>();
@@ -98,12 +118,7 @@ export class FdWatcher {
   private readonly wake: (fd: number) => void;
 
   /** `z`: where koffi lives (the worker loads libc through it); any loaded ZmqApi has it. */
-  static get(z: { koffiPath: string }): FdWatcher {
-    FdWatcher.one ??= new FdWatcher(z);
-    return FdWatcher.one;
-  }
-
-  private constructor(z: { koffiPath: string }) {
+  constructor(z: { koffiPath: string }) {
     const libc = koffi.load("libc.so.6");
     const eventfd = libc.func("int eventfd(unsigned int, int)") as Fn<[number, number], number>;
     const write = libc.func("long write(int, const uint8_t *, unsigned long)") as Fn<
