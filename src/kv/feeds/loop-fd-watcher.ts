@@ -6,11 +6,13 @@
  * Node's own callback scope (its promises settle, its errors reach the process as usual).
  *
  * Why, over ./fd-watcher.ts's thread: with KV events spread over a fleet, each message arrives
- * alone, and the thread cost a wake-up of its own (epoll, `postMessage`, back to sleep) plus
- * the main thread's wake-up for the message: ≈ 9–11 % of a core at 1,000 events/s over 256
- * workers (bench/fleet-scale RESULTS, 2026-12-05 "the fd watcher in the loop"). Here the main
- * thread is woken once, and not at all when it is awake anyway (serving a request), since libuv
- * collects the epoll fd with its other sockets.
+ * alone, and the thread cost a wake-up of its own (epoll, `postMessage`, back to sleep) beside
+ * the main thread's wake-up for the message. Here the main thread is woken once, and not at all
+ * when it is awake anyway (serving a request), since libuv collects the epoll fd with its other
+ * sockets. Measured at 256 workers, 1,000 req/s: kv-aware 2–9 % less server CPU per request,
+ * its other threads 2.4–3.8 points of a core lower; following KV events alone, 18–25 % less
+ * (bench/fleet-scale/RESULTS.md, 2026-12-05 12:00, "The fd watcher on the main thread's own
+ * loop").
  *
  * Edge-triggered, as the thread's (see the rules there): an add reports an fd already readable,
  * and each drain reads its socket until EAGAIN, so every later arrival is an epoll event again.
