@@ -35,9 +35,9 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { handleFatalSignals } from "../../src/util/child-process.ts";
 import { freePort } from "../../test/helpers/ports.ts";
+import { BARE_PROXY, nginxConf } from "../reference-proxies.ts";
 import { exitWithUsageIfAsked } from "../usage.ts";
 import { cpuOf, cpuWindow, load, round1, scrape, sumOf } from "./measure.ts";
 import {
@@ -91,60 +91,6 @@ function treeCpu(pid: number): number {
   const own = cpuOf(pid)?.cpu ?? 0;
   return own + (kids ? kids.split(" ").reduce((a, k) => a + treeCpu(Number(k)), 0) : 0);
 }
-
-function nginxConf(dir: string, port: number, upstreams: readonly string[]): string {
-  // keepalive: idle upstream connections kept per worker, all upstreams together (LRU). Below N
-  // a round-robin over N engines would evict each connection before its engine's next turn.
-  const servers = upstreams.map((u) => `server ${new URL(u).host};`).join(" ");
-  return `worker_processes 1;
-daemon off;
-pid ${dir}/nginx.pid;
-error_log ${dir}/error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path ${dir}/body;
-  proxy_temp_path ${dir}/proxy;
-  fastcgi_temp_path ${dir}/fastcgi;
-  uwsgi_temp_path ${dir}/uwsgi;
-  scgi_temp_path ${dir}/scgi;
-  upstream fleet { ${servers} keepalive ${Math.max(512, 4 * upstreams.length)}; }
-  server {
-    listen 127.0.0.1:${port};
-    keepalive_requests 1000000;
-    location / {
-      proxy_pass http://fleet;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-`;
-}
-
-/** (b): as bench/router-overhead's bare proxy (d), over every engine in turn. */
-const BARE_PROXY = `
-import http from "node:http";
-import { Pool } from ${JSON.stringify(fileURLToPath(new URL("../../node_modules/undici/index.js", import.meta.url)))};
-const [port, ...upstreams] = process.argv.slice(2);
-const pools = upstreams.map((u) => new Pool(u, { connections: 16 }));
-let next = 0;
-http.createServer((req, res) => {
-  const chunks = [];
-  req.on("data", (c) => chunks.push(c));
-  req.on("end", async () => {
-    try {
-      const pool = pools[next++ % pools.length];
-      const r = await pool.request({ path: req.url, method: req.method, headers: { "content-type": "application/json" }, body: req.method === "POST" ? Buffer.concat(chunks) : undefined });
-      res.writeHead(r.statusCode, { "content-type": r.headers["content-type"] ?? "application/json" });
-      r.body.on("data", (c) => res.write(c));
-      r.body.on("end", () => res.end());
-      r.body.on("error", () => res.destroy());
-    } catch { res.destroy(); }
-  });
-}).listen(Number(port), "127.0.0.1");
-`;
 
 interface Phase {
   cpuUsPerRequest: number;
@@ -216,7 +162,18 @@ async function warm(url: string, what: string, round: number): Promise<void> {
 async function nginxPhase(dir: string, engines: readonly string[], round: number): Promise<Phase> {
   const port = await freePort();
   const conf = join(dir, `nginx-${round}.conf`);
-  writeFileSync(conf, nginxConf(dir, port, engines));
+  // More idle upstream connections kept than engines: none is evicted before its next turn.
+  const upstreams = engines.map((u) => new URL(u).host);
+  writeFileSync(
+    conf,
+    nginxConf({
+      dir,
+      port,
+      upstreams,
+      keepalive: Math.max(512, 4 * upstreams.length),
+      workerConnections: 8192,
+    }),
+  );
   const ng = child(NGINX, ["-c", conf, "-p", dir]);
   try {
     const url = `http://127.0.0.1:${port}`;
@@ -236,7 +193,7 @@ async function barePhase(dir: string, engines: readonly string[], round: number)
   const port = await freePort();
   const file = join(dir, "bare-proxy.mjs");
   writeFileSync(file, BARE_PROXY);
-  const bp = child(process.execPath, [file, String(port), ...engines]);
+  const bp = child(process.execPath, [file, String(port), "16", ...engines]);
   try {
     const url = `http://127.0.0.1:${port}`;
     await waitUp(url, "/health");

@@ -37,6 +37,7 @@ import { chooseEntry } from "../../scripts/dist-stamp.mjs";
 import { handleFatalSignals, isRunning, killOnExit } from "../../src/util/child-process.ts";
 import { serverArgs } from "../../test/helpers/infera.ts";
 import { freePort } from "../../test/helpers/ports.ts";
+import { BARE_PROXY, nginxConf } from "../reference-proxies.ts";
 import { pairedArgs } from "../usage.ts";
 import { dashboardPoller, dashboardStats } from "./dashboard-poller.ts";
 
@@ -138,58 +139,6 @@ async function inferaServer(
   await waitHttp(`${url}/ready`);
   return { proc, url };
 }
-
-function nginxConf(dir: string, port: number, upstreamPort: number): string {
-  return `worker_processes 1;
-daemon off;
-pid ${dir}/nginx.pid;
-error_log ${dir}/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path ${dir}/body;
-  proxy_temp_path ${dir}/proxy;
-  fastcgi_temp_path ${dir}/fastcgi;
-  uwsgi_temp_path ${dir}/uwsgi;
-  scgi_temp_path ${dir}/scgi;
-  upstream sim { server 127.0.0.1:${upstreamPort}; keepalive 128; }
-  server {
-    listen 127.0.0.1:${port};
-    keepalive_requests 1000000;
-    location / {
-      proxy_pass http://sim;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-`;
-}
-
-/**
- * (d) A bare node:http + undici proxy (no validation, routing, metrics): the floor for any
- * Node.js gateway on this machine, to tell Node's own cost from infera's.
- */
-const BARE_PROXY = `
-import http from "node:http";
-import { Pool } from ${JSON.stringify(fileURLToPath(new URL("../../node_modules/undici/index.js", import.meta.url)))};
-const [port, upstream] = process.argv.slice(2);
-const pool = new Pool(upstream, { connections: 256 });
-http.createServer((req, res) => {
-  const chunks = [];
-  req.on("data", (c) => chunks.push(c));
-  req.on("end", async () => {
-    try {
-      const r = await pool.request({ path: req.url, method: req.method, headers: { "content-type": "application/json" }, body: req.method === "POST" ? Buffer.concat(chunks) : undefined });
-      res.writeHead(r.statusCode, { "content-type": r.headers["content-type"] ?? "application/json" });
-      r.body.on("data", (c) => res.write(c));
-      r.body.on("end", () => res.end());
-      r.body.on("error", () => res.destroy());
-    } catch { res.destroy(); }
-  });
-}).listen(Number(port), "127.0.0.1");
-`;
 
 /**
  * (i) node:http server (as d) with a raw upstream client instead of undici: pooled keep-alive
@@ -390,7 +339,16 @@ async function main(): Promise<void> {
     // side by side.
     const { proc: srcProc, url: srcUrl } = await inferaServer(simUrl, { env: { INFERA_DIST: "0" } });
     const serverFrom = chooseEntry();
-    writeFileSync(join(dir, "nginx.conf"), nginxConf(dir, nginxPort, simPort));
+    writeFileSync(
+      join(dir, "nginx.conf"),
+      nginxConf({
+        dir,
+        port: nginxPort,
+        upstreams: [`127.0.0.1:${simPort}`],
+        keepalive: 128,
+        workerConnections: 4096,
+      }),
+    );
     const nginxProc = start(NGINX, ["-c", join(dir, "nginx.conf"), "-p", dir]);
     const nginxUrl = `http://127.0.0.1:${nginxPort}`;
     await waitHttp(`${nginxUrl}/health`);
@@ -398,7 +356,8 @@ async function main(): Promise<void> {
     const loadStart = loadavg()[0]!.toFixed(1);
     const barePort = await freePort();
     writeFileSync(join(dir, "bare-proxy.mjs"), BARE_PROXY);
-    const bareProc = start(process.execPath, [join(dir, "bare-proxy.mjs"), String(barePort), simUrl]);
+    // (d): the bare node:http + undici proxy, one Pool of 256 connections to the sim.
+    const bareProc = start(process.execPath, [join(dir, "bare-proxy.mjs"), String(barePort), "256", simUrl]);
     const bareUrl = `http://127.0.0.1:${barePort}`;
     await waitHttp(`${bareUrl}/health`);
     const rawPort = await freePort();
